@@ -1,0 +1,1 @@
+"""metainfer.core: pure, typed logic (no Kubernetes, no I/O beyond files)."""

@@ -1,0 +1,130 @@
+"""The recipe: one point of the joint model x runtime search space, made concrete.
+
+A recipe is deterministic: the base model's sha256 plus the recipe's
+``transform`` part always yield the same variant bytes, so a serving pod can
+rebuild a variant instead of fetching it. The ``session`` part does not touch
+the bytes; it is applied when the ONNX Runtime session is created.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, computed_field
+
+QuantizationMode = Literal["fp32", "fp16", "int8_dynamic", "int8_static", "mixed"]
+GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
+Layout = Literal["NCHW", "NHWC"]
+ExecutionMode = Literal["sequential", "parallel"]
+GraphFusion = Literal["none", "transformer"]
+
+ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+ORT_EXECUTION_MODES: dict[str, str] = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class QuantizationSpec(_Frozen):
+    """How weights and activations are stored and computed."""
+
+    mode: QuantizationMode = Field("fp32", description="Numeric format of the variant.")
+    per_channel: bool = Field(False, description="Per-output-channel weight scales (int8 modes).")
+    weight_type: Literal["int8", "uint8"] = Field("int8", description="Integer type of quantized weights.")
+    activation_type: Literal["uint8", "int8"] = Field(
+        "uint8", description="Integer type of activations (static QDQ only)."
+    )
+    calibration: Literal["minmax", "entropy", "percentile"] = Field(
+        "minmax", description="Calibration method for static quantization."
+    )
+    reduce_range: bool = Field(False, description="7-bit weights, for CPUs without VNNI.")
+    keep_float: tuple[str, ...] = Field(
+        (), description="Node names kept in float (mixed precision: the most sensitive layers)."
+    )
+
+
+class TransformSpec(_Frozen):
+    """Everything that changes the variant's bytes."""
+
+    quantization: QuantizationSpec = QuantizationSpec()
+    fusion: GraphFusion = Field("none", description="Offline graph fusion applied before quantization.")
+    layout: Layout = Field("NCHW", description="Activation layout of convolutions.")
+
+
+class SessionSpec(_Frozen):
+    """ONNX Runtime session settings: applied at load time, bytes unchanged."""
+
+    execution_provider: str = "CPUExecutionProvider"
+    graph_optimization_level: GraphOptimizationLevel = "all"
+    intra_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")
+    inter_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")
+    execution_mode: ExecutionMode = "sequential"
+
+
+class Recipe(_Frozen):
+    """A complete, reproducible adaptation of one base model to one hardware class."""
+
+    transform: TransformSpec = TransformSpec()
+    session: SessionSpec = SessionSpec()
+    batch: int = Field(1, ge=1, description="Batch size the variant is measured and served at.")
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def session_options(self) -> dict[str, Any]:
+        """ONNX Runtime ``SessionOptions`` attribute names and values."""
+        return {
+            "graph_optimization_level": ORT_GRAPH_OPTIMIZATION_LEVELS[self.session.graph_optimization_level],
+            "intra_op_num_threads": self.session.intra_op_num_threads,
+            "inter_op_num_threads": self.session.inter_op_num_threads,
+            "execution_mode": ORT_EXECUTION_MODES[self.session.execution_mode],
+        }
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def providers(self) -> list[str]:
+        fallback = ["CPUExecutionProvider"]
+        ep = self.session.execution_provider
+        return [ep] if ep in fallback else [ep, *fallback]
+
+    def transform_key(self) -> str:
+        """Short hash of the byte-changing part: equal keys mean equal variants."""
+        return _short_hash(self.transform.model_dump(mode="json"))
+
+    def key(self) -> str:
+        """Short hash of the whole recipe (variant plus session settings plus batch)."""
+        return _short_hash(self.model_dump(mode="json", exclude={"session_options", "providers"}))
+
+    def describe(self) -> str:
+        """One line a person can read in a table."""
+        q = self.transform.quantization
+        parts = [q.mode]
+        if q.mode in ("int8_dynamic", "int8_static", "mixed"):
+            parts.append("per-ch" if q.per_channel else "per-tensor")
+            if q.keep_float:
+                parts.append(f"keep{len(q.keep_float)}")
+        if self.transform.fusion != "none":
+            parts.append(f"fuse:{self.transform.fusion}")
+        if self.transform.layout != "NCHW":
+            parts.append(self.transform.layout)
+        s = self.session
+        parts.append(f"opt:{s.graph_optimization_level}")
+        parts.append(f"t{s.intra_op_num_threads or 'auto'}/{s.inter_op_num_threads or 'auto'}")
+        if s.execution_mode != "sequential":
+            parts.append(s.execution_mode)
+        if s.execution_provider != "CPUExecutionProvider":
+            parts.append(s.execution_provider.removesuffix("ExecutionProvider"))
+        parts.append(f"b{self.batch}")
+        return " ".join(parts)
+
+
+def _short_hash(obj: Any) -> str:
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

@@ -1,0 +1,1 @@
+"""metainfer.operator: kopf handlers, thin shells around metainfer.core."""
