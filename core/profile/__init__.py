@@ -1,0 +1,47 @@
+"""Hardware profile of the local machine, measured by micro-benchmarks.
+
+``load_or_measure`` is the entry point: it returns the cached profile of this
+machine's fingerprint while it is fresh, and measures (then caches) otherwise.
+"""
+
+from metainfer.core.profile.cache import (
+    DEFAULT_CACHE_DIR,
+    DEFAULT_MAX_AGE_S,
+    load_cached,
+    load_or_measure,
+    save,
+)
+from metainfer.core.profile.fingerprint import detect_machine, fingerprint
+from metainfer.core.profile.measure import OnStep, measure_profile
+from metainfer.core.profile.types import (
+    CPU_PROVIDER,
+    SUMMARY_COLUMNS,
+    BenchConfig,
+    Dtype,
+    HardwareProfile,
+    MachineInfo,
+    OpSupport,
+    SupportStatus,
+    int8_variant,
+)
+
+__all__ = [
+    "CPU_PROVIDER",
+    "DEFAULT_CACHE_DIR",
+    "DEFAULT_MAX_AGE_S",
+    "SUMMARY_COLUMNS",
+    "BenchConfig",
+    "Dtype",
+    "HardwareProfile",
+    "MachineInfo",
+    "OnStep",
+    "OpSupport",
+    "SupportStatus",
+    "detect_machine",
+    "fingerprint",
+    "int8_variant",
+    "load_cached",
+    "load_or_measure",
+    "measure_profile",
+    "save",
+]

@@ -1,0 +1,151 @@
+"""What one machine can do for inference, as plain data.
+
+These models are embedded in the AdaptationRun CRD schema, so they stay plain:
+Literal enums, bounded lists, no dict-of-unions. The search asks them one
+question, "may this op run in this dtype on this EP?", through ``support``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Dtype = Literal["fp32", "fp16", "int8"]
+SupportStatus = Literal["native", "fallback", "unsupported"]
+CPU_PROVIDER = "CPUExecutionProvider"
+SCHEMA_VERSION = 1
+_RANK: dict[str, int] = {"native": 0, "fallback": 1, "unsupported": 2}
+
+
+def int8_variant(activation_type: str, weight_type: str) -> str:
+    """Variant tag of an integer op: ``("uint8", "int8") -> "u8s8"`` (activations first)."""
+    tag = {"uint8": "u8", "int8": "s8"}
+    return tag[activation_type] + tag[weight_type]
+
+
+class _Plain(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class OpSupport(_Plain):
+    """How one op type in one dtype (and type variant) behaves on one execution provider."""
+
+    op_type: str = Field(max_length=64, description="ONNX op type, e.g. MatMul, QLinearConv.")
+    dtype: Dtype = Field(description="Compute dtype: float type of activations, int8 for integer ops.")
+    variant: str | None = Field(
+        None,
+        max_length=16,
+        description="Type combination of integer ops: u8s8 = uint8 activations x int8 weights.",
+    )
+    provider: str = Field(max_length=64)
+    status: SupportStatus = Field(
+        description="native: runs on the provider in this dtype; fallback: runs, but on CPU or emulated "
+        "in fp32 behind inserted Casts; unsupported: the session cannot be created or run."
+    )
+    latency_us: float | None = Field(None, ge=0, description="Median summed kernel time per run.")
+    detail: str | None = Field(
+        None, max_length=300, description="Why fallback/unsupported (first error line)."
+    )
+
+
+class MachineInfo(_Plain):
+    """Inference-relevant identity of the machine; the fingerprint hashes a subset."""
+
+    cpu_model: str = Field(max_length=128)
+    arch: str = Field(max_length=32, description="Normalised: x86_64 or aarch64 (else as platform reports).")
+    logical_cores: int = Field(ge=1, description="Cores this process may use (affinity / cgroup aware).")
+    physical_cores: int = Field(ge=1)
+    cpu_flags: list[str] = Field(
+        default_factory=list, max_length=64, description="Sorted ISA features relevant to inference."
+    )
+    total_memory_bytes: int = Field(ge=0)
+    onnxruntime_version: str = Field(max_length=32)
+    execution_providers: list[str] = Field(
+        default_factory=list, max_length=32, description="As onnxruntime.get_available_providers()."
+    )
+
+
+class BenchConfig(_Plain):
+    """Sizes and repeats of the micro-benchmarks; tests shrink them, the default fits in ~30 s."""
+
+    seed: int = 0
+    op_warmup: int = Field(2, ge=0)
+    op_runs: int = Field(20, ge=1)
+    gemm_n: int = Field(1024, ge=16, description="Square GEMM size for peak compute.")
+    gemm_repeats: int = Field(10, ge=1, description="Peak = best of this many runs.")
+    bandwidth_mib: int = Field(64, ge=1, description="Size of each tensor of the bandwidth Add.")
+    bandwidth_repeats: int = Field(10, ge=1)
+    intra_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")
+    providers: list[str] | None = Field(
+        None, max_length=32, description="EPs to profile; None = every available compute EP."
+    )
+    op_types: list[str] | None = Field(None, max_length=64, description="Probe only these ops; None = all.")
+
+
+class HardwareProfile(_Plain):
+    """The measured capabilities of one hardware class, cached by ``fingerprint``."""
+
+    schema_version: int = SCHEMA_VERSION
+    fingerprint: str = Field(pattern=r"^[0-9a-f]{16}$")
+    machine: MachineInfo
+    config: BenchConfig = BenchConfig()
+    providers_profiled: list[str] = Field(default_factory=list, max_length=32)
+    ops: list[OpSupport] = Field(default_factory=list, max_length=512)
+    peak_gemm_gflops_fp32: float = Field(ge=0, description="fp32 MatMul n^3, 2n^3 FLOP / best time.")
+    peak_gemm_gflops_int8: float = Field(
+        ge=0, description="MatMulInteger u8s8 n^3, 2n^3 integer ops / best time (GOP/s)."
+    )
+    memory_bandwidth_gbps: float = Field(ge=0, description="Add of two large tensors: 3 x bytes / best time.")
+    measured_at: datetime
+    duration_s: float = Field(ge=0)
+
+    def support(self, op_type: str, dtype: Dtype, provider: str, variant: str | None = None) -> SupportStatus:
+        """Status of ``op_type`` in ``dtype`` on ``provider``.
+
+        With no ``variant`` the best measured variant answers: a transform can pick it.
+        Ops that were not measured default to ``native`` on the CPU EP, because it is
+        ONNX Runtime's reference provider with a kernel for every standard op (dtypes
+        it lacks are emulated, i.e. they still run); on another profiled EP to
+        ``fallback``, since ORT then places the node on CPU. A provider that was not
+        profiled is ``unsupported``: nothing here vouches for it.
+        """
+        if provider not in self.providers_profiled:
+            return "unsupported"
+        found = [
+            o.status
+            for o in self.ops
+            if o.op_type == op_type
+            and o.dtype == dtype
+            and o.provider == provider
+            and (variant is None or o.variant == variant)
+        ]
+        if found:
+            return min(found, key=_RANK.__getitem__)
+        return "native" if provider == CPU_PROVIDER else "fallback"
+
+    def unsupported_ops(
+        self, op_types: list[str] | set[str], dtype: Dtype, provider: str, variant: str | None = None
+    ) -> list[str]:
+        """Sorted op types of a model that cannot run at all on ``provider`` in ``dtype``."""
+        return sorted({op for op in op_types if self.support(op, dtype, provider, variant) == "unsupported"})
+
+    def summary_rows(self) -> list[tuple[str, str, str, str, str, str]]:
+        """Rows of ``SUMMARY_COLUMNS``, sorted by provider, dtype, op, for a table."""
+        order = {"fp32": 0, "fp16": 1, "int8": 2}
+        ops = sorted(self.ops, key=lambda o: (o.provider, order[o.dtype], o.op_type, o.variant or ""))
+        return [
+            (
+                o.op_type,
+                o.dtype,
+                o.variant or "",
+                o.provider.removesuffix("ExecutionProvider"),
+                o.status,
+                "" if o.latency_us is None else f"{o.latency_us:.1f}",
+            )
+            for o in ops
+        ]
+
+
+SUMMARY_COLUMNS = ("op", "dtype", "variant", "provider", "status", "latency_us")
