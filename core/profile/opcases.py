@@ -139,6 +139,19 @@ def _dql(r):
     )
 
 
+def _quantize(r, t):
+    consts = {"s": scalar(0.02), "z": scalar(3, t)}
+    x = {"x": normal(r, (128, 1024), np.float32)}
+    return single_op_model("QuantizeLinear", x, consts, ["x", "s", "z"], [("y", t)])
+
+
+def _dequantize(r, t):
+    consts = {"s": scalar(0.02), "z": scalar(3, t)}
+    return single_op_model(
+        "DequantizeLinear", {"x": ints(r, (128, 1024), t)}, consts, ["x", "s", "z"], [("y", np.float32)]
+    )
+
+
 def op_cases() -> list[OpCase]:
     """Every probe: float ops in fp32 and fp16, integer ops per type variant."""
     cases: list[OpCase] = []
@@ -154,6 +167,9 @@ def op_cases() -> list[OpCase]:
     cases.append(OpCase("Cast", "fp16", None, partial(_cast, np.float32, np.float16)))
     cases.append(OpCase("Cast", "int8", None, partial(_cast, np.float32, np.int8)))
     cases.append(OpCase("DynamicQuantizeLinear", "int8", "u8", _dql))
+    for tag, t in _INT.items():  # the Q/DQ pairs that static (QDQ) quantization leaves unfused
+        cases.append(OpCase("QuantizeLinear", "int8", tag, partial(_quantize, t=t)))
+        cases.append(OpCase("DequantizeLinear", "int8", tag, partial(_dequantize, t=t)))
     variants = {
         "MatMulInteger": (_matmulinteger, ("u8s8", "u8u8", "s8s8")),
         "ConvInteger": (_convinteger, ("u8s8", "u8u8")),

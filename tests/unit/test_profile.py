@@ -94,6 +94,10 @@ def test_int8_ops_run_natively_in_the_default_u8s8_format(profile: HardwareProfi
     for op in ("MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul"):
         assert _entry(profile, op, "int8", "u8s8").status == "native", op
     assert _entry(profile, "DynamicQuantizeLinear", "int8", "u8").status == "native"
+    for op in ("QuantizeLinear", "DequantizeLinear"):
+        assert (
+            _entry(profile, op, "int8", "u8").status == _entry(profile, op, "int8", "s8").status == "native"
+        )
     assert _entry(profile, "Cast", "int8").status == "native"
 
 
@@ -230,3 +234,14 @@ def test_cache_for_another_machine_is_ignored(tmp_path: Path) -> None:
     other = "0" * 16 if profile.fingerprint != "0" * 16 else "1" * 16
     cache_path(tmp_path, other).write_text(profile.model_dump_json())
     assert load_cached(other, tmp_path) is None
+
+
+def test_probe_models_are_deterministic() -> None:
+    import numpy as np
+
+    from metainfer.core.profile.opcases import op_cases
+
+    for case in op_cases():
+        a = case.build(np.random.default_rng(0))[0].SerializeToString()
+        b = case.build(np.random.default_rng(0))[0].SerializeToString()
+        assert a == b, case
