@@ -7,10 +7,9 @@ question, "may this op run in this dtype on this EP?", through ``support``.
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 Dtype = Literal["fp32", "fp16", "int8"]
 SupportStatus = Literal["native", "fallback", "unsupported"]
@@ -98,7 +97,7 @@ class HardwareProfile(_Plain):
         ge=0, description="MatMulInteger u8s8 n^3, 2n^3 integer ops / best time (GOP/s)."
     )
     memory_bandwidth_gbps: float = Field(ge=0, description="Add of two large tensors: 3 x bytes / best time.")
-    measured_at: datetime
+    measured_at: AwareDatetime = Field(description="UTC; naive times are rejected so ages compare.")
     duration_s: float = Field(ge=0)
 
     def support(self, op_type: str, dtype: Dtype, provider: str, variant: str | None = None) -> SupportStatus:

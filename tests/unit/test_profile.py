@@ -216,6 +216,10 @@ def test_cache_freshness(tmp_path: Path) -> None:
     later = datetime.now(UTC) + timedelta(hours=2)
     assert load_cached(fp, tmp_path, max_age_s=3600, now=later) is None
     assert load_cached(fp, tmp_path, max_age_s=None, now=later) == profile
+    naive = json.loads(profile.model_dump_json())
+    naive["measured_at"] = profile.measured_at.replace(tzinfo=None).isoformat()
+    cache_path(tmp_path, fp).write_text(json.dumps(naive))
+    assert load_cached(fp, tmp_path) is None  # an age that cannot be compared is no cache hit
 
 
 @pytest.mark.parametrize("content", [b"", b"{not json", b'{"fingerprint": "x"}', b"\xff\xfe\x00"])
