@@ -81,8 +81,6 @@ class GraphBuilder:
             [self.node("Pow", [centred, self.const("two", np.array(2.0, np.float32))])],
             axes=[-1],
         )
-        std = self.node(
-            "Sqrt", [self.node("Add", [variance, self.const(f"{prefix}.eps", np.array(eps, np.float32))])]
-        )
+        std = self.node("Sqrt", [self.node("Add", [variance, self.const(f"{prefix}.eps", np.array(eps, np.float32))])])
         scaled = self.node("Mul", [self.node("Div", [centred, std]), gamma])
         return self.node("Add", [scaled, beta], output)

@@ -20,9 +20,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import TensorProto, helper
+
 from metainfer.core.zoo._graph import GraphBuilder
 from metainfer.core.zoo._onnx import ir_version_for
-from onnx import TensorProto, helper
 
 INPUT_NAMES = ("input_ids", "attention_mask", "token_type_ids")
 OUTPUT_NAME = "last_hidden_state"
@@ -62,9 +63,7 @@ def _embeddings(g: GraphBuilder, cfg: BertConfig, sequence: str | int) -> str:
 
     The sum is ordered as HuggingFace writes it: (word + token type) + position.
     """
-    words = g.node(
-        "Gather", [g.weight("embeddings.word_embeddings.weight", (cfg.vocab, cfg.hidden)), "input_ids"]
-    )
+    words = g.node("Gather", [g.weight("embeddings.word_embeddings.weight", (cfg.vocab, cfg.hidden)), "input_ids"])
     types = g.node(
         "Gather",
         [g.weight("embeddings.token_type_embeddings.weight", (cfg.type_vocab, cfg.hidden)), "token_type_ids"],
@@ -75,9 +74,7 @@ def _embeddings(g: GraphBuilder, cfg: BertConfig, sequence: str | int) -> str:
         "Gather",
         [g.weight("embeddings.position_embeddings.weight", (cfg.max_positions, cfg.hidden)), position_ids],
     )
-    return g.layer_norm(
-        g.node("Add", [summed, positions]), "embeddings.LayerNorm", cfg.hidden, cfg.layer_norm_eps
-    )
+    return g.layer_norm(g.node("Add", [summed, positions]), "embeddings.LayerNorm", cfg.hidden, cfg.layer_norm_eps)
 
 
 def _position_ids(g: GraphBuilder, cfg: BertConfig, sequence: str | int) -> str:
@@ -90,9 +87,7 @@ def _position_ids(g: GraphBuilder, cfg: BertConfig, sequence: str | int) -> str:
     names, would refuse every residual Add. A torch export records the slice's
     shape as value_info; so does this.
     """
-    seq_len = g.node(
-        "Gather", [g.node("Shape", ["input_ids"]), g.const("seq_axis", np.array(1, np.int64))], axis=0
-    )
+    seq_len = g.node("Gather", [g.node("Shape", ["input_ids"]), g.const("seq_axis", np.array(1, np.int64))], axis=0)
     position_ids = g.node(
         "Slice",
         [
@@ -170,9 +165,7 @@ def build_bert_model(cfg: BertConfig | None = None, seed: int = 0) -> onnx.Model
     mask = _extended_mask(g)
     for index in range(cfg.layers):
         hidden = _layer(g, cfg, hidden, mask, index, OUTPUT_NAME if index == cfg.layers - 1 else None)
-    inputs = [
-        helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", sequence]) for name in INPUT_NAMES
-    ]
+    inputs = [helper.make_tensor_value_info(name, TensorProto.INT64, ["batch", sequence]) for name in INPUT_NAMES]
     output = helper.make_tensor_value_info(OUTPUT_NAME, TensorProto.FLOAT, ["batch", sequence, cfg.hidden])
     graph = helper.make_graph(
         g.nodes, "bert_mini", inputs, [output], initializer=g.initializers, value_info=g.value_info

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from pydantic import BaseModel, ConfigDict
+
 from metainfer.core.zoo import bert, digits, light
 from metainfer.core.zoo._io import save_model, save_npz, sha256_of
-from pydantic import BaseModel, ConfigDict
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "data.npz"

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from metainfer.core.zoo._onnx import IR_VERSION, OPSET
 from onnx import TensorProto, helper, numpy_helper
 from sklearn.datasets import load_digits
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.model_selection import train_test_split
 from sklearn.neural_network import MLPClassifier
 from threadpoolctl import threadpool_limits
+
+from metainfer.core.zoo._onnx import IR_VERSION, OPSET
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "logits"

@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+
 from metainfer.core.zoo import DEFAULT_EXAMPLES, ExampleModel, build_examples, list_light_models
 from metainfer.core.zoo.bert import BertConfig, build_bert_model
 
