@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
-QuantizationMode = Literal["fp32", "fp16", "int8_dynamic", "int8_static", "mixed"]
+QuantizationMode = Literal["fp32", "fp16", "int8_dynamic", "int8_static"]
 GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
 Layout = Literal["NCHW", "NHWC"]
 ExecutionMode = Literal["sequential", "parallel"]
@@ -106,10 +106,10 @@ class Recipe(_Frozen):
         """One line a person can read in a table."""
         q = self.transform.quantization
         parts = [q.mode]
-        if q.mode in ("int8_dynamic", "int8_static", "mixed"):
+        if q.mode in ("int8_dynamic", "int8_static"):
             parts.append("per-ch" if q.per_channel else "per-tensor")
             if q.keep_float:
-                parts.append(f"keep{len(q.keep_float)}")
+                parts.append(f"mixed:keep{len(q.keep_float)}")
         if self.transform.fusion != "none":
             parts.append(f"fuse:{self.transform.fusion}")
         if self.transform.layout != "NCHW":

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from metainfer.core.recipe import Recipe
+from pydantic import BaseModel, ConfigDict, Field
 
 QualityMetric = Literal["top1_accuracy", "cosine_similarity"]
 TrialStatus = Literal["feasible", "infeasible", "failed"]

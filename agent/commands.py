@@ -1,0 +1,152 @@
+"""The CLI's commands: argument plumbing around core, plus human-readable output."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from metainfer.agent.progress import RichObserver
+from metainfer.core.errors import InputError, NoFeasibleCandidate
+from metainfer.core.trial import Trial
+
+# Tables are read in CI logs and pipes too, where rich would assume 80 columns.
+console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 120)
+out = Console(width=None if Console().is_terminal else 120)
+
+
+def profile_command(out_path: Path | None, refresh: bool) -> int:
+    from metainfer.core.profile import SUMMARY_COLUMNS, load_or_measure
+
+    with RichObserver(console) as observer:
+        observer.phase("profiling", None)
+        profile = load_or_measure(on_step=observer.on_step, refresh=refresh)
+    m = profile.machine
+    out.print(
+        f"[bold]{m.cpu_model}[/] ({m.arch}, {m.physical_cores} cores / {m.logical_cores} threads)"
+        f"  ONNX Runtime {m.onnxruntime_version}  fingerprint {profile.fingerprint}"
+    )
+    out.print(f"flags: {' '.join(m.cpu_flags)}")
+    out.print(
+        f"peak GEMM fp32 {profile.peak_gemm_gflops_fp32:.1f} GFLOP/s, int8 {profile.peak_gemm_gflops_int8:.1f}"
+        f" GOP/s; memory bandwidth {profile.memory_bandwidth_gbps:.1f} GB/s"
+    )
+    table = Table(*SUMMARY_COLUMNS, title="operator support")
+    for row in profile.summary_rows():
+        style = {"native": "", "fallback": "yellow", "unsupported": "red"}[row[4]]
+        table.add_row(*row, style=style)
+    out.print(table)
+    if out_path is not None:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(profile.model_dump_json(indent=2))
+        out.print(f"profile written to {out_path}")
+    return 0
+
+
+def adapt_command(args: argparse.Namespace) -> int:
+    from metainfer.core.data import load_npz
+    from metainfer.core.evaluate import MeasureSettings
+    from metainfer.core.modelinfo import inspect_model, load_model
+    from metainfer.core.outputs import write_outputs
+    from metainfer.core.pipeline import Adaptation, AdaptSettings
+    from metainfer.core.profile import load_or_measure
+    from metainfer.core.scoring import Constraints
+
+    model = load_model(args.model)
+    info = inspect_model(args.model, model)
+    data = load_npz(args.data, info)
+    if args.time_budget_s is not None and args.time_budget_s < 1:
+        raise InputError("--time-budget-s", "must allow at least 1 s of search")
+    settings = AdaptSettings(
+        batch=args.batch,
+        search_batch=args.search_batch,
+        constraints=Constraints(
+            slo_p95_ms=args.slo_p95_ms, max_quality_drop=args.max_accuracy_drop, max_memory_mib=args.max_memory_mib
+        ),
+        budget_trials=args.budget_trials,
+        time_budget_s=args.time_budget_s,
+        algorithm=args.algorithm,
+        seed=args.seed,
+        measure=MeasureSettings(),
+    )
+    with RichObserver(console) as observer:
+        observer.phase("hardware profile", None)
+        profile = load_or_measure(on_step=observer.on_step)
+        report, variant = Adaptation(args.model.read_bytes(), info, data, profile, settings, observer).run()
+    written = write_outputs(args.out, report, variant)
+    _print_summary(report)
+    out.print("wrote " + ", ".join(str(p) for p in written))
+    if report.best is None:
+        raise NoFeasibleCandidate(
+            f"none of {len(report.trials)} candidates met every constraint (report: {args.out / 'report.json'})",
+            closest=_closest(report.trials, settings.constraints),
+        )
+    return 0
+
+
+def examples_command(out_dir: Path, only: list[str] | None) -> int:
+    from metainfer.core.zoo import build_examples
+
+    try:
+        built = build_examples(out_dir, only or None)
+    except KeyError as exc:
+        raise InputError("--only", str(exc.args[0])) from exc
+    for name, example in built.items():
+        out.print(f"[bold]{name}[/]: {example.model_path} + {example.data_path} — {example.description}")
+    return 0
+
+
+def _closest(trials: list[Trial], constraints: object) -> list[tuple[str, list[str]]]:
+    from metainfer.core.scoring import Constraints, miss_distance
+
+    assert isinstance(constraints, Constraints)
+    misses = sorted(
+        (t for t in trials if t.status == "infeasible"),
+        key=lambda t: miss_distance(t.violations, t.metrics, constraints),
+    )
+    rows = [(t.recipe.describe(), t.violations) for t in misses[:5]]
+    failed = [t for t in trials if t.status == "failed"][:3]
+    rows += [(t.recipe.describe(), [f"failed: {t.error}"]) for t in failed]
+    return rows
+
+
+def _print_summary(report: object) -> None:
+    from metainfer.core.pipeline import Report
+
+    assert isinstance(report, Report)
+    table = Table(title=f"{Path(report.model.path).name}: baseline vs adapted (batch {report.settings.batch})")
+    for column in ("", "recipe", "p50 ms", "p95 ms", "quality", "size MiB", "peak MiB"):
+        table.add_column(column, justify="right" if column.endswith(("ms", "MiB")) else "left")
+    final = report.final
+    rows = [("FP32 baseline", report.baseline, final.baseline if final else report.baseline.metrics)]
+    if report.best is not None:
+        rows.append(("adapted", report.best, final.best if final else report.best.metrics))
+    for label, trial, m in rows:
+        assert m is not None
+        table.add_row(
+            label,
+            trial.recipe.describe(),
+            f"{m.latency.p50_ms:.2f}",
+            f"{m.latency.p95_ms:.2f}",
+            f"{m.quality.metric} {m.quality.value:.4f}",
+            f"{m.model_size_mib:.2f}",
+            f"{m.peak_memory_mib:.0f}",
+        )
+    out.print(table)
+    counts = {s: sum(t.status == s for t in report.trials) for s in ("feasible", "infeasible", "failed")}
+    out.print(
+        f"{len(report.trials)} trials ({counts['feasible']} feasible, {counts['infeasible']} infeasible,"
+        f" {counts['failed']} failed) in {report.search_wall_s:.1f} s of search; {report.stop_reason};"
+        f" total {report.total_wall_s:.1f} s"
+    )
+    if final is not None:
+        out.print(
+            f"[bold green]speedup {final.speedup_p50:.2f}x at p50, {final.speedup_p95:.2f}x at p95[/]"
+            " (re-measured back to back with the baseline)"
+        )
+    if report.validation is not None:
+        for check in report.validation.checks:
+            mark = "[green]ok[/]" if check.passed else "[red]FAIL[/]"
+            out.print(f"  {mark} {check.name}: {check.detail}")

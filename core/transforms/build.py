@@ -1,0 +1,54 @@
+"""Build a variant: fuse, re-layout, quantize, then stamp provenance.
+
+The order matters: fusion first, so quantization sees fused Attention and emits
+QAttention; layout before quantization, so QDQ pairs wrap the final convs.
+The output is a pure function of (base bytes, spec, calibration samples): the
+same inputs always produce the same bytes, which lets a serving pod rebuild the
+variant from the recipe instead of downloading it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import onnx
+from metainfer.core.data import Dataset
+from metainfer.core.recipe import TransformSpec
+from metainfer.core.transforms.fusion import fuse_transformer
+from metainfer.core.transforms.layout import to_nhwc
+from metainfer.core.transforms.quantize import DYNAMIC_OP_TYPES, to_fp16, to_int8
+
+PROVENANCE_PREFIX = "metainfer."
+
+
+def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None = None) -> bytes:
+    model = onnx.load_from_string(base)
+    if spec.fusion == "transformer":
+        model = fuse_transformer(model)
+    if spec.layout == "NHWC":
+        model = to_nhwc(model)
+    q = spec.quantization
+    if q.mode == "fp16":
+        model = to_fp16(model, q.keep_float)
+    elif q.mode in ("int8_dynamic", "int8_static"):
+        model = to_int8(model, q, calibration)
+    _stamp(model, base, spec)
+    return model.SerializeToString(deterministic=True)
+
+
+def quantizable_nodes(model: onnx.ModelProto, mode: str) -> list[str]:
+    """Names of the nodes a quantization mode would touch: the layers sensitivity ranks."""
+    ops = set(DYNAMIC_OP_TYPES) if mode == "int8_dynamic" else {"Conv", "MatMul", "Gemm", "Attention"}
+    return [n.name for n in model.graph.node if n.op_type in ops and n.name]
+
+
+def _stamp(model: onnx.ModelProto, base: bytes, spec: TransformSpec) -> None:
+    props = {
+        f"{PROVENANCE_PREFIX}base_sha256": hashlib.sha256(base).hexdigest(),
+        f"{PROVENANCE_PREFIX}transform": spec.model_dump_json(),
+    }
+    kept = [p for p in model.metadata_props if not p.key.startswith(PROVENANCE_PREFIX)]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    for key, value in props.items():
+        model.metadata_props.add(key=key, value=value)

@@ -1,0 +1,99 @@
+"""Quantization passes, all through ONNX Runtime's own quantization tooling.
+
+Dynamic int8 computes activation scales at run time (no data needed; the
+usual win for MatMul-heavy transformers). Static int8 writes QDQ pairs whose
+scales come from calibration on the user's data (the usual win for conv nets,
+which ORT then fuses into QLinearConv). fp16 keeps the graph's I/O in fp32 so a
+variant is a drop-in replacement for the base model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+from metainfer.core.data import Dataset
+from metainfer.core.errors import InputError
+from metainfer.core.recipe import QuantizationSpec
+from onnxruntime.quantization import (
+    CalibrationDataReader,
+    CalibrationMethod,
+    QuantFormat,
+    QuantType,
+    quantize_dynamic,
+    quantize_static,
+)
+
+QUANT_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
+CALIBRATION_METHODS = {
+    "minmax": CalibrationMethod.MinMax,
+    "entropy": CalibrationMethod.Entropy,
+    "percentile": CalibrationMethod.Percentile,
+}
+# Dynamic quantization of convolutions yields ConvInteger, which ORT's CPU EP
+# runs slower than float; dynamic mode therefore targets matrix products only.
+DYNAMIC_OP_TYPES = ["MatMul", "Attention", "Gather", "EmbedLayerNormalization", "LSTM"]
+CALIBRATION_BATCH = 8
+# Fused contrib ops defeat ONNX shape inference; their outputs are float.
+EXTRA = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
+
+
+class _Reader(CalibrationDataReader):
+    def __init__(self, data: Dataset) -> None:
+        self._batches: Iterator[dict[str, np.ndarray]] = (b for b, _ in data.batches(CALIBRATION_BATCH))
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._batches, None)
+
+
+def to_fp16(model: onnx.ModelProto, keep_float: tuple[str, ...]) -> onnx.ModelProto:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    return convert_float_to_float16(model, keep_io_types=True, node_block_list=list(keep_float) or None)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """ORT's quantizer prints calibration chatter and logs advice on the root logger."""
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            yield
+    finally:
+        root.setLevel(level)
+
+
+def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset | None) -> onnx.ModelProto:
+    with tempfile.TemporaryDirectory(prefix="metainfer-q-") as tmp, _quiet():
+        src, dst = Path(tmp, "in.onnx"), Path(tmp, "out.onnx")
+        onnx.save(model, src)
+        common = {
+            "per_channel": spec.per_channel,
+            "reduce_range": spec.reduce_range,
+            "weight_type": QUANT_TYPES[spec.weight_type],
+            "nodes_to_exclude": list(spec.keep_float) or None,
+        }
+        if spec.mode == "int8_dynamic":
+            quantize_dynamic(src, dst, op_types_to_quantize=DYNAMIC_OP_TYPES, **common, extra_options=EXTRA)
+        else:
+            if calibration is None:
+                raise InputError("data", "static int8 quantization needs calibration samples")
+            quantize_static(
+                src,
+                dst,
+                _Reader(calibration),
+                quant_format=QuantFormat.QDQ,
+                activation_type=QUANT_TYPES[spec.activation_type],
+                calibrate_method=CALIBRATION_METHODS[spec.calibration],
+                **common,
+                extra_options=EXTRA,
+            )
+        return onnx.load(str(dst))
