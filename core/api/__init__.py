@@ -1,0 +1,47 @@
+"""The metainfer.io/v1alpha1 API: pydantic types of the three CRDs.
+
+These types are the single source of truth: crds/*.yaml is generated from them
+(``python -m metainfer.core.crdgen crds/``) and the operator and agent parse and
+build objects with them. Pure: no Kubernetes client here.
+"""
+
+from metainfer.core.api.conditions import Condition, ConditionType, Reason, get_condition, set_condition
+from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, HardwareProfileStatus
+from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
+from metainfer.core.api.resources import (
+    ADAPTATION_POLICY,
+    ADAPTATION_RUN,
+    API_VERSION,
+    GROUP,
+    HARDWARE_PROFILE,
+    RESOURCES,
+    VERSION,
+    Resource,
+)
+from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec, AdaptationRunStatus
+
+__all__ = [
+    "ADAPTATION_POLICY",
+    "ADAPTATION_RUN",
+    "API_VERSION",
+    "GROUP",
+    "HARDWARE_PROFILE",
+    "RESOURCES",
+    "VERSION",
+    "AdaptationPolicy",
+    "AdaptationPolicySpec",
+    "AdaptationPolicyStatus",
+    "AdaptationRun",
+    "AdaptationRunSpec",
+    "AdaptationRunStatus",
+    "ClassStatus",
+    "Condition",
+    "ConditionType",
+    "HardwareProfileResource",
+    "HardwareProfileSpec",
+    "HardwareProfileStatus",
+    "Reason",
+    "Resource",
+    "get_condition",
+    "set_condition",
+]

@@ -1,0 +1,63 @@
+"""Base class and schema helpers shared by the CRD types.
+
+Python code uses snake_case; the JSON the API server stores uses camelCase
+(Kubernetes convention), through aliases. ``extra="forbid"`` makes a typo in a
+manifest an error in Python too, mirroring the server's strict field validation.
+
+``rules``/``immutable`` attach CEL ``x-kubernetes-validations`` to a field or a
+model's JSON schema; core/crdgen.py copies them into the CRD unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+from pydantic.alias_generators import to_camel
+
+XValidations = list[dict[str, str]]
+
+
+class ApiModel(BaseModel):
+    """A Kubernetes-facing object: camelCase on the wire, snake_case in Python."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_api(self) -> dict[str, Any]:
+        """The JSON form the API server stores (aliases, no unset optionals)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def rule(expression: str, message: str, *, field_path: str | None = None, reason: str | None = None) -> dict[str, str]:
+    """One CEL validation rule; ``field_path`` makes the error name the offending field."""
+    out = {"rule": expression, "message": message}
+    if field_path:
+        out["fieldPath"] = field_path
+    if reason:
+        out["reason"] = reason
+    return out
+
+
+def rules(*items: dict[str, str]) -> dict[str, Any]:
+    """``json_schema_extra`` carrying CEL rules."""
+    return {"x-kubernetes-validations": list(items)}
+
+
+def cel(*items: dict[str, str]) -> ConfigDict:
+    """A model_config carrying CEL rules on the model's own schema (cross-field rules)."""
+    return ConfigDict(json_schema_extra=rules(*items))
+
+
+def immutable(what: str) -> dict[str, str]:
+    """A transition rule: once set, the value may not change."""
+    return rule("self == oldSelf", f"{what} is immutable")
+
+
+def set_list() -> dict[str, Any]:
+    """A list of unique scalars (``x-kubernetes-list-type: set``): duplicates are rejected."""
+    return {"x-kubernetes-list-type": "set"}
+
+
+def map_list(*keys: str) -> dict[str, Any]:
+    """A list of objects keyed by ``keys`` (server-side apply merges by key; duplicates rejected)."""
+    return {"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": list(keys)}

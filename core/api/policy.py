@@ -1,0 +1,333 @@
+"""AdaptationPolicy: what a model owner asks for, in one object.
+
+Every field a person can get wrong is bounded here (enums, ranges, patterns),
+and cross-field rules are CEL, so ``kubectl apply`` rejects a bad policy with
+the field named instead of the operator failing later. Defaults are chosen so
+that a policy with only ``model`` and ``slo.latencyP95Ms`` is complete.
+
+Nothing in the spec is immutable on purpose: changing the model sha256, the
+batch size or the selection is how a user asks for a re-adaptation.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from pydantic import Field, StringConstraints
+
+from metainfer.core.api._base import ApiModel, cel, map_list, rule, set_list
+from metainfer.core.api.conditions import Condition
+from metainfer.core.hardware import FINGERPRINT_PATTERN, AcceleratorVendor, HardwareClass
+from metainfer.core.recipe import ExecutionMode, GraphFusion, GraphOptimizationLevel, Layout, QuantizationMode
+
+SHA256_PATTERN = r"^[a-f0-9]{64}$"
+MODEL_URI_PATTERN = r"^(https?|file|configmap)://[^\s]+$"
+SearchAlgorithm = Literal["hybrid", "bayes", "evolution", "random", "grid"]
+TensorType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
+Quantity = Annotated[int | str, Field(description="A Kubernetes quantity, e.g. 500m, 2, 4Gi.")]
+
+
+class InputSpec(ApiModel):
+    """One model input, when the model's own metadata should be overridden."""
+
+    name: str = Field(min_length=1, max_length=253, description="Input name as in the ONNX graph.")
+    shape: list[Annotated[int, Field(ge=-1)]] | None = Field(
+        None, max_length=16, description="Dimensions; -1 for a dynamic axis (the batch axis usually)."
+    )
+    dtype: TensorType | None = Field(None, description="Element type, when it cannot be read from the model.")
+
+
+class DataReference(ApiModel):
+    """Samples for calibration (static int8) and quality validation: an NPZ named after the inputs."""
+
+    uri: str = Field(
+        max_length=2048,
+        pattern=MODEL_URI_PATTERN,
+        description="Where the .npz lives: http(s)://, file:// (a mounted volume) or configmap://NAME/KEY.",
+    )
+    sha256: str | None = Field(None, pattern=SHA256_PATTERN, description="Expected sha256 of the file.")
+    calibration_samples: int = Field(100, ge=1, le=100000, description="Samples used to calibrate int8.")
+    validation_samples: int = Field(500, ge=1, le=1000000, description="Samples used to measure quality.")
+
+
+class ModelSource(ApiModel):
+    """The base ONNX model. The sha256 pins it: a variant is rebuilt from (sha256, recipe)."""
+
+    uri: str = Field(
+        max_length=2048,
+        pattern=MODEL_URI_PATTERN,
+        description="http(s)://..., file:///path on a mounted volume, or configmap://NAME/KEY "
+        "(same namespace, binaryData; small models only).",
+    )
+    sha256: str = Field(pattern=SHA256_PATTERN, description="Lower-case hex sha256 of the model file.")
+    version: str | None = Field(None, max_length=128, description="Free-form model version, for people.")
+    inputs: list[InputSpec] | None = Field(
+        None, max_length=64, description="Input names/shapes, if the model's metadata is not enough."
+    )
+    data: DataReference | None = Field(
+        None, description="Calibration/validation samples; without them quality is measured on random inputs."
+    )
+
+
+class Slo(ApiModel):
+    """Hard constraints: a variant that misses any of them is never rolled out."""
+
+    model_config = cel(
+        rule(
+            "!has(self.latencyP99Ms) || self.latencyP99Ms >= self.latencyP95Ms",
+            "latencyP99Ms must be >= latencyP95Ms",
+            field_path=".latencyP99Ms",
+        )
+    )
+
+    latency_p95_ms: float = Field(gt=0, le=600000, description="p95 latency per batch, milliseconds.")
+    latency_p99_ms: float | None = Field(None, gt=0, le=600000, description="Optional p99 bound, ms.")
+    max_quality_drop: float = Field(
+        0.01, ge=0, le=1, description="Largest accepted drop of the quality metric vs FP32 (0.01 = 1 point)."
+    )
+    max_memory_mib: int | None = Field(
+        None, ge=1, alias="maxMemoryMiB", description="Peak memory budget of the serving process, MiB."
+    )
+    batch_size: int = Field(1, ge=1, le=4096, description="Batch size in production; variants are tuned for it.")
+
+
+class ObjectiveWeights(ApiModel):
+    """Among feasible variants, the best maximises this weighted score (relative weights)."""
+
+    model_config = cel(
+        rule(
+            "self.latency + self.throughput + self.memory + self.quality > 0.0",
+            "at least one objective weight must be positive",
+        )
+    )
+
+    latency: float = Field(1.0, ge=0, le=100, description="Weight of low p95 latency.")
+    throughput: float = Field(0.0, ge=0, le=100, description="Weight of high throughput.")
+    memory: float = Field(0.0, ge=0, le=100, description="Weight of low peak memory.")
+    quality: float = Field(0.0, ge=0, le=100, description="Weight of a small quality drop.")
+
+
+class HardwareSelection(ApiModel):
+    """Which nodes' hardware classes are adapted to."""
+
+    node_selector: dict[str, Annotated[str, StringConstraints(max_length=63)]] | None = Field(
+        None, max_length=32, description="Only nodes with all these labels (like a Pod's nodeSelector)."
+    )
+    vendors: list[AcceleratorVendor] | None = Field(
+        None,
+        min_length=1,
+        max_length=5,
+        description="Allowed accelerator vendors (cpu = nodes without one); all when omitted.",
+        json_schema_extra=set_list(),
+    )
+    max_classes: int = Field(16, ge=1, le=64, description="Upper bound on hardware classes adapted to.")
+
+
+class SearchSpaceOverrides(ApiModel):
+    """Restrict the joint search space; each omitted dimension keeps the engine's defaults."""
+
+    quantization: list[QuantizationMode] | None = Field(
+        None, min_length=1, max_length=4, description="Numeric formats to try.", json_schema_extra=set_list()
+    )
+    graph_optimization_levels: list[GraphOptimizationLevel] | None = Field(
+        None, min_length=1, max_length=4, json_schema_extra=set_list()
+    )
+    layouts: list[Layout] | None = Field(None, min_length=1, max_length=2, json_schema_extra=set_list())
+    fusions: list[GraphFusion] | None = Field(None, min_length=1, max_length=2, json_schema_extra=set_list())
+    execution_modes: list[ExecutionMode] | None = Field(None, min_length=1, max_length=2, json_schema_extra=set_list())
+    execution_providers: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="ONNX Runtime execution providers to try.",
+        json_schema_extra=set_list(),
+    )
+    intra_op_threads: list[Annotated[int, Field(ge=0, le=1024)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=16,
+        description="Thread counts to try (0 = ONNX Runtime decides).",
+        json_schema_extra=set_list(),
+    )
+    max_keep_float_layers: int | None = Field(
+        None, ge=0, le=1024, description="Mixed precision: at most this many layers kept in float."
+    )
+
+
+class SearchSettings(ApiModel):
+    """How candidates are searched, and the budget of one adaptation run."""
+
+    model_config = cel(
+        rule(
+            "!has(self.activeDeadlineSeconds) || self.activeDeadlineSeconds >= self.timeBudgetSeconds",
+            "activeDeadlineSeconds must be >= timeBudgetSeconds",
+            field_path=".activeDeadlineSeconds",
+        )
+    )
+
+    algorithm: SearchAlgorithm = Field("hybrid", description="hybrid = evolution (coarse) then bayes (fine).")
+    trial_budget: int = Field(32, ge=1, le=10000, description="Candidates measured on hardware, at most.")
+    time_budget_seconds: int = Field(1800, ge=10, le=604800, description="Wall-clock budget of the search.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed: same seed and trials -> same proposals.")
+    max_concurrent_runs: int = Field(2, ge=1, le=64, description="Adaptation runs of this policy at once.")
+    backoff_limit: int = Field(2, ge=0, le=10, description="Retries of a failed adaptation Job.")
+    active_deadline_seconds: int | None = Field(
+        None, ge=10, le=604800, description="Hard deadline of the Job; default time budget + 10 minutes."
+    )
+
+
+class ResourceRequirements(ApiModel):
+    """Container resources, as in a Pod spec."""
+
+    requests: dict[str, Quantity] | None = Field(None, max_length=16)
+    limits: dict[str, Quantity] | None = Field(None, max_length=16)
+
+
+class ServingSettings(ApiModel):
+    """The Deployment that serves the best variant of each class."""
+
+    replicas: int = Field(2, ge=1, le=1000, description="Stable replicas per hardware class.")
+    resources: ResourceRequirements | None = Field(None, description="Resources of the serving container.")
+
+
+class RolloutSettings(ApiModel):
+    """Canary rollout: a new variant must prove itself against the stable one."""
+
+    canary_replicas: int = Field(1, ge=0, le=1000, description="Canary replicas; 0 promotes without analysis.")
+    canary_weight_percent: int | None = Field(
+        None, ge=1, le=99, description="Traffic share of the canary, where a router supports weights."
+    )
+    analysis_window_seconds: int = Field(300, ge=30, le=86400, description="How long the canary is observed.")
+    tolerance: float = Field(
+        0.1, ge=0, le=10, description="Accepted relative p95 increase of the canary vs stable (0.1 = 10%)."
+    )
+    max_error_rate: float = Field(0.01, ge=0, le=1, description="Accepted canary error ratio.")
+    deadline_seconds: int = Field(3600, ge=60, le=604800, description="A rollout not decided by then rolls back.")
+
+
+class ReadaptationSettings(ApiModel):
+    """Re-adapt when production latency drifts (measured by Prometheus), with hysteresis."""
+
+    enabled: bool = Field(True, description="Watch production latency and re-adapt on drift.")
+    drift_tolerance: float = Field(
+        0.2, ge=0, le=10, description="Relative p95 excess over the SLO or the adapted baseline that counts."
+    )
+    consecutive_breaches: int = Field(3, ge=1, le=100, description="Breaches in a row that confirm drift.")
+    cooldown_seconds: int = Field(1800, ge=0, le=604800, description="No re-adaptation this soon after one.")
+    check_interval_seconds: int = Field(60, ge=5, le=86400, description="Period of the drift check.")
+    window_seconds: int = Field(300, ge=10, le=86400, description="PromQL range of the p95 query.")
+    prometheus_url: str | None = Field(
+        None,
+        alias="prometheusURL",
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="Overrides the operator-wide Prometheus URL.",
+    )
+    query: str | None = Field(
+        None,
+        min_length=1,
+        max_length=4096,
+        description="PromQL override returning one p95 in seconds; {policy}, {namespace}, {class} and "
+        "{window} are substituted.",
+    )
+
+
+class AdaptationPolicySpec(ApiModel):
+    """Adapt one ONNX model to every matching hardware class, and keep it adapted."""
+
+    model_config = cel(
+        rule(
+            "self.rollout.canaryReplicas < self.serving.replicas",
+            "rollout.canaryReplicas must be less than serving.replicas",
+            field_path=".rollout.canaryReplicas",
+        )
+    )
+
+    model: ModelSource
+    slo: Slo
+    objective: ObjectiveWeights = Field(default_factory=ObjectiveWeights)
+    hardware: HardwareSelection = Field(default_factory=HardwareSelection)
+    search_space: SearchSpaceOverrides = Field(default_factory=SearchSpaceOverrides)
+    search: SearchSettings = Field(default_factory=SearchSettings)
+    serving: ServingSettings = Field(default_factory=ServingSettings)
+    rollout: RolloutSettings = Field(default_factory=RolloutSettings)
+    readaptation: ReadaptationSettings = Field(default_factory=ReadaptationSettings)
+
+
+ClassState = Literal["Pending", "Adapting", "RollingOut", "Ready", "Degraded", "Failed"]
+RolloutPhase = Literal["Stable", "Canary", "Promoted", "RolledBack"]
+
+
+class VariantSummary(ApiModel):
+    """A served (or canary) variant: the recipe key and what it measured at adaptation."""
+
+    recipe_key: str = Field(max_length=64, description="Recipe.key() of the variant.")
+    description: str | None = Field(None, max_length=256, description="Recipe.describe(): readable summary.")
+    run_name: str | None = Field(None, max_length=253, description="The AdaptationRun that found it.")
+    p95_ms: float | None = Field(None, ge=0, description="p95 measured at adaptation, ms.")
+    quality_drop: float | None = Field(None, description="Quality drop vs FP32 measured at adaptation.")
+
+
+class RolloutStatus(ApiModel):
+    phase: RolloutPhase = Field("Stable")
+    canary: VariantSummary | None = None
+    started_at: dt.datetime | None = None
+    reason: str | None = Field(None, max_length=1024)
+    message: str | None = Field(None, max_length=4096)
+
+
+class DriftStatus(ApiModel):
+    """Durable state of the drift detector (the operator keeps none in memory)."""
+
+    consecutive_breaches: int = Field(0, ge=0)
+    last_check_time: dt.datetime | None = None
+    last_observed_p95_ms: float | None = Field(None, ge=0)
+    last_readaptation_time: dt.datetime | None = None
+
+
+class ClassStatus(ApiModel):
+    """One hardware class selected by the policy."""
+
+    fingerprint: str = Field(pattern=FINGERPRINT_PATTERN, description="HardwareClass.fingerprint().")
+    name: str = Field(max_length=63, description="HardwareClass.name(), used in child object names.")
+    hardware_class: HardwareClass | None = None
+    nodes: int = Field(0, ge=0, description="Matching nodes now.")
+    state: ClassState = Field("Pending")
+    reason: str | None = Field(None, max_length=1024)
+    message: str | None = Field(None, max_length=4096)
+    current: VariantSummary | None = Field(None, description="The variant serving now.")
+    run_name: str | None = Field(None, max_length=253, description="The latest AdaptationRun for this class.")
+    deployment_name: str | None = Field(None, max_length=253)
+    last_adaptation_time: dt.datetime | None = None
+    last_adaptation_reason: str | None = Field(None, max_length=64)
+    rollout: RolloutStatus | None = None
+    drift: DriftStatus | None = None
+
+
+class AdaptationPolicyStatus(ApiModel):
+    """Observed state; written by the operator only."""
+
+    observed_generation: int | None = Field(None, ge=0, description="The generation last reconciled.")
+    conditions: list[Condition] = Field(default_factory=list, max_length=16, json_schema_extra=map_list("type"))
+    classes: list[ClassStatus] = Field(
+        default_factory=list,
+        max_length=64,
+        json_schema_extra=map_list("fingerprint"),
+    )
+    class_count: int = Field(0, ge=0, description="Hardware classes selected.")
+    ready_classes: int = Field(0, ge=0, description="Classes serving their best variant.")
+    classes_summary: str | None = Field(None, max_length=32, description="ready/total, for kubectl get.")
+    best_p95_ms: float | None = Field(
+        None, ge=0, description="Worst p95 among the classes' current variants: the latency every class meets."
+    )
+
+
+class AdaptationPolicy(ApiModel):
+    """The whole object, for code that reads one from the API server."""
+
+    api_version: Literal["metainfer.io/v1alpha1"] = "metainfer.io/v1alpha1"
+    kind: Literal["AdaptationPolicy"] = "AdaptationPolicy"
+    metadata: dict[str, object] = Field(default_factory=dict)
+    spec: AdaptationPolicySpec
+    status: AdaptationPolicyStatus | None = None

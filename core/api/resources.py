@@ -1,0 +1,122 @@
+"""The three CRDs: names, scope, printer columns, and the models of spec and status.
+
+core/crdgen.py turns each ``Resource`` into a CustomResourceDefinition. Printer
+columns point at status fields the operator maintains for exactly this purpose
+(conditions for Ready, summaries for counts), never at handler internals.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel
+
+from metainfer.core.api.hardwareprofile import HardwareProfileSpec, HardwareProfileStatus
+from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus
+from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
+
+GROUP = "metainfer.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+CATEGORY = "metainfer"
+
+
+@dataclass(frozen=True)
+class PrinterColumn:
+    name: str
+    type: Literal["string", "integer", "number", "boolean", "date"]
+    json_path: str
+    description: str = ""
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Resource:
+    kind: str
+    plural: str
+    singular: str
+    scope: Literal["Namespaced", "Cluster"]
+    spec: type[BaseModel]
+    status: type[BaseModel]
+    description: str
+    short_names: tuple[str, ...] = ()
+    categories: tuple[str, ...] = (CATEGORY,)
+    columns: tuple[PrinterColumn, ...] = field(default_factory=tuple)
+
+    @property
+    def crd_name(self) -> str:
+        return f"{self.plural}.{GROUP}"
+
+
+def _ready(type_: str = "Ready") -> tuple[PrinterColumn, PrinterColumn]:
+    return (
+        PrinterColumn(type_, "string", f'.status.conditions[?(@.type=="{type_}")].status'),
+        PrinterColumn("Reason", "string", f'.status.conditions[?(@.type=="{type_}")].reason', priority=1),
+    )
+
+
+_AGE = PrinterColumn("Age", "date", ".metadata.creationTimestamp")
+
+ADAPTATION_POLICY = Resource(
+    kind="AdaptationPolicy",
+    plural="adaptationpolicies",
+    singular="adaptationpolicy",
+    scope="Namespaced",
+    spec=AdaptationPolicySpec,
+    status=AdaptationPolicyStatus,
+    description="Adapts one ONNX model to every matching hardware class in the cluster and keeps it adapted.",
+    short_names=("ap", "adaptpol"),
+    columns=(
+        PrinterColumn("SLO p95", "number", ".spec.slo.latencyP95Ms", "p95 latency SLO, ms"),
+        PrinterColumn("Batch", "integer", ".spec.slo.batchSize", "Production batch size"),
+        PrinterColumn("Classes", "string", ".status.classesSummary", "Ready/selected hardware classes"),
+        PrinterColumn("Best p95", "number", ".status.bestP95Ms", "Worst p95 among the served variants, ms"),
+        *_ready(),
+        PrinterColumn("Model", "string", ".spec.model.version", "Model version", priority=1),
+        _AGE,
+    ),
+)
+
+ADAPTATION_RUN = Resource(
+    kind="AdaptationRun",
+    plural="adaptationruns",
+    singular="adaptationrun",
+    scope="Namespaced",
+    spec=AdaptationRunSpec,
+    status=AdaptationRunStatus,
+    description="One adaptation of a policy's model to one hardware class (profile, search, validate).",
+    short_names=("ar", "adaptrun"),
+    columns=(
+        PrinterColumn("Policy", "string", ".spec.policyName"),
+        PrinterColumn("Class", "string", ".spec.classFingerprint"),
+        PrinterColumn("Trigger", "string", ".spec.reason"),
+        PrinterColumn("Trials", "integer", ".status.progress.trialsCompleted"),
+        PrinterColumn("Best p95", "number", ".status.bestMetrics.p95Ms", "p95 of the best variant, ms"),
+        PrinterColumn("Phase", "string", ".status.phase"),
+        *_ready("Succeeded"),
+        _AGE,
+    ),
+)
+
+HARDWARE_PROFILE = Resource(
+    kind="HardwareProfile",
+    plural="hardwareprofiles",
+    singular="hardwareprofile",
+    scope="Cluster",
+    spec=HardwareProfileSpec,
+    status=HardwareProfileStatus,
+    description="A hardware class and its measured inference capabilities, shared by all policies.",
+    short_names=("hwp",),
+    columns=(
+        PrinterColumn("Vendor", "string", ".spec.hardwareClass.vendor"),
+        PrinterColumn("Product", "string", ".spec.hardwareClass.product"),
+        PrinterColumn("Driver", "string", ".spec.hardwareClass.driverVersion"),
+        PrinterColumn("Fingerprint", "string", ".spec.fingerprint"),
+        PrinterColumn("Measured", "date", ".status.measuredAt"),
+        *_ready(),
+        _AGE,
+    ),
+)
+
+RESOURCES: tuple[Resource, ...] = (ADAPTATION_POLICY, ADAPTATION_RUN, HARDWARE_PROFILE)

@@ -1,0 +1,127 @@
+"""AdaptationRun: one adaptation of one policy's model to one hardware class.
+
+The spec is the run's key plus a snapshot of the policy settings the agent
+needs, and it is immutable as a whole: a run is a record, and a different
+adaptation is a different run (with a deterministic name derived from the key,
+so a restarted operator finds it instead of creating a second one).
+
+The status is bounded (at most ``MAX_TRIALS`` trial summaries) so a long search
+never pushes the object towards etcd's size limit. ``bestRecipe`` embeds core's
+Recipe with its own snake_case keys: those keys are what Recipe.key() hashes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import Field
+
+from metainfer.core.api._base import ApiModel, cel, immutable, map_list, rule
+from metainfer.core.api.conditions import Condition
+from metainfer.core.api.policy import (
+    SHA256_PATTERN,
+    ModelSource,
+    ObjectiveWeights,
+    SearchSettings,
+    SearchSpaceOverrides,
+    Slo,
+)
+from metainfer.core.hardware import FINGERPRINT_PATTERN, HardwareClass
+from metainfer.core.recipe import Recipe
+
+MAX_TRIALS = 50
+RunTrigger = Literal[
+    "NewHardwareClass", "DriverChange", "ModelChange", "BatchChange", "SpecChange", "LatencyDrift", "Manual", "Retry"
+]
+TrialState = Literal["feasible", "infeasible", "failed"]
+RunPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
+
+
+class AdaptationRunSpec(ApiModel):
+    """The key of the run (policy, class, model, batch, reason) and the settings it runs with."""
+
+    model_config = cel(
+        immutable("spec"),
+        rule(
+            "self.modelSha256 == self.model.sha256",
+            "modelSha256 must equal model.sha256",
+            field_path=".modelSha256",
+        ),
+        rule("self.batchSize == self.slo.batchSize", "batchSize must equal slo.batchSize", field_path=".batchSize"),
+    )
+
+    policy_name: str = Field(min_length=1, max_length=253, description="The owning AdaptationPolicy.")
+    policy_generation: int = Field(ge=0, description="The policy's metadata.generation the run was made from.")
+    class_fingerprint: str = Field(pattern=FINGERPRINT_PATTERN, description="HardwareClass.fingerprint().")
+    hardware_class: HardwareClass
+    model_sha256: str = Field(pattern=SHA256_PATTERN, description="Equal to model.sha256 (part of the key).")
+    batch_size: int = Field(ge=1, le=4096, description="Equal to slo.batchSize (part of the key).")
+    reason: RunTrigger = Field(description="Why this run exists.")
+    model: ModelSource
+    slo: Slo
+    objective: ObjectiveWeights = Field(default_factory=ObjectiveWeights)
+    search_space: SearchSpaceOverrides = Field(default_factory=SearchSpaceOverrides)
+    search: SearchSettings = Field(default_factory=SearchSettings)
+
+
+class RunProgress(ApiModel):
+    trials_completed: int = Field(0, ge=0)
+    trial_budget: int | None = Field(None, ge=0)
+    feasible_trials: int = Field(0, ge=0)
+    elapsed_seconds: float = Field(0.0, ge=0)
+    stage: str | None = Field(None, max_length=64, description="Profiling, Searching, Validating...")
+
+
+class RunMetrics(ApiModel):
+    """Measured metrics of a variant, in API units."""
+
+    p50_ms: float | None = Field(None, ge=0)
+    p95_ms: float = Field(ge=0)
+    p99_ms: float | None = Field(None, ge=0)
+    throughput_per_s: float | None = Field(None, ge=0, description="Samples per second.")
+    quality_metric: str | None = Field(None, max_length=64)
+    quality_drop: float | None = None
+    peak_memory_mib: float | None = Field(None, ge=0, alias="peakMemoryMiB")
+    model_size_mib: float | None = Field(None, ge=0, alias="modelSizeMiB")
+
+
+class TrialSummary(ApiModel):
+    index: int = Field(ge=0)
+    recipe_key: str = Field(max_length=64)
+    description: str | None = Field(None, max_length=256)
+    status: TrialState
+    p95_ms: float | None = Field(None, ge=0)
+    quality_drop: float | None = None
+    score: float | None = None
+    error: str | None = Field(None, max_length=1024)
+
+
+class AdaptationRunStatus(ApiModel):
+    observed_generation: int | None = Field(None, ge=0)
+    conditions: list[Condition] = Field(default_factory=list, max_length=16, json_schema_extra=map_list("type"))
+    phase: RunPhase | None = Field(
+        None, description="Coarse summary for kubectl; conditions carry the detail and the reason."
+    )
+    job_name: str | None = Field(None, max_length=253)
+    hardware_profile_name: str | None = Field(None, max_length=253)
+    start_time: dt.datetime | None = None
+    completion_time: dt.datetime | None = None
+    progress: RunProgress | None = None
+    trials: list[TrialSummary] = Field(
+        default_factory=list,
+        max_length=MAX_TRIALS,
+        description=f"The best {MAX_TRIALS} trials (bounded).",
+        json_schema_extra=map_list("index"),
+    )
+    best_recipe: Recipe | None = Field(None, description="core Recipe of the best feasible variant.")
+    best_recipe_key: str | None = Field(None, max_length=64)
+    best_metrics: RunMetrics | None = None
+
+
+class AdaptationRun(ApiModel):
+    api_version: Literal["metainfer.io/v1alpha1"] = "metainfer.io/v1alpha1"
+    kind: Literal["AdaptationRun"] = "AdaptationRun"
+    metadata: dict[str, object] = Field(default_factory=dict)
+    spec: AdaptationRunSpec
+    status: AdaptationRunStatus | None = None

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Development control plane: `up`, `down`, `status`, `assets`.
+
+    PYTHONSAFEPATH=1 .venv/bin/python hack/cluster.py up      # etcd + kube-apiserver + CRDs
+    export KUBECONFIG=$PWD/.cluster/kubeconfig
+    PYTHONSAFEPATH=1 .venv/bin/python hack/cluster.py down    # stops everything, removes .cluster/
+
+Run it with the project's virtualenv Python: it needs `kubernetes`, `pyyaml` and
+`cryptography`, and installs the pinned kubectl next to that Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+HACK = Path(__file__).resolve().parent
+REPO = HACK.parent
+sys.path.insert(0, str(HACK))  # PYTHONSAFEPATH=1 keeps the script's folder off sys.path
+
+from controlplane import assets as assets_mod  # noqa: E402
+from controlplane import cluster, crds  # noqa: E402
+from controlplane.errors import ControlPlaneError  # noqa: E402
+from controlplane.versions import ETCD_VERSION, KUBERNETES_VERSION  # noqa: E402
+
+DEFAULT_ROOT = REPO / ".cluster"
+
+
+def log(message: str) -> None:
+    print(f"[cluster] {message}", file=sys.stderr, flush=True)
+
+
+def cmd_assets(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    found = assets_mod.provide(log, with_controller_manager=not args.no_controller_manager)
+    kubectl = assets_mod.find_kubectl(log)
+    print(f"kube-apiserver {KUBERNETES_VERSION}: {found.kube_apiserver}")
+    print(f"etcd {ETCD_VERSION}: {found.etcd}")
+    print(f"kube-controller-manager: {found.kube_controller_manager or 'not available'}")
+    print(f"kubectl: {kubectl}")
+    print(f"source: {found.source} ({time.monotonic() - started:.0f}s)")
+    print(f"export KUBEBUILDER_ASSETS={found.directory}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    root: Path = args.root
+    running = cluster.load(root)
+    if running is not None:
+        log(f"already running at {running.server}")
+        _print_usage(running.kubeconfig)
+        return 0
+    if (root / cluster.STATE_FILE).exists():
+        log(f"cleaning up a dead control plane in {root}")
+        cluster.stop(root)
+    started = time.monotonic()
+    found = assets_mod.provide(log, with_controller_manager=not args.no_controller_manager)
+    assets_mod.find_kubectl(log)
+    plane = cluster.start(root, found, log=log, controller_manager=not args.no_controller_manager)
+    try:
+        if not args.no_crds:
+            from kubernetes import config
+
+            api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
+            with api_client:
+                names = crds.install(api_client, crds.load_crds(args.crds.glob("*.yaml")))
+            log(f"CRDs established: {', '.join(names) or '(none found in ' + str(args.crds) + ')'}")
+    except BaseException:
+        log("installing CRDs failed; stopping the control plane")
+        cluster.stop(root)
+        raise
+    log(f"up in {time.monotonic() - started:.1f}s (assets: {found.source})")
+    _print_usage(plane.kubeconfig)
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    stopped = cluster.stop(args.root)
+    log(f"stopped {', '.join(stopped) if stopped else 'nothing (no running control plane)'}; removed {args.root}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    plane = cluster.load(args.root)
+    if plane is None:
+        print("not running")
+        return 1
+    code, body = plane.get("/readyz")
+    print(f"{plane.server} readyz={code} {body.strip()[:40]} pids={plane.pids}")
+    print(f"kubeconfig: {plane.kubeconfig}")
+    return 0 if code == 200 else 1
+
+
+def _print_usage(kubeconfig: Path) -> None:
+    kubectl = assets_mod.find_kubectl(log, install=False)
+    print(f"kubeconfig: {kubeconfig}")
+    print("use it with:")
+    print(f"  export KUBECONFIG={kubeconfig}")
+    print(f"  export PATH={kubectl.parent}:$PATH   # kubectl {KUBERNETES_VERSION.rsplit('.', 1)[0]}.x")
+    print("  kubectl apply -f examples/ && kubectl get adaptationpolicies")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=DEFAULT_ROOT, help="cluster state directory")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in ("assets", "up"):
+        p = sub.add_parser(name)
+        p.add_argument("--no-controller-manager", action="store_true", help="only etcd + kube-apiserver")
+    sub.choices["up"].add_argument("--crds", type=Path, default=REPO / "crds", help="CRD directory to install")
+    sub.choices["up"].add_argument("--no-crds", action="store_true")
+    sub.add_parser("down")
+    sub.add_parser("status")
+    args = parser.parse_args(argv)
+    handler = {"assets": cmd_assets, "up": cmd_up, "down": cmd_down, "status": cmd_status}[args.command]
+    try:
+        return handler(args)
+    except ControlPlaneError as exc:
+        log(f"error: {exc}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,311 @@
+"""Run etcd + kube-apiserver (+ kube-controller-manager) on loopback in one directory.
+
+Everything a cluster owns lives under its root directory: certificates, etcd
+data, logs, the kubeconfig and ``state.json`` with the pids. The state file is
+written after every launch, so a crashed ``up`` can still be cleaned by ``down``;
+a failing ``start`` stops what it started before raising.
+
+kube-controller-manager runs only the garbage collector, namespace and
+service-account controllers: owner-reference cascades and namespace deletion
+then behave like a real cluster, while Jobs and Deployments stay untouched by
+controllers (no kubelet runs here; tests drive them).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from controlplane import pki as pki_mod
+from controlplane import processes
+from controlplane.assets import Assets
+from controlplane.errors import ControlPlaneError, StartError
+
+Log = Callable[[str], None]
+STATE_FILE = "state.json"
+CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller"
+
+
+@dataclass
+class ControlPlane:
+    """A running control plane: where to reach it and what to stop."""
+
+    root: Path
+    server: str
+    kubeconfig: Path
+    ca_cert: Path
+    client_cert: Path
+    client_key: Path
+    pids: dict[str, int]
+    executables: dict[str, str]
+    popens: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+
+    def ssl_context(self) -> ssl.SSLContext:
+        ctx = ssl.create_default_context(cafile=str(self.ca_cert))
+        ctx.load_cert_chain(str(self.client_cert), str(self.client_key))
+        return ctx
+
+    def get(self, path: str, timeout_s: float = 5.0) -> tuple[int, str]:
+        """GET ``path`` on the API server as admin; returns (status, body)."""
+        try:
+            with urllib.request.urlopen(self.server + path, timeout=timeout_s, context=self.ssl_context()) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+    def stop(self) -> list[str]:
+        return stop(self.root, popens=self.popens)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start(
+    root: Path,
+    assets: Assets,
+    *,
+    log: Log = print,
+    controller_manager: bool = True,
+    timeout_s: float = 120.0,
+) -> ControlPlane:
+    """Start a fresh control plane under ``root`` (which must not hold a running one)."""
+    if (root / STATE_FILE).exists():
+        raise ControlPlaneError(f"{root / STATE_FILE} exists: a control plane may be running; stop it first")
+    root.mkdir(parents=True, exist_ok=True)
+    popens: dict[str, subprocess.Popen[bytes]] = {}
+    state: dict[str, object] = {"pids": {}, "executables": {}}
+    try:
+        return _start(root, assets, log, controller_manager, timeout_s, popens, state)
+    except BaseException:
+        stop(root, popens=popens, remove=False)
+        raise
+
+
+def _start(
+    root: Path,
+    assets: Assets,
+    log: Log,
+    controller_manager: bool,
+    timeout_s: float,
+    popens: dict[str, subprocess.Popen[bytes]],
+    state: dict[str, object],
+) -> ControlPlane:
+    started = time.monotonic()
+    deadline = started + timeout_s
+    logs = root / "logs"
+    certs = pki_mod.generate(root / "pki")
+    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    server = f"https://127.0.0.1:{api_port}"
+    kubeconfig = root / "kubeconfig"
+    write_kubeconfig(kubeconfig, server, certs)
+    state.update(server=server, kubeconfig=str(kubeconfig), root=str(root))
+
+    def launch(name: str, executable: Path, args: list[str]) -> None:
+        popens[name] = processes.launch(name, [str(executable), *args], logs)
+        state["pids"][name] = popens[name].pid  # type: ignore[index]
+        state["executables"][name] = str(executable)  # type: ignore[index]
+        _write_state(root, state)
+
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    peer_url = f"http://127.0.0.1:{peer_port}"
+    launch(
+        "etcd",
+        assets.etcd,
+        [
+            "--name=default",
+            f"--data-dir={root / 'etcd-data'}",
+            f"--listen-client-urls={etcd_url}",
+            f"--advertise-client-urls={etcd_url}",
+            f"--listen-peer-urls={peer_url}",
+            f"--initial-advertise-peer-urls={peer_url}",
+            f"--initial-cluster=default={peer_url}",
+            "--unsafe-no-fsync=true",  # throwaway data: durability buys nothing, fsync costs seconds
+            "--log-level=warn",
+        ],
+    )
+    _wait(lambda: _http_ok(f"{etcd_url}/health"), "etcd", popens, logs, deadline)
+
+    launch(
+        "kube-apiserver",
+        assets.kube_apiserver,
+        [
+            f"--etcd-servers={etcd_url}",
+            f"--secure-port={api_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--cert-dir={root / 'pki'}",
+            f"--tls-cert-file={certs.serving_cert}",
+            f"--tls-private-key-file={certs.serving_key}",
+            f"--client-ca-file={certs.ca_cert}",
+            "--authorization-mode=RBAC",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={certs.sa_pub}",
+            f"--service-account-signing-key-file={certs.sa_key}",
+            "--allow-privileged=true",
+            "--profiling=false",
+            "--v=1",
+        ],
+    )
+    plane = ControlPlane(
+        root=root,
+        server=server,
+        kubeconfig=kubeconfig,
+        ca_cert=certs.ca_cert,
+        client_cert=certs.admin_cert,
+        client_key=certs.admin_key,
+        pids=state["pids"],  # type: ignore[arg-type]
+        executables=state["executables"],  # type: ignore[arg-type]
+        popens=popens,
+    )
+    _wait(lambda: _api_ok(plane, "/readyz"), "kube-apiserver", popens, logs, deadline)
+
+    kcm = assets.kube_controller_manager if controller_manager else None
+    if kcm is not None:
+        launch(
+            "kube-controller-manager",
+            kcm,
+            [
+                f"--kubeconfig={kubeconfig}",
+                f"--controllers={CONTROLLERS}",
+                "--leader-elect=false",
+                "--secure-port=0",
+                "--concurrent-gc-syncs=5",
+                "--v=1",
+            ],
+        )
+    elif controller_manager:
+        log("kube-controller-manager not available: owner-reference GC and namespace deletion will not run")
+    log(f"control plane ready at {server} in {time.monotonic() - started:.1f}s")
+    return plane
+
+
+def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None, remove: bool = True) -> list[str]:
+    """Stop every process recorded under ``root`` (newest first); remove ``root`` if asked."""
+    stopped: list[str] = []
+    state_path = root / STATE_FILE
+    state = json.loads(state_path.read_text()) if state_path.exists() else {"pids": {}, "executables": {}}
+    popens = popens or {}
+    names = list(dict.fromkeys([*state["pids"], *popens]))
+    for name in reversed(names):
+        popen = popens.get(name)
+        pid = popen.pid if popen is not None else int(state["pids"][name])
+        executable = state["executables"].get(name) or (popen.args[0] if popen is not None else "")  # type: ignore[index]
+        if processes.terminate(pid, str(executable), popen=popen):
+            stopped.append(name)
+    state_path.unlink(missing_ok=True)
+    if remove:
+        shutil.rmtree(root, ignore_errors=True)
+    return stopped
+
+
+def load(root: Path) -> ControlPlane | None:
+    """The control plane recorded under ``root`` if its API server process is still ours and alive."""
+    state_path = root / STATE_FILE
+    if not state_path.exists():
+        return None
+    state = json.loads(state_path.read_text())
+    pid = state["pids"].get("kube-apiserver")
+    if pid is None or not processes.is_ours(pid, state["executables"]["kube-apiserver"]):
+        return None
+    pki_dir = root / "pki"
+    return ControlPlane(
+        root=root,
+        server=state["server"],
+        kubeconfig=Path(state["kubeconfig"]),
+        ca_cert=pki_dir / "ca.crt",
+        client_cert=pki_dir / "admin.crt",
+        client_key=pki_dir / "admin.key",
+        pids=state["pids"],
+        executables=state["executables"],
+    )
+
+
+def write_kubeconfig(path: Path, server: str, certs: pki_mod.Pki, name: str = "metainfer-dev") -> None:
+    """A self-contained admin kubeconfig (certificates embedded, so it can be copied anywhere)."""
+
+    def b64(p: Path) -> str:
+        return base64.b64encode(p.read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority-data": b64(certs.ca_cert)}}],
+        "users": [
+            {
+                "name": f"{name}-admin",
+                "user": {
+                    "client-certificate-data": b64(certs.admin_cert),
+                    "client-key-data": b64(certs.admin_key),
+                },
+            }
+        ],
+        "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin", "namespace": "default"}}],
+        "current-context": name,
+    }
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    path.chmod(0o600)
+
+
+def _write_state(root: Path, state: dict[str, object]) -> None:
+    tmp = root / f"{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=2))
+    tmp.replace(root / STATE_FILE)
+
+
+def _wait(
+    ready: Callable[[], bool],
+    name: str,
+    popens: dict[str, subprocess.Popen[bytes]],
+    logs: Path,
+    deadline: float,
+) -> None:
+    while True:
+        for proc_name, popen in popens.items():
+            if popen.poll() is not None:
+                raise StartError(
+                    f"{proc_name} exited with code {popen.returncode} while waiting for {name}; "
+                    f"log: {logs / f'{proc_name}.log'}\n{_tail(logs / f'{proc_name}.log')}"
+                )
+        if ready():
+            return
+        if time.monotonic() > deadline:
+            raise StartError(f"{name} not ready in time; log: {logs / f'{name}.log'}\n{_tail(logs / f'{name}.log')}")
+        time.sleep(0.2)
+
+
+def _http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return bool(r.status == 200)
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+def _api_ok(plane: ControlPlane, path: str) -> bool:
+    with contextlib.suppress(OSError, urllib.error.URLError, ssl.SSLError):
+        return plane.get(path, timeout_s=2)[0] == 200
+    return False
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"

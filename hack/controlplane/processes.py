@@ -1,0 +1,94 @@
+"""Start, identify and stop the control-plane daemons without ever hitting a stranger.
+
+Daemons run in their own session (process group), so stopping a group also
+stops anything they spawned. A pid read back from a state file is only
+signalled if /proc still shows the same executable we started: pids get reused.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+
+def launch(name: str, argv: list[str], log_dir: Path) -> subprocess.Popen[bytes]:
+    """Start ``argv`` detached from our terminal and session, logging to ``log_dir/<name>.log``."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with (log_dir / f"{name}.log").open("ab") as log:
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+        )
+
+
+def is_ours(pid: int, executable: str) -> bool:
+    """True when ``pid`` is alive (not a zombie) and runs ``executable``."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, PermissionError, IndexError):
+        return False
+    exe = exe.removesuffix(" (deleted)")
+    return state != "Z" and os.path.realpath(exe) == os.path.realpath(executable)
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state != "Z"
+
+
+def terminate(
+    pid: int, executable: str, *, grace_s: float = 10.0, popen: subprocess.Popen[bytes] | None = None
+) -> bool:
+    """SIGTERM the process group of ``pid``, SIGKILL after ``grace_s``; True if something was stopped."""
+    if not is_ours(pid, executable):
+        if popen is not None:
+            popen.poll()
+        return False
+    try:
+        group = os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+    _signal(pid, group, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if popen is not None and popen.poll() is not None:
+            break
+        if popen is None and not is_alive(pid):
+            break
+        time.sleep(0.05)
+    else:
+        _signal(pid, group, signal.SIGKILL)
+        if popen is not None:
+            popen.wait(timeout=5)
+        else:
+            _wait_gone(pid, 5.0)
+    if group:  # stragglers in the group (none expected) must not outlive the leader
+        _signal(pid, group, signal.SIGKILL)
+    return True
+
+
+def _signal(pid: int, group: bool, sig: signal.Signals) -> None:
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_gone(pid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while is_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
