@@ -13,15 +13,23 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from metainfer.core.errors import InputError, MetainferError, NoFeasibleCandidate
 
 EXIT_INPUT, EXIT_INFEASIBLE = 2, 3
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors as one line naming the flag, exit 2 (the same contract as bad input files)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_INPUT, f"metainfer: error: {message} (see '{self.prog} --help')\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="metainfer", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser = _Parser(prog="metainfer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("profile", help="measure this machine's hardware profile")
     p.add_argument("--out", type=Path, help="also write the profile JSON here")

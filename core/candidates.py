@@ -54,7 +54,7 @@ def build_space(
         quant.append("int8_static")
     else:
         notes.append("int8_static left out: needs at least a few calibration samples")
-    keep = sorted({round(f * sensitive_layers) for f in options.keep_float_fractions})
+    keep = sorted({_keep_count(f, sensitive_layers) for f in options.keep_float_fractions})
     providers = [p for p in profile.providers_profiled if p in profile.machine.execution_providers]
     dims = [
         Dimension("quantization", tuple(quant)),
@@ -73,6 +73,13 @@ def build_space(
     ]
     dims = [_override(d, options.overrides) for d in dims]
     return Space(dims, constraint=_make_constraint(model, profile, notes)), notes
+
+
+def _keep_count(fraction: float, layers: int) -> int:
+    """Layers kept in float for a fraction; at least one when the fraction is positive and it leaves some int8."""
+    if fraction <= 0 or layers < 2:
+        return 0
+    return min(layers - 1, max(1, round(fraction * layers)))
 
 
 def _batch_choices(model: ModelInfo, options: SpaceOptions) -> tuple[int, ...]:

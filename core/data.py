@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from metainfer.core.errors import DataError
 from metainfer.core.modelinfo import ModelInfo
 

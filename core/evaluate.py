@@ -14,12 +14,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
+from pydantic import BaseModel, ConfigDict, Field
+
 from metainfer.core.data import Dataset
 from metainfer.core.memory import track_peak_memory
 from metainfer.core.recipe import Recipe
 from metainfer.core.runtime import create_session
 from metainfer.core.trial import LatencyStats, Quality, TrialMetrics
-from pydantic import BaseModel, ConfigDict, Field
 
 
 class MeasureSettings(BaseModel):

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from metainfer.core.errors import ModelError
 from onnx import TensorProto
 from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.errors import ModelError
 
 ONNX_TO_NUMPY: dict[int, type[np.generic]] = {
     TensorProto.FLOAT: np.float32,

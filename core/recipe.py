@@ -12,7 +12,7 @@ import hashlib
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 QuantizationMode = Literal["fp32", "fp16", "int8_dynamic", "int8_static"]
 GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
@@ -27,6 +27,9 @@ ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
     "all": "ORT_ENABLE_ALL",
 }
 ORT_EXECUTION_MODES: dict[str, str] = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
+DERIVED_FIELDS = frozenset(
+    {"session_options", "providers", "base_sha256", "variant_sha256", "transform_key", "recipe_key"}
+)
 
 
 class _Frozen(BaseModel):
@@ -75,6 +78,15 @@ class Recipe(_Frozen):
     transform: TransformSpec = TransformSpec()
     session: SessionSpec = SessionSpec()
     batch: int = Field(1, ge=1, description="Batch size the variant is measured and served at.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_derived(cls, data: Any) -> Any:
+        # recipe.json carries derived fields (session_options, providers, hashes) for
+        # humans and other tools; they are recomputed, never trusted, on the way in.
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if k not in DERIVED_FIELDS}
+        return data
 
     @computed_field  # type: ignore[prop-decorator]
     @property

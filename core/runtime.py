@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import onnxruntime as ort
+
 from metainfer.core.recipe import Recipe
 
 

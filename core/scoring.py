@@ -12,8 +12,9 @@ reference's. The median ranks; p95 (noisier at a few dozen runs) constrains.
 
 from __future__ import annotations
 
-from metainfer.core.trial import TrialMetrics
 from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.trial import TrialMetrics
 
 
 class Constraints(BaseModel):

@@ -14,12 +14,14 @@ from collections.abc import Callable
 
 import numpy as np
 import onnx
+from pydantic import BaseModel, ConfigDict, Field
+
 from metainfer.core.data import Dataset
 from metainfer.core.evaluate import Reference, quality_of, run_all
 from metainfer.core.recipe import QuantizationSpec, Recipe, TransformSpec
 from metainfer.core.runtime import create_session
 from metainfer.core.transforms import build_variant, quantizable_nodes
-from pydantic import BaseModel, ConfigDict, Field
+from metainfer.core.transforms.build import ensure_node_names
 
 ProgressFn = Callable[[int, int, str], None]
 
@@ -55,6 +57,7 @@ def analyse(
     on_step: ProgressFn | None = None,
 ) -> SensitivityReport:
     model = onnx.load_from_string(base)
+    ensure_node_names(model)
     sizes = _weight_counts(model)
     kinds = {n.name: n.op_type for n in model.graph.node}
     nodes = quantizable_nodes(model, mode)

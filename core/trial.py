@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from metainfer.core.recipe import Recipe
 from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.recipe import Recipe
 
 QualityMetric = Literal["top1_accuracy", "cosine_similarity"]
 TrialStatus = Literal["feasible", "infeasible", "failed"]

@@ -10,12 +10,13 @@ produce outputs of the right shape (NaN may propagate, as in FP32).
 from __future__ import annotations
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
 from metainfer.core.data import Dataset
 from metainfer.core.evaluate import Reference, quality_of, run_all
 from metainfer.core.recipe import Recipe
 from metainfer.core.runtime import create_session
 from metainfer.core.trial import Quality
-from pydantic import BaseModel, ConfigDict, Field
 
 
 class Check(BaseModel):

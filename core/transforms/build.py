@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 
 import onnx
+
 from metainfer.core.data import Dataset
 from metainfer.core.recipe import TransformSpec
 from metainfer.core.transforms.fusion import fuse_transformer
@@ -23,6 +24,7 @@ PROVENANCE_PREFIX = "metainfer."
 
 def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None = None) -> bytes:
     model = onnx.load_from_string(base)
+    ensure_node_names(model)
     if spec.fusion == "transformer":
         model = fuse_transformer(model)
     if spec.layout == "NHWC":
@@ -39,7 +41,26 @@ def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None 
 def quantizable_nodes(model: onnx.ModelProto, mode: str) -> list[str]:
     """Names of the nodes a quantization mode would touch: the layers sensitivity ranks."""
     ops = set(DYNAMIC_OP_TYPES) if mode == "int8_dynamic" else {"Conv", "MatMul", "Gemm", "Attention"}
-    return [n.name for n in model.graph.node if n.op_type in ops and n.name]
+    named = onnx.ModelProto()
+    named.CopyFrom(model)
+    ensure_node_names(named)
+    return [n.name for n in named.graph.node if n.op_type in ops]
+
+
+def ensure_node_names(model: onnx.ModelProto) -> None:
+    """Give unnamed nodes stable names (op type + position), so recipes can name layers.
+
+    Mixed precision refers to layers by node name; many exporters leave names
+    empty. Names derive only from the graph, so every rebuild agrees on them.
+    """
+    taken = {n.name for n in model.graph.node if n.name}
+    for index, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{index}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
 
 
 def _stamp(model: onnx.ModelProto, base: bytes, spec: TransformSpec) -> None:

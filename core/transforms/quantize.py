@@ -18,9 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from metainfer.core.data import Dataset
-from metainfer.core.errors import InputError
-from metainfer.core.recipe import QuantizationSpec
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -29,6 +26,10 @@ from onnxruntime.quantization import (
     quantize_dynamic,
     quantize_static,
 )
+
+from metainfer.core.data import Dataset
+from metainfer.core.errors import InputError
+from metainfer.core.recipe import QuantizationSpec
 
 QUANT_TYPES = {"int8": QuantType.QInt8, "uint8": QuantType.QUInt8}
 CALIBRATION_METHODS = {

@@ -1,0 +1,84 @@
+"""Shared, session-scoped fixtures for the unit tests: small real models and a quick profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from metainfer.core.data import Dataset, load_npz
+from metainfer.core.modelinfo import ModelInfo, inspect_model
+from metainfer.core.profile import BenchConfig, HardwareProfile, measure_profile
+from metainfer.core.zoo import build_examples
+
+
+@pytest.fixture(scope="session")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("examples")
+    built = build_examples(out, ["digits"])
+    return {name: e.model_path for name, e in built.items()}
+
+
+@pytest.fixture(scope="session")
+def digits(examples: dict[str, Path]) -> tuple[bytes, ModelInfo, Dataset]:
+    path = examples["digits"]
+    info = inspect_model(path)
+    return path.read_bytes(), info, load_npz(path.parent / "data.npz", info)
+
+
+@pytest.fixture(scope="session")
+def quick_profile() -> HardwareProfile:
+    """A real profile of this machine with tiny benchmark sizes (a few seconds)."""
+    return measure_profile(
+        BenchConfig(op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, bandwidth_mib=4, bandwidth_repeats=2)
+    )
+
+
+def conv_model(seed: int = 0) -> onnx.ModelProto:
+    """A tiny two-conv classifier with a dynamic batch: enough to exercise conv paths."""
+    rng = np.random.default_rng(seed)
+
+    def init(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
+        return helper.make_tensor(
+            name, TensorProto.FLOAT, shape, (rng.standard_normal(shape) * 0.2).astype(np.float32).ravel()
+        )
+
+    nodes = [
+        helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2", pads=[1, 1, 1, 1], kernel_shape=[3, 3]),
+        helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+        helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+        helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "w3", "b3"], ["logits"], name="fc", transB=1),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "tiny_conv",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, 16, 16])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", 10])],
+        [
+            init("w1", (8, 3, 3, 3)),
+            init("b1", (8,)),
+            init("w2", (16, 8, 3, 3)),
+            init("b2", (16,)),
+            init("w3", (10, 16)),
+            init("b3", (10,)),
+        ],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_conv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    out = tmp_path_factory.mktemp("conv")
+    path = out / "model.onnx"
+    onnx.save(conv_model(), path)
+    rng = np.random.default_rng(1)
+    np.savez(out / "data.npz", x=rng.standard_normal((32, 3, 16, 16)).astype(np.float32))
+    return path, out / "data.npz"

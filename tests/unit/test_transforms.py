@@ -1,0 +1,84 @@
+"""Variants are deterministic and do what their recipe says."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from metainfer.core.data import load_npz
+from metainfer.core.modelinfo import inspect_model
+from metainfer.core.recipe import QuantizationSpec, Recipe, TransformSpec
+from metainfer.core.runtime import create_session
+from metainfer.core.transforms import build_variant, quantizable_nodes
+from metainfer.core.transforms.layout import to_nhwc
+
+SPECS = {
+    "fp32": TransformSpec(),
+    "fp16": TransformSpec(quantization=QuantizationSpec(mode="fp16")),
+    "dynamic": TransformSpec(quantization=QuantizationSpec(mode="int8_dynamic", per_channel=True)),
+    "static": TransformSpec(quantization=QuantizationSpec(mode="int8_static", calibration="percentile")),
+}
+
+
+def _ops(blob: bytes) -> Counter[str]:
+    return Counter(n.op_type for n in onnx.load_from_string(blob).graph.node)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_same_base_and_recipe_give_identical_bytes(name: str, digits) -> None:
+    base, _, data = digits
+    first = build_variant(base, SPECS[name], data.head(16))
+    second = build_variant(base, SPECS[name], data.head(16))
+    assert hashlib.sha256(first).digest() == hashlib.sha256(second).digest()
+
+
+def test_variants_differ_and_carry_provenance(digits) -> None:
+    base, _, data = digits
+    blobs = {name: build_variant(base, spec, data.head(16)) for name, spec in SPECS.items()}
+    assert len({hashlib.sha256(b).hexdigest() for b in blobs.values()}) == len(SPECS)
+    props = {p.key: p.value for p in onnx.load_from_string(blobs["dynamic"]).metadata_props}
+    assert props["metainfer.base_sha256"] == hashlib.sha256(base).hexdigest()
+    assert TransformSpec.model_validate_json(props["metainfer.transform"]) == SPECS["dynamic"]
+    assert _ops(blobs["dynamic"])["MatMulInteger"] == 3
+    assert _ops(blobs["static"])["QuantizeLinear"] > 0
+    assert _ops(blobs["fp16"])["Cast"] >= 2  # fp32 interface kept
+
+
+def test_keep_float_leaves_named_layers_unquantized(digits) -> None:
+    base, _, _ = digits
+    nodes = quantizable_nodes(onnx.load_from_string(base), "int8_dynamic")
+    assert len(nodes) == 3
+    spec = TransformSpec(quantization=QuantizationSpec(mode="int8_dynamic", keep_float=(nodes[0],)))
+    variant = onnx.load_from_string(build_variant(base, spec))
+    kept = [n for n in variant.graph.node if n.name == nodes[0]]
+    assert kept and kept[0].op_type == "MatMul"
+    assert Counter(n.op_type for n in variant.graph.node)["MatMulInteger"] == 2
+
+
+def test_quantized_variants_run_and_stay_close(digits) -> None:
+    base, _, data = digits
+    feed = data.batch(0, 32)
+    ref = create_session(base, Recipe()).run(None, feed)[0]
+    for name in ("dynamic", "static"):
+        out = create_session(build_variant(base, SPECS[name], data.head(64)), Recipe()).run(None, feed)[0]
+        agree = np.mean(np.argmax(out, 1) == np.argmax(ref, 1))
+        assert agree > 0.9, name
+
+
+def test_static_conv_quantization_and_nhwc_rewrite(tiny_conv: tuple[Path, Path]) -> None:
+    path, data_path = tiny_conv
+    base = path.read_bytes()
+    data = load_npz(data_path, inspect_model(path))
+    static = build_variant(base, SPECS["static"], data)
+    assert _ops(static)["QuantizeLinear"] >= 2
+    create_session(static, Recipe()).run(None, data.batch(0, 4))
+    nhwc = to_nhwc(onnx.load_from_string(base))
+    ops = Counter(n.op_type for n in nhwc.graph.node)
+    assert ops["NhwcConv"] == 2 and ops["Transpose"] == 4 and ops["Conv"] == 0
+    assert any(o.domain == "com.microsoft" for o in nhwc.opset_import)
+    onnx.checker.check_model(nhwc)
