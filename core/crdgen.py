@@ -12,8 +12,8 @@ OpenAPI v3 schema. The differences handled here, and why:
 * JSON Schema's numeric ``exclusiveMinimum`` becomes OpenAPI's boolean form.
 * ``title`` and ``additionalProperties: false`` are dropped (pruning and strict
   field validation already reject unknown fields, and naming them).
-* An optional object field whose fields all have defaults gets ``default: {}``,
-  so the server fills in the nested defaults and CEL rules can rely on them.
+* An optional object field whose fields all have defaults gets those defaults
+  as its own default, so the server fills them in and CEL rules can rely on them.
 
 Run ``python -m metainfer.core.crdgen crds/`` to write crds/*.yaml; a unit test
 fails when the files differ from what this module generates.
@@ -126,6 +126,8 @@ def _convert_local(node: Schema, defs: dict[str, Schema], path: str, stack: tupl
             continue
         if key == "default" and value is None:
             continue
+        if key == "default":
+            value = _strip_nulls(value)  # an unset optional is absent, never null, in Kubernetes
         if key == "const":
             out["enum"] = [value]
         elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
@@ -155,6 +157,9 @@ def _convert_local(node: Schema, defs: dict[str, Schema], path: str, stack: tupl
 def _property(sub: Schema, required: bool, defs: dict[str, Schema], path: str, stack: tuple[str, ...]) -> Schema:
     had_default = "default" in sub
     out = _convert(sub, defs, path, stack)
+    hint = _explain_hint(out)
+    if hint:
+        out["description"] = f"{out.get('description', '').rstrip()} {hint}".strip()
     if (
         not required
         and not had_default
@@ -162,7 +167,49 @@ def _property(sub: Schema, required: bool, defs: dict[str, Schema], path: str, s
         and "properties" in out
         and not out.get("required")
     ):
-        out["default"] = {}
+        out["default"] = _default_object(out)
+    return out
+
+
+def _explain_hint(schema: Schema) -> str:
+    """Allowed values, bounds and default in words: ``kubectl explain`` shows descriptions, not these keywords."""
+    parts = []
+    if "enum" in schema and schema.get("type") == "string":
+        parts.append("One of: " + ", ".join(map(str, schema["enum"])) + ".")
+    items = schema.get("items", {})
+    if "enum" in items:
+        parts.append("Each one of: " + ", ".join(map(str, items["enum"])) + ".")
+    bounds = []
+    if "minimum" in schema:
+        bounds.append(f"{'>' if schema.get('exclusiveMinimum') else '>='} {schema['minimum']}")
+    if "maximum" in schema:
+        bounds.append(f"{'<' if schema.get('exclusiveMaximum') else '<='} {schema['maximum']}")
+    if bounds:
+        parts.append("Range: " + ", ".join(bounds) + ".")
+    default = schema.get("default")
+    if default is not None and not isinstance(default, dict | list):
+        parts.append(f"Default: {str(default).lower() if isinstance(default, bool) else default}.")
+    return " ".join(parts)
+
+
+def _strip_nulls(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_strip_nulls(v) for v in value]
+    return value
+
+
+def _default_object(schema: Schema) -> Schema:
+    """The object the nested defaults describe (what pydantic's default_factory would dump).
+
+    Spelled out rather than ``{}`` because the API server checks a default against
+    the CEL rules of its schema without filling in the nested defaults first.
+    """
+    out: Schema = {}
+    for name, prop in schema.get("properties", {}).items():
+        if "default" in prop:
+            out[name] = copy.deepcopy(prop["default"])
     return out
 
 

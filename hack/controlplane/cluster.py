@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -83,6 +84,7 @@ def start(
     log: Log = print,
     controller_manager: bool = True,
     timeout_s: float = 120.0,
+    die_with_parent: bool = False,
 ) -> ControlPlane:
     """Start a fresh control plane under ``root`` (which must not hold a running one)."""
     if (root / STATE_FILE).exists():
@@ -91,7 +93,7 @@ def start(
     popens: dict[str, subprocess.Popen[bytes]] = {}
     state: dict[str, object] = {"pids": {}, "executables": {}}
     try:
-        return _start(root, assets, log, controller_manager, timeout_s, popens, state)
+        return _start(root, assets, log, controller_manager, timeout_s, die_with_parent, popens, state)
     except BaseException:
         stop(root, popens=popens, remove=False)
         raise
@@ -103,6 +105,7 @@ def _start(
     log: Log,
     controller_manager: bool,
     timeout_s: float,
+    die_with_parent: bool,
     popens: dict[str, subprocess.Popen[bytes]],
     state: dict[str, object],
 ) -> ControlPlane:
@@ -117,7 +120,7 @@ def _start(
     state.update(server=server, kubeconfig=str(kubeconfig), root=str(root))
 
     def launch(name: str, executable: Path, args: list[str]) -> None:
-        popens[name] = processes.launch(name, [str(executable), *args], logs)
+        popens[name] = processes.launch(name, [str(executable), *args], logs, die_with_parent=die_with_parent)
         state["pids"][name] = popens[name].pid  # type: ignore[index]
         state["executables"][name] = str(executable)  # type: ignore[index]
         _write_state(root, state)
@@ -149,6 +152,7 @@ def _start(
             f"--secure-port={api_port}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
+            "--endpoint-reconciler-type=none",  # loopback may not back the `kubernetes` Service
             f"--cert-dir={root / 'pki'}",
             f"--tls-cert-file={certs.serving_cert}",
             f"--tls-private-key-file={certs.serving_key}",
@@ -304,8 +308,13 @@ def _api_ok(plane: ControlPlane, path: str) -> bool:
     return False
 
 
-def _tail(path: Path, lines: int = 20) -> str:
+def _tail(path: Path, lines: int = 12) -> str:
+    """The log's last error lines (klog ``E...`` lines, fatal/failed), else its last lines."""
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        text = path.read_text(errors="replace").splitlines()[-300:]
     except FileNotFoundError:
         return "(no log)"
+    errors = [
+        line for line in text if re.match(r"^[EF]\d{4} ", line) or re.search(r"(?i)\b(fatal|failed|error)\b", line)
+    ]
+    return "\n".join((errors or text)[-lines:])

@@ -7,15 +7,23 @@ signalled if /proc still shows the same executable we started: pids get reused.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import time
 from pathlib import Path
 
+PR_SET_PDEATHSIG = 1
 
-def launch(name: str, argv: list[str], log_dir: Path) -> subprocess.Popen[bytes]:
-    """Start ``argv`` detached from our terminal and session, logging to ``log_dir/<name>.log``."""
+
+def launch(name: str, argv: list[str], log_dir: Path, *, die_with_parent: bool = False) -> subprocess.Popen[bytes]:
+    """Start ``argv`` in its own session, logging to ``log_dir/<name>.log``.
+
+    ``die_with_parent`` (Linux) makes the kernel SIGTERM the daemon when the
+    starting process dies, even by SIGKILL: right for a test session, wrong for
+    ``cluster up``, whose daemons must outlive the command.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / f"{name}.log").open("ab") as log:
         return subprocess.Popen(
@@ -25,7 +33,13 @@ def launch(name: str, argv: list[str], log_dir: Path) -> subprocess.Popen[bytes]
             stderr=subprocess.STDOUT,
             start_new_session=True,
             close_fds=True,
+            preexec_fn=_die_with_parent if die_with_parent else None,
         )
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def is_ours(pid: int, executable: str) -> bool:
