@@ -39,8 +39,10 @@ class RichObserver:
     def _finish(self) -> None:
         if self._task is not None:
             task = self.progress.tasks[self._task]
-            if task.total is not None:
-                self.progress.update(self._task, completed=task.total)
+            total = task.total if task.total is not None else max(task.completed, 1)
+            # Stopping the task freezes its elapsed-time column at the phase's real duration.
+            self.progress.update(self._task, total=total, completed=total)
+            self.progress.stop_task(self._task)
 
     def phase(self, name: str, total: int | None) -> None:
         self._finish()

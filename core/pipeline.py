@@ -127,6 +127,7 @@ class Adaptation:
         self.quality_data = data.head(settings.measure.quality_samples)
         self._variants: OrderedDict[str, bytes] = OrderedDict()
         self._sensitivity: dict[str, SensitivityReport] = {}
+        self._sensitivity_failed: dict[str, Exception] = {}
         self.reference: Reference | None = None
 
     # -- building blocks ------------------------------------------------------
@@ -140,6 +141,15 @@ class Adaptation:
         return self._variants[key]
 
     def ranked_layers(self, mode: str) -> list[str]:
+        if mode in self._sensitivity_failed:  # analysed once, failed once: do not pay for it again
+            raise self._sensitivity_failed[mode]
+        try:
+            return self._ranked_layers(mode)
+        except Exception as exc:
+            self._sensitivity_failed[mode] = exc
+            raise
+
+    def _ranked_layers(self, mode: str) -> list[str]:
         if mode not in self._sensitivity:
             assert self.reference is not None
             self.observer.phase(f"sensitivity ({mode})", self.settings.sensitivity_layers)
@@ -224,8 +234,21 @@ class Adaptation:
                 stop_reason = "search space exhausted"
                 break
             point = asked[0]
-            recipe = recipe_for(point, self.ranked_layers)
-            trial = self.measure(len(trials) + 1, point, recipe, baseline.metrics, searcher.predicted_score(point))
+            predicted = searcher.predicted_score(point)
+            try:
+                recipe = recipe_for(point, self.ranked_layers)
+            except Exception as exc:  # sensitivity analysis failed: this candidate fails, the search goes on
+                recipe = recipe_for({**point, "keep_float": 0}, self.ranked_layers)
+                trial = Trial(
+                    index=len(trials) + 1,
+                    point=point,
+                    recipe=recipe,
+                    status="failed",
+                    error=f"mixed precision: {_first_line(exc)}",
+                    predicted_score=predicted,
+                )
+            else:
+                trial = self.measure(len(trials) + 1, point, recipe, baseline.metrics, predicted)
             searcher.tell(point, trial.score)
             trials.append(trial)
             self.observer.trial(trial, _best([baseline, *trials]))
@@ -302,12 +325,18 @@ class Adaptation:
                 self.data,
                 full_reference,
                 self.settings.constraints.max_quality_drop,
-                largest_batch=max(self.settings.batch, 32),
+                largest_batch=self._largest_batch(),
             )
             self.observer.advance(candidate.recipe.describe())
             if validation.passed:
                 return candidate, validation, variant
         return None, validation, None
+
+    def _largest_batch(self) -> int:
+        """The largest batch validation runs at: the model's fixed batch, else up to 64 samples."""
+        if not self.model.batch_is_dynamic:
+            return self.settings.batch
+        return max(self.settings.batch, min(64, self.data.n_samples))
 
     def _final_comparison(self, baseline: Trial, best: Trial, variant: bytes) -> FinalComparison:
         assert baseline.metrics is not None and best.metrics is not None

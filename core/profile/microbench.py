@@ -59,9 +59,7 @@ def first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-def probe(
-    case: OpCase, provider: str, config: BenchConfig, workdir: Path, rng: np.random.Generator
-) -> OpSupport:
+def probe(case: OpCase, provider: str, config: BenchConfig, workdir: Path, rng: np.random.Generator) -> OpSupport:
     """Classify and time one op case on one provider."""
     base = {"op_type": case.op_type, "dtype": case.dtype, "variant": case.variant, "provider": provider}
     built = case.build(rng)
@@ -119,9 +117,7 @@ def classify(events: list[dict[str, Any]], op_type: str, dtype: str, provider: s
 
 def kernel_us_per_run(events: list[dict[str, Any]], skip: int) -> list[float]:
     """Summed kernel durations (µs) inside each ``model_run`` event, after ``skip`` warm-up runs."""
-    runs = sorted(
-        (e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run" and "dur" in e
-    )
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run" and "dur" in e)
     kernels = [(k["ts"], k["dur"]) for k in _kernels(events) if "dur" in k]
     return [float(sum(d for ts, d in kernels if start <= ts <= end)) for start, end in runs[skip:]]
 

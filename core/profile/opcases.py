@@ -50,6 +50,15 @@ def _conv(r, f):
     )
 
 
+def _nhwcconv(r, f):
+    # Channels-last conv (contrib op): the NHWC layout candidate needs it natively.
+    consts = {"w": normal(r, (64, 32, 3, 3), f), "b": normal(r, (64,), f)}
+    return single_op_model(
+        "NhwcConv", {"x": normal(r, (1, 56, 56, 32), f)}, consts, ["x", "w", "b"], [("y", f)],
+        domain="com.microsoft", pads=[1, 1, 1, 1], kernel_shape=[3, 3],
+    )  # fmt: skip
+
+
 def _softmax(r, f):
     return single_op_model("Softmax", {"x": normal(r, (1, 4, 128, 128), f)}, {}, ["x"], [("y", f)], axis=-1)
 
@@ -68,9 +77,7 @@ def _unary(op, r, f):
 def _attention(r, f):
     consts = {"w": normal(r, (256, 768), f), "b": normal(r, (768,), f)}
     x = {"x": normal(r, (1, 128, 256), f)}
-    return single_op_model(
-        "Attention", x, consts, ["x", "w", "b"], [("y", f)], domain="com.microsoft", num_heads=4
-    )
+    return single_op_model("Attention", x, consts, ["x", "w", "b"], [("y", f)], domain="com.microsoft", num_heads=4)
 
 
 def _matmulnbits(r, f, k=256, n=256, block=32):
@@ -100,9 +107,7 @@ def _matmulinteger(r, a, w):
 def _convinteger(r, a, w):
     consts = {"w": ints(r, (64, 32, 3, 3), w), "xz": scalar(3, a), "wz": scalar(0, w)}
     x = {"x": ints(r, (1, 32, 56, 56), a)}
-    return single_op_model(
-        "ConvInteger", x, consts, ["x", "w", "xz", "wz"], [("y", np.int32)], pads=[1, 1, 1, 1]
-    )
+    return single_op_model("ConvInteger", x, consts, ["x", "w", "xz", "wz"], [("y", np.int32)], pads=[1, 1, 1, 1])
 
 
 def _qlinearmatmul(r, a, w):
@@ -134,9 +139,7 @@ def _qlinearconv(r, a, w):
 
 def _dql(r):
     outs = [("y", np.uint8), ("y_scale", np.float32), ("y_zero_point", np.uint8)]
-    return single_op_model(
-        "DynamicQuantizeLinear", {"x": normal(r, (128, 1024), np.float32)}, {}, ["x"], outs
-    )
+    return single_op_model("DynamicQuantizeLinear", {"x": normal(r, (128, 1024), np.float32)}, {}, ["x"], outs)
 
 
 def _quantize(r, t):
@@ -158,7 +161,7 @@ def op_cases() -> list[OpCase]:
     floats = {
         "MatMul": _matmul, "Gemm": _gemm, "Conv": _conv, "Softmax": _softmax,
         "LayerNormalization": _layernorm, "Gelu": partial(_unary, "Gelu"), "Erf": partial(_unary, "Erf"),
-        "Attention": _attention,
+        "Attention": _attention, "NhwcConv": _nhwcconv,
     }  # fmt: skip
     for dtype, f in _FLOAT.items():
         cases += [OpCase(op, dtype, None, partial(b, f=f)) for op, b in floats.items()]  # type: ignore[arg-type]

@@ -29,12 +29,9 @@ def single_op_model(
 ) -> Built:
     """One node named ``target``; ``order`` lists its inputs ("" for an omitted optional one)."""
     inputs = [
-        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape)
-        for k, v in feeds.items()
+        helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()
     ]
-    outputs = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(t)), None) for n, t in outs
-    ]
+    outputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(t)), None) for n, t in outs]
     node = helper.make_node(op_type, order, [n for n, _ in outs], name="target", domain=domain, **attrs)
     inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
     graph = helper.make_graph([node], f"probe_{op_type}", inputs, outputs, initializer=inits)

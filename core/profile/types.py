@@ -14,7 +14,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 Dtype = Literal["fp32", "fp16", "int8"]
 SupportStatus = Literal["native", "fallback", "unsupported"]
 CPU_PROVIDER = "CPUExecutionProvider"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: NhwcConv probed (the NHWC layout candidate depends on it)
 _RANK: dict[str, int] = {"native": 0, "fallback": 1, "unsupported": 2}
 
 
@@ -44,9 +44,7 @@ class OpSupport(_Plain):
         "in fp32 behind inserted Casts; unsupported: the session cannot be created or run."
     )
     latency_us: float | None = Field(None, ge=0, description="Median summed kernel time per run.")
-    detail: str | None = Field(
-        None, max_length=300, description="Why fallback/unsupported (first error line)."
-    )
+    detail: str | None = Field(None, max_length=300, description="Why fallback/unsupported (first error line).")
 
 
 class MachineInfo(_Plain):

@@ -46,11 +46,25 @@ EXTRA = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
 
 
 class _Reader(CalibrationDataReader):
-    def __init__(self, data: Dataset) -> None:
-        self._batches: Iterator[dict[str, np.ndarray]] = (b for b, _ in data.batches(CALIBRATION_BATCH))
+    def __init__(self, data: Dataset, batch: int) -> None:
+        self._batches: Iterator[dict[str, np.ndarray]] = (b for b, _ in data.batches(batch) if _full(b, batch))
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._batches, None)
+
+
+def _full(feed: dict[str, np.ndarray], batch: int) -> bool:
+    return next(iter(feed.values())).shape[0] == batch
+
+
+def calibration_batch(model: onnx.ModelProto) -> int:
+    """Batches of CALIBRATION_BATCH, unless the model fixes its batch dimension (then that)."""
+    initializers = {t.name for t in model.graph.initializer}
+    for value in model.graph.input:
+        dims = value.type.tensor_type.shape.dim
+        if value.name not in initializers and dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+            return dims[0].dim_value
+    return CALIBRATION_BATCH
 
 
 def to_fp16(model: onnx.ModelProto, keep_float: tuple[str, ...]) -> onnx.ModelProto:
@@ -90,7 +104,7 @@ def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset
             quantize_static(
                 src,
                 dst,
-                _Reader(calibration),
+                _Reader(calibration, calibration_batch(model)),
                 quant_format=QuantFormat.QDQ,
                 activation_type=QUANT_TYPES[spec.activation_type],
                 calibrate_method=CALIBRATION_METHODS[spec.calibration],

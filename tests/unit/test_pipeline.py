@@ -43,10 +43,11 @@ def test_adaptation_finds_a_valid_variant(digits, quick_profile: HardwareProfile
     assert out[0].shape == (4, 10)
 
 
-def test_same_seed_asks_the_same_candidates(digits, quick_profile: HardwareProfile) -> None:
+def test_same_seed_starts_with_the_same_candidate(digits, quick_profile: HardwareProfile) -> None:
+    # Later asks depend on measured scores (timing noise); the first depends on the seed alone.
     a, _ = _run(digits, quick_profile)
     b, _ = _run(digits, quick_profile)
-    assert [t.point for t in a.trials] == [t.point for t in b.trials]
+    assert a.trials[0].point == b.trials[0].point
 
 
 def test_impossible_slo_yields_no_best(digits, quick_profile: HardwareProfile) -> None:
