@@ -58,19 +58,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     started = time.monotonic()
     found = assets_mod.provide(log, with_controller_manager=not args.no_controller_manager)
     assets_mod.find_kubectl(log)
-    plane = cluster.start(root, found, log=log, controller_manager=not args.no_controller_manager)
-    try:
-        if not args.no_crds:
-            from kubernetes import config
-
-            api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
-            with api_client:
-                names = crds.install(api_client, crds.load_crds(args.crds.glob("*.yaml")))
-            log(f"CRDs established: {', '.join(names) or '(none found in ' + str(args.crds) + ')'}")
-    except BaseException:
-        log("installing CRDs failed; stopping the control plane")
-        cluster.stop(root)
-        raise
+    documents = [] if args.no_crds else crds.load_crds(args.crds.glob("*.yaml"))
+    if not args.no_crds and not documents:
+        raise ControlPlaneError(f"no CustomResourceDefinitions found in {args.crds}; run `make crds` or pass --no-crds")
+    plane = cluster.start(
+        root, found, log=log, controller_manager=not args.no_controller_manager, crd_documents=documents
+    )
     log(f"up in {time.monotonic() - started:.1f}s (assets: {found.source})")
     _print_usage(plane.kubeconfig)
     return 0

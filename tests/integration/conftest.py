@@ -79,12 +79,16 @@ def control_plane(
         kubectl_path = assets.find_kubectl(log)
     except ControlPlaneError as exc:
         pytest.fail(f"cannot provide kube-apiserver/etcd for integration tests: {exc}", pytrace=False)
+    documents = crds.load_crds((REPO / "crds").glob("*.yaml"))
+    if not documents:
+        pytest.fail(f"no CRDs in {REPO / 'crds'}: run `python -m metainfer.core.crdgen crds/`", pytrace=False)
     # die_with_parent: even a SIGKILLed pytest leaves no daemon behind.
-    plane = cluster.start(tmp_path_factory.mktemp("controlplane"), found, log=log, die_with_parent=True)
+    plane = cluster.start(
+        tmp_path_factory.mktemp("controlplane"), found, log=log, die_with_parent=True, crd_documents=documents
+    )
     api_client: client.ApiClient | None = None
     try:
         api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
-        crds.install(api_client, crds.load_crds((REPO / "crds").glob("*.yaml")))
         yield ControlPlaneHandle(plane=plane, api_client=api_client, kubectl_path=kubectl_path)
     finally:
         if api_client is not None:

@@ -134,3 +134,20 @@ def test_deleting_a_policy_deletes_its_runs(control_plane: Any, namespace: str) 
             return
         time.sleep(0.2)
     pytest.fail("the owned AdaptationRun survived its policy for 60s")
+
+
+def test_deleting_a_namespace_completes(control_plane: Any) -> None:
+    """The namespace controller runs: a deleted namespace with custom objects in it goes away."""
+    core = client.CoreV1Api(control_plane.api_client)
+    core.create_namespace({"metadata": {"name": "t-ns-deletion"}})
+    create(control_plane.api_client, policy("inside"), "t-ns-deletion")
+    core.delete_namespace("t-ns-deletion")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            core.read_namespace("t-ns-deletion")
+        except ApiException as exc:
+            assert exc.status == 404
+            return
+        time.sleep(0.2)
+    pytest.fail("namespace t-ns-deletion still Terminating after 60s")
