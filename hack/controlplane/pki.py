@@ -12,7 +12,15 @@ import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography import x509
+try:
+    from cryptography import x509
+except ImportError:  # a venv made before cryptography joined the dev extra
+    from controlplane.assets import pip_install
+    from controlplane.versions import CRYPTOGRAPHY_PYPI
+
+    pip_install(CRYPTOGRAPHY_PYPI)
+    from cryptography import x509
+
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID

@@ -89,6 +89,11 @@ def terminate(
             _wait_gone(pid, 5.0)
     if group:  # stragglers in the group (none expected) must not outlive the leader
         _signal(pid, group, signal.SIGKILL)
+    if popen is None:
+        # Not our child: init reaps it. Wait a moment so `ps` right after `down` shows no zombie.
+        deadline = time.monotonic() + 2.0
+        while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
     return True
 
 
