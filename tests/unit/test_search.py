@@ -1,0 +1,211 @@
+"""Search algorithms: allowed and unique proposals, exhaustion, determinism,
+resume, surrogate ranking, and the hybrid beating random on a realistic landscape."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import statistics
+
+import numpy as np
+import pytest
+
+from metainfer.core.search import (
+    ALGORITHMS,
+    Dimension,
+    HybridSearcher,
+    Searcher,
+    Space,
+    Surrogate,
+    make_searcher,
+)
+
+QUANT = ("fp32", "fp16", "int8_dynamic", "int8_static", "mixed")
+FAST = {"hybrid": {"budget": 12}}  # keeps the fine (Bayesian) phase short in unit tests
+
+
+def ort_space(threads: tuple[int, ...] = (1, 2, 4, 0)) -> Space:
+    """The shape of the engine's space: per_channel only makes sense for int8 modes."""
+    dims = [
+        Dimension("quantization", QUANT),
+        Dimension("per_channel", (False, True)),
+        Dimension("graph_opt", ("disable", "basic", "extended", "all")),
+        Dimension("threads", threads),
+        Dimension("execution_mode", ("sequential", "parallel")),
+        Dimension("fusion", ("none", "transformer")),
+        Dimension("layout", ("NCHW", "NHWC")),
+    ]
+    return Space(dims, lambda p: p["per_channel"] is False or p["quantization"] not in ("fp32", "fp16"))
+
+
+def _u(*parts: object) -> float:
+    return int.from_bytes(hashlib.sha256(repr(parts).encode()).digest()[:8], "big") / 2**64
+
+
+def ort_landscape(variant: int = 0):
+    """score = 1/latency; latency is a product of per-knob factors with interactions
+    (QDQ folding needs high opt levels, NHWC pays off only for static int8, fusion
+    depends on the numeric format, inter-op parallelism only helps single-threaded
+    kernels), +-1.5 % deterministic noise, and infeasible points (accuracy budget,
+    a failing fused fp16 kernel, 3 % flaky builds)."""
+    r = np.random.default_rng(variant)
+
+    def j() -> float:
+        return float(np.exp(r.normal(0, 0.08)))
+
+    q = {"fp32": 1.0 * j(), "fp16": 1.35 * j(), "int8_dynamic": 0.58 * j(), "int8_static": 0.5 * j()}
+    q["mixed"] = 0.64 * j()
+    opt = {"disable": 1.7 * j(), "basic": 1.2 * j(), "extended": 1.0, "all": 0.97 * j()}
+    thr = {1: 1.85 * j(), 2: 1.0, 4: 1.12 * j(), 0: 1.03 * j()}
+    fuse = {"fp32": 0.82 * j(), "fp16": 0.85 * j(), "int8_dynamic": 0.9 * j(), "int8_static": 1.0}
+    fuse["mixed"] = 0.92 * j()
+    nhwc_static = 0.93 * j()
+
+    def score(p: dict) -> float | None:
+        m = p["quantization"]
+        if m == "int8_static" and not p["per_channel"] and p["fusion"] == "none":
+            return None
+        if m == "fp16" and p["fusion"] == "transformer":
+            return None
+        if _u(variant, "fail", *sorted(p.items())) < 0.03:
+            return None
+        lat = q[m] * opt[p["graph_opt"]] * thr[p["threads"]]
+        if m in ("int8_static", "mixed") and p["graph_opt"] in ("disable", "basic"):
+            lat *= 1.5
+        if p["per_channel"]:
+            lat *= 1.04
+        if p["execution_mode"] == "parallel":
+            lat *= 0.96 if p["threads"] == 1 else 1.08
+        if p["fusion"] == "transformer" and p["graph_opt"] != "disable":
+            lat *= fuse[m]
+        if p["layout"] == "NHWC":
+            lat *= nhwc_static if m == "int8_static" else 1.06
+        lat *= math.exp(0.015 * (2 * _u(variant, "noise", *sorted(p.items())) - 1))
+        return 1.0 / lat
+
+    return score
+
+
+def build(algorithm: str, space: Space, seed: int, **params: object) -> Searcher:
+    return ALGORITHMS[algorithm](space, seed, **{**FAST.get(algorithm, {}), **params})
+
+
+def drive(s: Searcher, score, budget: int, batch: int = 1) -> list[dict]:
+    asked: list[dict] = []
+    while len(asked) < budget:
+        pts = s.ask(min(batch, budget - len(asked)))
+        if not pts:
+            break
+        for p in pts:
+            asked.append(p)
+            s.tell(p, score(p))
+    return asked
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_proposals_are_allowed_unique_and_exhaust_cleanly(algorithm: str) -> None:
+    space = Space(
+        [Dimension("q", ("fp32", "int8")), Dimension("pc", (False, True)), Dimension("t", (1, 2, 4))],
+        lambda p: not (p["q"] == "fp32" and p["pc"]),
+    )
+    allowed = space.allowed_points()
+    assert len(allowed) == 9
+    s = build(algorithm, space, 3)
+    asked = drive(s, lambda p: None if p["t"] == 4 else float(p["t"]), budget=50, batch=2)
+    keys = [space.key(p) for p in asked]
+    assert len(keys) == len(set(keys)) == 9
+    assert all(space.is_allowed(p) for p in asked)
+    assert s.ask(3) == []
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_pending_points_are_not_proposed_again(algorithm: str) -> None:
+    s = build(algorithm, ort_space(), 1)
+    first, second = s.ask(3), s.ask(3)
+    keys = [s.space.key(p) for p in first + second]
+    assert len(set(keys)) == 6
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_deterministic_resumable_and_json_state(algorithm: str) -> None:
+    space, score = ort_space(), ort_landscape(0)
+    a, b = build(algorithm, space, 7), build(algorithm, space, 7)
+    assert drive(a, score, 10, batch=2) == drive(b, score, 10, batch=2)
+    resumed = type(a).resume(space, 7, a.history, **a.params())
+    assert resumed.ask(2) == a.ask(2)
+    state = json.loads(json.dumps(a.state()))
+    assert state["algorithm"] == algorithm and state["seed"] == 7 and len(state["history"]) == 10
+    again = type(a).resume(
+        space, state["seed"], [(h["point"], h["score"]) for h in state["history"]], **state["params"]
+    )
+    assert again.history == a.history
+
+
+def test_other_seed_other_proposals() -> None:
+    space = ort_space()
+    assert make_searcher("random", space, 1, 10).ask(5) != make_searcher("random", space, 2, 10).ask(5)
+
+
+def test_space_encoding_and_validation() -> None:
+    space = ort_space()
+    p = {"quantization": "fp16", "per_channel": False, "graph_opt": "all", "threads": 4}
+    p |= {"execution_mode": "sequential", "fusion": "none", "layout": "NHWC"}
+    x = space.encode(p)
+    assert x.shape == (space.n_features,) == (5 + 2 + 4 + 4 + 1 + 2 + 2 + 2,)
+    assert x[1] == 1 and x[5] == 1  # one-hot: fp16, per_channel False
+    assert x[11 + 2] == 1 and x[15] == pytest.approx(1.0)  # threads 4: one-hot and scaled max
+    assert space.contains(p) and space.is_allowed(p)
+    assert not space.is_allowed(p | {"per_channel": True})
+    assert not space.contains(p | {"threads": 3}) and not space.contains({"quantization": "fp32"})
+    assert space.size == 1280 and len(space.allowed_points()) == 1024
+    assert next(space.enumerate())["quantization"] == "fp32"
+    with pytest.raises(ValueError):
+        Dimension("x", (1, 1))
+
+
+def test_surrogate_ranks_a_linear_landscape() -> None:
+    space = Space([Dimension("a", (0, 1, 2, 3)), Dimension("b", ("x", "y", "z")), Dimension("c", (False, True))])
+
+    def f(p: dict) -> float:
+        return 10 + 2 * p["a"] + {"x": 0, "y": 3, "z": 1}[p["b"]] - 1.5 * p["c"]
+
+    rng = np.random.default_rng(0)
+    pts = space.allowed_points()
+    train = [pts[int(i)] for i in rng.choice(len(pts), 10, replace=False)]
+    sur = Surrogate(space).fit([(p, f(p)) for p in train])
+    ranked = sur.rank(pts)
+    assert ranked[0][0] == {"a": 3, "b": "y", "c": False}
+    truth = [f(p) for p, _ in ranked]
+    assert np.corrcoef(truth, [s for _, s in ranked])[0, 1] > 0.98
+    assert Surrogate(space).fit([(pts[0], 1.0)]).rank(pts[:3]) == [(p, None) for p in pts[:3]]
+
+
+def test_surrogate_uses_extra_features() -> None:
+    space = Space([Dimension("a", ("p", "q", "r", "s"))])
+    cost = {"p": 3.0, "q": 1.0, "r": 2.0, "s": 0.5}
+    sur = Surrogate(space, featurizer=lambda p: np.array([cost[p["a"]]]))
+    sur.fit([({"a": a}, -cost[a]) for a in "pqr"])
+    assert sur.rank(space.allowed_points())[0][0] == {"a": "s"}  # never seen, predicted by the feature
+
+
+def test_hybrid_records_predictions() -> None:
+    space, score = ort_space(), ort_landscape(1)
+    s = HybridSearcher(space, 0, budget=12)
+    asked = drive(s, score, 10)
+    preds = [s.predicted_score(p) for p in asked]
+    assert preds[0] is None and all(isinstance(v, float) for v in preds[-3:])
+
+
+def test_hybrid_beats_random_at_budget_20() -> None:
+    space, budget = ort_space(), 20
+    scores = {}
+    for variant in (0, 1):
+        score = ort_landscape(variant)
+        for alg in ("hybrid", "random"):
+            best = []
+            for seed in range(3):
+                asked = drive(make_searcher(alg, space, seed, budget), score, budget)
+                best.append(max(v for v in map(score, asked) if v is not None))
+            scores[variant, alg] = statistics.median(best)
+        assert scores[variant, "hybrid"] > scores[variant, "random"], scores
