@@ -71,7 +71,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def cmd_down(args: argparse.Namespace) -> int:
     stopped = cluster.stop(args.root)
-    log(f"stopped {', '.join(stopped) if stopped else 'nothing (no running control plane)'}; removed {args.root}")
+    log(f"stopped {', '.join(stopped) if stopped else 'nothing (no running control plane)'}; cleaned {args.root}")
     return 0
 
 

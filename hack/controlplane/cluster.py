@@ -38,6 +38,7 @@ from controlplane.errors import ControlPlaneError, StartError
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
+OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs")
 CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller"
 
 
@@ -100,7 +101,7 @@ def start(
     for leftover in ("etcd-data", "pki", "logs"):  # of a failed start; never anything else under root
         shutil.rmtree(root / leftover, ignore_errors=True)
     popens: dict[str, subprocess.Popen[bytes]] = {}
-    state: dict[str, object] = {"pids": {}, "executables": {}}
+    state = _State(root)
     try:
         return _start(root, assets, log, controller_manager, timeout_s, die_with_parent, crd_documents, popens, state)
     except BaseException:
@@ -117,7 +118,7 @@ def _start(
     die_with_parent: bool,
     crd_documents: list[dict[str, Any]] | None,
     popens: dict[str, subprocess.Popen[bytes]],
-    state: dict[str, object],
+    state: _State,
 ) -> ControlPlane:
     started = time.monotonic()
     deadline = started + timeout_s
@@ -127,13 +128,13 @@ def _start(
     server = f"https://127.0.0.1:{api_port}"
     kubeconfig = root / "kubeconfig"
     write_kubeconfig(kubeconfig, server, certs)
-    state.update(server=server, kubeconfig=str(kubeconfig), root=str(root))
+    state.server, state.kubeconfig = server, str(kubeconfig)
 
     def launch(name: str, executable: Path, args: list[str]) -> None:
         popens[name] = processes.launch(name, [str(executable), *args], logs, die_with_parent=die_with_parent)
-        state["pids"][name] = popens[name].pid  # type: ignore[index]
-        state["executables"][name] = str(executable)  # type: ignore[index]
-        _write_state(root, state)
+        state.pids[name] = popens[name].pid
+        state.executables[name] = str(executable)
+        state.save()  # before waiting: a crash from here on is still cleaned up by `down`
 
     etcd_url = f"http://127.0.0.1:{etcd_port}"
     peer_url = f"http://127.0.0.1:{peer_port}"
@@ -184,8 +185,8 @@ def _start(
         ca_cert=certs.ca_cert,
         client_cert=certs.admin_cert,
         client_key=certs.admin_key,
-        pids=state["pids"],  # type: ignore[arg-type]
-        executables=state["executables"],  # type: ignore[arg-type]
+        pids=state.pids,
+        executables=state.executables,
         popens=popens,
     )
     _wait(lambda: _api_ok(plane, "/readyz"), "kube-apiserver", popens, logs, deadline)
@@ -226,12 +227,20 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
     for name in reversed(names):
         popen = popens.get(name)
         pid = popen.pid if popen is not None else int(state["pids"][name])
-        executable = state["executables"].get(name) or (popen.args[0] if popen is not None else "")  # type: ignore[index]
+        executable = state["executables"].get(name) or (str(popen.args[0]) if popen is not None else "")
         if processes.terminate(pid, str(executable), popen=popen):
             stopped.append(name)
     state_path.unlink(missing_ok=True)
     if remove:
-        shutil.rmtree(root, ignore_errors=True)
+        # Only what we create, then the directory if that emptied it: `--root ~` must not wipe a home.
+        for entry in OWNED:
+            path = root / entry
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            root.rmdir()
     return stopped
 
 
@@ -283,10 +292,26 @@ def write_kubeconfig(path: Path, server: str, certs: pki_mod.Pki, name: str = "m
     path.chmod(0o600)
 
 
-def _write_state(root: Path, state: dict[str, object]) -> None:
-    tmp = root / f"{STATE_FILE}.tmp"
-    tmp.write_text(json.dumps(state, indent=2))
-    tmp.replace(root / STATE_FILE)
+@dataclass
+class _State:
+    """What ``down`` needs to find and stop the daemons, written atomically after each launch."""
+
+    root: Path
+    server: str = ""
+    kubeconfig: str = ""
+    pids: dict[str, int] = field(default_factory=dict)
+    executables: dict[str, str] = field(default_factory=dict)
+
+    def save(self) -> None:
+        data = {
+            "server": self.server,
+            "kubeconfig": self.kubeconfig,
+            "pids": self.pids,
+            "executables": self.executables,
+        }
+        tmp = self.root / f"{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(data, indent=2))
+        tmp.replace(self.root / STATE_FILE)
 
 
 def _wait(
