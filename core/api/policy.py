@@ -51,6 +51,23 @@ class DataReference(ApiModel):
     validation_samples: int = Field(500, ge=1, le=1000000, description="Samples used to measure quality.")
 
 
+class ModelVolume(ApiModel):
+    """A volume mounted read-only into adaptation Jobs and serving pods; file:// URIs point into it."""
+
+    model_config = cel(
+        rule(
+            "has(self.claimName) != has(self.hostPath)",
+            "exactly one of claimName or hostPath must be set",
+        )
+    )
+
+    claim_name: str | None = Field(None, min_length=1, max_length=253, description="A PersistentVolumeClaim.")
+    host_path: str | None = Field(
+        None, max_length=4096, pattern=r"^/", description="A directory on the node (absolute path)."
+    )
+    mount_path: str = Field("/models", max_length=4096, pattern=r"^/", description="Where it is mounted.")
+
+
 class ModelSource(ApiModel):
     """The base ONNX model. The sha256 pins it: a variant is rebuilt from (sha256, recipe)."""
 
@@ -68,6 +85,7 @@ class ModelSource(ApiModel):
     data: DataReference | None = Field(
         None, description="Calibration/validation samples; without them quality is measured on random inputs."
     )
+    volume: ModelVolume | None = Field(None, description="Volume holding file:// models and data.")
 
 
 class Slo(ApiModel):
@@ -108,6 +126,16 @@ class ObjectiveWeights(ApiModel):
     quality: float = Field(0.0, ge=0, le=100, description="Weight of a small quality drop.")
 
 
+class Toleration(ApiModel):
+    """Lets adaptation Jobs and serving pods run on tainted (e.g. GPU) nodes, as in a Pod spec."""
+
+    key: str | None = Field(None, max_length=316)
+    operator: Literal["Exists", "Equal"] = Field("Equal")
+    value: str | None = Field(None, max_length=63)
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
+    toleration_seconds: int | None = Field(None, ge=0)
+
+
 class HardwareSelection(ApiModel):
     """Which nodes' hardware classes are adapted to."""
 
@@ -122,6 +150,9 @@ class HardwareSelection(ApiModel):
         json_schema_extra=set_list(),
     )
     max_classes: int = Field(16, ge=1, le=64, description="Upper bound on hardware classes adapted to.")
+    tolerations: list[Toleration] | None = Field(
+        None, max_length=16, description="Added to adaptation Jobs and serving pods (accelerator taints)."
+    )
 
 
 class SearchSpaceOverrides(ApiModel):
@@ -188,6 +219,9 @@ class ServingSettings(ApiModel):
     """The Deployment that serves the best variant of each class."""
 
     replicas: int = Field(2, ge=1, le=1000, description="Stable replicas per hardware class.")
+    image: str | None = Field(
+        None, min_length=1, max_length=512, description="Serving image; defaults to the operator's."
+    )
     resources: ResourceRequirements | None = Field(None, description="Resources of the serving container.")
 
 
@@ -293,6 +327,9 @@ class ClassStatus(ApiModel):
     name: str = Field(max_length=63, description="HardwareClass.name(), used in child object names.")
     hardware_class: HardwareClass | None = None
     nodes: int = Field(0, ge=0, description="Matching nodes now.")
+    node_names: list[str] = Field(
+        default_factory=list, max_length=64, description="Some of the matching nodes (at most 64)."
+    )
     state: ClassState = Field("Pending")
     reason: str | None = Field(None, max_length=1024)
     message: str | None = Field(None, max_length=4096)

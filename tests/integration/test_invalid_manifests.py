@@ -73,6 +73,18 @@ CASES: list[Case] = [
         lambda: policy(readaptation={"prometheusURL": "prometheus:9090"}),
         ["spec.readaptation.prometheusURL"],
     ),
+    (
+        "volume-both-sources",
+        lambda: policy(
+            model={"uri": "file:///models/m.onnx", "sha256": "a" * 64, "volume": {"claimName": "m", "hostPath": "/m"}}
+        ),
+        ["spec.model.volume", "exactly one of claimName or hostPath"],
+    ),
+    (
+        "toleration-operator",
+        lambda: policy(hardware={"tolerations": [{"key": "gpu", "operator": "Maybe"}]}),
+        ["spec.hardware.tolerations[0].operator"],
+    ),
     ("missing-model", lambda: _without(policy(), "spec", "model"), ["spec.model", "Required value"]),
     ("missing-p95", lambda: policy(slo={"batchSize": 2}), ["spec.slo.latencyP95Ms", "Required value"]),
     ("missing-spec", lambda: _without(policy(), "spec"), ["spec", "Required value"]),
