@@ -125,7 +125,7 @@ def build(binary: GoBinary, directory: Path, log: Log = print) -> Path:
     with log_path.open("w") as out:
         replaces: list[tuple[str, str]] = []
         if binary.replace_staging:
-            replaces = [(m, staging_version()) for m in _staging_modules(go, binary, env, out, log_path)]
+            replaces = [(m, staging_version()) for m in _staging_modules(go, binary, work, env, out, log_path)]
         _write_go_mod(work, binary, replaces)
         _run_step("resolve modules", [go, "get", f"{binary.package}@{binary.version}"], work, env, out, log_path)
         try:
@@ -205,12 +205,14 @@ def pip_install(requirement: str, log: Log = print) -> None:
         raise AssetError(f"pip install {requirement} failed:\n{result.stderr[-2000:]}")
 
 
-def _staging_modules(go: str, binary: GoBinary, env: dict[str, str], out: IO[str], log_path: Path) -> list[str]:
+def _staging_modules(
+    go: str, binary: GoBinary, work: Path, env: dict[str, str], out: IO[str], log_path: Path
+) -> list[str]:
     """The k8s.io modules that k8s.io/kubernetes maps to ./staging in its own go.mod."""
     cmd = [go, "mod", "download", "-json", f"{binary.module}@{binary.version}"]
     out.write(f"$ {' '.join(cmd)}\n")
     out.flush()
-    result = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    result = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True, check=False)
     out.write(result.stdout + result.stderr)
     if result.returncode != 0:
         raise AssetError(
