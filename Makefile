@@ -36,7 +36,23 @@ lint: venv
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
-test: lint
+# Control-plane binaries: KUBEBUILDER_ASSETS if set, else built with Go and cached.
+assets: venv
+	$(BIN)/python hack/cluster.py assets
+
+crds: venv
+	$(BIN)/python -m metainfer.core.crdgen crds/
+
+cluster-up: venv
+	$(BIN)/python hack/cluster.py up
+
+cluster-down:
+	@if [ -x $(BIN)/python ]; then $(BIN)/python hack/cluster.py down; fi
+
+integration: venv assets
+	$(BIN)/python -m pytest tests/integration
+
+test: lint assets
 	$(BIN)/python -m pytest tests
 
 clean:

@@ -95,9 +95,7 @@ def test_int8_ops_run_natively_in_the_default_u8s8_format(profile: HardwareProfi
         assert _entry(profile, op, "int8", "u8s8").status == "native", op
     assert _entry(profile, "DynamicQuantizeLinear", "int8", "u8").status == "native"
     for op in ("QuantizeLinear", "DequantizeLinear"):
-        assert (
-            _entry(profile, op, "int8", "u8").status == _entry(profile, op, "int8", "s8").status == "native"
-        )
+        assert _entry(profile, op, "int8", "u8").status == _entry(profile, op, "int8", "s8").status == "native"
     assert _entry(profile, "Cast", "int8").status == "native"
 
 
