@@ -49,6 +49,7 @@ class HybridSearcher(Searcher):
         n_initial: int | None = None,
         pool_factor: int = 8,
         use_surrogate: bool = True,
+        bayes_share: int = 2,
     ) -> None:
         super().__init__(space, seed)
         self.budget = budget
@@ -58,6 +59,7 @@ class HybridSearcher(Searcher):
         self.n_initial = n_initial if n_initial is not None else max(3, min(dims + 1, budget // 4))
         self.pool_factor = pool_factor
         self.use_surrogate = use_surrogate
+        self.bayes_share = bayes_share
         self.surrogate = Surrogate(space, featurizer)
         self._evo = EvolutionSearcher(space, seed, population_size=max(4, self.n_initial))
         self._bayes = BayesSearcher(space, seed, n_initial_points=0)
@@ -71,6 +73,7 @@ class HybridSearcher(Searcher):
             "n_initial": self.n_initial,
             "pool_factor": self.pool_factor,
             "use_surrogate": self.use_surrogate,
+            "bayes_share": self.bayes_share,
         }
 
     @property
@@ -95,10 +98,12 @@ class HybridSearcher(Searcher):
         if len(out) < n:
             want = n - len(out)
             taken = exclude | set(out)
-            if started + len(out) < self.coarse_end:
-                pool = self._evo.offspring(self.pool_factor * want, rng, taken)
-            else:
-                pool = [k for k, _ in self._bayes.acquire_pool(self.pool_factor * want, rng, taken)]
+            pool = self._evo.offspring(self.pool_factor * want, rng, taken)
+            if started + len(out) >= self.coarse_end:
+                # fine phase: the trees' best expected improvements compete with local moves,
+                # so interactions the linear surrogate cannot see still get proposed
+                bayes = [k for k, _ in self._bayes.acquire_pool(self.bayes_share * want, rng, taken)]
+                pool = bayes + [k for k in pool if k not in set(bayes)]
             out += self._filter(pool, want)
         self._record(out)
         return out

@@ -9,7 +9,7 @@ on log(score), where those effects become additive.
 
 Failed or infeasible trials are kept out of the regression (they have no
 meaningful score) but feed a feasibility classifier; a point's predicted score
-is p(feasible) * regression + (1 - p) * penalty, so risky regions rank low
+moves toward the penalty only when p(feasible) < 0.5, so likely failures rank low
 without distorting the performance model.
 """
 
@@ -78,8 +78,11 @@ class Surrogate:
         x = self._scaler.transform(self.features(keys))
         t = self._ridge.predict(x)
         if self._clf is not None:
+            # Only confident infeasibility demotes a point: blending every prediction
+            # with the penalty let a noisy classifier swamp the performance ranking.
             p = self._clf.predict_proba(x)[:, 1]
-            t = p * t + (1 - p) * self._penalty
+            doubt = np.clip(2 * (0.5 - p), 0.0, 1.0)
+            t = (1 - doubt) * t + doubt * self._penalty
         return np.exp(t) if self._log else t
 
     def predict(self, points: Sequence[Point]) -> np.ndarray:
