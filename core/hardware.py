@@ -111,14 +111,6 @@ DEFAULT_CPU_FEATURES: tuple[str, ...] = (
 class _Config(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
-    @field_validator("*", mode="before")
-    @classmethod
-    def _strings_are_single_key_sources(cls, value: object) -> object:
-        # YAML convenience: ["a", ["b", "c"]] means sources ("a",) and ("b", "c").
-        if isinstance(value, list | tuple) and value and any(isinstance(v, list | tuple) for v in value):
-            return tuple((v,) if isinstance(v, str) else tuple(v) for v in value)
-        return value
-
 
 class VendorLabels(_Config):
     """Which labels identify one accelerator vendor's nodes and feed each HardwareClass field."""
@@ -133,6 +125,14 @@ class VendorLabels(_Config):
     driver_version: tuple[LabelSource, ...] = ()
     runtime_version: tuple[LabelSource, ...] = ()
     resource: str | None = Field(None, description="Extended resource; {value} = detect value minus the prefix.")
+
+    @field_validator("product", "memory", "compute_capability", "driver_version", "runtime_version", mode="before")
+    @classmethod
+    def _strings_are_single_key_sources(cls, value: object) -> object:
+        # Config convenience: ["a", ["b", "c"]] means the sources ("a",) and ("b", "c").
+        if isinstance(value, list | tuple):
+            return tuple((v,) if isinstance(v, str) else tuple(v) for v in value)
+        return value
 
     def sources(self) -> tuple[tuple[LabelSource, ...], ...]:
         """Sources of memory, compute capability, driver and runtime (the optional fields, in _fields order)."""

@@ -204,6 +204,9 @@ def build_deployment(
     settings = settings or ServingDefaults()
     meta = policy["metadata"]
     spec = _policy_spec(policy["spec"])
+    # The model is the one the run adapted, not the policy's current one: while a re-adaptation for a new model
+    # is under way, the stable Deployment keeps serving the old model with the recipe found for it.
+    model = AdaptationRunSpec.model_validate(run["spec"]).model
     status = run.get("status") or {}
     recipe = Recipe.model_validate(status["bestRecipe"])
     recipe_key = status.get("bestRecipeKey") or recipe.key()
@@ -212,8 +215,8 @@ def build_deployment(
     labels = {**selector, LABEL_RECIPE_KEY: label_value(recipe_key), LABEL_RUN: label_value(run["metadata"]["name"])}
     args = [
         "serve",
-        "--model-uri", spec.model.uri,
-        "--model-sha256", spec.model.sha256,
+        "--model-uri", model.uri,
+        "--model-sha256", model.sha256,
         "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
         "--port", str(HTTP_PORT),
     ]  # fmt: skip
@@ -236,7 +239,7 @@ def build_deployment(
         "livenessProbe": _probe("/v2/health/live", period=10, failures=6),
     }
     tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
-    pod = _pod_spec(container, group, settings.service_account, tolerations, spec.model.volume)
+    pod = _pod_spec(container, group, settings.service_account, tolerations, model.volume)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
     annotations = {
         "prometheus.io/scrape": "true",

@@ -1,0 +1,233 @@
+"""Node labels -> hardware classes, on label sets as the real labellers write them."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from metainfer.core.api.policy import HardwareSelection
+from metainfer.core.errors import InputError
+from metainfer.core.hardware import (
+    LabelMapping,
+    VendorLabels,
+    classify_node,
+    group_nodes,
+    select_groups,
+)
+
+NFD = "feature.node.kubernetes.io/"
+# GPU Feature Discovery v0.8-style labels on a DGX A100 node (old and new driver spellings both present).
+GFD_A100 = {
+    "kubernetes.io/arch": "amd64",
+    "kubernetes.io/hostname": "dgx-1",
+    "nvidia.com/gpu.present": "true",
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+    "nvidia.com/gpu.memory": "40960",
+    "nvidia.com/gpu.count": "8",
+    "nvidia.com/gpu.family": "ampere",
+    "nvidia.com/gpu.compute.major": "8",
+    "nvidia.com/gpu.compute.minor": "0",
+    "nvidia.com/cuda.driver.major": "550",
+    "nvidia.com/cuda.driver.minor": "54",
+    "nvidia.com/cuda.driver.rev": "15",
+    "nvidia.com/cuda.driver-version.full": "550.54.15",
+    "nvidia.com/cuda.runtime.major": "12",
+    "nvidia.com/cuda.runtime.minor": "4",
+    f"{NFD}cpu-cpuid.AVX512F": "true",
+}
+AMD_MI250 = {
+    "kubernetes.io/arch": "amd64",
+    "amd.com/gpu.product-name": "AMD_Instinct_MI250X_MI250",
+    "amd.com/gpu.family": "AI",
+    "amd.com/gpu.device-id": "740c",
+    "amd.com/gpu.vram": "64G",
+    "amd.com/gpu.driver-version": "6.7.0",
+    "amd.com/gpu.cu-count": "104",
+}
+ASCEND_910 = {
+    "kubernetes.io/arch": "arm64",
+    "accelerator": "huawei-Ascend910",
+    "accelerator-type": "module-910b-8",
+    "node.kubernetes.io/npu.chip.name": "910B3",
+}
+INTEL_FLEX = {"kubernetes.io/arch": "amd64", "gpu.intel.com/product": "Flex_170", "gpu.intel.com/family": "A_Series"}
+CPU_SPR = {
+    "kubernetes.io/arch": "amd64",
+    "kubernetes.io/os": "linux",
+    f"{NFD}cpu-model.vendor_id": "Intel",
+    f"{NFD}cpu-model.family": "6",
+    f"{NFD}cpu-model.id": "143",
+    f"{NFD}cpu-cpuid.AVX512VNNI": "true",
+    f"{NFD}cpu-cpuid.AVX512F": "true",
+    f"{NFD}cpu-cpuid.AMXINT8": "true",
+    f"{NFD}cpu-cpuid.AVX2": "true",
+    f"{NFD}cpu-cpuid.ADX": "true",  # not inference-relevant: ignored
+    f"{NFD}cpu-hardware_multithreading": "true",
+}
+CPU_AVX2_ONLY = {
+    "kubernetes.io/arch": "amd64",
+    f"{NFD}cpu-model.vendor_id": "Intel",
+    f"{NFD}cpu-model.family": "6",
+    f"{NFD}cpu-model.id": "143",
+    f"{NFD}cpu-cpuid.AVX2": "true",
+}
+
+
+def test_gpu_feature_discovery_node() -> None:
+    nc = classify_node(GFD_A100)
+    hc = nc.hardware_class
+    assert (hc.vendor, hc.product, hc.memory_mib) == ("nvidia", "NVIDIA-A100-SXM4-40GB", 40960)
+    assert (hc.compute_capability, hc.driver_version, hc.runtime_version) == ("8.0", "550.54.15", "12.4")
+    assert hc.cpu_features == ()  # host CPU features do not split GPU classes by default
+    assert nc.resource == "nvidia.com/gpu"
+    assert nc.selector["nvidia.com/cuda.driver-version.full"] == "550.54.15"
+
+
+def test_old_and_new_driver_labels_give_the_same_class() -> None:
+    old = {k: v for k, v in GFD_A100.items() if "driver-version" not in k}
+    new = {k: v for k, v in GFD_A100.items() if not k.startswith("nvidia.com/cuda.driver.")}
+    assert classify_node(old).fingerprint == classify_node(new).fingerprint == classify_node(GFD_A100).fingerprint
+
+
+def test_driver_upgrade_is_a_new_class() -> None:
+    upgraded = {**GFD_A100, "nvidia.com/cuda.driver-version.full": "555.42.02", "nvidia.com/cuda.driver.major": "555"}
+    assert classify_node(upgraded).hardware_class.driver_version == "555.42.02"
+    assert classify_node(upgraded).fingerprint != classify_node(GFD_A100).fingerprint
+
+
+def test_amd_mi250_node() -> None:
+    nc = classify_node(AMD_MI250)
+    hc = nc.hardware_class
+    assert (hc.vendor, hc.product, hc.memory_mib, hc.driver_version) == (
+        "amd",
+        "AMD_Instinct_MI250X_MI250",
+        65536,
+        "6.7.0",
+    )
+    assert hc.compute_capability == "AI" and nc.resource == "amd.com/gpu"
+
+
+def test_ascend_910_node() -> None:
+    nc = classify_node(ASCEND_910)
+    assert (nc.hardware_class.vendor, nc.hardware_class.product) == ("huawei", "910B3")
+    assert nc.hardware_class.cpu_arch == "arm64"
+    assert nc.resource == "huawei.com/Ascend910"
+    assert classify_node({"accelerator": "huawei-Ascend310"}).resource == "huawei.com/Ascend310"
+    assert classify_node({"accelerator": "something-else"}).hardware_class.vendor == "cpu"
+
+
+def test_intel_gpu_node() -> None:
+    nc = classify_node(INTEL_FLEX)
+    assert (nc.hardware_class.vendor, nc.hardware_class.product, nc.resource) == (
+        "intel",
+        "Flex_170",
+        "gpu.intel.com/i915",
+    )
+
+
+def test_cpu_node_with_nfd_labels() -> None:
+    nc = classify_node(CPU_SPR)
+    hc = nc.hardware_class
+    assert (hc.vendor, hc.product, hc.cpu_arch) == ("cpu", "Intel-6-143", "amd64")
+    assert hc.cpu_features == ("AMXINT8", "AVX2", "AVX512F", "AVX512VNNI")
+    assert nc.resource is None
+    bare = classify_node({"kubernetes.io/arch": "arm64"}).hardware_class
+    assert (bare.vendor, bare.product, bare.cpu_arch, bare.cpu_features) == ("cpu", "generic", "arm64", ())
+
+
+def test_selector_matches_own_nodes_and_no_others() -> None:
+    nodes = {"gpu": GFD_A100, "amd": AMD_MI250, "npu": ASCEND_910, "xpu": INTEL_FLEX, "spr": CPU_SPR}
+    nodes["avx2"] = CPU_AVX2_ONLY
+    groups = group_nodes(nodes.items())
+    assert len(groups) == 6
+    for group in groups.values():
+        (own,) = group.node_names
+        for name, labels in nodes.items():
+            assert group.matches(labels) == (name == own), (own, name)
+    # a plain nodeSelector alone would put the AVX2-only class onto the AMX node: the affinity keeps it off
+    avx2 = next(g for g in groups.values() if g.node_names == ("avx2",))
+    assert all(CPU_SPR.get(k) == v for k, v in avx2.selector.items())
+    terms = avx2.node_affinity()["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]  # type: ignore[index]
+    keys = {e["key"] for e in terms["nodeSelectorTerms"][0]["matchExpressions"]}
+    assert f"{NFD}cpu-cpuid.AVX512VNNI" in keys and "nvidia.com/gpu.product" in keys
+
+
+def test_group_keeps_labels_all_nodes_share() -> None:
+    old = {k: v for k, v in GFD_A100.items() if "driver-version" not in k}
+    groups = group_nodes([("b", GFD_A100), ("a", old), ("c", GFD_A100)])
+    (group,) = groups.values()
+    assert group.node_names == ("a", "b", "c")
+    assert "nvidia.com/cuda.driver-version.full" not in group.selector
+    assert all(group.matches(labels) for labels in (old, GFD_A100))
+
+
+def test_select_groups_node_selector_vendors_and_max() -> None:
+    nodes = {
+        "gpu-1": {**GFD_A100, "pool": "inference"},
+        "gpu-2": GFD_A100,
+        "spr-1": CPU_SPR,
+        "amd-1": {**AMD_MI250, "pool": "inference"},
+    }
+    groups = group_nodes(nodes.items())
+    picked = select_groups(groups, HardwareSelection(node_selector={"pool": "inference"}), nodes)
+    assert sorted(g.hardware_class.vendor for g in picked) == ["amd", "nvidia"]
+    gpu = next(g for g in picked if g.hardware_class.vendor == "nvidia")
+    assert gpu.node_names == ("gpu-1",) and gpu.selector["pool"] == "inference"
+    only_cpu = select_groups(groups, HardwareSelection(vendors=["cpu"]), nodes)
+    assert [g.hardware_class.vendor for g in only_cpu] == ["cpu"]
+    capped = select_groups(groups, HardwareSelection(max_classes=2), nodes)
+    assert [g.fingerprint for g in capped] == sorted(groups)[:2]
+    assert len(select_groups(groups, None, nodes)) == 3
+
+
+def test_custom_mapping_from_file(tmp_path: Path) -> None:
+    config = {
+        "extraVendors": [
+            {
+                "vendor": "nvidia",
+                "detect": ["example.com/accel"],
+                "product": ["example.com/accel"],
+                "driverVersion": [["example.com/drv.major", "example.com/drv.minor"]],
+                "resource": "example.com/accel",
+            }
+        ],
+        "cpuFeatures": ["AVX2"],
+    }
+    path = tmp_path / "mapping.yaml"
+    path.write_text(json.dumps(config))  # JSON is YAML
+    mapping = LabelMapping.from_file(path)
+    nc = classify_node(
+        {"example.com/accel": "L4", "example.com/drv.major": "550", "example.com/drv.minor": "1"}, mapping
+    )
+    assert (nc.hardware_class.product, nc.hardware_class.driver_version, nc.resource) == (
+        "L4",
+        "550.1",
+        "example.com/accel",
+    )
+    assert classify_node(GFD_A100, mapping).hardware_class.vendor == "nvidia"  # defaults still apply
+    assert classify_node(CPU_SPR, mapping).hardware_class.cpu_features == ("AVX2",)
+    assert isinstance(mapping.extra_vendors[0], VendorLabels)
+
+
+def test_bad_mapping_names_the_key(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("extraVendors:\n  - vendor: nvidia\n    detect: [a]\n    prodcut: [b]\n")
+    with pytest.raises(InputError, match=r"extraVendors\.0\.prodcut"):
+        LabelMapping.from_file(path)
+    path.write_text("cpuArch: amd64\n")
+    with pytest.raises(InputError, match="cpuArch"):
+        LabelMapping.from_file(path)
+
+
+def test_group_nodes_on_a_thousand_nodes_is_cheap() -> None:
+    kinds = [GFD_A100, AMD_MI250, CPU_SPR, CPU_AVX2_ONLY, ASCEND_910]
+    nodes = [(f"node-{i:04d}", {**kinds[i % 5], "kubernetes.io/hostname": f"node-{i:04d}"}) for i in range(1000)]
+    start = time.perf_counter()
+    for _ in range(10):
+        groups = group_nodes(nodes)
+    elapsed = (time.perf_counter() - start) / 10
+    print(f"group_nodes over 1000 nodes: {elapsed * 1000:.1f} ms")  # a sanity figure, not an assertion
+    assert len(groups) == 5 and sum(len(g.node_names) for g in groups.values()) == 1000
