@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("action", choices=["build"])
     e.add_argument("out", type=Path)
     e.add_argument("--only", nargs="*", help="names to build (default: digits and the transformer)")
+
+    g = sub.add_parser("agent", help="node-side roles run by the operator's Jobs")
+    gsub = g.add_subparsers(dest="agent_command", required=True, metavar="ROLE", parser_class=_Parser)
+    gr = gsub.add_parser("run", help="execute one AdaptationRun and write its status (the adaptation Job)")
+    gr.add_argument("run", metavar="NAMESPACE/RUN", help="the AdaptationRun to execute")
+    gr.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
     return parser
 
 
@@ -76,6 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.agent.commands import examples_command
 
             return examples_command(args.out, args.only)
+        if args.command == "agent":
+            from metainfer.agent.run import run_command
+
+            return run_command(args.run, args.kubeconfig)
     except NoFeasibleCandidate as exc:
         print(f"metainfer: no feasible candidate: {exc}", file=sys.stderr)
         for described, missed in exc.closest:

@@ -1,0 +1,132 @@
+"""The agent's few API calls, and which of their failures are worth a retry.
+
+The agent Job talks to the API server for four things: read its run, patch
+the run's status subresource, read a ConfigMap holding a small model, and
+get/create/patch the cluster-scoped HardwareProfile of its class. Every call
+carries a timeout, so an unreachable API server ends the attempt (and the Job
+retries) instead of hanging until the Job's deadline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+
+from metainfer.core.api import ADAPTATION_RUN, GROUP, HARDWARE_PROFILE, VERSION
+
+REQUEST_TIMEOUT_S = 30.0
+MERGE_PATCH = "application/merge-patch+json"
+
+
+class KubeError(Exception):
+    """An API call failed; ``transient`` says whether a later attempt can succeed."""
+
+    def __init__(self, message: str, *, transient: bool, status: int | None = None) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.status = status
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    """``--kubeconfig`` if given, else in-cluster config, else the default kubeconfig (KUBECONFIG)."""
+    try:
+        if kubeconfig:
+            return config.new_client_from_config(config_file=kubeconfig)
+        try:
+            config.load_incluster_config()
+            return client.ApiClient()
+        except ConfigException:
+            return config.new_client_from_config()
+    except (ConfigException, OSError) as exc:
+        raise KubeError(f"no usable Kubernetes configuration: {exc}", transient=False) from exc
+
+
+def wrap(exc: Exception, what: str) -> KubeError:
+    """An API failure as a KubeError: 5xx, 429, 409 and connection errors are transient."""
+    if isinstance(exc, ApiException):
+        status = exc.status or 0
+        transient = status >= 500 or status in (0, 409, 429)
+        return KubeError(f"{what}: HTTP {status} {exc.reason}", transient=transient, status=status)
+    return KubeError(f"{what}: {type(exc).__name__}: {exc}", transient=True)
+
+
+@dataclass
+class Kube:
+    """Typed access to the objects the agent touches."""
+
+    api: client.ApiClient
+
+    @property
+    def custom(self) -> client.CustomObjectsApi:
+        return client.CustomObjectsApi(self.api)
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any]:
+        try:
+            return self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, ADAPTATION_RUN.plural, name, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except Exception as exc:
+            raise wrap(exc, f"reading AdaptationRun {namespace}/{name}") from exc
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        """Merge-patch the status subresource: lists (conditions, trials) are replaced whole."""
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP,
+                VERSION,
+                namespace,
+                ADAPTATION_RUN.plural,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except Exception as exc:
+            raise wrap(exc, f"writing the status of AdaptationRun {namespace}/{name}") from exc
+
+    def read_config_map(self, namespace: str, name: str) -> client.V1ConfigMap:
+        try:
+            return client.CoreV1Api(self.api).read_namespaced_config_map(
+                name, namespace, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except Exception as exc:
+            raise wrap(exc, f"reading ConfigMap {namespace}/{name}") from exc
+
+    def get_profile(self, name: str) -> dict[str, Any] | None:
+        try:
+            return self.custom.get_cluster_custom_object(
+                GROUP, VERSION, HARDWARE_PROFILE.plural, name, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise wrap(exc, f"reading HardwareProfile {name}") from exc
+        except Exception as exc:
+            raise wrap(exc, f"reading HardwareProfile {name}") from exc
+
+    def create_profile(self, body: dict[str, Any]) -> dict[str, Any]:
+        """Create the profile object (spec only: status is a subresource); 409 is a KubeError with status 409."""
+        try:
+            return self.custom.create_cluster_custom_object(
+                GROUP, VERSION, HARDWARE_PROFILE.plural, body, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except Exception as exc:
+            raise wrap(exc, f"creating HardwareProfile {body['metadata']['name']}") from exc
+
+    def patch_profile_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
+        try:
+            return self.custom.patch_cluster_custom_object_status(
+                GROUP,
+                VERSION,
+                HARDWARE_PROFILE.plural,
+                name,
+                {"status": status},
+                _content_type=MERGE_PATCH,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except Exception as exc:
+            raise wrap(exc, f"writing the status of HardwareProfile {name}") from exc

@@ -1,0 +1,167 @@
+"""``metainfer agent run NAMESPACE/RUN``: the adaptation Job's command.
+
+One attempt: read the AdaptationRun, fetch and verify the model, get the
+class's hardware profile (reused from the cluster or measured), run the
+engine's search within the run's budget, and write progress and the outcome
+into the run's status. The variant itself is written nowhere: serving
+rebuilds it from the base model (pinned by sha256) and the recipe.
+
+Exit codes, chosen for a Job with a ``backoffLimit``:
+
+* 0 -- the run's status holds its outcome: Succeeded, or Failed with a
+  specific reason (ChecksumMismatch, InvalidModel, InvalidData,
+  UnsupportedOperators, NoFeasibleCandidate, InvalidSpec, ModelFetchFailed
+  for a permanent fetch error such as a 404 or a missing file). These
+  failures are deterministic: a retry would only fail again, so the status
+  is the result and the Job completes. Also 0 when the run had already
+  finished (a retried Job pod does no work twice).
+* 2 -- usage: a malformed NAMESPACE/RUN, no Kubernetes configuration, or the
+  run does not exist (deleting a run deletes its Job by owner reference).
+* 75 (EX_TEMPFAIL) -- a transient failure: API server unreachable or 5xx,
+  fetch timeout or HTTP 5xx. The Job retries; the run's conditions say why
+  the attempt failed.
+* 1 -- an unexpected error (a bug, out of memory): logged with its
+  traceback, recorded in the conditions, and retried like a transient one so
+  ``backoffLimit`` bounds it.
+
+Stdout gets one line per stage; expected errors never print a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from metainfer.agent.fetch import FetchError, fetch
+from metainfer.agent.inputs import load_data
+from metainfer.agent.kube import Kube, KubeError, api_client
+from metainfer.agent.profiles import ensure_profile, measure_settings
+from metainfer.agent.status import RunStatusWriter, StatusObserver
+from metainfer.core import runstatus
+from metainfer.core.api.conditions import Reason
+from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
+from metainfer.core.errors import MetainferError
+
+EXIT_OK, EXIT_FAILED_UNEXPECTEDLY, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 75
+
+
+def log(message: str) -> None:
+    print(f"metainfer agent: {message}", flush=True)
+
+
+def parse_ref(ref: str) -> tuple[str, str]:
+    namespace, sep, name = ref.partition("/")
+    if not sep or not namespace or not name or "/" in name:
+        raise ValueError(f"expected NAMESPACE/RUN, got {ref!r}")
+    return namespace, name
+
+
+def run_command(ref: str, kubeconfig: str | None) -> int:
+    try:
+        namespace, name = parse_ref(ref)
+        kube = Kube(api_client(kubeconfig))
+    except (ValueError, KubeError) as exc:
+        print(f"metainfer: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        obj = kube.get_run(namespace, name)
+    except KubeError as exc:
+        log(str(exc))
+        if exc.status == 404:
+            return EXIT_USAGE
+        return EXIT_RETRY if exc.transient else EXIT_FAILED_UNEXPECTEDLY
+    try:
+        return _run(kube, namespace, name, obj)
+    except KubeError as exc:
+        log(f"giving up this attempt: {exc}")
+        return EXIT_RETRY if exc.transient else EXIT_FAILED_UNEXPECTEDLY
+
+
+def _run(kube: Kube, namespace: str, name: str, obj: dict[str, Any]) -> int:
+    try:
+        status = AdaptationRunStatus.model_validate(obj.get("status") or {})
+    except ValidationError:
+        status = AdaptationRunStatus()  # unreadable status: this attempt rewrites it
+    if runstatus.is_finished(status):
+        log(f"{namespace}/{name} already {status.phase}; nothing to do")
+        return EXIT_OK
+    generation = obj.get("metadata", {}).get("generation")
+    writer = RunStatusWriter(kube, namespace, name, generation, status, log)
+    try:
+        spec = AdaptationRunSpec.model_validate(obj.get("spec") or {})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        message = f"spec.{'.'.join(str(p) for p in first['loc'])}: {first['msg']}"
+        return _fail(writer, Reason.INVALID_SPEC, message)
+    log(f"{namespace}/{name}: model {spec.model.uri}, class {spec.class_fingerprint}, batch {spec.batch_size}")
+    with tempfile.TemporaryDirectory(prefix="metainfer-run-") as tmp:
+        return _attempt(kube, writer, spec, namespace, Path(tmp))
+
+
+def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, namespace: str, workdir: Path) -> int:
+    from metainfer.core.modelinfo import inspect_model, load_model
+    from metainfer.core.pipeline import Adaptation
+
+    started = time.monotonic()
+    report = None
+    try:
+        writer.stage("Fetching", runstatus.FETCHING, f"fetching the model from {spec.model.uri}")
+        path = fetch(
+            spec.model.uri,
+            workdir / "model.onnx",
+            expected_sha256=spec.model.sha256,
+            namespace=namespace,
+            configmaps=kube,
+        )
+        info = inspect_model(path, load_model(path))
+        data, note = load_data(spec.model, info, workdir, namespace, kube, spec.search.seed)
+        notes = [note] if note else []
+        log(f"model ok: {info.size_bytes} bytes, {len(info.op_counts)} op types; {data.n_samples} samples")
+        writer.stage("Profiling", Reason.PROFILING, f"hardware profile of class {spec.class_fingerprint}")
+        outcome = ensure_profile(kube, spec, os.environ.get("NODE_NAME"), log)
+        log(f"hardware profile {outcome.name} {'reused' if outcome.reused else 'measured and published'}")
+        writer.status = writer.status.model_copy(update={"hardware_profile_name": outcome.name})
+        unsupported = runstatus.unsupported_operators(info, outcome.profile)
+        if unsupported is not None:
+            raise unsupported
+        settings = runstatus.settings_from_spec(spec, measure_settings())
+        message = f"searching up to {settings.budget_trials} candidates ({settings.algorithm})"
+        writer.stage("Searching", Reason.SEARCHING, "; ".join([message, *notes]))
+        observer = StatusObserver(writer, settings.budget_trials, started=started)
+        report, _variant = Adaptation(path.read_bytes(), info, data, outcome.profile, settings, observer).run()
+    except FetchError as exc:
+        if exc.transient:
+            log(f"fetch failed (transient): {exc}")
+            writer.try_write(runstatus.mark_retrying(writer.status, writer.generation, exc.reason, str(exc)))
+            return EXIT_RETRY
+        return _fail(writer, exc.reason, str(exc))
+    except KubeError:
+        raise
+    except MetainferError as exc:
+        return _fail(writer, *runstatus.failure_reason(exc))
+    except Exception as exc:
+        if type(exc).__module__.startswith("onnxruntime"):  # ONNX Runtime rejected the model: deterministic
+            return _fail(writer, *runstatus.failure_reason(exc))
+        traceback.print_exc()
+        message = f"{type(exc).__name__}: {exc}"
+        log(f"unexpected error: {message}")
+        writer.try_write(runstatus.mark_retrying(writer.status, writer.generation, Reason.RETRY, message[:2000]))
+        return EXIT_FAILED_UNEXPECTEDLY
+    if report.best is None:
+        return _fail(writer, *runstatus.failure_reason(runstatus.infeasible_error(report)), report=report)
+    writer.write(runstatus.mark_succeeded(writer.status, writer.generation, report, notes), final=True)
+    log(f"succeeded: {report.best.recipe.describe()} (recipe {report.best.recipe.key()})")
+    return EXIT_OK
+
+
+def _fail(writer: RunStatusWriter, reason: str, message: str, report: Any = None) -> int:
+    log(f"failed: {reason}: {message.splitlines()[0]}")
+    writer.write(runstatus.mark_failed(writer.status, writer.generation, reason, message, report), final=True)
+    return EXIT_OK

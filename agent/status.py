@@ -1,0 +1,121 @@
+"""Writing one AdaptationRun's status while the agent works on it.
+
+``RunStatusWriter`` keeps the status the agent believes in and patches the
+status subresource with it whole (conditions and trials are replaced as
+lists, never merged item by item). Progress during the search goes through
+``StatusObserver``, core's pipeline Observer, which patches at most every
+``interval_s`` seconds: a fast search must not turn into an API-server load
+test. A failed progress patch is logged and skipped; only the final outcome
+must reach the API server (it is retried, and its failure fails the attempt).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from metainfer.agent.kube import Kube, KubeError
+from metainfer.core import runstatus
+from metainfer.core.api.run import AdaptationRunStatus
+from metainfer.core.trial import Trial
+
+PROGRESS_INTERVAL_S = 2.0
+FINAL_ATTEMPTS = 4
+
+# Pipeline phase names -> RunProgress.stage and the Progressing condition's reason.
+STAGES: dict[str, tuple[str, str]] = {
+    "baseline": ("Baseline", "Searching"),
+    "search": ("Searching", "Searching"),
+    "sensitivity": ("Sensitivity", "Searching"),
+    "validation": ("Validating", "Validating"),
+    "final comparison": ("FinalComparison", "Validating"),
+}
+
+
+@dataclass
+class RunStatusWriter:
+    kube: Kube
+    namespace: str
+    name: str
+    generation: int | None
+    status: AdaptationRunStatus
+    log: Callable[[str], None]
+
+    def write(self, status: AdaptationRunStatus, *, final: bool = False) -> None:
+        """Patch ``status``; a final write is retried with backoff and raises KubeError when it cannot land."""
+        self.status = status
+        attempts = FINAL_ATTEMPTS if final else 1
+        for attempt in range(attempts):
+            try:
+                self.kube.patch_run_status(self.namespace, self.name, runstatus.status_to_api(status))
+                return
+            except KubeError as exc:
+                if not exc.transient or attempt == attempts - 1:
+                    raise
+                time.sleep(2.0**attempt)
+
+    def try_write(self, status: AdaptationRunStatus) -> None:
+        """Best-effort write (progress): a failure is one log line, the work goes on."""
+        try:
+            self.write(status)
+        except KubeError as exc:
+            self.log(f"progress not written: {exc}")
+
+    def stage(self, stage: str, reason: str, message: str) -> None:
+        self.log(f"stage {stage}: {message}")
+        self.write(runstatus.mark_running(self.status, self.generation, stage, reason, message))
+
+
+@dataclass
+class StatusObserver:
+    """core.pipeline.Observer that turns the engine's progress into throttled status patches."""
+
+    writer: RunStatusWriter
+    trial_budget: int
+    started: float = field(default_factory=time.monotonic)
+    interval_s: float = PROGRESS_INTERVAL_S
+    trials: int = 0
+    feasible: int = 0
+    _stage: str | None = None
+    _last_write: float = 0.0
+
+    def phase(self, name: str, total: int | None) -> None:
+        stage, reason = STAGES.get(name.split(" (")[0], (name[:64], "Searching"))
+        if stage == self._stage:
+            return
+        self._stage = stage
+        self.writer.log(f"stage {stage}")
+        status = runstatus.mark_running(self.writer.status, self.writer.generation, stage, reason, f"{name}")
+        self._flush(status, force=True)
+
+    def advance(self, label: str) -> None:
+        self._flush(self.writer.status)
+
+    def trial(self, trial: Trial, best: Trial | None) -> None:
+        self.trials += 1
+        if self._stage != "Searching":  # back from a sensitivity analysis the search triggered
+            self._stage = "Searching"
+            self.writer.status = runstatus.mark_running(
+                self.writer.status, self.writer.generation, "Searching", "Searching", "search"
+            )
+        self.feasible += trial.status == "feasible"
+        outcome = trial.status
+        if trial.metrics is not None:
+            outcome += f", p95 {trial.metrics.latency.p95_ms:.3f} ms"
+        self.writer.log(f"trial {trial.index}/{self.trial_budget}: {trial.recipe.describe()} -> {outcome}")
+        self._flush(self.writer.status)
+
+    def _flush(self, status: AdaptationRunStatus, force: bool = False) -> None:
+        status = runstatus.with_progress(
+            status,
+            trials_completed=self.trials,
+            feasible_trials=self.feasible,
+            elapsed_seconds=time.monotonic() - self.started,
+            trial_budget=self.trial_budget,
+        )
+        self.writer.status = status
+        now = time.monotonic()
+        if force or now - self._last_write >= self.interval_s:
+            self._last_write = now
+            self.writer.try_write(status)

@@ -1,0 +1,221 @@
+"""``metainfer agent run`` against the real control plane, as the adaptation Job runs it.
+
+Each test creates an AdaptationRun for the digits example model, runs the agent
+as a subprocess with the control plane's kubeconfig (as a Job pod would, minus
+the kubelet), and checks what the run's status and the HardwareProfile say.
+``METAINFER_FAST_MEASURE=1`` shrinks the micro-benchmarks and latency loops so
+a whole adaptation takes seconds.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from metainfer.core.api import GROUP, VERSION, AdaptationRun, AdaptationRunSpec, AdaptationRunStatus
+from metainfer.core.api.policy import DataReference, ModelSource, SearchSettings, Slo
+from metainfer.core.api.run import MAX_TRIALS
+from metainfer.core.hardware import HardwareClass
+from metainfer.core.modelinfo import sha256_file
+from metainfer.core.recipe import Recipe
+from metainfer.core.zoo import build_examples
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    built = build_examples(tmp_path_factory.mktemp("examples"), ["digits"])["digits"]
+    return built.model_path, built.data_path
+
+
+@pytest.fixture
+def hw_class(control_plane: Any) -> Iterator[HardwareClass]:
+    """A hardware class of its own per test, so profile reuse is observed in isolation; its profile is removed."""
+    cls = HardwareClass(vendor="cpu", product=f"Agent-Test-{secrets.token_hex(3)}", cpu_features=("AVX2",))
+    yield cls
+    try:
+        client.CustomObjectsApi(control_plane.api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "hardwareprofiles", cls.fingerprint()
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def make_run(
+    name: str, cls: HardwareClass, uri: str, sha: str, data: DataReference | None = None, budget: int = 3
+) -> dict[str, Any]:
+    spec = AdaptationRunSpec(
+        policy_name="digits",
+        policy_generation=1,
+        class_fingerprint=cls.fingerprint(),
+        hardware_class=cls,
+        model_sha256=sha,
+        batch_size=1,
+        reason="NewHardwareClass",
+        model=ModelSource(uri=uri, sha256=sha, data=data),
+        slo=Slo(latency_p95_ms=1000, max_quality_drop=0.05, batch_size=1),
+        search=SearchSettings(trial_budget=budget, time_budget_seconds=60, algorithm="random", seed=1),
+    )
+    return AdaptationRun(metadata={"name": name}, spec=spec).to_api()
+
+
+def create_run(api: client.ApiClient, namespace: str, body: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "adaptationruns", body, field_validation="Strict"
+    )
+
+
+def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, "adaptationruns", name)
+
+
+def agent(kubeconfig: Path, namespace: str, name: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "METAINFER_FAST_MEASURE": "1", "NODE_NAME": "node-a"}
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "metainfer.agent.cli",
+            "agent",
+            "run",
+            f"{namespace}/{name}",
+            "--kubeconfig",
+            str(kubeconfig),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=300,
+    )
+
+
+def condition(status: dict[str, Any], type_: str) -> dict[str, Any]:
+    return next(c for c in status["conditions"] if c["type"] == type_)
+
+
+def test_run_succeeds_and_profile_is_reused(control_plane: Any, namespace: str, digits, hw_class) -> None:
+    model, data = digits
+    sha = sha256_file(model)
+    reference = DataReference(uri=data.as_uri(), sha256=sha256_file(data), validation_samples=200)
+    create_run(control_plane.api_client, namespace, make_run("first", hw_class, model.as_uri(), sha, reference))
+
+    result = agent(control_plane.kubeconfig, namespace, "first")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    obj = get(control_plane.api_client, namespace, "first")
+    status = obj["status"]
+    assert status["phase"] == "Succeeded", status
+    parsed = AdaptationRunStatus.model_validate(status)
+    assert parsed.best_recipe is not None and isinstance(Recipe.model_validate(status["bestRecipe"]), Recipe)
+    assert status["bestRecipeKey"] == parsed.best_recipe.key()
+    assert status["bestMetrics"]["p95Ms"] > 0 and status["bestMetrics"]["qualityMetric"] == "top1_accuracy"
+    assert 1 <= len(status["trials"]) <= min(MAX_TRIALS, 3 + 1)  # the budget plus the FP32 baseline
+    assert status["progress"]["trialsCompleted"] == 3 and status["progress"]["stage"] == "Done"
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    assert status["hardwareProfileName"] == hw_class.fingerprint()
+    assert status["completionTime"] and status["startTime"]
+    for type_, value in (("Succeeded", "True"), ("Ready", "True"), ("Progressing", "False")):
+        assert condition(status, type_)["status"] == value
+    assert condition(status, "Succeeded")["reason"] == "Succeeded"
+
+    profiles = client.CustomObjectsApi(control_plane.api_client)
+    profile = profiles.get_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", hw_class.fingerprint())
+    assert profile["status"]["profile"]["ops"] and profile["status"]["measuredAt"]
+    assert profile["status"]["nodes"] == ["node-a"]
+    assert condition(profile["status"], "Ready")["reason"] == "ProfileMeasured"
+
+    # A second run of the same class reuses the profile: the object is not written again.
+    create_run(control_plane.api_client, namespace, make_run("second", hw_class, model.as_uri(), sha, reference, 2))
+    again = agent(control_plane.kubeconfig, namespace, "second")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "reused" in again.stdout and "measuring" not in again.stdout
+    assert get(control_plane.api_client, namespace, "second")["status"]["phase"] == "Succeeded"
+    after = profiles.get_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", hw_class.fingerprint())
+    assert after["metadata"]["resourceVersion"] == profile["metadata"]["resourceVersion"]
+
+    # A retried Job pod on a finished run does nothing.
+    before = get(control_plane.api_client, namespace, "first")["metadata"]["resourceVersion"]
+    rerun = agent(control_plane.kubeconfig, namespace, "first")
+    assert rerun.returncode == 0 and "nothing to do" in rerun.stdout
+    assert get(control_plane.api_client, namespace, "first")["metadata"]["resourceVersion"] == before
+
+
+def test_wrong_sha256_fails_with_both_hashes(control_plane: Any, namespace: str, digits, hw_class) -> None:
+    model, _ = digits
+    wrong = "0" * 64
+    create_run(control_plane.api_client, namespace, make_run("badsha", hw_class, model.as_uri(), wrong))
+    result = agent(control_plane.kubeconfig, namespace, "badsha")
+    assert result.returncode == 0, result.stdout + result.stderr  # deterministic: the status is the outcome
+    assert "Traceback" not in result.stderr
+    status = get(control_plane.api_client, namespace, "badsha")["status"]
+    assert status["phase"] == "Failed"
+    failed = condition(status, "Succeeded")
+    assert failed["status"] == "False" and failed["reason"] == "ChecksumMismatch"
+    assert wrong in failed["message"] and sha256_file(model) in failed["message"]
+    assert "bestRecipe" not in status
+
+
+def test_corrupt_model_fails_invalid_model(control_plane: Any, namespace: str, tmp_path: Path, hw_class) -> None:
+    corrupt = tmp_path / "model.onnx"
+    corrupt.write_bytes(b"this is not an ONNX model\x00\x01" * 100)
+    create_run(
+        control_plane.api_client, namespace, make_run("corrupt", hw_class, corrupt.as_uri(), sha256_file(corrupt))
+    )
+    result = agent(control_plane.kubeconfig, namespace, "corrupt")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr
+    status = get(control_plane.api_client, namespace, "corrupt")["status"]
+    failed = condition(status, "Succeeded")
+    assert status["phase"] == "Failed" and failed["reason"] == "InvalidModel"
+    assert "not an ONNX model" in failed["message"] and "\n" not in failed["message"]
+
+
+def test_missing_file_fails_fetch(control_plane: Any, namespace: str, tmp_path: Path, hw_class) -> None:
+    missing = (tmp_path / "absent.onnx").as_uri()
+    create_run(control_plane.api_client, namespace, make_run("missing", hw_class, missing, "1" * 64))
+    result = agent(control_plane.kubeconfig, namespace, "missing")
+    assert result.returncode == 0, result.stdout + result.stderr
+    failed = condition(get(control_plane.api_client, namespace, "missing")["status"], "Succeeded")
+    assert failed["reason"] == "ModelFetchFailed" and "no such file" in failed["message"]
+
+
+def test_configmap_source_with_synthetic_data(control_plane: Any, namespace: str, digits, hw_class) -> None:
+    model, _ = digits
+    payload = model.read_bytes()
+    client.CoreV1Api(control_plane.api_client).create_namespaced_config_map(
+        namespace,
+        {"metadata": {"name": "digits"}, "binaryData": {"model.onnx": base64.b64encode(payload).decode()}},
+    )
+    body = make_run("cm", hw_class, "configmap://digits/model.onnx", sha256_file(model), budget=2)
+    create_run(control_plane.api_client, namespace, body)
+    result = agent(control_plane.kubeconfig, namespace, "cm")
+    assert result.returncode == 0, result.stdout + result.stderr
+    status = get(control_plane.api_client, namespace, "cm")["status"]
+    assert status["phase"] == "Succeeded", status
+    assert status["bestMetrics"]["qualityMetric"] == "cosine_similarity"
+    assert "random inputs" in condition(status, "Succeeded")["message"]
+
+
+def test_unknown_run_and_bad_reference(control_plane: Any, namespace: str) -> None:
+    assert agent(control_plane.kubeconfig, namespace, "nope").returncode == 2
+    bad = subprocess.run(
+        [sys.executable, "-m", "metainfer.agent.cli", "agent", "run", "no-slash"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONSAFEPATH": "1"},
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "NAMESPACE/RUN" in bad.stderr
