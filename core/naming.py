@@ -38,9 +38,9 @@ def sanitize(text: str) -> str:
     return _INVALID.sub("-", text.lower()).strip("-")
 
 
-def compose(parts: list[str], limit: int, *, letter_first: bool = False) -> str:
-    """``<readable parts joined by ->-<hash of the parts>``, at most ``limit`` characters."""
-    suffix = digest(*parts)
+def compose(parts: list[str], limit: int, *, letter_first: bool = False, hashed: list[str] | None = None) -> str:
+    """``<readable parts joined by ->-<hash>``, at most ``limit`` characters; the hash covers ``hashed or parts``."""
+    suffix = digest(*(parts if hashed is None else hashed))
     readable = "-".join(p for p in (sanitize(x) for x in parts) if p)
     if letter_first and not readable[:1].isalpha():
         readable = f"m-{readable}".rstrip("-")
@@ -53,7 +53,7 @@ def compose(parts: list[str], limit: int, *, letter_first: bool = False) -> str:
 
 def run_name(policy_name: str, class_name: str, key: str) -> str:
     """AdaptationRun name: a changed key (model, batch, spec) gives a new name, the same key the same one."""
-    return compose([policy_name, class_name, key[:HASH_LEN]], RUN_MAX)
+    return compose([policy_name, class_name, key[:HASH_LEN]], RUN_MAX, hashed=[policy_name, class_name, key])
 
 
 def job_name(run: str) -> str:

@@ -1,0 +1,230 @@
+"""Names and manifests: deterministic, within Kubernetes limits, hardened, owned, valid against core.api."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import pytest
+
+from metainfer.core.api.run import AdaptationRunSpec
+from metainfer.core.hardware import classify_node, group_nodes
+from metainfer.core.manifests import (
+    LABEL_CLASS,
+    LABEL_POLICY,
+    LABEL_RUN_KEY,
+    AgentJobSettings,
+    build_deployment,
+    build_job,
+    build_run,
+    build_service,
+    run_key,
+)
+from metainfer.core.naming import JOB_MAX, canary_name, job_name, label_value, run_name, workload_name
+from metainfer.core.recipe import QuantizationSpec, Recipe, TransformSpec
+
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+GPU = {
+    "kubernetes.io/arch": "amd64",
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
+    "nvidia.com/cuda.driver-version.full": "550.54.15",
+}
+CPU = {"kubernetes.io/arch": "amd64", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}
+
+
+def policy(name: str = "digits", **spec: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "model": {"uri": "https://models.example.com/digits.onnx", "sha256": "a" * 64, "version": "1"},
+        "slo": {"latencyP95Ms": 10, "batchSize": 1},
+        "hardware": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
+        "search": {"timeBudgetSeconds": 600, "backoffLimit": 3},
+    }
+    return {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": name, "namespace": "team-a", "uid": "uid-policy", "generation": 3},
+        "spec": {**base, **spec},
+    }
+
+
+def gpu_group():  # type: ignore[no-untyped-def]
+    return next(iter(group_nodes([("gpu-1", GPU), ("gpu-2", GPU)]).values()))
+
+
+def succeeded(run: dict[str, Any]) -> dict[str, Any]:
+    recipe = Recipe(transform=TransformSpec(quantization=QuantizationSpec(mode="int8_dynamic")))
+    return {
+        **run,
+        "metadata": {**run["metadata"], "uid": "uid-run"},
+        "status": {
+            "phase": "Succeeded",
+            "bestRecipe": recipe.model_dump(mode="json"),
+            "bestRecipeKey": recipe.key(),
+            "bestMetrics": {"p95Ms": 3.5, "qualityDrop": 0.001},
+            "completionTime": "2026-01-01T00:10:00Z",
+        },
+    }
+
+
+# --- naming ---------------------------------------------------------------------------------------------------------
+
+
+def test_names_are_deterministic_valid_and_bounded() -> None:
+    cls = classify_node(GPU).hardware_class.name()
+    assert run_name("digits", cls, "0123456789abcdef") == run_name("digits", cls, "0123456789abcdef")
+    assert run_name("digits", cls, "0123456789abcdef") != run_name("digits", cls, "fedcba9876543210")
+    long_policy = "p" * 253
+    for name in (
+        run_name(long_policy, cls, "k" * 16),
+        job_name("j" * 100),
+        workload_name(long_policy, cls),
+        canary_name(long_policy, cls),
+        label_value("v" * 200),
+    ):
+        assert DNS_LABEL.match(name) and len(name) <= 63, name
+    assert len(run_name(long_policy, cls, "k" * 16)) <= JOB_MAX and len(job_name("j" * 100)) <= JOB_MAX
+    assert canary_name("digits", cls).endswith("-canary")
+    assert workload_name("9lives", cls)[0].isalpha()  # Service names are DNS-1035 labels
+
+
+def test_long_names_sharing_a_prefix_do_not_collide() -> None:
+    prefix = "a-very-long-policy-name-" * 5
+    names = {workload_name(prefix + str(i), "cpu-generic-0123abcd") for i in range(200)}
+    assert len(names) == 200
+    assert workload_name("a-b", "c") != workload_name("a", "b-c")
+    runs = {run_name(prefix, "cpu-generic-0123abcd", f"{i:016x}") for i in range(200)}
+    assert len(runs) == 200
+
+
+# --- run ------------------------------------------------------------------------------------------------------------
+
+
+def test_run_key_changes_with_model_batch_class_and_search_but_not_serving() -> None:
+    p = policy()
+    key = run_key(p["spec"], 3, "0" * 16)
+    assert run_key(p["spec"], 4, "0" * 16) == key  # generation alone (e.g. replicas edited) re-adapts nothing
+    assert run_key(policy(serving={"replicas": 5})["spec"], 3, "0" * 16) == key
+    assert run_key(p["spec"], 3, "1" * 16) != key
+    assert run_key({**p["spec"], "model": {**p["spec"]["model"], "sha256": "b" * 64}}, 3, "0" * 16) != key
+    assert run_key({**p["spec"], "slo": {"latencyP95Ms": 10, "batchSize": 8}}, 3, "0" * 16) != key
+    assert run_key({**p["spec"], "search": {"trialBudget": 99}}, 3, "0" * 16) != key
+
+
+def test_build_run_validates_and_is_owned() -> None:
+    group = gpu_group()
+    run = build_run(policy(), group, "NewHardwareClass")
+    spec = AdaptationRunSpec.model_validate(run["spec"])
+    assert spec.class_fingerprint == group.fingerprint and spec.hardware_class == group.hardware_class
+    assert (spec.policy_generation, spec.batch_size, spec.reason) == (3, 1, "NewHardwareClass")
+    assert "classFingerprint" in run["spec"] and "class_fingerprint" not in run["spec"]
+    meta = run["metadata"]
+    assert meta["namespace"] == "team-a" and len(meta["name"]) <= JOB_MAX
+    assert meta["labels"][LABEL_POLICY] == "digits" and meta["labels"][LABEL_CLASS] == group.fingerprint
+    assert meta["labels"][LABEL_RUN_KEY] == run_key(policy()["spec"], 3, group.fingerprint)
+    (owner,) = meta["ownerReferences"]
+    assert owner == {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "name": "digits",
+        "uid": "uid-policy",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert build_run(policy(), group, "NewHardwareClass") == run
+    with pytest.raises(ValueError):
+        build_run(policy(), group, "Whatever")
+
+
+# --- job ------------------------------------------------------------------------------------------------------------
+
+
+def _hardened(pod: dict[str, Any]) -> None:
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (c,) = pod["containers"]
+    sc = c["securityContext"]
+    assert sc["runAsNonRoot"] and sc["runAsUser"] == 65532 and sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    mounts = {m["mountPath"] for m in c["volumeMounts"]}
+    assert "/tmp" in mounts and {"name": "HOME", "value": "/tmp"} in c["env"]
+    assert all("emptyDir" in v or "persistentVolumeClaim" in v or "hostPath" in v for v in pod["volumes"])
+
+
+def test_build_job_is_pinned_hardened_and_owned() -> None:
+    group = gpu_group()
+    run = {**build_run(policy(), group, "NewHardwareClass")}
+    run["metadata"] = {**run["metadata"], "uid": "uid-run"}
+    job = build_job(run, group, AgentJobSettings(image="registry.local/metainfer:1", service_account="agent-sa"))
+    assert job["apiVersion"] == "batch/v1" and job["metadata"]["name"] == run["metadata"]["name"]
+    assert job["metadata"]["ownerReferences"][0]["kind"] == "AdaptationRun"
+    assert job["metadata"]["ownerReferences"][0]["uid"] == "uid-run"
+    assert job["spec"]["backoffLimit"] == 3 and job["spec"]["activeDeadlineSeconds"] == 600 + 600
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == group.selector and pod["serviceAccountName"] == "agent-sa"
+    assert pod["restartPolicy"] == "Never"
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    (c,) = pod["containers"]
+    assert c["command"] == ["metainfer", "agent", "run", f"team-a/{run['metadata']['name']}"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 and c["resources"]["requests"]["nvidia.com/gpu"] == 1
+    _hardened(pod)
+    cpu_group = next(iter(group_nodes([("c", CPU)]).values()))
+    cpu_job = build_job(run, cpu_group)
+    cpu_pod = cpu_job["spec"]["template"]["spec"]
+    assert "affinity" in cpu_pod and cpu_pod["serviceAccountName"] == "metainfer-agent"
+    assert "nvidia.com/gpu" not in json.dumps(cpu_pod["containers"][0]["resources"])
+
+
+def test_job_deadline_from_spec_and_model_volume() -> None:
+    group = gpu_group()
+    p = policy(
+        search={"timeBudgetSeconds": 600, "activeDeadlineSeconds": 900},
+        model={"uri": "file:///models/m.onnx", "sha256": "a" * 64, "volume": {"claimName": "models"}},
+    )
+    run = build_run(p, group, "NewHardwareClass")
+    run["metadata"]["uid"] = "u"
+    job = build_job(run, group)
+    assert job["spec"]["activeDeadlineSeconds"] == 900
+    pod = job["spec"]["template"]["spec"]
+    assert {"name": "model", "persistentVolumeClaim": {"claimName": "models", "readOnly": True}} in pod["volumes"]
+    assert {"name": "model", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
+
+
+# --- serving --------------------------------------------------------------------------------------------------------
+
+
+def test_build_deployment_serves_the_recipe_on_the_class() -> None:
+    group = gpu_group()
+    p = policy(serving={"replicas": 3, "resources": {"requests": {"cpu": "2"}}})
+    run = succeeded(build_run(p, group, "NewHardwareClass"))
+    dep = build_deployment(p, group, run)
+    assert dep["metadata"]["name"] == workload_name("digits", group.hardware_class.name())
+    assert dep["spec"]["replicas"] == 3 and dep["metadata"]["ownerReferences"][0]["uid"] == "uid-policy"
+    tmpl = dep["spec"]["template"]
+    assert set(dep["spec"]["selector"]["matchLabels"].items()) <= set(tmpl["metadata"]["labels"].items())
+    assert tmpl["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert tmpl["metadata"]["labels"]["metainfer.io/recipe-key"] == run["status"]["bestRecipeKey"]
+    pod = tmpl["spec"]
+    assert pod["nodeSelector"] == group.selector
+    (c,) = pod["containers"]
+    args = c["args"]
+    recipe = Recipe.model_validate_json(args[args.index("--recipe-json") + 1])
+    assert recipe.key() == run["status"]["bestRecipeKey"]
+    assert args[args.index("--model-sha256") + 1] == "a" * 64
+    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+    assert c["resources"]["requests"] == {"cpu": "2", "nvidia.com/gpu": 1}
+    _hardened(pod)
+    svc = build_service(p, group)
+    assert svc["metadata"]["name"] == dep["metadata"]["name"] and svc["spec"]["type"] == "ClusterIP"
+    assert set(svc["spec"]["selector"].items()) <= set(tmpl["metadata"]["labels"].items())
+    assert svc["spec"]["ports"][0]["port"] == 8080
+
+
+def test_deployment_serves_the_runs_model_not_the_policys_new_one() -> None:
+    group = gpu_group()
+    run = succeeded(build_run(policy(), group, "NewHardwareClass"))
+    newer = policy(model={"uri": "https://models.example.com/v2.onnx", "sha256": "b" * 64})
+    args = build_deployment(newer, group, run)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--model-sha256") + 1] == "a" * 64
