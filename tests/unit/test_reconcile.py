@@ -1,0 +1,254 @@
+"""plan_policy scenarios, played against a tiny in-memory 'API server' that applies each Plan."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import itertools
+from typing import Any
+
+from metainfer.core.api.conditions import Reason
+from metainfer.core.hardware import ClassGroup, group_nodes
+from metainfer.core.recipe import Recipe
+from metainfer.core.reconcile import (
+    CONCURRENCY_LIMIT,
+    Plan,
+    RunLimits,
+    plan_job,
+    plan_policy,
+    run_phase,
+    run_status_from_job,
+)
+
+NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+A100 = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100", "nvidia.com/cuda.driver-version.full": "550"}
+A100_NEW = {**A100, "nvidia.com/cuda.driver-version.full": "555"}
+CPU = {"kubernetes.io/arch": "amd64", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}
+ARM = {"kubernetes.io/arch": "arm64"}
+
+
+class Cluster:
+    """Holds the policy, its runs and Deployments; ``reconcile`` plans and applies like the handler would."""
+
+    def __init__(self, **spec: Any) -> None:
+        self.policy: dict[str, Any] = {
+            "apiVersion": "metainfer.io/v1alpha1",
+            "kind": "AdaptationPolicy",
+            "metadata": {"name": "digits", "namespace": "ns", "uid": "uid-p", "generation": 1},
+            "spec": {"model": {"uri": "https://m/x.onnx", "sha256": "a" * 64}, "slo": {"latencyP95Ms": 10}, **spec},
+        }
+        self.runs: dict[str, dict[str, Any]] = {}
+        self.deployments: dict[str, dict[str, Any]] = {}
+        self.clock = itertools.count()
+
+    def reconcile(self, nodes: dict[str, dict[str, str]], limits: RunLimits | None = None) -> Plan:
+        groups = list(group_nodes(nodes.items()).values())
+        plan = plan_policy(self.policy, groups, list(self.runs.values()), list(self.deployments.values()), NOW, limits)
+        for planned in plan.runs_to_create:
+            run = copy.deepcopy(planned.manifest)
+            run["metadata"] |= {
+                "uid": f"uid-{run['metadata']['name']}",
+                "creationTimestamp": f"t{next(self.clock):04d}",
+            }
+            assert run["metadata"]["name"] not in self.runs, "a run is never created twice"
+            self.runs[run["metadata"]["name"]] = run
+        for name in plan.runs_to_delete:
+            del self.runs[name]
+        for action in plan.deployments_to_apply:
+            dep = copy.deepcopy(action.manifest)
+            assert (action.action == "create") == (dep["metadata"]["name"] not in self.deployments)
+            dep["metadata"]["generation"] = 1
+            want = dep["spec"]["replicas"]
+            dep["status"] = {"observedGeneration": 1, "updatedReplicas": want, "availableReplicas": want}
+            self.deployments[dep["metadata"]["name"]] = dep
+        for name in plan.deployments_to_delete:
+            del self.deployments[name]
+        assert plan.status is not None
+        self.policy["status"] = plan.status.to_api()
+        return plan
+
+    def finish(self, name: str, ok: bool = True) -> None:
+        run = self.runs[name]
+        if ok:
+            recipe = Recipe()
+            run["status"] = {
+                "phase": "Succeeded",
+                "bestRecipe": recipe.model_dump(mode="json"),
+                "bestRecipeKey": recipe.key(),
+                "bestMetrics": {"p95Ms": 4.0, "qualityDrop": 0.0},
+                "completionTime": "2026-01-01T00:30:00Z",
+            }
+        else:
+            run["status"] = {
+                "phase": "Failed",
+                "conditions": [
+                    {
+                        "type": "Succeeded",
+                        "status": "False",
+                        "reason": "ChecksumMismatch",
+                        "message": "model sha256 is b..., expected a...",
+                        "lastTransitionTime": "2026-01-01T00:05:00Z",
+                    }
+                ],
+            }
+
+    def edit(self, **spec: Any) -> None:
+        self.policy["spec"] = {**self.policy["spec"], **spec}
+        self.policy["metadata"]["generation"] += 1
+
+
+def ready(plan: Plan) -> tuple[str, str]:
+    cond = next(c for c in plan.conditions if c.type == "Ready")
+    return cond.status, cond.reason
+
+
+def test_new_class_gets_one_run_and_planning_again_creates_nothing() -> None:
+    c = Cluster()
+    plan = c.reconcile({"n1": CPU, "n2": CPU})
+    assert [p.reason for p in plan.runs_to_create] == [Reason.NEW_HARDWARE_CLASS]
+    (cls,) = plan.class_statuses
+    assert (cls.state, cls.nodes, cls.node_names) == ("Adapting", 2, ["n1", "n2"])
+    assert ready(plan) == ("False", Reason.ADAPTING)
+    assert any(e.reason == Reason.NEW_HARDWARE_CLASS for e in plan.events)
+    again = c.reconcile({"n1": CPU, "n2": CPU})
+    assert again.runs_to_create == [] and again.runs_to_delete == [] and again.deployments_to_apply == []
+    assert not any(e.reason == Reason.NEW_HARDWARE_CLASS for e in again.events)
+    assert again.class_statuses[0].state == "Adapting"
+
+
+def test_two_classes_success_rolls_out_then_ready() -> None:
+    c = Cluster()
+    nodes = {"g1": A100, "c1": CPU}
+    plan = c.reconcile(nodes)
+    assert len(plan.runs_to_create) == 2 and len(c.runs) == 2
+    for name in c.runs:
+        c.finish(name)
+    plan = c.reconcile(nodes)
+    assert sorted(a.action for a in plan.deployments_to_apply) == ["create", "create"]
+    assert len(plan.services) == 2 and {s.state for s in plan.class_statuses} == {"RollingOut"}
+    plan = c.reconcile(nodes)
+    assert plan.deployments_to_apply == [] and plan.runs_to_create == []
+    assert {s.state for s in plan.class_statuses} == {"Ready"}
+    assert ready(plan) == ("True", Reason.ALL_CLASSES_READY)
+    assert plan.status is not None and plan.status.classes_summary == "2/2" and plan.status.best_p95_ms == 4.0
+    cls = plan.class_statuses[0]
+    assert cls.current is not None and cls.current.p95_ms == 4.0 and cls.last_adaptation_reason == "NewHardwareClass"
+
+
+def test_rollout_waits_for_available_replicas() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    c.finish(next(iter(c.runs)))
+    c.reconcile({"c1": CPU})
+    (dep,) = c.deployments.values()
+    dep["status"] = {"observedGeneration": 1, "updatedReplicas": 2, "availableReplicas": 0}
+    assert c.reconcile({"c1": CPU}).class_statuses[0].state == "RollingOut"
+    assert c.reconcile({"c1": CPU}, RunLimits(wait_for_available=False)).class_statuses[0].state == "Ready"
+
+
+def test_driver_change_new_run_and_old_class_cleaned_up() -> None:
+    c = Cluster()
+    c.reconcile({"g1": A100, "g2": A100})
+    c.finish(next(iter(c.runs)))
+    c.reconcile({"g1": A100, "g2": A100})
+    c.reconcile({"g1": A100, "g2": A100})
+    assert len(c.deployments) == 1
+    old_dep = next(iter(c.deployments))
+    plan = c.reconcile({"g1": A100_NEW, "g2": A100})  # g1 upgraded: both classes exist
+    assert [p.reason for p in plan.runs_to_create] == [Reason.DRIVER_CHANGE]
+    assert plan.deployments_to_delete == [] and len(plan.class_statuses) == 2
+    plan = c.reconcile({"g1": A100_NEW, "g2": A100_NEW})  # g2 upgraded: the old class has no nodes left
+    assert plan.runs_to_create == [] and plan.deployments_to_delete == [old_dep]
+    assert [s.hardware_class.driver_version for s in plan.class_statuses if s.hardware_class] == ["555"]
+    assert any(e.reason == "ClassRemoved" for e in plan.events)
+    assert len(c.runs) == 2  # the old class's finished run stays as history
+
+
+def test_model_change_readapts_every_class_and_keeps_serving_the_old_variant() -> None:
+    c = Cluster()
+    nodes = {"g1": A100, "c1": CPU}
+    c.reconcile(nodes)
+    for name in c.runs:
+        c.finish(name)
+    c.reconcile(nodes)
+    c.edit(model={"uri": "https://m/y.onnx", "sha256": "b" * 64})
+    plan = c.reconcile(nodes)
+    assert [p.reason for p in plan.runs_to_create] == [Reason.MODEL_CHANGE] * 2
+    assert plan.deployments_to_apply == [] and plan.deployments_to_delete == []
+    assert all(s.state == "Adapting" and s.current is not None for s in plan.class_statuses)
+
+
+def test_batch_and_spec_changes() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    c.edit(slo={"latencyP95Ms": 10, "batchSize": 8})
+    plan = c.reconcile({"c1": CPU})
+    assert [p.reason for p in plan.runs_to_create] == [Reason.BATCH_CHANGE]
+    assert len(plan.runs_to_delete) == 1, "the superseded unfinished run is cancelled"
+    c.edit(search={"trialBudget": 64})
+    assert [p.reason for p in c.reconcile({"c1": CPU}).runs_to_create] == [Reason.SPEC_CHANGE]
+    c.edit(serving={"replicas": 3})  # not part of the run key: nothing re-adapts
+    assert c.reconcile({"c1": CPU}).runs_to_create == []
+
+
+def test_concurrency_limits_per_policy_and_cluster() -> None:
+    c = Cluster(search={"maxConcurrentRuns": 2})
+    nodes = {"g1": A100, "c1": CPU, "a1": ARM}
+    plan = c.reconcile(nodes)
+    assert len(plan.runs_to_create) == 2
+    waiting = [s for s in plan.class_statuses if s.state == "Pending"]
+    assert len(waiting) == 1 and waiting[0].reason == CONCURRENCY_LIMIT
+    assert c.reconcile(nodes).runs_to_create == []  # still two in flight
+    c.finish(next(iter(c.runs)))
+    assert len(c.reconcile(nodes).runs_to_create) == 1
+    fresh = Cluster(search={"maxConcurrentRuns": 5})
+    assert len(fresh.reconcile(nodes, RunLimits(cluster_max_in_flight=8, cluster_in_flight=7)).runs_to_create) == 1
+
+
+def test_failed_run_degrades_the_class_once() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    c.finish(next(iter(c.runs)), ok=False)
+    plan = c.reconcile({"c1": CPU})
+    (cls,) = plan.class_statuses
+    assert (cls.state, cls.reason) == ("Degraded", "ChecksumMismatch") and "sha256" in (cls.message or "")
+    assert ready(plan) == ("False", Reason.CLASS_FAILED)
+    assert [e.type for e in plan.events if e.reason == "ChecksumMismatch"] == ["Warning"]
+    again = c.reconcile({"c1": CPU})
+    assert again.runs_to_create == [] and not any(e.type == "Warning" for e in again.events)
+
+
+def test_all_nodes_gone() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    c.finish(next(iter(c.runs)))
+    c.reconcile({"c1": CPU})
+    names = list(c.deployments)
+    assert len(names) == 1
+    plan = c.reconcile({})
+    assert plan.deployments_to_delete == names and plan.runs_to_delete == []
+    assert plan.class_statuses == [] and ready(plan) == ("False", Reason.NO_MATCHING_NODES)
+
+
+def test_plan_job_and_job_outcome() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    (run,) = c.runs.values()
+    group: ClassGroup = next(iter(group_nodes([("c1", CPU)]).values()))
+    assert run_phase(run) == "Pending"
+    job = plan_job(run, None, group)
+    assert job is not None and job["metadata"]["name"] == run["metadata"]["name"]
+    assert plan_job(run, job, group) is None
+    assert plan_job(run, None, None) is None
+    run["status"] = {"jobName": job["metadata"]["name"]}
+    assert run_phase(run) == "Running"
+    assert plan_job(run, None, group) is None, "a recorded Job is never recreated"
+    assert run_status_from_job(run, job, NOW) is None
+    failed = {**job, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
+    patch = run_status_from_job(run, failed, NOW)
+    assert patch is not None and patch["phase"] == "Failed"
+    assert patch["conditions"][0]["reason"] == Reason.BACKOFF_LIMIT_EXCEEDED
+    gone = run_status_from_job(run, None, NOW)
+    assert gone is not None and "deleted" in gone["conditions"][0]["message"]
+    c.finish(run["metadata"]["name"])
+    assert plan_job(run, None, group) is None and run_status_from_job(run, failed, NOW) is None
