@@ -201,7 +201,9 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
     if any(marker in str(exc) for marker in _UNSUPPORTED_MARKERS):
         return Reason.UNSUPPORTED_OPERATORS, text
     if isinstance(exc, InputError) and exc.reason == "InvalidInput":
-        return (Reason.INVALID_MODEL if exc.field == "model" else Reason.INVALID_SPEC), text
+        if exc.field == "model":
+            return Reason.INVALID_MODEL, text
+        return Reason.INVALID_SPEC, text.replace("--batch", "spec.batchSize", 1)  # the engine names CLI flags
     if isinstance(exc, MetainferError):
         return exc.reason, text
     return Reason.INVALID_MODEL, text  # ONNX Runtime rejected the model itself

@@ -10,10 +10,15 @@ a whole adaptation takes seconds.
 from __future__ import annotations
 
 import base64
+import contextlib
+import functools
+import http.server
 import os
 import secrets
+import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,7 +87,13 @@ def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
 
 
 def agent(kubeconfig: Path, namespace: str, name: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "METAINFER_FAST_MEASURE": "1", "NODE_NAME": "node-a"}
+    env = {
+        **os.environ,
+        "PYTHONSAFEPATH": "1",
+        "METAINFER_FAST_MEASURE": "1",
+        "NODE_NAME": "node-a",
+        "NO_PROXY": "127.0.0.1,localhost",
+    }
     return subprocess.run(
         [
             sys.executable,
@@ -207,6 +218,57 @@ def test_configmap_source_with_synthetic_data(control_plane: Any, namespace: str
     assert status["phase"] == "Succeeded", status
     assert status["bestMetrics"]["qualityMetric"] == "cosine_similarity"
     assert "random inputs" in condition(status, "Succeeded")["message"]
+
+
+@pytest.fixture
+def http_dir(tmp_path: Path) -> Iterator[tuple[str, Path]]:
+    """A loopback HTTP server over a temp dir: (base URL, directory)."""
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", tmp_path
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_http_source_and_fetch_failures(control_plane: Any, namespace: str, digits, hw_class, http_dir) -> None:
+    model, _ = digits
+    base, root = http_dir
+    (root / "model.onnx").write_bytes(model.read_bytes())
+    sha = sha256_file(model)
+    create_run(control_plane.api_client, namespace, make_run("web", hw_class, f"{base}/model.onnx", sha, budget=1))
+    result = agent(control_plane.kubeconfig, namespace, "web")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert get(control_plane.api_client, namespace, "web")["status"]["phase"] == "Succeeded"
+
+    # 404 is permanent: Failed, exit 0 (no pointless Job retries).
+    create_run(control_plane.api_client, namespace, make_run("gone", hw_class, f"{base}/absent.onnx", sha))
+    result = agent(control_plane.kubeconfig, namespace, "gone")
+    assert result.returncode == 0, result.stdout + result.stderr
+    failed = condition(get(control_plane.api_client, namespace, "gone")["status"], "Succeeded")
+    assert failed["reason"] == "ModelFetchFailed" and "404" in failed["message"]
+
+    # Nothing listening is transient: the run stays Running with the reason, exit 75 so the Job retries.
+    with socket_port() as port:
+        uri = f"http://127.0.0.1:{port}/model.onnx"
+    create_run(control_plane.api_client, namespace, make_run("down", hw_class, uri, sha))
+    result = agent(control_plane.kubeconfig, namespace, "down")
+    assert result.returncode == 75, result.stdout + result.stderr
+    status = get(control_plane.api_client, namespace, "down")["status"]
+    retry = condition(status, "Succeeded")
+    assert status["phase"] == "Running" and retry["status"] == "Unknown" and retry["reason"] == "ModelFetchFailed"
+    assert "will retry" in retry["message"]
+
+
+@contextlib.contextmanager
+def socket_port() -> Iterator[int]:
+    """A loopback port that nothing listens on once the block ends."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 def test_unknown_run_and_bad_reference(control_plane: Any, namespace: str) -> None:
