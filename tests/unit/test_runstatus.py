@@ -289,3 +289,59 @@ def test_unsupported_operators_from_the_profile() -> None:
     assert runstatus.unsupported_operators(model_info(), profile) is None
     error = runstatus.unsupported_operators(model_info({"MatMul": 1, "Weird": 2}), profile)
     assert error is not None and "Weird" in str(error) and error.reason == "UnsupportedOperators"
+
+
+# -- the agent's throttled progress observer (uses runstatus; no cluster: a fake API) ----------
+
+
+class _FakeKube:
+    def __init__(self) -> None:
+        self.patches: list[dict[str, object]] = []
+
+    def patch_run_status(self, namespace: str, name: str, status: dict[str, object]) -> None:
+        self.patches.append(status)
+
+
+def test_progress_patches_are_throttled(monkeypatch: pytest.MonkeyPatch) -> None:
+    from metainfer.agent import status as agent_status
+
+    clock = [100.0]
+    monkeypatch.setattr(agent_status.time, "monotonic", lambda: clock[0])
+    kube = _FakeKube()
+    writer = agent_status.RunStatusWriter(kube, "ns", "r", 1, AdaptationRunStatus(), lambda _: None)  # type: ignore[arg-type]
+    observer = agent_status.StatusObserver(writer, trial_budget=10, started=90.0)
+    observer.phase("search", 10)  # a stage change is written at once
+    assert len(kube.patches) == 1 and kube.patches[0]["progress"]["stage"] == "Searching"  # type: ignore[index]
+    for i in range(1, 6):  # five trials within one second: no write
+        clock[0] += 0.2
+        observer.trial(trial(i, "feasible", score=1.0), None)
+    assert len(kube.patches) == 1
+    clock[0] += 2.0
+    observer.trial(trial(6, "infeasible", violations=["latency"]), None)
+    assert len(kube.patches) == 2
+    progress = kube.patches[-1]["progress"]
+    assert progress == {  # type: ignore[comparison-overlap]
+        "trialsCompleted": 6,
+        "trialBudget": 10,
+        "feasibleTrials": 5,
+        "elapsedSeconds": 13.0,
+        "stage": "Searching",
+    }
+
+
+def test_cluster_profile_is_reused_only_when_fresh_and_from_this_machine_type() -> None:
+    from metainfer.agent.profiles import usable
+    from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, HardwareProfileStatus
+
+    profile = report([], None).profile
+    cls = HardwareClass(vendor="cpu", product="Unit-CPU")
+    obj = HardwareProfileResource(
+        metadata={"name": cls.fingerprint()},
+        spec=HardwareProfileSpec(fingerprint=cls.fingerprint(), hardware_class=cls, max_age_seconds=3600),
+        status=HardwareProfileStatus(measured_at=T0, profile=profile),
+    ).to_api()
+    assert usable(obj, profile.fingerprint, T0 + dt.timedelta(minutes=59)) == profile
+    assert usable(obj, profile.fingerprint, T0 + dt.timedelta(minutes=61)) is None  # stale
+    assert usable(obj, "f" * 16, T0) is None  # another CPU / ONNX Runtime version: measure again
+    assert usable({**obj, "status": {}}, profile.fingerprint, T0) is None  # created, not measured yet
+    assert usable(None, profile.fingerprint, T0) is None
