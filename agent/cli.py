@@ -59,6 +59,22 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("out", type=Path)
     e.add_argument("--only", nargs="*", help="names to build (default: digits and the transformer)")
 
+    o = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    o.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        dest="namespaces",
+        help="watch only this namespace (repeatable); default: all namespaces",
+    )
+    o.add_argument(
+        "--liveness",
+        default="http://0.0.0.0:8080/healthz",
+        help="kopf liveness endpoint (default %(default)s; empty to disable)",
+    )
+    o.add_argument("--standalone", action="store_true", help="no peering: for a single local operator only")
+    o.add_argument("--verbose", action="store_true")
+
     g = sub.add_parser("agent", help="node-side roles run by the operator's Jobs")
     gsub = g.add_subparsers(dest="agent_command", required=True, metavar="ROLE", parser_class=_Parser)
     gr = gsub.add_parser("run", help="execute one AdaptationRun and write its status (the adaptation Job)")
@@ -82,6 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.agent.commands import examples_command
 
             return examples_command(args.out, args.only)
+        if args.command == "operator":
+            from metainfer.operator.main import run as run_operator
+
+            return run_operator(args.namespaces, args.liveness or None, args.standalone, args.verbose)
         if args.command == "agent":
             from metainfer.agent.run import run_command
 

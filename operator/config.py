@@ -1,0 +1,29 @@
+"""Operator-wide configuration, read once at startup from the environment.
+
+Everything a platform team sets through Helm values arrives here as an
+environment variable (``METAINFER_*``), so the operator has one place where
+configuration is parsed and one error message per bad value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class OperatorConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="METAINFER_", extra="ignore")
+
+    agent_image: str = Field("metainfer:latest", description="Image of the adaptation Job and the serving pods.")
+    agent_service_account: str = Field("metainfer-agent", description="Least-privilege account of agent Jobs.")
+    label_mapping_file: Path | None = Field(None, description="YAML/JSON LabelMapping for custom node labels.")
+    max_concurrent_runs: int = Field(8, ge=1, description="Adaptation runs in flight across the cluster.")
+    resync_seconds: float = Field(60.0, gt=0, description="Reconcile every policy at least this often.")
+    prometheus_url: str | None = Field(None, description="Default Prometheus for drift checks.")
+    metrics_port: int = Field(8000, ge=0, le=65535, description="Port of the operator's own /metrics (0: off).")
+    peering_name: str = Field("metainfer", description="kopf peering object shared by the operator replicas.")
+    wait_for_available: bool = Field(
+        True, description="Roll-out waits for available replicas; off where no kubelet runs (tests, the demo)."
+    )

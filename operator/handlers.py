@@ -1,0 +1,122 @@
+"""kopf handlers: watch, index, wake the policy's daemon, apply its Plan.
+
+Run with ``metainfer operator`` or ``kopf run -m metainfer.operator.handlers
+--all-namespaces``. Each AdaptationPolicy gets a daemon that reconciles when
+something it depends on changes (its runs, Jobs, Deployments, any node) and at
+least every ``resync_seconds``; what to do comes from ``core.reconcile``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from metainfer.core.api import GROUP, VERSION
+from metainfer.core.manifests import LABEL_POLICY, MANAGED_BY
+from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
+from metainfer.operator.apply import apply_plan, invalid_spec_status, reconcile_inputs
+from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
+from metainfer.operator.view import ClusterView, Wakeups
+
+MANAGED = {MANAGED_BY: "metainfer"}
+VIEW = ClusterView()
+WAKEUPS = Wakeups()
+
+
+@kopf.index("", "v1", "nodes")
+def nodes_index(name: str, labels: dict[str, str], **_: Any) -> dict[str, dict[str, str]]:
+    return {name: dict(labels)}
+
+
+@kopf.index(GROUP, VERSION, "adaptationruns")
+def runs_index(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(namespace, body.get("spec", {}).get("policyName", "")): _plain(body)}
+
+
+@kopf.index("batch", "v1", "jobs", labels=MANAGED)
+def jobs_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(namespace, name): _plain(body)}
+
+
+@kopf.index("apps", "v1", "deployments", labels=MANAGED)
+def deployments_index(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace, labels.get(LABEL_POLICY, "")): _plain(body)}
+
+
+@kopf.on.event("", "v1", "nodes")
+def on_node(**_: Any) -> None:
+    VIEW.nodes_changed()
+    WAKEUPS.wake_all()
+
+
+@kopf.on.event(GROUP, VERSION, "adaptationruns")
+def on_run(namespace: str, body: kopf.Body, **_: Any) -> None:
+    WAKEUPS.wake(namespace, body.get("spec", {}).get("policyName"))
+
+
+@kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
+@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
+def on_child(namespace: str, labels: dict[str, str], **_: Any) -> None:
+    WAKEUPS.wake(namespace, labels.get(LABEL_POLICY))
+
+
+@kopf.daemon(GROUP, VERSION, "adaptationpolicies", cancellation_timeout=10.0)
+async def policy_daemon(
+    stopped: kopf.DaemonStopped,
+    name: str,
+    namespace: str,
+    body: kopf.Body,
+    logger: logging.Logger,
+    nodes_index: kopf.Index[str, dict[str, str]],
+    runs_index: kopf.Index[tuple[str, str], dict[str, Any]],
+    jobs_index: kopf.Index[tuple[str, str], dict[str, Any]],
+    deployments_index: kopf.Index[Any, dict[str, Any]],
+    **_: Any,
+) -> None:
+    from metainfer.operator.config import OperatorConfig
+
+    config = OperatorConfig()
+    wake = WAKEUPS.register(namespace, name)
+    try:
+        while not stopped:
+            wake.clear()
+            started = time.perf_counter()
+            try:
+                inputs = reconcile_inputs(_plain(body), VIEW, nodes_index, runs_index, deployments_index, config)
+                await apply_plan(body, inputs, jobs_index, config, logger, dt.datetime.now(dt.UTC))
+            except ValidationError as exc:  # schema-valid but unusable: say so on the object, keep watching
+                RECONCILE_ERRORS.labels("InvalidSpec").inc()
+                await invalid_spec_status(body, exc)
+            except kopf.TemporaryError as exc:
+                RECONCILE_ERRORS.labels("Temporary").inc()
+                logger.warning("reconcile of %s/%s will be retried: %s", namespace, name, exc)
+                await stopped.wait(exc.delay or 5)
+                continue
+            finally:
+                RECONCILE_SECONDS.observe(time.perf_counter() - started)
+            await _sleep_until_woken(wake, stopped, config.resync_seconds)
+    finally:
+        WAKEUPS.unregister(namespace, name)
+
+
+async def _sleep_until_woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:
+    waiter = asyncio.ensure_future(wake.wait())
+    stopper = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({waiter, stopper}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+        stopper.cancel()
+
+
+def _plain(body: Any) -> dict[str, Any]:
+    """A detached copy: kopf bodies are live views that change under the reconcile."""
+    import copy
+
+    return copy.deepcopy(dict(body))

@@ -1,0 +1,105 @@
+"""Idempotent writes to the API server, for kopf handlers.
+
+Every child object has a deterministic name, so "create" means "create if
+absent": a 409 is success. That, and never keeping state in memory, is what
+lets a restarted (or SIGKILLed) operator resume without a second run or Job.
+Calls use the synchronous client in a worker thread so the event loop keeps
+serving other policies while one waits on the API server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from metainfer.core.api import GROUP, VERSION
+
+TRANSIENT = {409, 429, 500, 502, 503, 504}
+
+
+def _temporary(exc: ApiException, what: str) -> kopf.TemporaryError:
+    return kopf.TemporaryError(f"{what}: API server answered {exc.status} {exc.reason}", delay=5)
+
+
+async def create_if_absent(manifest: Mapping[str, Any]) -> bool:
+    """Create ``manifest``; False if it already existed."""
+    try:
+        await asyncio.to_thread(_create, dict(manifest))
+    except ApiException as exc:
+        if exc.status == 409:
+            return False
+        raise _temporary(exc, f"create {manifest['kind']} {manifest['metadata']['name']}") from exc
+    return True
+
+
+async def apply(manifest: Mapping[str, Any]) -> None:
+    """Create, or merge-patch the spec and labels of an existing object."""
+    if await create_if_absent(manifest):
+        return
+    patch = {"metadata": {"labels": manifest["metadata"].get("labels", {})}, "spec": manifest["spec"]}
+    try:
+        await asyncio.to_thread(_patch, manifest, patch)
+    except ApiException as exc:
+        raise _temporary(exc, f"update {manifest['kind']} {manifest['metadata']['name']}") from exc
+
+
+async def delete(kind: str, namespace: str, name: str) -> None:
+    try:
+        await asyncio.to_thread(_delete, kind, namespace, name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise _temporary(exc, f"delete {kind} {name}") from exc
+
+
+async def patch_status(plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+    api = client.CustomObjectsApi()
+    try:
+        await asyncio.to_thread(
+            api.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, plural, name, {"status": status}
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise _temporary(exc, f"patch status of {plural}/{name}") from exc
+
+
+def _create(manifest: dict[str, Any]) -> None:
+    kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
+    if kind == "AdaptationRun":
+        client.CustomObjectsApi().create_namespaced_custom_object(GROUP, VERSION, ns, "adaptationruns", manifest)
+    elif kind == "Job":
+        client.BatchV1Api().create_namespaced_job(ns, manifest)
+    elif kind == "Deployment":
+        client.AppsV1Api().create_namespaced_deployment(ns, manifest)
+    elif kind == "Service":
+        client.CoreV1Api().create_namespaced_service(ns, manifest)
+    else:
+        raise ValueError(f"no create for kind {kind}")
+
+
+def _patch(manifest: Mapping[str, Any], patch: dict[str, Any]) -> None:
+    kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
+    if kind == "Deployment":
+        client.AppsV1Api().patch_namespaced_deployment(name, ns, patch)
+    elif kind == "Service":
+        # ClusterIP is immutable and assigned by the server: only selector/ports are ours.
+        spec = {k: v for k, v in patch["spec"].items() if k in ("selector", "ports")}
+        client.CoreV1Api().patch_namespaced_service(name, ns, {"metadata": patch["metadata"], "spec": spec})
+    else:
+        raise ValueError(f"no update for kind {kind}")
+
+
+def _delete(kind: str, namespace: str, name: str) -> None:
+    background = client.V1DeleteOptions(propagation_policy="Background")
+    if kind == "Deployment":
+        client.AppsV1Api().delete_namespaced_deployment(name, namespace, body=background)
+    elif kind == "Service":
+        client.CoreV1Api().delete_namespaced_service(name, namespace)
+    elif kind == "Job":
+        client.BatchV1Api().delete_namespaced_job(name, namespace, body=background)
+    else:
+        raise ValueError(f"no delete for kind {kind}")

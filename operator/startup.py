@@ -1,0 +1,81 @@
+"""kopf settings, set once at startup.
+
+- Storage keys and the finalizer carry the ``metainfer.io`` prefix, so they
+  never collide with another kopf operator on the same objects.
+- Watches time out on both sides: kopf's watch streams can otherwise freeze
+  silently behind a load balancer that drops idle connections.
+- Peering: replicas share one peering object; each takes a distinct priority
+  from its start time (older wins), so exactly one acts and a newer replica
+  stays paused until the older one is gone. Equal priorities would both act.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import kopf
+
+from metainfer.operator import metrics
+from metainfer.operator.config import OperatorConfig
+
+PREFIX = "metainfer.io"
+# kopf compares priorities as ints; the first replica to start (smallest start
+# time) gets the highest priority. Microseconds make ties practically impossible.
+_EPOCH_US = 4_102_444_800_000_000  # 2100-01-01
+
+
+def start_priority(now: float | None = None) -> int:
+    return _EPOCH_US - int((now if now is not None else time.time()) * 1_000_000)
+
+
+def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
+    settings.persistence.finalizer = f"{PREFIX}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=PREFIX, key="last-handled-configuration"
+    )
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    settings.peering.name = config.peering_name
+    settings.peering.clusterwide = True
+    settings.peering.priority = start_priority()
+    settings.posting.level = logging.INFO
+    settings.posting.reporting_component = "metainfer-operator"
+
+
+def load_client_config() -> None:
+    """The kubernetes client used for writes: in-cluster credentials, else the kubeconfig."""
+    from kubernetes import config as kube_config
+
+    try:
+        kube_config.load_incluster_config()
+    except kube_config.ConfigException:
+        kube_config.load_kube_config()
+
+
+def ensure_peering_object(name: str, logger: logging.Logger) -> None:
+    """Create the ClusterKopfPeering object replicas share; kopf does not create it itself."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    body = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering", "metadata": {"name": name}}
+    try:
+        client.CustomObjectsApi().create_cluster_custom_object("kopf.dev", "v1", "clusterkopfpeerings", body)
+        logger.info("created ClusterKopfPeering %s", name)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+@kopf.on.startup()
+def on_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
+    config = OperatorConfig()
+    configure(settings, config)
+    load_client_config()
+    ensure_peering_object(config.peering_name, logger)
+    metrics.serve(config.metrics_port)
+    logger.info("metainfer operator configured: %s", config.model_dump(mode="json"))

@@ -1,0 +1,61 @@
+"""The operator's read side: kopf indexes of the cluster, and wake-ups per policy.
+
+Indexes are kopf's in-memory views of watched objects, rebuilt from the watch
+streams on every start, so they are a cache of the API server, never a source
+of truth. Hardware classes are recomputed only when a node event arrives (a
+version counter), not once per policy: 100 policies over 1,000 nodes share one
+classification. Wake-ups are hints that something a policy depends on changed;
+a periodic resync covers any hint that was lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from metainfer.core.hardware import ClassGroup, LabelMapping, group_nodes
+
+
+def first(store: Iterable[Any]) -> Any:
+    return next(iter(store))
+
+
+class ClusterView:
+    def __init__(self, mapping: LabelMapping | None = None) -> None:
+        self.mapping = mapping
+        self.node_version = 0
+        self._groups: tuple[int, dict[str, ClassGroup], dict[str, Mapping[str, str]]] | None = None
+
+    def nodes_changed(self) -> None:
+        self.node_version += 1
+
+    def groups(
+        self, nodes_index: Mapping[str, Iterable[Mapping[str, str]]]
+    ) -> tuple[dict[str, ClassGroup], dict[str, Mapping[str, str]]]:
+        if self._groups is None or self._groups[0] != self.node_version:
+            labels = {name: first(store) for name, store in nodes_index.items()}
+            self._groups = (self.node_version, group_nodes(sorted(labels.items()), self.mapping), labels)
+        return self._groups[1], self._groups[2]
+
+
+class Wakeups:
+    """One asyncio.Event per policy daemon; setting it makes the daemon reconcile now."""
+
+    def __init__(self) -> None:
+        self._events: dict[tuple[str, str], asyncio.Event] = {}
+
+    def register(self, namespace: str, name: str) -> asyncio.Event:
+        return self._events.setdefault((namespace, name), asyncio.Event())
+
+    def unregister(self, namespace: str, name: str) -> None:
+        self._events.pop((namespace, name), None)
+
+    def wake(self, namespace: str | None, name: str | None) -> None:
+        event = self._events.get((namespace or "", name or ""))
+        if event is not None:
+            event.set()
+
+    def wake_all(self) -> None:
+        for event in self._events.values():
+            event.set()
