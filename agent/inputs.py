@@ -34,7 +34,10 @@ def load_data(
             configmaps=configmaps,
             what="data",
         )
-        return load_npz(path, model), None
+        try:
+            return load_npz(path, model), None
+        except DataError as exc:  # name the URI the user wrote, not the agent's temp file
+            raise DataError(exc.field.replace(str(path), source.data.uri), exc.problem) from exc
     data = synthetic_dataset(model, source.inputs or [], seed)
     note = (
         f"no spec.model.data: quality measured as cosine similarity to FP32 on {data.n_samples}"

@@ -47,7 +47,7 @@ from metainfer.agent.status import RunStatusWriter, StatusObserver
 from metainfer.core import runstatus
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
-from metainfer.core.errors import MetainferError
+from metainfer.core.errors import MetainferError, ModelError
 
 EXIT_OK, EXIT_FAILED_UNEXPECTEDLY, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 75
 
@@ -120,7 +120,10 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
             namespace=namespace,
             configmaps=kube,
         )
-        info = inspect_model(path, load_model(path))
+        try:
+            info = inspect_model(path, load_model(path))
+        except ModelError as exc:  # name the URI the user wrote, not the agent's temp file
+            raise ModelError(spec.model.uri, exc.problem) from exc
         data, note = load_data(spec.model, info, workdir, namespace, kube, spec.search.seed)
         notes = [note] if note else []
         log(f"model ok: {info.size_bytes} bytes, {len(info.op_counts)} op types; {data.n_samples} samples")

@@ -192,6 +192,7 @@ def test_corrupt_model_fails_invalid_model(control_plane: Any, namespace: str, t
     failed = condition(status, "Succeeded")
     assert status["phase"] == "Failed" and failed["reason"] == "InvalidModel"
     assert "not an ONNX model" in failed["message"] and "\n" not in failed["message"]
+    assert failed["message"].startswith(corrupt.as_uri())
 
 
 def test_missing_file_fails_fetch(control_plane: Any, namespace: str, tmp_path: Path, hw_class) -> None:
@@ -281,3 +282,17 @@ def test_unknown_run_and_bad_reference(control_plane: Any, namespace: str) -> No
         timeout=60,
     )
     assert bad.returncode == 2 and "NAMESPACE/RUN" in bad.stderr
+
+
+def test_unreachable_api_server_is_transient(tmp_path: Path) -> None:
+    with socket_port() as port:
+        server = f"https://127.0.0.1:{port}"
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: c, cluster: {{server: '{server}', insecure-skip-tls-verify: true}}}}]\n"
+        "users: [{name: u, user: {token: t}}]\ncontexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    result = agent(kubeconfig, "ns", "run")
+    assert result.returncode == 75, result.stdout + result.stderr  # the Job retries
+    assert "Traceback" not in result.stdout + result.stderr
