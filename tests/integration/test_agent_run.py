@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -59,7 +60,13 @@ def hw_class(control_plane: Any) -> Iterator[HardwareClass]:
 
 
 def make_run(
-    name: str, cls: HardwareClass, uri: str, sha: str, data: DataReference | None = None, budget: int = 3
+    name: str,
+    cls: HardwareClass,
+    uri: str,
+    sha: str,
+    data: DataReference | None = None,
+    budget: int = 3,
+    slo_p95_ms: float = 1000,
 ) -> dict[str, Any]:
     spec = AdaptationRunSpec(
         policy_name="digits",
@@ -70,7 +77,7 @@ def make_run(
         batch_size=1,
         reason="NewHardwareClass",
         model=ModelSource(uri=uri, sha256=sha, data=data),
-        slo=Slo(latency_p95_ms=1000, max_quality_drop=0.05, batch_size=1),
+        slo=Slo(latency_p95_ms=slo_p95_ms, max_quality_drop=0.05, batch_size=1),
         search=SearchSettings(trial_budget=budget, time_budget_seconds=60, algorithm="random", seed=1),
     )
     return AdaptationRun(metadata={"name": name}, spec=spec).to_api()
@@ -193,6 +200,34 @@ def test_corrupt_model_fails_invalid_model(control_plane: Any, namespace: str, t
     assert status["phase"] == "Failed" and failed["reason"] == "InvalidModel"
     assert "not an ONNX model" in failed["message"] and "\n" not in failed["message"]
     assert failed["message"].startswith(corrupt.as_uri())
+
+
+def test_bad_data_fails_invalid_data(control_plane: Any, namespace: str, tmp_path: Path, digits, hw_class) -> None:
+    model, _ = digits
+    bad = tmp_path / "data.npz"
+    np.savez(bad, pixels=np.zeros((4, 64), dtype=np.float32))
+    reference = DataReference(uri=bad.as_uri(), sha256=sha256_file(bad))
+    create_run(
+        control_plane.api_client, namespace, make_run("data", hw_class, model.as_uri(), sha256_file(model), reference)
+    )
+    result = agent(control_plane.kubeconfig, namespace, "data")
+    assert result.returncode == 0, result.stdout + result.stderr
+    failed = condition(get(control_plane.api_client, namespace, "data")["status"], "Succeeded")
+    assert failed["reason"] == "InvalidData" and "pixels" in failed["message"] and bad.as_uri() in failed["message"]
+
+
+def test_unreachable_slo_fails_listing_the_closest(control_plane: Any, namespace: str, digits, hw_class) -> None:
+    model, _ = digits
+    body = make_run("fast", hw_class, model.as_uri(), sha256_file(model), budget=2, slo_p95_ms=0.0001)
+    create_run(control_plane.api_client, namespace, body)
+    result = agent(control_plane.kubeconfig, namespace, "fast")
+    assert result.returncode == 0, result.stdout + result.stderr
+    status = get(control_plane.api_client, namespace, "fast")["status"]
+    failed = condition(status, "Succeeded")
+    assert status["phase"] == "Failed" and failed["reason"] == "NoFeasibleCandidate"
+    assert "closest candidates" in failed["message"] and "> SLO 0.0001 ms" in failed["message"]
+    assert status["trials"] and all(t["status"] != "feasible" for t in status["trials"])
+    assert "bestRecipe" not in status
 
 
 def test_missing_file_fails_fetch(control_plane: Any, namespace: str, tmp_path: Path, hw_class) -> None:
