@@ -5,8 +5,11 @@
 - Watches time out on both sides: kopf's watch streams can otherwise freeze
   silently behind a load balancer that drops idle connections.
 - Peering: replicas share one peering object; each takes a distinct priority
-  from its start time (older wins), so exactly one acts and a newer replica
-  stays paused until the older one is gone. Equal priorities would both act.
+  from its start time, and the newest wins: exactly one acts, older replicas
+  pause (kopf stops their daemons) and resume when it is gone. Newest, not
+  oldest, because a SIGKILLed replica's keep-alive lingers for the peering
+  lifetime: with oldest-wins its restart would sit paused behind its own ghost.
+  Equal priorities would both act, so ties are made practically impossible.
 """
 
 from __future__ import annotations
@@ -21,13 +24,11 @@ from metainfer.operator import metrics
 from metainfer.operator.config import OperatorConfig
 
 PREFIX = "metainfer.io"
-# kopf compares priorities as ints; the first replica to start (smallest start
-# time) gets the highest priority. Microseconds make ties practically impossible.
-_EPOCH_US = 4_102_444_800_000_000  # 2100-01-01
 
 
 def start_priority(now: float | None = None) -> int:
-    return _EPOCH_US - int((now if now is not None else time.time()) * 1_000_000)
+    """Start time in microseconds: the newest replica has the highest priority."""
+    return int((now if now is not None else time.time()) * 1_000_000)
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:

@@ -1,0 +1,145 @@
+"""Helpers for operator tests: a real operator process, labelled Nodes, the agent run locally.
+
+No kubelet runs here, so Jobs never start by themselves: ``run_agent`` does what
+a Job's pod would, executing the Job's own command (``metainfer agent run``)
+against the real API server.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from metainfer.core.api import GROUP, VERSION
+
+NFD = "feature.node.kubernetes.io/"
+
+
+def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60.0, interval: float = 0.25) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout:g}s waiting for {what} (last: {last!r})")
+
+
+class Operator:
+    """``metainfer operator`` as a subprocess; SIGKILL-able, restartable."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, peering: str | None = None) -> None:
+        self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+        self.peering = peering or f"metainfer-test-{secrets.token_hex(3)}"
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    @property
+    def log(self) -> Path:
+        return self.log_dir / f"operator-{self.peering}-{self.starts}.log"
+
+    def start(self) -> Operator:
+        self.starts += 1
+        env = {
+            **os.environ,
+            "KUBECONFIG": str(self.kubeconfig),
+            "PYTHONSAFEPATH": "1",
+            "METAINFER_WAIT_FOR_AVAILABLE": "false",
+            "METAINFER_METRICS_PORT": "0",
+            "METAINFER_RESYNC_SECONDS": "5",
+            "METAINFER_PEERING_NAME": self.peering,
+        }
+        cmd = [sys.executable, "-m", "metainfer.agent.cli", "operator", "-n", self.namespace, "--liveness", ""]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return self
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@contextmanager
+def operator_process(kubeconfig: Path, namespace: str, log_dir: Path, peering: str | None = None) -> Iterator[Operator]:
+    op = Operator(kubeconfig, namespace, log_dir, peering).start()
+    try:
+        yield op
+    finally:
+        op.stop()
+
+
+def cpu_node_labels(test_label: str, features: tuple[str, ...], vendor_id: str = "Intel") -> dict[str, str]:
+    labels = {"kubernetes.io/arch": "amd64", f"{NFD}cpu-model.vendor_id": vendor_id, "metainfer.io/test": test_label}
+    labels |= {f"{NFD}cpu-cpuid.{f}": "true" for f in features}
+    return labels
+
+
+def create_node(api: client.ApiClient, name: str, labels: dict[str, str]) -> None:
+    body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels}}
+    client.CoreV1Api(api).create_node(body)
+
+
+def delete_node(api: client.ApiClient, name: str) -> None:
+    try:
+        client.CoreV1Api(api).delete_node(name)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
+def runs(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    return client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "adaptationruns")[
+        "items"
+    ]
+
+
+def policy(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(
+        GROUP, VERSION, namespace, "adaptationpolicies", name
+    )
+
+
+def jobs(api: client.ApiClient, namespace: str) -> list[Any]:
+    return client.BatchV1Api(api).list_namespaced_job(namespace).items
+
+
+def deployments(api: client.ApiClient, namespace: str) -> list[Any]:
+    return client.AppsV1Api(api).list_namespaced_deployment(namespace).items
+
+
+def run_agent(kubeconfig: Path, namespace: str, run_name: str) -> subprocess.CompletedProcess[str]:
+    """What the Job's pod would do: the Job's own command, with the kubeconfig instead of a token."""
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "METAINFER_FAST_MEASURE": "1", "KUBECONFIG": str(kubeconfig)}
+    return subprocess.run(
+        [sys.executable, "-m", "metainfer.agent.cli", "agent", "run", f"{namespace}/{run_name}"],
+        env=env, capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def job_command(job: Any) -> list[str]:
+    container = job.spec.template.spec.containers[0]
+    return [*(container.command or []), *(container.args or [])]

@@ -1,0 +1,274 @@
+"""The operator on the real control plane: classes -> runs -> Jobs -> Deployments, and what breaks them.
+
+Each test runs ``metainfer operator`` as a process watching the test's own
+namespace, creates labelled Node objects (tagged with the test's namespace so
+tests never see each other's nodes), and plays the kubelet's part by running
+each Job's command itself.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from metainfer.core.api import GROUP, VERSION
+from metainfer.core.manifests import LABEL_CLASS
+from metainfer.core.zoo import build_examples
+from operator_harness import (
+    cpu_node_labels,
+    create_node,
+    delete_node,
+    deployments,
+    job_command,
+    jobs,
+    operator_process,
+    policy,
+    run_agent,
+    runs,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    built = build_examples(tmp_path_factory.mktemp("models"), ["digits"])["digits"]
+    return built.model_path, built.sha256
+
+
+@pytest.fixture
+def nodes(control_plane: Any, namespace: str) -> Iterator[list[str]]:
+    created: list[str] = []
+    yield created
+    for name in created:
+        delete_node(control_plane.api_client, name)
+
+
+def add_node(api: client.ApiClient, nodes: list[str], namespace: str, features: tuple[str, ...]) -> str:
+    name = f"{namespace}-{'-'.join(f.lower() for f in features)}-{secrets.token_hex(2)}"
+    create_node(api, name, cpu_node_labels(namespace, features))
+    nodes.append(name)
+    return name
+
+
+def make_policy(namespace: str, name: str, model: Path, sha: str, batch: int = 4) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"uri": f"file://{model}", "sha256": sha},
+            "slo": {"latencyP95Ms": 1000, "maxQualityDrop": 0.05, "batchSize": batch},
+            "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
+            "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60},
+        },
+    }
+
+
+def apply_policy(api: client.ApiClient, body: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, body["metadata"]["namespace"], "adaptationpolicies", body
+    )
+
+
+def run_all_pending(cp: Any, namespace: str) -> list[str]:
+    """Execute the agent for every run that has a Job and no result yet; returns their names."""
+    done = []
+    for run in runs(cp.api_client, namespace):
+        if (run.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        job_names = {j.metadata.name for j in jobs(cp.api_client, namespace)}
+        if run["metadata"]["name"] not in job_names:
+            continue
+        proc = run_agent(cp.kubeconfig, namespace, run["metadata"]["name"])
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        done.append(run["metadata"]["name"])
+    return done
+
+
+def test_two_classes_are_adapted_and_rolled_out(
+    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    api = control_plane.api_client
+    avx2 = add_node(api, nodes, namespace, ("AVX2",))
+    vnni = add_node(api, nodes, namespace, ("AVX2", "AVX512VNNI"))
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
+        js = wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2 and jobs(api, namespace), timeout=60)
+        assert len(runs(api, namespace)) == 2
+        selectors = {tuple(sorted((j.spec.template.spec.node_selector or {}).items())) for j in js}
+        assert len(selectors) == 2, "each class's Job is pinned to its own nodes"
+        for job in js:
+            cmd = job_command(job)
+            assert cmd[-3:-1] == ["agent", "run"] and cmd[-1] == f"{namespace}/{job.metadata.name}"
+            pod = job.spec.template.spec
+            assert pod.security_context.run_as_non_root
+            assert pod.containers[0].security_context.read_only_root_filesystem
+            matching = [n for n in (avx2, vnni) if _selects(api, pod.node_selector, pod.affinity, n)]
+            assert len(matching) == 1, f"Job {job.metadata.name} would schedule on {matching}"
+        assert sorted(run_all_pending(control_plane, namespace))
+        deps = wait_for(
+            "two Deployments", lambda: len(deployments(api, namespace)) == 2 and deployments(api, namespace)
+        )
+        for dep in deps:
+            args = " ".join(dep.spec.template.spec.containers[0].args or [])
+            assert "serve" in " ".join(dep.spec.template.spec.containers[0].command or []) + args
+            assert "--recipe-json" in args
+        status = wait_for("Ready policy", lambda: _ready(policy(api, namespace, "digits")), timeout=30)
+        assert len(status["classes"]) == 2 and all(c["state"] == "Ready" for c in status["classes"])
+        assert all(c.get("current", {}).get("p95Ms") for c in status["classes"])
+        assert "Traceback" not in op.output()
+
+
+def test_driver_label_change_makes_exactly_one_new_run(
+    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    api = control_plane.api_client
+    node = add_node(api, nodes, namespace, ("AVX2",))
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path):
+        wait_for("first Job", lambda: len(jobs(api, namespace)) == 1)
+        run_all_pending(control_plane, namespace)
+        wait_for("Deployment", lambda: len(deployments(api, namespace)) == 1)
+        old_class = deployments(api, namespace)[0].metadata.labels[LABEL_CLASS]
+        # A new CPU feature label (e.g. a microcode/driver upgrade exposing VNNI) moves the node to a new class.
+        client.CoreV1Api(api).patch_node(
+            node, {"metadata": {"labels": {f"feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI": "true"}}}
+        )
+        wait_for("second run", lambda: len(runs(api, namespace)) == 2)
+        new_runs = [r for r in runs(api, namespace) if r["spec"]["classFingerprint"] != old_class]
+        assert len(new_runs) == 1 and new_runs[0]["spec"]["reason"] in ("DriverChange", "NewHardwareClass")
+        wait_for("its Job", lambda: len(jobs(api, namespace)) == 2)
+        run_all_pending(control_plane, namespace)
+        wait_for(
+            "old class's Deployment removed",
+            lambda: (
+                [d.metadata.labels[LABEL_CLASS] for d in deployments(api, namespace)]
+                == [new_runs[0]["spec"]["classFingerprint"]]
+            ),
+            timeout=30,
+        )
+        assert len(runs(api, namespace)) == 2, "exactly one new run"
+
+
+def _ready(p: dict[str, Any]) -> dict[str, Any] | None:
+    status = p.get("status") or {}
+    ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
+    return status if ready and ready["status"] == "True" else None
+
+
+def _selects(api: client.ApiClient, selector: dict[str, str] | None, affinity: Any, node: str) -> bool:
+    labels = client.CoreV1Api(api).read_node(node).metadata.labels or {}
+    if any(labels.get(k) != v for k, v in (selector or {}).items()):
+        return False
+    terms = (
+        affinity.node_affinity.required_during_scheduling_ignored_during_execution.node_selector_terms
+        if (affinity and affinity.node_affinity)
+        else []
+    )
+    for term in terms:
+        for expr in term.match_expressions or []:
+            if expr.operator == "DoesNotExist" and expr.key in labels:
+                return False
+    return True
+
+
+def test_sigkill_between_steps_never_duplicates(
+    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    api = control_plane.api_client
+    add_node(api, nodes, namespace, ("AVX2",))
+    add_node(api, nodes, namespace, ("AVX2", "AVX512VNNI"))
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
+        # Killed as soon as the first run exists: possibly before its Job, possibly before the second run.
+        wait_for("a run", lambda: runs(api, namespace), interval=0.02)
+        op.kill()
+        first = {r["metadata"]["name"] for r in runs(api, namespace)}
+        op.start()
+        wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2)
+        assert first <= {r["metadata"]["name"] for r in runs(api, namespace)}
+        op.kill()
+        # Job "completes" (the agent writes the result) while no operator runs.
+        run_all_pending(control_plane, namespace)
+        op.start()
+        wait_for("both Deployments", lambda: len(deployments(api, namespace)) == 2)
+        wait_for("Ready policy", lambda: _ready(policy(api, namespace, "digits")), timeout=30)
+        op.kill()
+        op.start()
+        wait_for("the restarted operator to reconcile", lambda: "Handler" in op.output() or op.output(), timeout=10)
+    assert len(runs(api, namespace)) == 2 and len(jobs(api, namespace)) == 2 and len(deployments(api, namespace)) == 2
+
+
+def test_bad_model_fails_only_its_run_and_deletion_removes_children(
+    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    api = control_plane.api_client
+    add_node(api, nodes, namespace, ("AVX2",))
+    model, sha = digits
+    apply_policy(api, make_policy(namespace, "good", model, sha))
+    apply_policy(api, make_policy(namespace, "wrongsha", model, "0" * 64))
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07garbage" * 50)
+    import hashlib
+
+    apply_policy(api, make_policy(namespace, "corrupt", corrupt, hashlib.sha256(corrupt.read_bytes()).hexdigest()))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path):
+        wait_for("three Jobs", lambda: len(jobs(api, namespace)) == 3)
+        run_all_pending(control_plane, namespace)
+        wait_for("good policy Ready", lambda: _ready(policy(api, namespace, "good")), timeout=30)
+        for name, reason in (("wrongsha", "ChecksumMismatch"), ("corrupt", "InvalidModel")):
+            cls = wait_for(
+                f"{name} Degraded",
+                lambda name=name: next(
+                    (c for c in (policy(api, namespace, name).get("status") or {}).get("classes", [])
+                     if c["state"] == "Degraded"), None),
+                timeout=30,
+            )  # fmt: skip
+            assert cls["reason"] == reason, cls
+            assert cls.get("message")
+        assert len(deployments(api, namespace)) == 1
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "adaptationpolicies", "good"
+        )
+        wait_for(
+            "children of the deleted policy garbage-collected",
+            lambda: (
+                not deployments(api, namespace)
+                and not [r for r in runs(api, namespace) if r["spec"]["policyName"] == "good"]
+                and len(jobs(api, namespace)) == 2
+            ),
+            timeout=60,
+        )
+        assert not client.CoreV1Api(api).list_namespaced_service(namespace).items
+
+
+def test_two_replicas_never_both_act(
+    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    api = control_plane.api_client
+    add_node(api, nodes, namespace, ("AVX2",))
+    peering = f"metainfer-{namespace}"
+    (tmp_path / "old").mkdir()
+    (tmp_path / "new").mkdir()
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path / "old", peering) as old:
+        wait_for("first replica up", lambda: "configured" in old.output())
+        with operator_process(control_plane.kubeconfig, namespace, tmp_path / "new", peering) as new:
+            # The newest replica wins; the older one pauses (its daemons stop).
+            wait_for("older replica to pause", lambda: "Pausing operations" in old.output(), timeout=30)
+            apply_policy(api, make_policy(namespace, "digits", *digits))
+            wait_for("one Job", lambda: len(jobs(api, namespace)) == 1)
+            assert "created run" in new.output()
+            assert "created run" not in old.output()
+            new.stop()
+            wait_for("older replica to take over", lambda: "Resuming operations" in old.output(), timeout=90)
+        client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "adaptationpolicies", "digits", {"spec": {"slo": {"batchSize": 2}}}
+        )
+        wait_for("the resumed replica to act", lambda: len(runs(api, namespace)) == 2, timeout=30)
