@@ -15,10 +15,6 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-
-from metainfer.core.api import GROUP, VERSION
-from metainfer.core.manifests import LABEL_CLASS
-from metainfer.core.zoo import build_examples
 from operator_harness import (
     cpu_node_labels,
     create_node,
@@ -32,6 +28,10 @@ from operator_harness import (
     runs,
     wait_for,
 )
+
+from metainfer.core.api import GROUP, VERSION
+from metainfer.core.manifests import LABEL_CLASS
+from metainfer.core.zoo import build_examples
 
 pytestmark = pytest.mark.integration
 
@@ -139,7 +139,7 @@ def test_driver_label_change_makes_exactly_one_new_run(
         old_class = deployments(api, namespace)[0].metadata.labels[LABEL_CLASS]
         # A new CPU feature label (e.g. a microcode/driver upgrade exposing VNNI) moves the node to a new class.
         client.CoreV1Api(api).patch_node(
-            node, {"metadata": {"labels": {f"feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI": "true"}}}
+            node, {"metadata": {"labels": {"feature.node.kubernetes.io/cpu-cpuid.AVX512VNNI": "true"}}}
         )
         wait_for("second run", lambda: len(runs(api, namespace)) == 2)
         new_runs = [r for r in runs(api, namespace) if r["spec"]["classFingerprint"] != old_class]
