@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv demo test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,10 @@ cluster-up: venv
 
 cluster-down:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python hack/cluster.py down; fi
+
+# The operator loop on the local control plane; the agent Jobs run as local processes.
+demo-cluster: cluster-up
+	$(BIN)/python hack/demo_cluster.py
 
 integration: venv assets
 	$(BIN)/python -m pytest tests/integration
