@@ -98,6 +98,11 @@ async def policy_daemon(
                 logger.warning("reconcile of %s/%s will be retried: %s", namespace, name, exc)
                 await stopped.wait(exc.delay or 5)
                 continue
+            except Exception:  # a bug must not stop this policy's daemon for good: log, back off, retry
+                RECONCILE_ERRORS.labels("Unexpected").inc()
+                logger.exception("reconcile of %s/%s failed unexpectedly; retrying in %ss", namespace, name, 10)
+                await stopped.wait(10)
+                continue
             finally:
                 RECONCILE_SECONDS.observe(time.perf_counter() - started)
             await _sleep_until_woken(wake, stopped, config.resync_seconds)

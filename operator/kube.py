@@ -101,5 +101,9 @@ def _delete(kind: str, namespace: str, name: str) -> None:
         client.CoreV1Api().delete_namespaced_service(name, namespace)
     elif kind == "Job":
         client.BatchV1Api().delete_namespaced_job(name, namespace, body=background)
+    elif kind == "AdaptationRun":
+        client.CustomObjectsApi().delete_namespaced_custom_object(
+            GROUP, VERSION, namespace, "adaptationruns", name, body=background
+        )
     else:
         raise ValueError(f"no delete for kind {kind}")

@@ -272,3 +272,55 @@ def test_two_replicas_never_both_act(
             GROUP, VERSION, namespace, "adaptationpolicies", "digits", {"spec": {"slo": {"batchSize": 2}}}
         )
         wait_for("the resumed replica to act", lambda: len(runs(api, namespace)) == 2, timeout=30)
+
+
+def test_batch_change_job_failure_and_class_removal(
+    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    api = control_plane.api_client
+    add_node(api, nodes, namespace, ("AVX2",))
+    vnni = add_node(api, nodes, namespace, ("AVX2", "AVX512VNNI"))
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path):
+        wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2)
+        run_all_pending(control_plane, namespace)
+        wait_for("Ready policy", lambda: _ready(policy(api, namespace, "digits")), timeout=30)
+        client.CustomObjectsApi(api).patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, "adaptationpolicies", "digits", {"spec": {"slo": {"batchSize": 8}}}
+        )
+        wait_for("a new run per class", lambda: len(runs(api, namespace)) == 4)
+        new = [r for r in runs(api, namespace) if r["spec"]["batchSize"] == 8]
+        assert len(new) == 2 and {r["spec"]["reason"] for r in new} == {"BatchChange"}
+        wait_for("their Jobs", lambda: len(jobs(api, namespace)) == 4)
+        # One Job fails for good (what the Job controller reports after its backoff limit).
+        failing = new[0]["metadata"]["name"]
+        now = "2026-01-01T00:00:00Z"
+        failed_status = {"status": {"failed": 3, "startTime": now, "conditions": [
+            {"type": "FailureTarget", "status": "True", "reason": "BackoffLimitExceeded", "lastTransitionTime": now},
+            {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+             "message": "Job has reached the specified backoff limit", "lastTransitionTime": now}]}}  # fmt: skip
+        client.BatchV1Api(api).patch_namespaced_job_status(failing, namespace, failed_status)
+        degraded = wait_for(
+            "class Degraded",
+            lambda: next((c for c in (policy(api, namespace, "digits").get("status") or {}).get("classes", [])
+                          if c["state"] == "Degraded"), None),
+        )  # fmt: skip
+        assert degraded["reason"] == "BackoffLimitExceeded", degraded
+        # The VNNI node goes away: its class, Deployment and Service are cleaned up.
+        vnni_fp = next(r["spec"]["classFingerprint"] for r in runs(api, namespace)
+                       if "AVX512VNNI" in r["spec"]["hardwareClass"].get("cpuFeatures", []))  # fmt: skip
+        delete_node(api, vnni)
+        wait_for(
+            "the removed class's Deployment deleted",
+            lambda: all(d.metadata.labels[LABEL_CLASS] != vnni_fp for d in deployments(api, namespace)),
+            timeout=30,
+        )
+        classes = wait_for(
+            "status without the removed class",
+            lambda: (
+                [c for c in policy(api, namespace, "digits")["status"]["classes"]]
+                if all(c["fingerprint"] != vnni_fp for c in policy(api, namespace, "digits")["status"]["classes"])
+                else None
+            ),
+        )
+        assert len(classes) == 1
