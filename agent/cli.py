@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _quiet_onnxruntime()
     try:
         if args.command == "profile":
             from metainfer.agent.commands import profile_command
@@ -120,6 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     return 0
+
+
+def _quiet_onnxruntime() -> None:
+    """ORT's default logger warns about unused initializers in every calibration session; users see noise."""
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)
 
 
 def _positive_int(text: str) -> int:

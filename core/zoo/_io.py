@@ -9,7 +9,6 @@ pin both.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import zipfile
 from collections.abc import Mapping
@@ -43,12 +42,3 @@ def save_npz(arrays: Mapping[str, np.ndarray], path: Path) -> None:
             info = zipfile.ZipInfo(f"{name}.npy", date_time=_FIXED_ZIP_TIME)
             info.external_attr = 0o644 << 16
             archive.writestr(info, buffer.getvalue())
-
-
-def sha256_of(path: Path) -> str:
-    """Hex sha256 of a file, read in chunks so large models do not sit in memory twice."""
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

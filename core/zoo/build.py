@@ -16,8 +16,9 @@ import numpy as np
 import onnx
 from pydantic import BaseModel, ConfigDict
 
+from metainfer.core.modelinfo import sha256_file as sha256_of
 from metainfer.core.zoo import bert, digits, light
-from metainfer.core.zoo._io import save_model, save_npz, sha256_of
+from metainfer.core.zoo._io import save_model, save_npz
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "data.npz"
