@@ -175,7 +175,25 @@ def _int8_variant_unsupported(
         ops.add("QLinearConv")
     variant = int8_variant(activation, weight)
     measured = {o.op_type for o in profile.ops if o.variant == variant and o.provider == ep}
-    return bool(profile.unsupported_ops(ops & measured, "int8", ep, variant))
+    if profile.unsupported_ops(ops & measured, "int8", ep, variant):
+        return True
+    return any(_much_slower(profile, op, ep, variant) for op in ops & measured)
+
+
+SLOW_VARIANT_FACTOR = 2.0
+
+
+def _much_slower(profile: HardwareProfile, op: str, ep: str, variant: str) -> bool:
+    """A type combination whose kernel the profile measured at >= 2x the best one (a reference loop, not a
+    vectorised kernel: e.g. u8u8 MatMulInteger without VNNI's u8s8 path) is never worth a real evaluation."""
+    times = {
+        o.variant: o.latency_us
+        for o in profile.ops
+        if o.op_type == op and o.provider == ep and o.dtype == "int8" and o.status == "native" and o.latency_us
+    }
+    best = min(times.values(), default=None)
+    mine = times.get(variant)
+    return best is not None and mine is not None and mine >= SLOW_VARIANT_FACTOR * best
 
 
 def _measured_ops(profile: HardwareProfile) -> set[str]:

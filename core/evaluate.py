@@ -30,22 +30,31 @@ class MeasureSettings(BaseModel):
     round_runs: int = Field(10, ge=1, description="Runs per round; stability is checked after each round.")
     min_runs: int = Field(20, ge=1)
     max_runs: int = Field(300, ge=1)
-    max_seconds: float = Field(6.0, gt=0, description="Time cap for the timed runs of one trial.")
+    max_seconds: float = Field(3.0, gt=0, description="Time cap for the timed runs of one trial.")
     stable_rel: float = Field(0.02, gt=0, description="Stop when a round's median moves less than this.")
     quality_samples: int = Field(512, ge=1, description="Samples used for quality during search.")
 
 
 @dataclass(frozen=True)
 class Reference:
-    """FP32 outputs on the quality samples, and the FP32 top-1 accuracy if labels exist."""
+    """FP32 outputs on the quality samples, and the FP32 top-1 accuracy if labels exist.
+
+    ``token_mask`` is the model's attention mask ([samples, sequence]) when it has
+    one: sequence outputs are then compared as mask-weighted mean-pooled vectors,
+    which is what a sentence-embedding model serves, instead of including the
+    hidden states of padding tokens, which no consumer reads.
+    """
 
     outputs: list[np.ndarray]
     labels: np.ndarray | None
     accuracy: float | None
+    token_mask: np.ndarray | None = None
 
-    @property
-    def metric(self) -> str:
-        return "top1_accuracy" if self.labels is not None else "cosine_similarity"
+    def head(self, n: int) -> Reference:
+        labels = None if self.labels is None else self.labels[:n]
+        accuracy = None if labels is None else top1_accuracy(self.outputs[0][:n], labels)
+        mask = None if self.token_mask is None else self.token_mask[:n]
+        return Reference([o[:n] for o in self.outputs], labels, accuracy, mask)
 
 
 def run_all(session: ort.InferenceSession, data: Dataset, batch: int) -> list[np.ndarray]:
@@ -61,7 +70,20 @@ def make_reference(session: ort.InferenceSession, data: Dataset, batch: int) -> 
     accuracy = None
     if data.labels is not None:
         accuracy = top1_accuracy(outputs[0], data.labels)
-    return Reference(outputs, data.labels, accuracy)
+    return Reference(outputs, data.labels, accuracy, token_mask(data))
+
+
+def token_mask(data: Dataset) -> np.ndarray | None:
+    """The attention mask input ([samples, sequence] of 0/1), if the model takes one."""
+    for name, arr in data.inputs.items():
+        if "mask" in name.lower() and arr.ndim == 2 and arr.dtype.kind in "iub":
+            return arr
+    return None
+
+
+def mean_pooled(output: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    weights = mask[..., None].astype(np.float64)
+    return (output.astype(np.float64) * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
 
 
 def top1_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -89,9 +111,21 @@ def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
     floats = [i for i, o in enumerate(ref.outputs) if np.issubdtype(o.dtype, np.floating)]
     if not floats:  # integer-only outputs (class ids): agreement rate
         value = float(np.mean([np.mean(outputs[i] == ref.outputs[i]) for i in range(len(ref.outputs))]))
-    else:
-        value = float(np.mean([mean_cosine(outputs[i], ref.outputs[i]) for i in floats]))
-    return Quality(metric="cosine_similarity", value=value, reference=1.0, drop=1.0 - value, samples=n)
+        return Quality(metric="cosine_similarity", value=value, reference=1.0, drop=1.0 - value, samples=n)
+    mask = ref.token_mask
+    pooled = [
+        i for i in floats if mask is not None and ref.outputs[i].ndim == 3 and ref.outputs[i].shape[:2] == mask.shape
+    ]
+    values = []
+    for i in floats:
+        if i in pooled:
+            assert mask is not None
+            values.append(mean_cosine(mean_pooled(outputs[i], mask), mean_pooled(ref.outputs[i], mask)))
+        else:
+            values.append(mean_cosine(outputs[i], ref.outputs[i]))
+    value = float(np.mean(values))
+    metric = "mean_pooled_cosine_similarity" if pooled else "cosine_similarity"
+    return Quality(metric=metric, value=value, reference=1.0, drop=1.0 - value, samples=n)
 
 
 def measure_latency(

@@ -36,6 +36,7 @@ Algorithm = Literal["hybrid", "bayes", "evolution", "random", "grid"]
 VARIANT_CACHE_SIZE = 4
 MIN_STATIC_SAMPLES = 8
 MAX_VALIDATION_ATTEMPTS = 3
+SENSITIVITY_SAMPLES = 32
 
 
 class AdaptSettings(BaseModel):
@@ -51,7 +52,7 @@ class AdaptSettings(BaseModel):
     seed: int = 0
     measure: MeasureSettings = MeasureSettings()
     calibration_samples: int = Field(64, ge=1)
-    sensitivity_layers: int = Field(24, ge=1, description="Largest layers probed for mixed precision.")
+    sensitivity_layers: int = Field(16, ge=1, description="Largest layers probed for mixed precision.")
     overrides: dict[str, list[str | int | float | bool]] = Field(
         default_factory=dict, description="Restrict a search dimension to these choices."
     )
@@ -157,7 +158,7 @@ class Adaptation:
                 self.base,
                 mode,
                 self.calibration,
-                self.quality_data.head(64),
+                self.quality_data.head(SENSITIVITY_SAMPLES),
                 self._small_reference(),
                 self.settings.batch,
                 self.settings.sensitivity_layers,
@@ -167,13 +168,7 @@ class Adaptation:
 
     def _small_reference(self) -> Reference:
         assert self.reference is not None
-        n = min(64, self.quality_data.n_samples)
-        labels = None if self.reference.labels is None else self.reference.labels[:n]
-        return Reference(
-            [o[:n] for o in self.reference.outputs],
-            labels,
-            self.reference.accuracy if labels is None else _accuracy(self.reference, n),
-        )
+        return self.reference.head(SENSITIVITY_SAMPLES)
 
     def measure(
         self, index: int, point: Point, recipe: Recipe, baseline: TrialMetrics | None, predicted: float | None = None
@@ -357,14 +352,6 @@ class Adaptation:
 def _best(trials: list[Trial]) -> Trial | None:
     feasible = [t for t in trials if t.score is not None]
     return max(feasible, key=lambda t: t.score or 0.0) if feasible else None
-
-
-def _accuracy(reference: Reference, n: int) -> float | None:
-    from metainfer.core.evaluate import top1_accuracy
-
-    if reference.labels is None:
-        return None
-    return top1_accuracy(reference.outputs[0][:n], reference.labels[:n])
 
 
 def _check_batch(model: ModelInfo, settings: AdaptSettings) -> None:

@@ -8,7 +8,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.recipe import Recipe
 
-QualityMetric = Literal["top1_accuracy", "cosine_similarity"]
+# mean_pooled_cosine_similarity: sequence outputs of a model with an attention mask,
+# compared after mask-weighted mean pooling (padding excluded), see evaluate.Reference.
+QualityMetric = Literal["top1_accuracy", "cosine_similarity", "mean_pooled_cosine_similarity"]
 TrialStatus = Literal["feasible", "infeasible", "failed"]
 
 

@@ -96,3 +96,20 @@ def test_constraints_and_score(digits) -> None:
     objective = Objective(latency_weight=1.0, quality_weight=0.0)
     assert score(faster, m, objective) == pytest.approx(2.0)
     assert score(m, m, Objective(latency_weight=1.0, quality_weight=0.5)) == pytest.approx(1.5)
+
+
+def test_sequence_outputs_are_compared_mean_pooled_over_real_tokens() -> None:
+    from metainfer.core.evaluate import Reference
+
+    rng = np.random.default_rng(0)
+    ref_out = rng.standard_normal((4, 6, 8)).astype(np.float32)
+    mask = np.array([[1, 1, 1, 0, 0, 0]] * 4)
+    variant = ref_out.copy()
+    variant[:, 3:, :] = rng.standard_normal((4, 3, 8))  # padding positions: garbage no consumer reads
+    ref = Reference([ref_out], None, None, mask)
+    q = quality_of([variant], ref)
+    assert q.metric == "mean_pooled_cosine_similarity" and q.value == pytest.approx(1.0)
+    assert mean_cosine(variant, ref_out) < 0.9  # flattened cosine would have punished the padding
+    noisy = variant.copy()
+    noisy[:, :3, :] += 0.5 * rng.standard_normal((4, 3, 8))
+    assert quality_of([noisy], ref).value < 0.99
