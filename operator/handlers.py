@@ -29,6 +29,24 @@ VIEW = ClusterView()
 WAKEUPS = Wakeups()
 
 
+@kopf.on.startup()
+def load_label_mapping(logger: logging.Logger, **_: Any) -> None:
+    """A cluster with its own node labels supplies a LabelMapping file; a bad file stops the operator at once."""
+    from metainfer.core.errors import InputError
+    from metainfer.core.hardware import LabelMapping
+    from metainfer.operator.config import OperatorConfig
+
+    path = OperatorConfig().label_mapping_file
+    if path is None:
+        return
+    try:
+        VIEW.mapping = LabelMapping.from_file(path)
+    except InputError as exc:
+        raise kopf.PermanentError(f"METAINFER_LABEL_MAPPING_FILE: {exc}") from exc
+    VIEW.nodes_changed()
+    logger.info("label mapping loaded from %s", path)
+
+
 @kopf.index("", "v1", "nodes")
 def nodes_index(name: str, labels: dict[str, str], **_: Any) -> dict[str, dict[str, str]]:
     return {name: dict(labels)}
