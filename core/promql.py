@@ -1,0 +1,64 @@
+"""The PromQL that turns the serving histogram into one p95 per (policy, class).
+
+Serving pods export ``metainfer_inference_latency_seconds`` (a histogram, in
+seconds) labelled ``policy``, ``hardware_class`` (the class fingerprint) and
+``variant`` (the recipe key). The default query aggregates every pod and
+variant of the class (stable and canary alike: what users of that class get)
+and filters on ``namespace`` only where the scrape added one: Prometheus'
+usual Kubernetes pod scrape config copies the pod's namespace into a
+``namespace`` label, a static scrape config does not, and ``=~"ns|"`` matches
+both (an absent label reads as ""). Policies may replace the whole query.
+
+Pure text manipulation: the placeholders are replaced literally, never with
+``str.format``, because PromQL itself is full of braces.
+"""
+
+from __future__ import annotations
+
+import re
+
+METRIC = "metainfer_inference_latency_seconds"
+QUANTILE = 0.95
+PLACEHOLDERS = ("{policy}", "{namespace}", "{class}", "{window}")
+_RE2_SPECIAL = re.compile(r"([\\.+*?()|\[\]{}^$])")
+
+
+def window(seconds: int) -> str:
+    """A PromQL duration for a range selector."""
+    return f"{int(seconds)}s"
+
+
+def escape(value: str) -> str:
+    """``value`` inside a double-quoted PromQL string."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def escape_regex(value: str) -> str:
+    """``value`` as a literal in a double-quoted RE2 regex matcher."""
+    return escape(_RE2_SPECIAL.sub(r"\\\1", value))
+
+
+def p95_query(
+    policy: str, namespace: str, class_fingerprint: str, window_seconds: int, override: str | None = None
+) -> str:
+    """The instant query whose single result is the p95 latency in seconds over the last ``window_seconds``."""
+    if override:
+        return substitute(override, policy, namespace, class_fingerprint, window_seconds)
+    matchers = (
+        f'policy="{escape(policy)}",hardware_class="{escape(class_fingerprint)}",'
+        f'namespace=~"{escape_regex(namespace)}|"'
+    )
+    return (
+        f"histogram_quantile({QUANTILE}, sum by (le) (rate({METRIC}_bucket{{{matchers}}}[{window(window_seconds)}])))"
+    )
+
+
+def substitute(template: str, policy: str, namespace: str, class_fingerprint: str, window_seconds: int) -> str:
+    """A policy's own query with ``{policy}``, ``{namespace}``, ``{class}`` (fingerprint) and ``{window}`` filled in."""
+    values = {
+        "{policy}": escape(policy),
+        "{namespace}": escape(namespace),
+        "{class}": escape(class_fingerprint),
+        "{window}": window(window_seconds),
+    }
+    return re.sub("|".join(re.escape(p) for p in PLACEHOLDERS), lambda m: values[m.group(0)], template)

@@ -1,0 +1,154 @@
+"""A real Prometheus for tests: find (or install) the binary and run one on loopback in a temp dir.
+
+Why real: the drift check's job is to read what Prometheus computes from a
+histogram (rate windows, bucket interpolation, staleness, "no data" as NaN or
+an empty vector); a fake would only echo our own assumptions back.
+
+Where the binary comes from: ``prometheus`` on PATH (or METAINFER_PROMETHEUS_BIN),
+else Debian's package when running as root (``apt-get install prometheus``),
+else a clear error saying how to get one. Tests fail on that error: a drift
+test that silently skips proves nothing.
+
+Usage: ``python hack/prometheus.py`` prints the binary's path (installing it if
+needed); tests import ``find_binary`` and ``PrometheusServer``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+Log = Callable[[str], None]
+
+
+class PrometheusUnavailable(RuntimeError):
+    """No Prometheus binary and no way to install one here."""
+
+
+def find_binary(log: Log = lambda _: None, install: bool = True) -> Path:
+    """The path of a ``prometheus`` binary; installs Debian's package when root and allowed."""
+    explicit = os.environ.get("METAINFER_PROMETHEUS_BIN")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise PrometheusUnavailable(f"METAINFER_PROMETHEUS_BIN={explicit} is not an executable file")
+        return Path(explicit)
+    found = shutil.which("prometheus")
+    if found:
+        return Path(found)
+    if not install:
+        raise PrometheusUnavailable("no `prometheus` on PATH")
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise PrometheusUnavailable(
+            "no `prometheus` on PATH: install Debian's package (`sudo apt-get install -y prometheus`) "
+            "or point METAINFER_PROMETHEUS_BIN at a Prometheus 2.x binary"
+        )
+    log("installing Debian's prometheus package (apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (
+        ["apt-get", "update", "-qq"],
+        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"],
+    ):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+        if proc.returncode != 0:
+            raise PrometheusUnavailable(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+    found = shutil.which("prometheus")
+    if not found:
+        raise PrometheusUnavailable("apt-get installed prometheus but no `prometheus` binary is on PATH")
+    return Path(found)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class PrometheusServer:
+    """One Prometheus process on 127.0.0.1:<random port>, scraping ``targets`` every ``scrape_interval_s``.
+
+    ``stop()`` and ``start()`` may be called repeatedly (same port and data dir), which is how tests make it
+    unreachable and bring it back.
+    """
+
+    def __init__(
+        self, binary: Path, workdir: Path, targets: Iterable[str], scrape_interval_s: float = 1.0, job: str = "serving"
+    ) -> None:
+        self.binary, self.workdir = binary, workdir
+        self.port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+        workdir.mkdir(parents=True, exist_ok=True)
+        interval = f"{max(1, int(scrape_interval_s * 1000))}ms"
+        config = {
+            "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(targets)}]}],
+        }
+        self.config = workdir / "prometheus.yml"
+        self.config.write_text(json.dumps(config, indent=1))  # JSON is YAML
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / f"prometheus-{self.starts}.log"
+
+    def start(self, timeout: float = 30.0) -> PrometheusServer:
+        self.starts += 1
+        cmd = [
+            str(self.binary),
+            f"--config.file={self.config}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--storage.tsdb.retention.time=1h",
+            "--web.enable-lifecycle",
+        ]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise PrometheusUnavailable(f"prometheus exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
+                    if resp.status == 200:
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise PrometheusUnavailable(f"prometheus not ready after {timeout:g}s: {self.log.read_text()[-2000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        self.proc = None
+
+    def query(self, promql: str) -> dict[str, object]:
+        """One instant query (for test diagnostics)."""
+        data = urllib.parse.urlencode({"query": promql}).encode()
+        with urllib.request.urlopen(f"{self.url}/api/v1/query", data=data, timeout=5) as resp:
+            return dict(json.loads(resp.read()))
+
+
+if __name__ == "__main__":
+    try:
+        print(find_binary(lambda m: print(m, file=sys.stderr)))
+    except PrometheusUnavailable as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,96 @@
+"""A small async client for Prometheus' instant-query API, classifying every way a p95 can be missing.
+
+The drift check must fail safe: whatever goes wrong (nothing listening, a 5xx
+from a proxy, a PromQL error, no samples in the window) becomes a
+``MetricsUnavailable`` value with a CamelCase reason the operator writes into
+the policy status, never an exception that would end a daemon, and never a
+number that could trigger a re-adaptation.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+
+import aiohttp
+
+from metainfer.core.api.conditions import Reason
+
+DEFAULT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One value of an instant query (Prometheus' unit: seconds for the latency histogram)."""
+
+    value: float
+
+
+@dataclass(frozen=True)
+class MetricsUnavailable:
+    """Why there is no sample: ``reason`` is PrometheusUnreachable, PrometheusError or NoData."""
+
+    reason: str
+    message: str
+
+
+async def query(
+    base_url: str, promql: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, session: aiohttp.ClientSession | None = None
+) -> Sample | MetricsUnavailable:
+    """Run ``promql`` at ``base_url``/api/v1/query; exactly one finite value, or why not."""
+    url = base_url.rstrip("/") + "/api/v1/query"
+    timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 3.0))
+    own = session is None
+    session = session or aiohttp.ClientSession(timeout=timeout)
+    try:
+        async with session.post(url, data={"query": promql}, timeout=timeout) as resp:
+            text = await resp.text()
+            status = resp.status
+    except TimeoutError:
+        return MetricsUnavailable(Reason.PROMETHEUS_UNREACHABLE, f"{url}: no answer within {timeout_s:g}s")
+    except aiohttp.ClientError as exc:
+        return MetricsUnavailable(Reason.PROMETHEUS_UNREACHABLE, f"{url}: {type(exc).__name__}: {exc}")
+    except ValueError as exc:  # a malformed URL
+        return MetricsUnavailable(Reason.PROMETHEUS_UNREACHABLE, f"{url}: {exc}")
+    finally:
+        if own:
+            await session.close()
+    return parse(status, text, url)
+
+
+def parse(status: int, text: str, url: str = "") -> Sample | MetricsUnavailable:
+    """Classify one HTTP answer of /api/v1/query (pure, so unit tests cover every branch)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        snippet = " ".join(text.split())[:200]
+        return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"{url}: HTTP {status}, not a Prometheus answer: {snippet}")
+    if body.get("status") != "success":
+        kind, error = body.get("errorType", "error"), body.get("error", "unknown error")
+        return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"{url}: HTTP {status}, {kind}: {error}")
+    data = body.get("data") or {}
+    kind, result = data.get("resultType"), data.get("result")
+    if kind == "scalar":
+        values = [result]
+    elif kind == "vector" and isinstance(result, list):
+        values = [r.get("value") for r in result]
+    else:
+        return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"unexpected result type {kind!r}; expected a vector")
+    if not values:
+        return MetricsUnavailable(Reason.NO_DATA, "the query returned no series (nothing scraped in the window)")
+    if len(values) > 1:
+        return MetricsUnavailable(
+            Reason.PROMETHEUS_ERROR, f"the query returned {len(values)} series; it must aggregate to one p95"
+        )
+    try:
+        value = float(values[0][1])
+    except (TypeError, ValueError, IndexError):
+        return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"unreadable sample {values[0]!r}")
+    if math.isnan(value):
+        return MetricsUnavailable(Reason.NO_DATA, "p95 is NaN: no requests were served in the window")
+    if not math.isfinite(value) or value < 0:
+        return MetricsUnavailable(Reason.NO_DATA, f"p95 is {value}: the histogram has no finite bucket above it")
+    return Sample(value)
