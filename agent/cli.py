@@ -75,6 +75,11 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--standalone", action="store_true", help="no peering: for a single local operator only")
     o.add_argument("--verbose", action="store_true")
 
+    s = sub.add_parser("serve", help="serve an adapted variant over the KServe v2 / Open Inference Protocol REST API")
+    from metainfer.agent.serve.flags import add_arguments as add_serve_arguments
+
+    add_serve_arguments(s)
+
     g = sub.add_parser("agent", help="node-side roles run by the operator's Jobs")
     gsub = g.add_subparsers(dest="agent_command", required=True, metavar="ROLE", parser_class=_Parser)
     gr = gsub.add_parser("run", help="execute one AdaptationRun and write its status (the adaptation Job)")
@@ -103,6 +108,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.operator.main import run as run_operator
 
             return run_operator(args.namespaces, args.liveness or None, args.standalone, args.verbose)
+        if args.command == "serve":
+            from metainfer.agent.serve.command import serve_command
+
+            return serve_command(args)
         if args.command == "agent":
             from metainfer.agent.run import run_command
 

@@ -1,0 +1,80 @@
+"""``metainfer serve`` arguments -> a ServeConfig, and the process's exit code.
+
+Kept apart from ``agent/cli.py`` so the CLI module only declares flags, and from
+``app`` so argument mistakes are reported before anything listens on a port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+from pydantic import ValidationError
+
+from metainfer.agent.serve.app import ServeConfig, serve
+from metainfer.agent.serve.model import ModelSourceArgs
+from metainfer.core.errors import InputError
+from metainfer.core.recipe import Recipe
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return serve(config_from_args(args))
+
+
+def config_from_args(args: argparse.Namespace) -> ServeConfig:
+    """Check the flags and build the config; raises InputError naming the flag."""
+    recipe = _recipe(args)
+    for flag in ("max_batch", "workers", "calibration_samples"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise InputError(f"--{flag.replace('_', '-')}", f"must be >= 1, got {value}")
+    source = ModelSourceArgs(
+        model_uri=args.model_uri,
+        model_sha256=args.model_sha256,
+        data_uri=args.data_uri,
+        data_sha256=args.data_sha256,
+        calibration_samples=args.calibration_samples,
+        variant_path=args.variant,
+        namespace=os.environ.get("METAINFER_NAMESPACE") or "default",
+    )
+    return ServeConfig(
+        source=source,
+        recipe=recipe,
+        model_name=args.model_name or default_model_name(args.model_uri),
+        host=args.host,
+        port=args.port,
+        max_batch=args.max_batch,
+        drain_timeout_s=args.drain_timeout,
+        workers=args.workers,
+    )
+
+
+def default_model_name(model_uri: str) -> str:
+    """The policy's name in a cluster; locally the model file's stem (``model.onnx`` -> ``model``)."""
+    policy = os.environ.get("METAINFER_POLICY")
+    if policy:
+        return policy
+    parts = urlsplit(model_uri)
+    tail = unquote(parts.path).rstrip("/").rsplit("/", 1)[-1] or parts.netloc
+    return Path(tail).stem or "model"
+
+
+def _recipe(args: argparse.Namespace) -> Recipe:
+    if args.recipe is not None:
+        try:
+            text = args.recipe.read_text()
+        except OSError as exc:
+            raise InputError("--recipe", f"{args.recipe}: {exc.strerror or exc}") from exc
+        flag = "--recipe"
+    else:
+        text, flag = args.recipe_json, "--recipe-json"
+    try:
+        return Recipe.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "recipe"
+        raise InputError(flag, f"not a valid recipe: {where}: {first['msg']}") from exc

@@ -1,0 +1,31 @@
+"""The flags of ``metainfer serve``, importing nothing heavy: ``metainfer --help`` builds every parser."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``metainfer serve`` (core/manifests.py build_deployment writes them)."""
+    parser.add_argument(
+        "--model-uri", required=True, help="base model: http(s)://, file:///path or configmap://NAME/KEY"
+    )
+    parser.add_argument("--model-sha256", help="expected sha256 of the base model (verified before loading)")
+    recipe = parser.add_mutually_exclusive_group(required=True)
+    recipe.add_argument("--recipe-json", help="the recipe as JSON (derived fields are ignored)")
+    recipe.add_argument("--recipe", type=Path, help="a recipe.json file (as `metainfer adapt` writes)")
+    parser.add_argument("--data-uri", help="calibration NPZ; needed to rebuild an int8_static variant")
+    parser.add_argument("--data-sha256", help="expected sha256 of the calibration NPZ")
+    parser.add_argument(
+        "--calibration-samples", type=int, default=64, help="samples the adaptation calibrated on (default 64)"
+    )
+    parser.add_argument("--variant", type=Path, help="a prebuilt variant; its provenance must match the recipe")
+    parser.add_argument("--model-name", help="name in /v2/models/NAME (default: $METAINFER_POLICY, else file stem)")
+    parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
+    parser.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")
+    parser.add_argument("--max-batch", type=int, help="largest batch accepted (default: max(recipe batch, 64))")
+    parser.add_argument(
+        "--drain-timeout", type=float, default=20.0, help="seconds in-flight requests get after SIGTERM (default 20)"
+    )
+    parser.add_argument("--workers", type=int, default=2, help="inference threads (default %(default)s)")

@@ -1,0 +1,196 @@
+"""The served variant: fetched, verified, rebuilt (or loaded and checked), warmed up.
+
+A serving pod either rebuilds the variant from (base sha256, recipe) — the
+recipe is deterministic, so this is the same model the adaptation Job measured
+— or loads a prebuilt file whose provenance stamp must name the same base and
+transform; serving a variant that is not the one the recipe describes would
+make every latency comparison the operator draws from /metrics meaningless.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from metainfer.agent.fetch import ConfigMapReader, fetch
+from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
+from metainfer.core.data import Dataset, load_npz
+from metainfer.core.errors import DataError, ModelError
+from metainfer.core.modelinfo import ModelInfo, TensorInfo, inspect_model, load_model
+from metainfer.core.recipe import Recipe, TransformSpec
+from metainfer.core.runtime import create_session
+from metainfer.core.transforms import build_variant
+from metainfer.core.transforms.build import PROVENANCE_PREFIX
+
+log = logging.getLogger("metainfer.serve")
+WARMUP_RUNS = 3
+
+
+@dataclass(frozen=True)
+class ModelSourceArgs:
+    """Where the base model and calibration data come from (the CLI flags, as one value)."""
+
+    model_uri: str
+    model_sha256: str | None
+    data_uri: str | None = None
+    data_sha256: str | None = None
+    calibration_samples: int = 64
+    variant_path: Path | None = None
+    namespace: str = "default"
+
+
+@dataclass
+class LoadedModel:
+    """A ready ONNX Runtime session and the protocol signature requests are checked against."""
+
+    session: ort.InferenceSession
+    signature: Signature
+    base_sha256: str
+    variant_sha256: str
+
+    def infer(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+        """Run the session; ORT releases the GIL, so the server calls this from worker threads."""
+        values = self.session.run(outputs, inputs)
+        return dict(zip(outputs, values, strict=True))
+
+
+def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> LoadedModel:
+    """Fetch, verify, build or check the variant, create the session and warm it up."""
+    with tempfile.TemporaryDirectory(prefix="metainfer-serve-") as tmp:
+        workdir = Path(tmp)
+        base_path = fetch(
+            source.model_uri, workdir / "model.onnx", expected_sha256=source.model_sha256,
+            namespace=source.namespace, configmaps=_configmaps(source.model_uri), what="model",
+        )  # fmt: skip
+        info = _inspect(base_path, source.model_uri)
+        base = base_path.read_bytes()
+        if source.variant_path is not None:
+            variant = _checked_variant(source.variant_path, info.sha256, recipe.transform)
+        else:
+            calibration = _calibration(source, recipe, info, workdir)
+            log.info("building variant %s (%s)", recipe.transform_key(), recipe.describe())
+            variant = build_variant(base, recipe.transform, calibration)
+    session = create_session(variant, recipe)
+    signature = _signature(session, info, recipe, max_batch)
+    loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
+    _warm_up(loaded, info, recipe)
+    return loaded
+
+
+def _inspect(path: Path, uri: str) -> ModelInfo:
+    try:
+        return inspect_model(path)
+    except ModelError as exc:  # name the URI the operator wrote, not the temp file
+        raise ModelError(uri, exc.problem) from exc
+
+
+def _calibration(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, workdir: Path) -> Dataset | None:
+    """The samples static int8 calibrates on: the same head of the same NPZ the adaptation Job used."""
+    if recipe.transform.quantization.mode != "int8_static":
+        return None
+    if source.data_uri is None:
+        raise DataError("--data-uri", "the recipe is int8_static: its calibration data is needed to rebuild it")
+    path = fetch(
+        source.data_uri, workdir / "data.npz", expected_sha256=source.data_sha256,
+        namespace=source.namespace, configmaps=_configmaps(source.data_uri), what="data",
+    )  # fmt: skip
+    try:
+        return load_npz(path, info).head(source.calibration_samples)
+    except DataError as exc:
+        raise DataError(exc.field.replace(str(path), source.data_uri), exc.problem) from exc
+
+
+def _checked_variant(path: Path, base_sha256: str, transform: TransformSpec) -> bytes:
+    """A prebuilt variant, accepted only if its provenance names this base model and this transform."""
+    model = load_model(path)
+    props = {p.key: p.value for p in model.metadata_props}
+    stamped_base = props.get(f"{PROVENANCE_PREFIX}base_sha256")
+    stamped_transform = props.get(f"{PROVENANCE_PREFIX}transform")
+    if stamped_base is None or stamped_transform is None:
+        raise ModelError(str(path), "has no metainfer provenance metadata (not built by metainfer?)")
+    if stamped_base != base_sha256:
+        raise ModelError(str(path), f"was built from base model {stamped_base}, not {base_sha256}")
+    try:
+        built_from = TransformSpec.model_validate_json(stamped_transform)
+    except ValueError as exc:
+        raise ModelError(str(path), f"has unreadable transform provenance ({exc})") from exc
+    if built_from != transform:
+        raise ModelError(
+            str(path),
+            f"was built with transform {json.loads(stamped_transform)}, the recipe says {transform.model_dump()}",
+        )
+    return model.SerializeToString()
+
+
+def _signature(session: ort.InferenceSession, info: ModelInfo, recipe: Recipe, max_batch: int | None) -> Signature:
+    # Datatypes come from the session (what the variant really takes), shapes from the base model's dims.
+    def specs(args: list[ort.NodeArg], tensors: tuple[TensorInfo, ...]) -> tuple[TensorSpec, ...]:
+        dims = {t.name: t.shape for t in tensors}
+        out = []
+        for arg in args:
+            shape = dims.get(arg.name, tuple(arg.shape))
+            fixed = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in shape)
+            out.append(TensorSpec(arg.name, datatype_of(_ORT_TYPES.get(arg.type, arg.type)), fixed))
+        return tuple(out)
+
+    inputs = specs(session.get_inputs(), info.inputs)
+    fixed_batches = {spec.shape[0] for spec in inputs if spec.shape and spec.shape[0] >= 0}
+    allowed = max_batch if max_batch is not None else max(recipe.batch, *fixed_batches, DEFAULT_MAX_BATCH)
+    return Signature(inputs=inputs, outputs=specs(session.get_outputs(), info.outputs), max_batch=allowed)
+
+
+DEFAULT_MAX_BATCH = 64
+_ORT_TYPES = {
+    "tensor(float)": "float32",
+    "tensor(float16)": "float16",
+    "tensor(double)": "float64",
+    "tensor(int64)": "int64",
+    "tensor(int32)": "int32",
+    "tensor(int16)": "int16",
+    "tensor(int8)": "int8",
+    "tensor(uint8)": "uint8",
+    "tensor(uint16)": "uint16",
+    "tensor(uint32)": "uint32",
+    "tensor(uint64)": "uint64",
+    "tensor(bool)": "bool",
+}
+
+
+def _warm_up(model: LoadedModel, info: ModelInfo, recipe: Recipe) -> None:
+    """A few runs at the recipe's batch, so the first real request does not pay for lazy initialisation."""
+    batch = min(recipe.batch, model.signature.max_batch)
+    feeds: dict[str, np.ndarray] = {}
+    for spec in model.signature.inputs:
+        shape = [d if d >= 0 else 1 for d in spec.shape]
+        if shape and spec.shape[0] < 0:
+            shape[0] = batch
+        feeds[spec.name] = np.zeros(shape, dtype=_numpy(spec.datatype))
+    outputs = [spec.name for spec in model.signature.outputs]
+    for _ in range(WARMUP_RUNS):
+        model.infer(feeds, outputs)
+    log.info("warmed up with %d runs at batch %s", WARMUP_RUNS, batch)
+
+
+def _numpy(datatype: str) -> np.dtype[Any]:
+    return DATATYPES[datatype]
+
+
+def _configmaps(uri: str) -> ConfigMapReader | None:
+    """API access only for configmap:// URIs: a serving pod normally has no token, and needs none."""
+    if not uri.startswith("configmap://"):
+        return None
+    from metainfer.agent.kube import Kube, api_client  # lazily: kubernetes is heavy and rarely needed here
+
+    return Kube(api_client(None))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()

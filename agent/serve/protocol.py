@@ -1,0 +1,298 @@
+"""Open Inference Protocol (KServe v2) REST bodies <-> numpy, with no I/O.
+
+Kept pure so every malformed-request rule is unit-tested without a server: the
+HTTP layer only turns a ``ProtocolError`` into a status code and a JSON
+``{"error": ...}``. Each message names the input and the problem, because the
+caller is usually a person debugging a client.
+
+Two encodings are accepted, as Triton and KServe do:
+
+* JSON: ``data`` holds the elements, flat (row-major) or nested;
+* the binary tensor extension (tritonclient's default): the JSON header is the
+  first ``Inference-Header-Content-Length`` bytes of the body, and an input
+  with ``parameters.binary_data_size`` takes that many raw little-endian bytes
+  from what follows, in input order. Outputs are returned the same way when the
+  request asks for it (``parameters.binary_data_output`` or a requested
+  output's ``parameters.binary_data``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# v2 datatype names <-> numpy. BYTES/BF16 are left out: no ONNX model this project adapts takes them.
+DATATYPES: dict[str, np.dtype[Any]] = {
+    "BOOL": np.dtype(np.bool_),
+    "UINT8": np.dtype(np.uint8),
+    "UINT16": np.dtype(np.uint16),
+    "UINT32": np.dtype(np.uint32),
+    "UINT64": np.dtype(np.uint64),
+    "INT8": np.dtype(np.int8),
+    "INT16": np.dtype(np.int16),
+    "INT32": np.dtype(np.int32),
+    "INT64": np.dtype(np.int64),
+    "FP16": np.dtype(np.float16),
+    "FP32": np.dtype(np.float32),
+    "FP64": np.dtype(np.float64),
+}
+_NAMES = {dtype: name for name, dtype in DATATYPES.items()}
+
+
+class ProtocolError(Exception):
+    """A request the server refuses; ``status`` is the HTTP code (400 unless said otherwise)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def datatype_of(dtype: np.dtype[Any] | str) -> str:
+    """The v2 datatype name of a numpy dtype (``float32`` -> ``FP32``)."""
+    try:
+        return _NAMES[np.dtype(dtype)]
+    except (KeyError, TypeError) as exc:
+        raise ProtocolError(f"dtype {dtype} has no Open Inference Protocol datatype", status=500) from exc
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output as the protocol describes it; -1 marks a dynamic dimension."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+
+    def metadata(self) -> dict[str, Any]:
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What requests are checked against: the model's inputs/outputs and the largest batch allowed."""
+
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    max_batch: int
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+
+@dataclass
+class InferRequest:
+    """A checked request: arrays ready for ONNX Runtime and how to send each output back."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: list[str]
+    binary_outputs: set[str] = field(default_factory=set)
+    id: str | None = None
+
+
+def split_body(body: bytes, header_length: str | None) -> tuple[Any, bytes]:
+    """The parsed JSON header and the binary tail (empty for a pure JSON request)."""
+    if header_length is None:
+        head, tail = body, b""
+    else:
+        try:
+            size = int(header_length)
+        except ValueError:
+            raise ProtocolError(f"Inference-Header-Content-Length {header_length!r} is not an integer") from None
+        if not 0 < size <= len(body):
+            raise ProtocolError(f"Inference-Header-Content-Length {size} is outside the {len(body)} byte request body")
+        head, tail = body[:size], body[size:]
+    try:
+        return json.loads(head), tail
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ProtocolError(f"request body is not valid JSON: {exc}") from None
+
+
+def parse_infer_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
+    """Check a v2 inference request against the model and decode its tensors."""
+    doc, tail = split_body(body, header_length)
+    if not isinstance(doc, dict):
+        raise ProtocolError("request body must be a JSON object with an 'inputs' list")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise ProtocolError("request needs a non-empty 'inputs' list")
+    request_id = doc.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise ProtocolError("'id' must be a string")
+    inputs: dict[str, np.ndarray] = {}
+    offset = 0
+    for index, raw in enumerate(raw_inputs):
+        array, used = _decode_input(raw, index, tail, offset, signature)
+        offset += used
+        name = raw["name"]
+        if name in inputs:
+            raise ProtocolError(f"input {name!r} is given twice")
+        inputs[name] = array
+    if offset != len(tail):
+        raise ProtocolError(f"request carries {len(tail) - offset} binary bytes that no input claims")
+    missing = [spec.name for spec in signature.inputs if spec.name not in inputs]
+    if missing:
+        raise ProtocolError(f"missing input(s) {missing}; the model's inputs are {_names(signature.inputs)}")
+    _check_batch(inputs, signature)
+    outputs, binary = _requested_outputs(doc, signature)
+    return InferRequest(inputs=inputs, outputs=outputs, binary_outputs=binary, id=request_id)
+
+
+def _decode_input(raw: Any, index: int, tail: bytes, offset: int, signature: Signature) -> tuple[np.ndarray, int]:
+    """One input's array and the number of binary bytes it consumed."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise ProtocolError(f"inputs[{index}] must be an object with a string 'name'")
+    name = raw["name"]
+    spec = signature.input(name)
+    if spec is None:
+        raise ProtocolError(f"unknown input {name!r}; the model's inputs are {_names(signature.inputs)}")
+    shape = _shape(raw.get("shape"), name)
+    datatype = raw.get("datatype")
+    if datatype != spec.datatype:
+        raise ProtocolError(f"input {name!r}: datatype {datatype!r} does not match the model's {spec.datatype}")
+    _check_shape(shape, spec)
+    dtype, count = DATATYPES[spec.datatype], math.prod(shape)
+    params = raw.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ProtocolError(f"input {name!r}: 'parameters' must be an object")
+    size = params.get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or size < 0:
+            raise ProtocolError(f"input {name!r}: binary_data_size must be a non-negative integer")
+        if size != count * dtype.itemsize:
+            raise ProtocolError(
+                f"input {name!r}: binary_data_size {size} bytes does not hold shape {list(shape)} of {datatype}"
+                f" ({count * dtype.itemsize} bytes)"
+            )
+        if offset + size > len(tail):
+            raise ProtocolError(f"input {name!r}: binary data is truncated ({len(tail) - offset} of {size} bytes)")
+        array = np.frombuffer(tail, dtype=dtype.newbyteorder("<"), count=count, offset=offset)
+        return array.astype(dtype).reshape(shape), size
+    if "data" not in raw:
+        raise ProtocolError(f"input {name!r}: no 'data' and no binary_data_size parameter")
+    return _from_json(raw["data"], shape, dtype, name, datatype), 0
+
+
+def _from_json(data: Any, shape: tuple[int, ...], dtype: np.dtype[Any], name: str, datatype: str) -> np.ndarray:
+    try:
+        flat = np.asarray(data).reshape(-1)
+    except ValueError:
+        raise ProtocolError(f"input {name!r}: 'data' is a ragged nested list") from None
+    if flat.size != math.prod(shape):
+        raise ProtocolError(
+            f"input {name!r}: {flat.size} elements in 'data' but shape {list(shape)} needs {math.prod(shape)}"
+        )
+    kind = flat.dtype.kind if flat.size else dtype.kind
+    allowed = {"b": "b", "u": "biu", "i": "biu", "f": "biuf"}[dtype.kind]
+    if kind not in allowed:
+        raise ProtocolError(f"input {name!r}: 'data' holds {flat.dtype} values, not {datatype}")
+    if dtype.kind in "iu" and flat.size and (flat.min() < np.iinfo(dtype).min or flat.max() > np.iinfo(dtype).max):
+        raise ProtocolError(f"input {name!r}: a value in 'data' does not fit {datatype}")
+    return flat.astype(dtype).reshape(shape)
+
+
+def _shape(raw: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
+        raise ProtocolError(f"input {name!r}: 'shape' must be a list of integers")
+    if any(d < 0 for d in raw):
+        raise ProtocolError(f"input {name!r}: shape {raw} has a negative dimension")
+    return tuple(raw)
+
+
+def _check_shape(shape: tuple[int, ...], spec: TensorSpec) -> None:
+    if len(shape) != len(spec.shape):
+        raise ProtocolError(
+            f"input {spec.name!r}: shape {list(shape)} has {len(shape)} dims, the model expects"
+            f" {len(spec.shape)} {list(spec.shape)}"
+        )
+    for axis, (have, want) in enumerate(zip(shape, spec.shape, strict=True)):
+        if want >= 0 and have != want:
+            raise ProtocolError(
+                f"input {spec.name!r}: axis {axis} has size {have}, the model expects {want} (shape {list(spec.shape)})"
+            )
+
+
+def _check_batch(inputs: Mapping[str, np.ndarray], signature: Signature) -> None:
+    batches = {name: array.shape[0] for name, array in inputs.items() if array.ndim}
+    if len(set(batches.values())) > 1:
+        raise ProtocolError(f"inputs disagree on the batch size (first axis): {batches}")
+    for name, batch in batches.items():
+        if batch > signature.max_batch:
+            raise ProtocolError(f"input {name!r}: batch {batch} is larger than the allowed {signature.max_batch}")
+        if batch == 0:
+            raise ProtocolError(f"input {name!r}: batch size is 0")
+
+
+def _requested_outputs(doc: Mapping[str, Any], signature: Signature) -> tuple[list[str], set[str]]:
+    params = doc.get("parameters") or {}
+    if not isinstance(params, dict):
+        raise ProtocolError("'parameters' must be an object")
+    default_binary = bool(params.get("binary_data_output", False))
+    known = _names(signature.outputs)
+    requested = doc.get("outputs")
+    if requested is None:
+        return known, set(known) if default_binary else set()
+    if not isinstance(requested, list):
+        raise ProtocolError("'outputs' must be a list")
+    names: list[str] = []
+    binary: set[str] = set()
+    for index, raw in enumerate(requested):
+        if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+            raise ProtocolError(f"outputs[{index}] must be an object with a string 'name'")
+        name = raw["name"]
+        if name not in known:
+            raise ProtocolError(f"unknown output {name!r}; the model's outputs are {known}")
+        out_params = raw.get("parameters") or {}
+        if not isinstance(out_params, dict):
+            raise ProtocolError(f"output {name!r}: 'parameters' must be an object")
+        if bool(out_params.get("binary_data", default_binary)):
+            binary.add(name)
+        names.append(name)
+    return names, binary
+
+
+def encode_infer_response(
+    model_name: str,
+    model_version: str,
+    request: InferRequest,
+    results: Mapping[str, np.ndarray],
+) -> tuple[bytes, int | None]:
+    """The response body and, when any output is binary, the JSON header's length."""
+    outputs: list[dict[str, Any]] = []
+    blobs: list[bytes] = []
+    for name in request.outputs:
+        array = np.ascontiguousarray(results[name])
+        entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype_of(array.dtype)}
+        if name in request.binary_outputs:
+            raw = array.astype(array.dtype.newbyteorder("<")).tobytes()
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            blobs.append(raw)
+        else:
+            entry["data"] = array.reshape(-1).tolist()
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
+    if request.id is not None:
+        doc["id"] = request.id
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return header, None
+    return header + b"".join(blobs), len(header)
+
+
+def model_metadata(name: str, versions: Sequence[str], signature: Signature) -> dict[str, Any]:
+    """The v2 model metadata document."""
+    return {
+        "name": name,
+        "versions": list(versions),
+        "platform": "onnxruntime",
+        "inputs": [spec.metadata() for spec in signature.inputs],
+        "outputs": [spec.metadata() for spec in signature.outputs],
+    }
+
+
+def _names(specs: Sequence[TensorSpec]) -> list[str]:
+    return [spec.name for spec in specs]
