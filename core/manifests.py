@@ -220,6 +220,10 @@ def build_deployment(
         "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
         "--port", str(HTTP_PORT),
     ]  # fmt: skip
+    if recipe.transform.quantization.mode == "int8_static" and model.data is not None:
+        # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
+        args += ["--data-uri", model.data.uri, "--calibration-samples", str(model.data.calibration_samples)]
+        args += ["--data-sha256", model.data.sha256] if model.data.sha256 else []
     env = [
         {"name": "METAINFER_POLICY", "value": meta["name"]},
         {"name": "METAINFER_NAMESPACE", "value": meta.get("namespace", "default")},
