@@ -1,0 +1,131 @@
+"""KServe v2 request/response codec: every malformed request is refused with a message naming the problem."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from metainfer.agent.serve.protocol import (
+    InferRequest,
+    ProtocolError,
+    Signature,
+    TensorSpec,
+    encode_infer_response,
+    model_metadata,
+    parse_infer_request,
+)
+
+SIG = Signature(
+    inputs=(TensorSpec("x", "FP32", (-1, 4)), TensorSpec("ids", "INT64", (-1, 2))),
+    outputs=(TensorSpec("y", "FP32", (-1, 3)), TensorSpec("z", "INT64", (-1,))),
+    max_batch=8,
+)
+
+
+def _body(inputs: list[dict], **extra: object) -> bytes:
+    return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+def _good(batch: int = 2) -> list[dict]:
+    return [
+        {"name": "x", "shape": [batch, 4], "datatype": "FP32", "data": list(range(batch * 4))},
+        {"name": "ids", "shape": [batch, 2], "datatype": "INT64", "data": [[1, 2]] * batch},
+    ]
+
+
+def test_json_request_flat_and_nested() -> None:
+    req = parse_infer_request(_body(_good(), id="r1"), None, SIG)
+    assert req.id == "r1"
+    assert req.inputs["x"].dtype == np.float32 and req.inputs["x"].shape == (2, 4)
+    assert req.inputs["ids"].dtype == np.int64 and req.inputs["ids"].tolist() == [[1, 2], [1, 2]]
+    assert req.outputs == ["y", "z"] and req.binary_outputs == set()
+
+
+def test_binary_inputs_and_output_selection() -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    ids = np.array([[3, 4], [5, 6]], dtype=np.int64)
+    header = json.dumps(
+        {
+            "inputs": [
+                {"name": "x", "shape": [2, 4], "datatype": "FP32", "parameters": {"binary_data_size": x.nbytes}},
+                {"name": "ids", "shape": [2, 2], "datatype": "INT64", "parameters": {"binary_data_size": ids.nbytes}},
+            ],
+            "outputs": [{"name": "z", "parameters": {"binary_data": True}}],
+        }
+    ).encode()
+    req = parse_infer_request(header + x.tobytes() + ids.tobytes(), str(len(header)), SIG)
+    np.testing.assert_array_equal(req.inputs["x"], x)
+    np.testing.assert_array_equal(req.inputs["ids"], ids)
+    assert req.outputs == ["z"] and req.binary_outputs == {"z"}
+
+
+def test_binary_data_output_parameter_applies_to_all_outputs() -> None:
+    req = parse_infer_request(_body(_good(), parameters={"binary_data_output": True}), None, SIG)
+    assert req.binary_outputs == {"y", "z"}
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b"{not json", "not valid JSON"),
+        (b"[]", "JSON object"),
+        (_body([]), "non-empty 'inputs'"),
+        (_body(_good()[:1]), "missing input(s) ['ids']"),
+        (_body([*_good(), {"name": "w", "shape": [1], "datatype": "FP32", "data": [1]}]), "unknown input 'w'"),
+        (_body([{**_good()[0], "datatype": "FP64"}, _good()[1]]), "input 'x': datatype 'FP64'"),
+        (_body([{**_good()[0], "shape": [2, 5]}, _good()[1]]), "input 'x': axis 1 has size 5"),
+        (_body([{**_good()[0], "shape": [8]}, _good()[1]]), "input 'x': shape [8] has 1 dims"),
+        (_body([{**_good()[0], "data": [1, 2, 3]}, _good()[1]]), "input 'x': 3 elements"),
+        (_body([{**_good()[0], "data": ["a"] * 8}, _good()[1]]), "input 'x': 'data' holds"),
+        (_body([{**_good()[0], "data": [[1, 2], [3]]}, _good()[1]]), "ragged"),
+        (_body([{**_good()[1], "data": [[1.5, 2]] * 2}, _good()[0]]), "input 'ids': 'data' holds"),
+        (_body([{**_good()[0], "shape": "2x4"}, _good()[1]]), "'shape' must be a list"),
+        (_body([_good(2)[0], _good(3)[1]]), "disagree on the batch size"),
+        (_body(_good(9)), "batch 9 is larger than the allowed 8"),
+        (_body(_good(), outputs=[{"name": "nope"}]), "unknown output 'nope'"),
+        (_body([{"name": "x", "shape": [2, 4], "datatype": "FP32"}, _good()[1]]), "input 'x': no 'data'"),
+    ],
+)
+def test_malformed_requests_name_the_problem(body: bytes, needle: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        parse_infer_request(body, None, SIG)
+    assert info.value.status == 400
+    assert needle in str(info.value)
+
+
+def test_binary_size_mismatch_and_truncation() -> None:
+    header = json.dumps(
+        {"inputs": [{"name": "x", "shape": [1, 4], "datatype": "FP32", "parameters": {"binary_data_size": 16}}]}
+    ).encode()
+    with pytest.raises(ProtocolError, match="truncated"):
+        parse_infer_request(header + b"\0" * 8, str(len(header)), SIG)
+    with pytest.raises(ProtocolError, match="outside"):
+        parse_infer_request(header, "99999", SIG)
+    with pytest.raises(ProtocolError, match="not an integer"):
+        parse_infer_request(header, "abc", SIG)
+
+
+def test_response_json_and_binary() -> None:
+    y = np.arange(6, dtype=np.float32).reshape(2, 3)
+    z = np.array([7, 8], dtype=np.int64)
+    plain = InferRequest(inputs={}, outputs=["y", "z"], id="abc")
+    body, header = encode_infer_response("m", "1", plain, {"y": y, "z": z})
+    assert header is None
+    doc = json.loads(body)
+    assert doc["id"] == "abc" and doc["model_name"] == "m" and doc["model_version"] == "1"
+    assert doc["outputs"][0] == {"name": "y", "shape": [2, 3], "datatype": "FP32", "data": [0, 1, 2, 3, 4, 5]}
+
+    binary = InferRequest(inputs={}, outputs=["y"], binary_outputs={"y"})
+    body, header = encode_infer_response("m", "1", binary, {"y": y, "z": z})
+    assert header is not None
+    doc = json.loads(body[:header])
+    assert doc["outputs"][0]["parameters"] == {"binary_data_size": y.nbytes}
+    np.testing.assert_array_equal(np.frombuffer(body[header:], dtype=np.float32).reshape(2, 3), y)
+
+
+def test_metadata_marks_dynamic_dims() -> None:
+    meta = model_metadata("m", ["1"], SIG)
+    assert meta["platform"] == "onnxruntime"
+    assert meta["inputs"][0] == {"name": "x", "datatype": "FP32", "shape": [-1, 4]}
