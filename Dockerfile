@@ -1,0 +1,60 @@
+# syntax=docker/dockerfile:1
+# One image for the operator, the adaptation Jobs and the serving pods; entrypoint `metainfer`.
+#
+#   docker build -t metainfer:0.1.0 .
+#   docker build -t metainfer:0.1.0-cuda --build-arg ONNXRUNTIME_PACKAGE="onnxruntime-gpu[cuda,cudnn]" .
+#
+# GPU and other accelerator variants swap the onnxruntime distribution (docs/helm.md lists them).
+# The runtime stage installs the wheel built by the builder stage, never the checkout, so the
+# image holds exactly what a `pip install metainfer` would.
+
+ARG PYTHON_VERSION=3.12
+ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-bookworm
+
+FROM python:${PYTHON_VERSION}-slim-bookworm AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY core/ core/
+COPY agent/ agent/
+COPY operator/ operator/
+RUN python -m pip wheel --no-deps --wheel-dir /dist .
+
+FROM ${BASE_IMAGE} AS runtime
+# onnxruntime (CPU, default), onnxruntime-gpu[cuda,cudnn] (NVIDIA), onnxruntime-openvino (Intel),
+# onnxruntime-rocm / onnxruntime-migraphx (AMD; from AMD's package index: set PIP_EXTRA_INDEX_URL).
+ARG ONNXRUNTIME_PACKAGE=onnxruntime
+ARG PIP_INDEX_URL
+ARG PIP_EXTRA_INDEX_URL
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    VIRTUAL_ENV=/opt/metainfer \
+    PATH=/opt/metainfer/bin:$PATH
+# A venv keeps the image's Python untouched; the wheel comes from the builder through a bind mount,
+# so it is not left in a layer. Bytecode is compiled at install time: the root filesystem is read-only at runtime.
+# DL3013: the onnxruntime variant's version pin, if any, is part of the ONNXRUNTIME_PACKAGE build arg.
+# hadolint ignore=DL3013
+RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
+    set -eux; \
+    python3 -m venv "$VIRTUAL_ENV"; \
+    pip install /dist/metainfer-*.whl; \
+    if [ "$ONNXRUNTIME_PACKAGE" != "onnxruntime" ]; then \
+        pip uninstall --yes onnxruntime; \
+        pip install "$ONNXRUNTIME_PACKAGE"; \
+    fi; \
+    python -c "import onnxruntime, metainfer.agent.cli; print('providers:', onnxruntime.get_available_providers())"; \
+    mkdir -p /var/cache/metainfer; \
+    chown 65532:65532 /var/cache/metainfer
+
+# Read-only root filesystem: HOME, matplotlib's config and caches live on writable mounts
+# (/tmp and /var/cache/metainfer are emptyDirs in the chart's and the operator's pod specs).
+ENV HOME=/tmp \
+    XDG_CACHE_HOME=/var/cache/metainfer \
+    MPLCONFIGDIR=/tmp/matplotlib
+USER 65532:65532
+WORKDIR /tmp
+EXPOSE 8080 8000
+ENTRYPOINT ["metainfer"]
+CMD ["--help"]

@@ -1,0 +1,68 @@
+{{/* Names and labels shared by every template. */}}
+{{- define "metainfer.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "metainfer.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "metainfer.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels of the chart's own objects. Not managed-by=metainfer: that label marks the operator's children. */}}
+{{- define "metainfer.labels" -}}
+helm.sh/chart: {{ include "metainfer.chart" . }}
+app.kubernetes.io/name: {{ include "metainfer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: metainfer
+{{- end }}
+
+{{- define "metainfer.operatorSelector" -}}
+app.kubernetes.io/name: {{ include "metainfer.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{- define "metainfer.operatorServiceAccount" -}}
+{{- default (printf "%s-operator" (include "metainfer.fullname" .)) .Values.operator.serviceAccount.name }}
+{{- end }}
+
+{{/* The serving pods' ServiceAccount: fixed by the operator (core.manifests.ServingDefaults). */}}
+{{- define "metainfer.servingServiceAccount" -}}
+metainfer-serving
+{{- end }}
+
+{{- define "metainfer.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{- define "metainfer.agentImage" -}}
+{{- default (include "metainfer.image" .) .Values.agent.image }}
+{{- end }}
+
+{{/* Workload namespaces as a list: the values' list, or the release namespace. */}}
+{{- define "metainfer.workloadNamespaces" -}}
+{{- $list := .Values.workloadNamespaces | default (list .Release.Namespace) | uniq }}
+{{- toJson $list }}
+{{- end }}
+
+{{- define "metainfer.labelMappingPath" -}}
+/etc/metainfer/label-mapping/mapping.yaml
+{{- end }}

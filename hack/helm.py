@@ -1,0 +1,100 @@
+#!/usr/bin/env python3
+"""Provide the helm binary at a pinned version and print its path.
+
+    PYTHONSAFEPATH=1 .venv/bin/python hack/helm.py          # prints the path, building helm if needed
+    PYTHONSAFEPATH=1 .venv/bin/python hack/helm.py --version
+
+Why build from source: no release tarball host is reachable here, but the Go
+module proxy is, exactly as for the control plane (hack/controlplane/assets.py,
+whose build step this reuses: temporary file renamed into place, so an
+interrupted build never leaves a half-written binary; a file lock serialises
+concurrent builders; module and build caches shared with the control plane).
+
+The binary lands in ``~/.cache/metainfer/helm/<version>/helm`` (``METAINFER_CACHE``
+moves the root) and is reused when present. ``METAINFER_HELM`` points at an
+existing helm instead (e.g. one a CI image already has); it is used as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HACK = Path(__file__).resolve().parent
+sys.path.insert(0, str(HACK))  # PYTHONSAFEPATH=1 keeps the script's folder off sys.path
+
+from controlplane import assets  # noqa: E402
+from controlplane.errors import AssetError  # noqa: E402
+
+# Helm 4 is the current major line; v4.3.2 declares Go 1.26 in its go.mod, like Kubernetes v1.37.
+HELM_VERSION = "v4.3.2"
+HELM_MODULE = "helm.sh/helm/v4"
+
+_VERSION_PKG = f"{HELM_MODULE}/internal/version"
+HELM = assets.GoBinary(
+    name="helm",
+    module=HELM_MODULE,
+    version=HELM_VERSION,
+    package=f"{HELM_MODULE}/cmd/helm",
+    ldflags=f"-s -w -X {_VERSION_PKG}.version={HELM_VERSION} -X {_VERSION_PKG}.gitTreeState=clean",
+)
+
+
+def helm_dir() -> Path:
+    return assets.cache_root() / "helm" / HELM_VERSION
+
+
+def provide(log: assets.Log = print) -> Path:
+    """Return the path of a usable helm: ``METAINFER_HELM``, the cache, or a fresh build into the cache."""
+    override = os.environ.get("METAINFER_HELM")
+    if override:
+        path = Path(override)
+        if not (path.is_file() and os.access(path, os.X_OK)):
+            raise AssetError(f"METAINFER_HELM={path} is not an executable file; unset it to build helm {HELM_VERSION}")
+        return path
+    directory = helm_dir()
+    target = directory / HELM.name
+    if _usable(target):
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    with assets._lock(directory.parent / f"{directory.name}.lock"):
+        if not _usable(target):  # another process may have built it while we waited
+            try:
+                assets.find_go()
+            except AssetError as exc:
+                raise AssetError(
+                    f"helm {HELM_VERSION} is built from source with Go, which is missing or too old ({exc}). "
+                    "Install Go 1.26+ or set METAINFER_HELM to an existing helm binary"
+                ) from exc
+            assets.build(HELM, directory, log)
+    return target
+
+
+def _usable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="store_true", help="also run `helm version` and print it")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        path = provide(lambda message: print(f"[helm] {message}", file=sys.stderr, flush=True))
+    except AssetError as exc:
+        print(f"[helm] error: {exc}", file=sys.stderr)
+        return 1
+    print(path)
+    if args.version:
+        shown = subprocess.run([str(path), "version", "--short"], capture_output=True, text=True, check=False)
+        print(shown.stdout.strip() or shown.stderr.strip())
+        print(f"({time.monotonic() - started:.0f}s)", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
