@@ -7,8 +7,11 @@ thread pool (ONNX Runtime releases the GIL), keeping the event loop free for
 probes and /metrics while a batch runs.
 
 On SIGTERM (or SIGINT) the server reports not-ready, stops accepting, lets
-in-flight requests finish for at most ``drain_timeout_s`` (aiohttp's runner
-shutdown), then exits 0 — Kubernetes sends SIGTERM on every rollout.
+in-flight requests finish for at most ``drain_timeout_s``, then exits 0 —
+Kubernetes sends SIGTERM on every rollout. The drain is counted here rather
+than left to aiohttp's runner: its shutdown stops reading from connections at
+once, so a request whose body is still arriving would starve until the
+timeout instead of being answered.
 """
 
 from __future__ import annotations
@@ -68,13 +71,16 @@ class Server:
         identity = Identity.from_env(config.recipe.key())
         self.metrics = ServingMetrics(identity, config.model_name, config.recipe.describe())
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="infer")
+        self.in_flight = 0
+        self.idle = asyncio.Event()
+        self.idle.set()
 
     @property
     def ready(self) -> bool:
         return self.model is not None and not self.draining
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[_errors_as_json])
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._count_in_flight, _errors_as_json])
         name = "/v2/models/{name}"
         version = "/v2/models/{name}/versions/{version}"
         app.add_routes(
@@ -89,6 +95,31 @@ class Server:
             ]
         )
         return app
+
+    @web.middleware
+    async def _count_in_flight(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Track requests being handled, so a shutdown waits for exactly those."""
+        self.in_flight += 1
+        self.idle.clear()
+        try:
+            return await handler(request)
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self.idle.set()
+
+    async def drain(self, runner: web.AppRunner, timeout: float) -> None:
+        """Stop listening, wait (bounded) for in-flight requests, then close every connection."""
+        self.draining = True
+        self.metrics.ready.set(0)
+        for site in list(runner.sites):
+            await site.stop()
+        log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", self.in_flight, timeout)
+        try:
+            await asyncio.wait_for(self.idle.wait(), timeout)
+        except TimeoutError:
+            log.warning("drain timeout: %d request(s) still in flight are cancelled", self.in_flight)
+        await runner.cleanup()
 
     # -- health and metadata ------------------------------------------------
     async def server_metadata(self, request: web.Request) -> web.Response:
@@ -182,8 +213,8 @@ def serve(config: ServeConfig) -> int:
 
 async def _serve(config: ServeConfig) -> int:
     server = Server(config)
-    runner = web.AppRunner(server.app(), handle_signals=False, shutdown_timeout=config.drain_timeout_s,
-                           access_log=None)  # fmt: skip
+    # After our own drain only idle connections remain, so aiohttp's own grace period can be short.
+    runner = web.AppRunner(server.app(), handle_signals=False, shutdown_timeout=1.0, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
     log.info("listening on %s:%d, serving model %r", config.host, config.port, config.model_name)
@@ -206,10 +237,7 @@ async def _serve(config: ServeConfig) -> int:
         else:
             log.error("metainfer serve: cannot load the model: %s", error)
             code = EXIT_INPUT if isinstance(error, InputError) else 1
-    server.draining = True
-    server.metrics.ready.set(0)
-    log.info("shutting down: draining in-flight requests for up to %.0f s", config.drain_timeout_s)
-    await runner.cleanup()
+    await server.drain(runner, config.drain_timeout_s)
     server.executor.shutdown(wait=False, cancel_futures=True)
     stopping.cancel()
     with contextlib.suppress(asyncio.CancelledError):

@@ -18,13 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
 from metainfer.agent.fetch import ConfigMapReader, fetch
 from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
 from metainfer.core.data import Dataset, load_npz
 from metainfer.core.errors import DataError, ModelError
-from metainfer.core.modelinfo import ModelInfo, TensorInfo, inspect_model, load_model
+from metainfer.core.modelinfo import ModelInfo, TensorInfo, inspect_model
 from metainfer.core.recipe import Recipe, TransformSpec
 from metainfer.core.runtime import create_session
 from metainfer.core.transforms import build_variant
@@ -110,7 +111,10 @@ def _calibration(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, workd
 
 def _checked_variant(path: Path, base_sha256: str, transform: TransformSpec) -> bytes:
     """A prebuilt variant, accepted only if its provenance names this base model and this transform."""
-    model = load_model(path)
+    try:  # no onnx.checker here: ONNX Runtime is the judge of a variant, and creating the session checks it
+        model = onnx.load(str(path))
+    except Exception as exc:  # protobuf raises several unrelated types
+        raise ModelError(str(path), f"not an ONNX model ({type(exc).__name__}: {exc})") from exc
     props = {p.key: p.value for p in model.metadata_props}
     stamped_base = props.get(f"{PROVENANCE_PREFIX}base_sha256")
     stamped_transform = props.get(f"{PROVENANCE_PREFIX}transform")

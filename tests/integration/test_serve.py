@@ -1,0 +1,286 @@
+"""`metainfer serve` as a real process, driven by a real KServe v2 client (tritonclient's HTTP client).
+
+No cluster: the server is started on a free loopback port, serving the digits
+example (file:// URI, sha256 verified) with a dynamic-int8 recipe. Results are
+compared with the same variant run directly in ONNX Runtime.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+tritonhttp = pytest.importorskip("tritonclient.http")
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from tritonclient.utils import InferenceServerException  # noqa: E402
+
+from metainfer.core.recipe import Recipe  # noqa: E402
+from metainfer.core.runtime import create_session  # noqa: E402
+from metainfer.core.transforms import build_variant  # noqa: E402
+from metainfer.core.zoo import build_examples  # noqa: E402
+
+RECIPE = Recipe.model_validate({"transform": {"quantization": {"mode": "int8_dynamic"}}, "batch": 4})
+LABELS = {"policy": "digits-policy", "hardware_class": "cls-test", "variant": "rk-test"}
+MODEL = LABELS["policy"]
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[bytes]
+    url: str
+    example_dir: Path
+    log: Path
+
+    @property
+    def host(self) -> str:
+        return self.url.removeprefix("http://")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(tmp: Path, *extra: str) -> Served:
+    example = build_examples(tmp / "examples", ["digits"])["digits"]
+    port = _free_port()
+    env = {
+        **os.environ,
+        "PYTHONSAFEPATH": "1",
+        "METAINFER_POLICY": LABELS["policy"],
+        "METAINFER_CLASS": LABELS["hardware_class"],
+        "METAINFER_RECIPE_KEY": LABELS["variant"],
+    }
+    cmd = [
+        sys.executable, "-m", "metainfer.agent.cli", "serve",
+        "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
+        "--recipe-json", RECIPE.model_dump_json(), "--host", "127.0.0.1", "--port", str(port),
+        "--drain-timeout", "10", *extra,
+    ]  # fmt: skip
+    log = tmp / f"serve-{port}.log"
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    return Served(proc, f"http://127.0.0.1:{port}", example.model_path.parent, log)
+
+
+def _wait_ready(served: Served, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if served.proc.poll() is not None:
+            pytest.fail(f"serve exited {served.proc.returncode}:\n{served.log.read_text()}")
+        try:
+            with urllib.request.urlopen(served.url + "/v2/health/ready", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(0.1)
+    pytest.fail(f"serve not ready after {timeout} s:\n{served.log.read_text()}")
+
+
+def _stop(served: Served) -> None:
+    if served.proc.poll() is None:
+        served.proc.send_signal(signal.SIGTERM)
+        try:
+            served.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            served.proc.kill()
+            served.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    served = _start(tmp_path_factory.mktemp("serve"))
+    try:
+        _wait_ready(served)
+        yield served
+    finally:
+        _stop(served)
+
+
+@pytest.fixture(scope="module")
+def client(server: Served) -> Iterator[tritonhttp.InferenceServerClient]:
+    c = tritonhttp.InferenceServerClient(server.host)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def samples(server: Served) -> np.ndarray:
+    with np.load(server.example_dir / "data.npz") as npz:
+        return np.ascontiguousarray(npz["input"][:8], dtype=np.float32)
+
+
+def _post(url: str, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+def _metrics(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("metainfer_")
+    }
+
+
+def _key(name: str, **extra: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    return name, tuple(sorted({**LABELS, **extra}.items()))
+
+
+def test_health_and_metadata(client: tritonhttp.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
+    meta = client.get_model_metadata(MODEL)
+    assert meta["name"] == MODEL and meta["platform"] == "onnxruntime" and meta["versions"] == ["1"]
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 64]}]
+    assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+
+
+def test_results_equal_the_variant_run_directly(
+    server: Served, client: tritonhttp.InferenceServerClient, samples: np.ndarray
+) -> None:
+    base = (server.example_dir / "model.onnx").read_bytes()
+    expected = create_session(build_variant(base, RECIPE.transform), RECIPE).run(None, {"input": samples})[0]
+    # The client's defaults: binary input, binary outputs (binary_data_output).
+    binary = tritonhttp.InferInput("input", list(samples.shape), "FP32")
+    binary.set_data_from_numpy(samples)
+    result = client.infer(MODEL, [binary], request_id="req-1")
+    assert result.get_response()["id"] == "req-1"
+    np.testing.assert_allclose(result.as_numpy("logits"), expected, rtol=1e-5, atol=1e-6)
+    # Pure JSON both ways.
+    plain = tritonhttp.InferInput("input", list(samples.shape), "FP32")
+    plain.set_data_from_numpy(samples, binary_data=False)
+    wanted = [tritonhttp.InferRequestedOutput("logits", binary_data=False)]
+    result = client.infer(MODEL, [plain], outputs=wanted)
+    np.testing.assert_allclose(result.as_numpy("logits"), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "shape", "needle"),
+    [
+        ("FP64", [2, 64], "datatype 'FP64' does not match the model's FP32"),
+        ("FP32", [2, 63], "axis 1 has size 63, the model expects 64"),
+        ("FP32", [65, 64], "batch 65 is larger than the allowed 64"),
+    ],
+)
+def test_client_bad_requests_are_400(
+    client: tritonhttp.InferenceServerClient, datatype: str, shape: list[int], needle: str
+) -> None:
+    data = np.zeros(shape, dtype=np.float64 if datatype == "FP64" else np.float32)
+    tensor = tritonhttp.InferInput("input", shape, datatype)
+    tensor.set_data_from_numpy(data)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(MODEL, [tensor])
+    assert info.value.status() == "400"
+    assert needle in info.value.message()
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        (b'{"inputs": [', "not valid JSON"),
+        (b'{"inputs": []}', "non-empty 'inputs'"),
+        (b'{"inputs": [{"name": "pixels", "shape": [1, 64], "datatype": "FP32", "data": [0]}]}', "unknown input"),
+        (b'{"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [0, 1]}]}', "2 elements"),
+    ],
+)
+def test_malformed_http_is_400_and_server_survives(
+    server: Served, client: tritonhttp.InferenceServerClient, body: bytes, needle: str
+) -> None:
+    status, doc = _post(f"{server.url}/v2/models/{MODEL}/infer", body)
+    assert status == 400 and needle in doc["error"], doc
+    assert client.is_server_live() and client.is_model_ready(MODEL)
+
+
+def test_unknown_model_is_404(server: Served) -> None:
+    status, doc = _post(f"{server.url}/v2/models/other/infer", b"{}")
+    assert status == 404 and "unknown model 'other'" in doc["error"]
+
+
+def test_metrics_count_requests_errors_and_latency(
+    server: Served, client: tritonhttp.InferenceServerClient, samples: np.ndarray
+) -> None:
+    before = _metrics(server.url)
+    tensor = tritonhttp.InferInput("input", list(samples.shape), "FP32")
+    tensor.set_data_from_numpy(samples)
+    for _ in range(5):
+        client.infer(MODEL, [tensor])
+    _post(f"{server.url}/v2/models/{MODEL}/infer", b"not json")
+    after = _metrics(server.url)
+
+    def delta(key: tuple[str, tuple[tuple[str, str], ...]]) -> float:
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta(_key("metainfer_inference_latency_seconds_count")) == 5
+    assert delta(_key("metainfer_inference_requests_total")) == 6
+    assert delta(_key("metainfer_inference_errors_total", code="400")) == 1
+    assert delta(_key("metainfer_inference_latency_seconds_bucket", le="10.0")) == 5
+    assert _key("metainfer_inference_latency_seconds_bucket", le="0.0005") in after  # ms-scale buckets
+    info = [k for k in after if k[0] == "metainfer_serving_info"]
+    assert len(info) == 1 and dict(info[0][1])["policy"] == LABELS["policy"] and after[info[0]] == 1
+
+
+def test_sigterm_drains_the_request_in_flight_and_exits_0(tmp_path: Path) -> None:
+    served = _start(tmp_path)
+    try:
+        _wait_ready(served)
+        with np.load(served.example_dir / "data.npz") as npz:
+            sample = npz["input"][:1].astype(np.float32)
+        body = json.dumps(
+            {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": sample.ravel().tolist()}]}
+        ).encode()
+        port = int(served.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+            head = (
+                f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+            ).encode()
+            conn.sendall(head + body[:10])  # the request is now in flight: its handler waits for the body
+            time.sleep(0.3)
+            served.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.5)
+            assert served.proc.poll() is None, "exited with a request in flight"
+            conn.sendall(body[10:])
+            response = b""
+            while chunk := conn.recv(65536):
+                response += chunk
+        status_line, _, rest = response.partition(b"\r\n")
+        assert b" 200 " in status_line, response
+        doc = json.loads(rest.partition(b"\r\n\r\n")[2])
+        assert doc["outputs"][0]["shape"] == [1, 10]
+        assert served.proc.wait(timeout=15) == 0
+    finally:
+        _stop(served)
+
+
+def test_prebuilt_variant_must_match_the_recipe(tmp_path: Path) -> None:
+    example = build_examples(tmp_path / "examples", ["digits"])["digits"]
+    other = Recipe.model_validate({"transform": {"quantization": {"mode": "fp16"}}})
+    variant = tmp_path / "variant.onnx"
+    variant.write_bytes(build_variant(example.model_path.read_bytes(), other.transform))
+    served = _start(tmp_path, "--variant", str(variant))
+    try:
+        assert served.proc.wait(timeout=30) == 2
+        assert "was built with transform" in served.log.read_text()
+    finally:
+        _stop(served)
