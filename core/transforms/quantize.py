@@ -70,7 +70,13 @@ def calibration_batch(model: onnx.ModelProto) -> int:
 def to_fp16(model: onnx.ModelProto, keep_float: tuple[str, ...]) -> onnx.ModelProto:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
-    return convert_float_to_float16(model, keep_io_types=True, node_block_list=list(keep_float) or None)
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    converted = convert_float_to_float16(model, keep_io_types=True, node_block_list=list(keep_float) or None)
+    # The converter appends its Cast nodes at the end of the node list; ONNX requires topological order.
+    wrapped = OnnxModel(converted)
+    wrapped.topological_sort()
+    return wrapped.model
 
 
 @contextlib.contextmanager

@@ -47,6 +47,7 @@ def test_variants_differ_and_carry_provenance(digits) -> None:
     assert _ops(blobs["dynamic"])["MatMulInteger"] == 3
     assert _ops(blobs["static"])["QuantizeLinear"] > 0
     assert _ops(blobs["fp16"])["Cast"] >= 2  # fp32 interface kept
+    onnx.checker.check_model(onnx.load_from_string(blobs["fp16"]))  # nodes in topological order
 
 
 def test_keep_float_leaves_named_layers_unquantized(digits) -> None:
