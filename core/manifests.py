@@ -38,6 +38,7 @@ LABEL_RECIPE_KEY = "metainfer.io/recipe-key"
 LABEL_TRACK = "metainfer.io/track"
 ANNOTATION_TOLERATIONS = "metainfer.io/tolerations"
 ANNOTATION_CLASS_NAME = "metainfer.io/class-name"
+ANNOTATION_DRIFT_EPOCH = "metainfer.io/drift-epoch"
 HTTP_PORT = 8080
 UID = 65532  # "nonroot" in distroless images
 CACHE_DIR = "/var/cache/metainfer"
@@ -67,13 +68,21 @@ class ServingDefaults(_Settings):
     service_account: str = "metainfer-serving"
 
 
-def run_key(policy_spec: AdaptationPolicySpec | Mapping[str, Any], generation: int, class_fingerprint: str) -> str:
+def run_key(
+    policy_spec: AdaptationPolicySpec | Mapping[str, Any],
+    generation: int,
+    class_fingerprint: str,
+    drift_epoch: str | None = None,
+) -> str:
     """16 hex digits identifying one adaptation: model sha256, batch size, class, and what the run snapshots.
 
     ``generation`` is recorded in the run (spec.policyGeneration) but deliberately not hashed: hashing it would
     re-adapt every class when only serving replicas or rollout settings change. Instead the key covers exactly the
     spec the run copies (model, slo, objective, searchSpace, search), so any change that would change the run's
     snapshot changes the key, and nothing else does.
+
+    ``drift_epoch`` (the class's last confirmed latency drift) salts the key: re-adapting the same spec after a drift
+    needs a new run name, and an unset epoch leaves every key as it was before drift detection existed.
     """
     del generation  # see docstring
     spec = _policy_spec(policy_spec)
@@ -81,7 +90,9 @@ def run_key(policy_spec: AdaptationPolicySpec | Mapping[str, Any], generation: i
         mode="json", by_alias=True, include={"model", "slo", "objective", "search_space", "search"}
     )
     snapshot["search"].pop("maxConcurrentRuns", None)  # a scheduling limit, not part of the result
-    payload = [spec.model.sha256, spec.slo.batch_size, class_fingerprint, snapshot]
+    payload: list[Any] = [spec.model.sha256, spec.slo.batch_size, class_fingerprint, snapshot]
+    if drift_epoch:
+        payload.append({"driftEpoch": drift_epoch})
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
@@ -102,12 +113,14 @@ def class_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
     return {MANAGED_BY: "metainfer", LABEL_POLICY: label_value(policy_name), LABEL_CLASS: group.fingerprint}
 
 
-def build_run(policy: Mapping[str, Any], group: ClassGroup, reason: str) -> dict[str, Any]:
+def build_run(
+    policy: Mapping[str, Any], group: ClassGroup, reason: str, drift_epoch: str | None = None
+) -> dict[str, Any]:
     """The AdaptationRun for (policy, class) at the policy's current spec; its name is deterministic."""
     meta = policy["metadata"]
     spec = _policy_spec(policy["spec"])
     generation = int(meta.get("generation", 0))
-    key = run_key(spec, generation, group.fingerprint)
+    key = run_key(spec, generation, group.fingerprint, drift_epoch)
     run_spec = AdaptationRunSpec(
         policy_name=meta["name"],
         policy_generation=generation,
@@ -134,6 +147,7 @@ def build_run(policy: Mapping[str, Any], group: ClassGroup, reason: str) -> dict
             "annotations": {
                 ANNOTATION_TOLERATIONS: json.dumps(tolerations, separators=(",", ":")),
                 ANNOTATION_CLASS_NAME: group.hardware_class.name(),
+                **({ANNOTATION_DRIFT_EPOCH: drift_epoch} if drift_epoch else {}),
             },
             "ownerReferences": [owner_reference(policy, api_version=API_VERSION, kind="AdaptationPolicy")],
         },

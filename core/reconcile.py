@@ -29,6 +29,7 @@ from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus, VariantSummary
 from metainfer.core.hardware import ClassGroup
 from metainfer.core.manifests import (
+    ANNOTATION_DRIFT_EPOCH,
     LABEL_CLASS,
     LABEL_RUN_KEY,
     AgentJobSettings,
@@ -110,7 +111,8 @@ def plan_policy(
     selected = {g.fingerprint for g in groups}
     plan = Plan()
 
-    keys = {fp: run_key(spec, generation, fp) for fp in selected}
+    epochs = {fp: drift_epoch(before.get(fp)) for fp in selected}
+    keys = {fp: run_key(spec, generation, fp, epochs[fp]) for fp in selected}
     # Only current runs hold a slot: superseded ones and those of vanished classes are deleted below.
     in_flight = sum(
         run_phase(r) in IN_FLIGHT
@@ -140,10 +142,10 @@ def plan_policy(
             if stale is not current and run_phase(stale) in IN_FLIGHT:
                 plan.runs_to_delete.append(stale["metadata"]["name"])
         if current is None:
-            reason = _trigger(spec, group, class_runs, before, selected)
+            reason = _trigger(spec, group, class_runs, before, epochs[fp])
             if slots > 0:
                 slots -= 1
-                manifest = build_run(policy, group, reason)
+                manifest = build_run(policy, group, reason, epochs[fp])
                 plan.runs_to_create.append(PlannedRun(manifest, reason))
                 plan.events.append(Event("Normal", reason, f"class {status.name}: run {manifest['metadata']['name']}"))
                 status = _with(status, state="Adapting", reason=reason, run_name=manifest["metadata"]["name"])
@@ -173,7 +175,7 @@ def _trigger(
     group: ClassGroup,
     class_runs: list[Mapping[str, Any]],
     before: Mapping[str, ClassStatus],
-    selected: set[str],
+    epoch: str | None,
 ) -> str:
     last = latest(class_runs)
     if last is None:
@@ -189,7 +191,15 @@ def _trigger(
         return Reason.MODEL_CHANGE
     if last["spec"]["batchSize"] != spec.slo.batch_size:
         return Reason.BATCH_CHANGE
+    if epoch and (last["metadata"].get("annotations") or {}).get(ANNOTATION_DRIFT_EPOCH) != epoch:
+        return Reason.LATENCY_DRIFT
     return Reason.SPEC_CHANGE
+
+
+def drift_epoch(status: ClassStatus | None) -> str | None:
+    """The run-key salt of a class: its last confirmed latency drift (core.drift), in one canonical spelling."""
+    when = status.drift.last_readaptation_time if status and status.drift else None
+    return when.astimezone(dt.UTC).isoformat() if when else None
 
 
 def _from_current(status: ClassStatus, run: Mapping[str, Any], was: ClassStatus | None, plan: Plan) -> ClassStatus:

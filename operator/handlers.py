@@ -21,6 +21,7 @@ from metainfer.core.api import GROUP, VERSION
 from metainfer.core.manifests import LABEL_POLICY, MANAGED_BY
 from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
 from metainfer.operator.apply import apply_plan, invalid_spec_status, reconcile_inputs
+from metainfer.operator.drift import drift_step, fetch_policy
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
 from metainfer.operator.view import ClusterView, Wakeups
 
@@ -105,9 +106,17 @@ async def policy_daemon(
         while not stopped:
             wake.clear()
             started = time.perf_counter()
+            sleep = config.resync_seconds
             try:
-                inputs = reconcile_inputs(_plain(body), VIEW, nodes_index, runs_index, deployments_index, config)
+                # Fresh, not kopf's body: the watch may lag behind this daemon's own last status write.
+                policy = await fetch_policy(namespace, name) or _plain(body)
+                inputs = reconcile_inputs(policy, VIEW, nodes_index, runs_index, deployments_index, config)
                 await apply_plan(body, inputs, jobs_index, config, logger, dt.datetime.now(dt.UTC))
+                checked = await drift_step(body, namespace, name, config, logger, dt.datetime.now(dt.UTC))
+                if checked.readapt:
+                    continue  # reconcile at once: the salted run key creates the LatencyDrift run
+                if checked.next_check_s is not None:
+                    sleep = min(sleep, max(checked.next_check_s, 0.5))
             except ValidationError as exc:  # schema-valid but unusable: say so on the object, keep watching
                 RECONCILE_ERRORS.labels("InvalidSpec").inc()
                 await invalid_spec_status(body, exc)
@@ -123,7 +132,7 @@ async def policy_daemon(
                 continue
             finally:
                 RECONCILE_SECONDS.observe(time.perf_counter() - started)
-            await _sleep_until_woken(wake, stopped, config.resync_seconds)
+            await _sleep_until_woken(wake, stopped, sleep)
     finally:
         WAKEUPS.unregister(namespace, name)
 

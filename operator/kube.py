@@ -41,7 +41,13 @@ async def apply(manifest: Mapping[str, Any]) -> None:
     """Create, or merge-patch the spec and labels of an existing object."""
     if await create_if_absent(manifest):
         return
-    patch = {"metadata": {"labels": manifest["metadata"].get("labels", {})}, "spec": manifest["spec"]}
+    # Annotations too: the reconcile compares its spec-hash annotation, so an update that left the old hash would
+    # be re-applied forever and the class would never be Ready again.
+    meta = manifest["metadata"]
+    patch = {
+        "metadata": {"labels": meta.get("labels", {}), "annotations": meta.get("annotations", {})},
+        "spec": manifest["spec"],
+    }
     try:
         await asyncio.to_thread(_patch, manifest, patch)
     except ApiException as exc:

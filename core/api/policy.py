@@ -317,7 +317,20 @@ class DriftStatus(ApiModel):
     consecutive_breaches: int = Field(0, ge=0)
     last_check_time: dt.datetime | None = None
     last_observed_p95_ms: float | None = Field(None, ge=0)
-    last_readaptation_time: dt.datetime | None = None
+    last_readaptation_time: dt.datetime | None = Field(
+        None, description="Last confirmed drift; also salts the run key so a LatencyDrift run gets a new name."
+    )
+    baseline_p95_ms: float | None = Field(
+        None, ge=0, description="First production p95 of the serving variant (raises the adaptation baseline)."
+    )
+    baseline_variant: str | None = Field(None, max_length=253, description="The run whose variant set the baseline.")
+    reason: str | None = Field(
+        None,
+        max_length=64,
+        description="Outcome of the last check: WithinTolerance, LatencyBreach, Cooldown, "
+        "LatencyDrift, or why metrics were unavailable (PrometheusUnreachable, PrometheusError, NoData).",
+    )
+    message: str | None = Field(None, max_length=1024, description="The last check, for people.")
 
 
 class ClassStatus(ApiModel):

@@ -1,0 +1,172 @@
+"""The drift step of a policy's daemon: query Prometheus per class, fold the p95 into core.drift, write status.
+
+Why a step in the policy daemon and not a separate kopf timer: the class list
+in the policy status is written as a whole (a JSON merge patch replaces
+lists), so two writers of the same status would undo each other's work. One
+daemon per policy, reconcile then drift check, serialises them.
+
+Why the policy is read fresh from the API server: kopf's body is a watch-fed
+view that may not yet show the status this daemon just wrote; a drift epoch
+lost that way would make the reconcile delete the LatencyDrift run it just
+created as "superseded".
+
+A confirmed drift is written as ``drift.lastReadaptationTime`` in the class
+status, and nothing else: that time salts the run key (core.reconcile), so the
+next reconcile creates the LatencyDrift run, idempotently and even after a
+crash between the two writes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from metainfer.core import drift, promql
+from metainfer.core.api import ADAPTATION_POLICY, GROUP, VERSION
+from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_condition
+from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
+from metainfer.operator import kube
+from metainfer.operator.config import OperatorConfig
+from metainfer.operator.prometheus import MetricsUnavailable, query
+
+UNAVAILABLE = (Reason.PROMETHEUS_UNREACHABLE, Reason.PROMETHEUS_ERROR, Reason.NO_DATA)
+QUERY_TIMEOUT_S = 5.0
+
+
+@dataclass
+class DriftStep:
+    """What one step did: ``readapt`` names classes whose drift was confirmed; ``next_check_s`` when to come back."""
+
+    readapt: list[str] = field(default_factory=list)
+    next_check_s: float | None = None
+
+
+async def fetch_policy(namespace: str, name: str) -> dict[str, Any] | None:
+    """The policy as the API server has it now (None once deleted)."""
+    api = client.CustomObjectsApi()
+    try:
+        obj = await asyncio.to_thread(
+            api.get_namespaced_custom_object, GROUP, VERSION, namespace, ADAPTATION_POLICY.plural, name
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise kube._temporary(exc, f"get {ADAPTATION_POLICY.plural}/{name}") from exc
+    return dict(obj)
+
+
+def eligible(cls: ClassStatus) -> bool:
+    """Checked only while serving its best variant with no run in flight: a re-adaptation is already an answer."""
+    return cls.state == "Ready" and cls.current is not None and bool(cls.current.recipe_key)
+
+
+async def drift_step(
+    body: kopf.Body, namespace: str, name: str, config: OperatorConfig, logger: logging.Logger, now: dt.datetime
+) -> DriftStep:
+    """Check every due class of one policy; never raises for Prometheus trouble (that is a status, not an error)."""
+    policy = await fetch_policy(namespace, name)
+    if policy is None:
+        return DriftStep()
+    spec = AdaptationPolicySpec.model_validate(policy["spec"])
+    settings = spec.readaptation
+    if not settings.enabled:
+        return DriftStep()
+    status = AdaptationPolicyStatus.model_validate(policy.get("status") or {})
+    interval = float(settings.check_interval_seconds)
+    classes = [c for c in status.classes if eligible(c)]
+    due = [c for c in classes if drift.due(c.drift, interval, now)]
+    step = DriftStep()
+    if due:
+        url = settings.prometheus_url or config.prometheus_url
+        results = await asyncio.gather(*(_p95(url, spec, namespace, name, c) for c in due))
+        updated = {c.fingerprint: c for c in status.classes}
+        for cls, result in zip(due, results, strict=True):
+            params = drift.DriftParams.from_settings(
+                settings, spec.slo.latency_p95_ms, cls.current.p95_ms if cls.current else None
+            )
+            variant = cls.current.run_name if cls.current else None
+            if isinstance(result, MetricsUnavailable):
+                verdict = drift.observe(
+                    cls.drift, None, params, now, variant=variant,
+                    unavailable_reason=result.reason, unavailable_message=result.message,
+                )  # fmt: skip
+            else:
+                verdict = drift.observe(cls.drift, result * 1000.0, params, now, variant=variant)
+            _events(body, cls, verdict, logger)
+            if verdict.readapt:
+                step.readapt.append(cls.name)
+            updated[cls.fingerprint] = ClassStatus.model_validate({**cls.model_dump(), "drift": verdict.state})
+        status = status.model_copy(update={"classes": list(updated.values())})
+        status = status.model_copy(update={"conditions": _metrics_condition(status, now)})
+        patch = status.to_api()
+        await kube.patch_status(
+            ADAPTATION_POLICY.plural, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]}
+        )
+        classes = [c for c in status.classes if eligible(c)]
+    waits = [max(0.0, drift.seconds_until_due(c.drift, interval, now)) for c in classes]
+    step.next_check_s = 0.0 if step.readapt else (min(waits) if waits else None)
+    return step
+
+
+async def _p95(url: str | None, spec: AdaptationPolicySpec, namespace: str, name: str, cls: ClassStatus) -> Any:
+    """p95 in seconds, or MetricsUnavailable; nothing here raises."""
+    settings = spec.readaptation
+    if not url:
+        return MetricsUnavailable(
+            Reason.PROMETHEUS_UNREACHABLE,
+            "no Prometheus configured: set METAINFER_PROMETHEUS_URL or spec.readaptation.prometheusURL",
+        )
+    text = promql.p95_query(name, namespace, cls.fingerprint, settings.window_seconds, settings.query)
+    timeout = min(QUERY_TIMEOUT_S, settings.check_interval_seconds / 2)
+    try:
+        result = await query(url, text, timeout_s=timeout)
+    except Exception as exc:  # a bug in classification must still fail safe
+        return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"{type(exc).__name__}: {exc}")
+    return result if isinstance(result, MetricsUnavailable) else result.value
+
+
+def _metrics_condition(status: AdaptationPolicyStatus, now: dt.datetime) -> list[Condition]:
+    """MetricsAvailable: False (with the first missing class's reason) while any checked class lacks data."""
+    checked = [c for c in status.classes if c.drift is not None and c.drift.reason is not None and eligible(c)]
+    missing = [c for c in checked if c.drift and c.drift.reason in UNAVAILABLE]
+    if not checked:
+        return status.conditions
+    if missing:
+        first = missing[0].drift
+        assert first is not None
+        message = "MetricsUnavailable, no re-adaptation without data: " + "; ".join(
+            f"{c.name}: {c.drift.reason}: {c.drift.message}" for c in missing if c.drift
+        )
+        return set_condition(
+            status.conditions, ConditionType.METRICS_AVAILABLE, "False", first.reason or Reason.NO_DATA,
+            message[:32768], now=now,
+        )  # fmt: skip
+    summary = ", ".join(
+        f"{c.name}: p95 {c.drift.last_observed_p95_ms:.3f} ms"
+        for c in checked
+        if c.drift and c.drift.last_observed_p95_ms
+    )
+    return set_condition(
+        status.conditions, ConditionType.METRICS_AVAILABLE, "True", Reason.METRICS_OK, summary, now=now
+    )
+
+
+def _events(body: kopf.Body, cls: ClassStatus, verdict: drift.Verdict, logger: logging.Logger) -> None:
+    """Events for what a person should notice: a confirmed drift, and metrics going missing (once, not per check)."""
+    was = cls.drift.reason if cls.drift else None
+    if verdict.readapt:
+        logger.info("latency drift on class %s: %s", cls.name, verdict.message)
+        kopf.event(body, type="Warning", reason=Reason.LATENCY_DRIFT, message=f"class {cls.name}: {verdict.message}")
+    elif verdict.outcome in UNAVAILABLE and was not in UNAVAILABLE:
+        logger.warning("metrics unavailable for class %s: %s", cls.name, verdict.message)
+        kopf.event(
+            body, type="Warning", reason=Reason.METRICS_UNAVAILABLE, message=f"class {cls.name}: {verdict.outcome}: "
+            f"{verdict.message}"
+        )  # fmt: skip
