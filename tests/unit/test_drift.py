@@ -107,3 +107,31 @@ def test_params_from_settings_and_due() -> None:
 def test_long_messages_fit_the_status() -> None:
     v = observe(None, None, PARAMS, T0, unavailable_message="x" * 5000)
     assert len(v.state.message or "") <= 1024
+
+
+def test_confirmed_drift_makes_exactly_one_latency_drift_run() -> None:
+    """The drift epoch in the class status salts the run key: a new run for the same spec, then none again."""
+    from test_reconcile import CPU, Cluster  # the in-memory API of the reconcile scenarios
+
+    c = Cluster()
+    nodes = {"n1": CPU}
+    c.reconcile(nodes)
+    (first,) = c.runs
+    c.finish(first)
+    c.reconcile(nodes)
+    assert c.reconcile(nodes).class_statuses[0].state == "Ready"
+    # What operator.drift writes on a confirmed drift: only the class's drift status.
+    c.policy["status"]["classes"][0]["drift"] = {"lastReadaptationTime": "2026-01-01T01:00:00Z"}
+    plan = c.reconcile(nodes)
+    assert [p.reason for p in plan.runs_to_create] == [Reason.LATENCY_DRIFT] and plan.runs_to_delete == []
+    assert plan.class_statuses[0].drift is not None  # carried, so the key stays salted
+    assert plan.deployments_to_apply == [], "the old variant keeps serving while re-adapting"
+    again = c.reconcile(nodes)
+    assert again.runs_to_create == [] and again.runs_to_delete == [] and len(c.runs) == 2
+    new = next(n for n in c.runs if n != first)
+    c.finish(new)
+    c.reconcile(nodes)
+    assert c.reconcile(nodes).class_statuses[0].state == "Ready" and len(c.runs) == 2
+    # A later spec change on a drifted class is still a SpecChange, keeping the epoch.
+    c.edit(search={"trialBudget": 3})
+    assert [p.reason for p in c.reconcile(nodes).runs_to_create] == [Reason.SPEC_CHANGE]
