@@ -146,6 +146,12 @@ def drift_runs(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
     return [r for r in runs(api, namespace) if r["spec"]["reason"] == "LatencyDrift"]
 
 
+def set_query(api: client.ApiClient, namespace: str, query: str | None) -> None:
+    client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        GROUP, VERSION, namespace, "adaptationpolicies", "digits", {"spec": {"readaptation": {"query": query}}}
+    )
+
+
 def run_pending(control_plane: Any, namespace: str) -> None:
     for run in runs(control_plane.api_client, namespace):
         if (run.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
@@ -218,6 +224,19 @@ def test_sustained_breach_readapts_once_spike_and_missing_metrics_never(
             wait_for("good again", lambda: drift(api, namespace).get("reason") == "WithinTolerance", 40)
             assert metrics_condition(api, namespace)["status"] == "True"
 
+            # No traffic: the series exist but the rate is 0, so the p95 is NaN -> NoData.
+            labels, serving.labels = serving.labels, None
+            wait_for("NoData", lambda: drift(api, namespace).get("reason") == "NoData", 40)
+            assert metrics_condition(api, namespace)["reason"] == "NoData"
+            serving.labels = labels
+            # A policy query Prometheus rejects -> PrometheusError, naming Prometheus' own message.
+            set_query(api, namespace, "histogram_quantile(0.95, {policy}")
+            wait_for("PrometheusError", lambda: drift(api, namespace).get("reason") == "PrometheusError", 40)
+            assert "bad_data" in drift(api, namespace)["message"], drift(api, namespace)
+            set_query(api, namespace, None)
+            wait_for("good again", lambda: drift(api, namespace).get("reason") == "WithinTolerance", 40)
+            assert not drift_runs(api, namespace)
+
             # A sustained breach: exactly one LatencyDrift run.
             serving.latency = SLOW_S
             started = time.monotonic()
@@ -229,7 +248,7 @@ def test_sustained_breach_readapts_once_spike_and_missing_metrics_never(
             )
             (tmp_path.parent / "drift-timing.txt").write_text(f"{elapsed:.2f} {WINDOW_S} {INTERVAL_S} {BREACHES}\n")
             assert len(new) == 1
-            assert klass(api, namespace)["reason"] == "LatencyDrift"
+            wait_for("class Adapting (LatencyDrift)", lambda: klass(api, namespace).get("reason") == "LatencyDrift", 10)
             time.sleep(INTERVAL_S * (BREACHES + 1))  # still breaching: the run in flight is the answer
             assert len(drift_runs(api, namespace)) == 1
 
