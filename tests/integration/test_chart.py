@@ -1,0 +1,265 @@
+"""The Helm chart on the real control plane: lint, render, apply server-side, then run the operator under its RBAC.
+
+The operator and the agent run with tokens of the chart's own ServiceAccounts
+(TokenRequest; the control plane signs service-account tokens), never as admin,
+so the operator loop succeeding proves the chart's RBAC is sufficient, and the
+denied requests below prove it is not more than that.
+
+The Prometheus Operator's CRDs are not part of this project: minimal stand-ins
+for ServiceMonitor, PodMonitor and PrometheusRule (any spec accepted) let the
+API server store those documents; the real schemas are not checked here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import secrets
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from operator_harness import (
+    cpu_node_labels,
+    create_node,
+    delete_node,
+    deployments,
+    jobs,
+    operator_process,
+    run_agent,
+    runs,
+    wait_for,
+)
+from operator_harness import policy as get_policy
+
+from metainfer.core.api import GROUP, VERSION
+from metainfer.core.manifests import MANAGED_BY
+from metainfer.core.zoo import build_examples
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "metainfer"
+ALL_ON = [
+    "--set", "metrics.serviceMonitor.enabled=true",
+    "--set", "metrics.podMonitor.enabled=true",
+    "--set", "prometheusRule.enabled=true",
+    "--set", "dashboard.enabled=true",
+    "--set", "prometheus.url=http://prometheus.monitoring:9090",
+    "--set-json", 'labelMapping={"cpuFeatures":["AVX2","AVX512VNNI"]}',
+    "--set-json", 'prometheusRule.sloBreach.policies=[{"namespace":"default","policy":"digits","p95Ms":5}]',
+]  # fmt: skip
+MONITORING_KINDS = [("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"),
+                    ("PrometheusRule", "prometheusrules")]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    spec = importlib.util.spec_from_file_location("metainfer_hack_helm", REPO / "hack" / "helm.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    try:
+        return str(module.provide(print))
+    except Exception as exc:
+        pytest.fail(f"cannot provide helm {module.HELM_VERSION}: {exc}", pytrace=False)
+
+
+def run_helm(helm: str, *args: str) -> str:
+    result = subprocess.run([helm, *args], capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(control_plane: Any) -> None:
+    """Stand-in monitoring.coreos.com CRDs (schema-less), installed once and left for the session."""
+    for kind, plural in MONITORING_KINDS:
+        crd = {
+            "apiVersion": "apiextensions.k8s.io/v1",
+            "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"{plural}.monitoring.coreos.com"},
+            "spec": {
+                "group": "monitoring.coreos.com",
+                "scope": "Namespaced",
+                "names": {"kind": kind, "plural": plural, "singular": kind.lower(), "listKind": f"{kind}List"},
+                "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                    "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}],
+            },
+        }  # fmt: skip
+        control_plane.kubectl("apply", "--server-side", "--field-manager=metainfer-test", "-f", "-",
+                              stdin=yaml.safe_dump(crd))  # fmt: skip
+        control_plane.kubectl(
+            "wait", "--for=condition=Established", "--timeout=30s", f"crd/{plural}.monitoring.coreos.com"
+        )
+
+
+@pytest.mark.parametrize("all_on", [False, True], ids=["defaults", "all-optional-on"])
+def test_lint_template_and_server_side_apply(
+    control_plane: Any, namespace: str, helm: str, monitoring_crds: None, tmp_path: Path, all_on: bool
+) -> None:
+    extra = ALL_ON if all_on else []
+    lint = run_helm(helm, "lint", "--strict", str(CHART), *extra)
+    assert "0 chart(s) failed" in lint, lint
+    release = f"r{secrets.token_hex(3)}"
+    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace, "--include-crds",
+                        "--set", f"workloadNamespaces={{{namespace}}}", *extra)  # fmt: skip
+    documents = [d for d in yaml.safe_load_all(manifest) if d]
+    crds = [d for d in documents if d["kind"] == "CustomResourceDefinition"]
+    objects = [d for d in documents if d["kind"] != "CustomResourceDefinition"]
+    assert len(crds) == len(list((CHART / "crds").glob("*.yaml")))
+    kinds = {d["kind"] for d in objects}
+    optional = {kind for kind, _ in MONITORING_KINDS}
+    assert kinds & optional == (optional if all_on else set())
+    # The session's CRDs come from crds/ and other tests rely on them: the chart's are checked, not swapped in.
+    crd_file = tmp_path / "crds.yaml"
+    crd_file.write_text(yaml.safe_dump_all(crds))
+    control_plane.kubectl("apply", "--server-side", "--dry-run=server", "--force-conflicts", "-f", str(crd_file))
+    objects_file = tmp_path / "objects.yaml"
+    objects_file.write_text(yaml.safe_dump_all(objects))
+    try:
+        applied = control_plane.kubectl("apply", "--server-side", "--field-manager=helm-test", "-f", str(objects_file))
+        assert applied.stdout.count("serverside-applied") == len(objects), applied.stdout
+        for doc in objects:
+            ns = doc["metadata"].get("namespace")
+            got = control_plane.kubectl("get", doc["kind"], doc["metadata"]["name"], *(["-n", ns] if ns else []),
+                                        "-o", "name")  # fmt: skip
+            assert got.stdout.strip(), f"{doc['kind']} {doc['metadata']['name']} was not stored"
+    finally:
+        cluster_scoped = [d for d in objects if "namespace" not in d["metadata"]]
+        (tmp_path / "cluster.yaml").write_text(yaml.safe_dump_all(cluster_scoped))
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(tmp_path / "cluster.yaml"), check=False)
+
+
+# --- the operator and the agent with the chart's ServiceAccounts -------------------------------------------------
+
+
+def sa_kubeconfig(control_plane: Any, namespace: str, account: str, path: Path) -> Path:
+    """A kubeconfig authenticating as ``namespace/account`` with a bound token from the TokenRequest API."""
+    request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600))
+    token = (
+        client.CoreV1Api(control_plane.api_client)
+        .create_namespaced_service_account_token(account, namespace, request)
+        .status.token
+    )
+    config = yaml.safe_load(control_plane.kubeconfig.read_text())
+    config["users"] = [{"name": account, "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = account
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def can_i(control_plane: Any, kubeconfig: Path, *args: str) -> bool:
+    result = subprocess.run([str(control_plane.kubectl_path), "--kubeconfig", str(kubeconfig), "auth", "can-i", *args],
+                            capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+    return result.stdout.strip() == "yes"
+
+
+@pytest.fixture
+def installed(control_plane: Any, namespace: str, helm: str, tmp_path: Path) -> Iterator[dict[str, Path]]:
+    """The chart's objects (defaults) in the test namespace; kubeconfigs of its operator and agent accounts."""
+    release = f"r{secrets.token_hex(3)}"
+    # The harness runs the operator with --namespace (one test, one namespace): the chart is told the same.
+    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace,
+                        "--set", f"workloadNamespaces={{{namespace}}}",
+                        "--set", f"operator.watchNamespaces={{{namespace}}}")  # fmt: skip
+    objects = [d for d in yaml.safe_load_all(manifest) if d]
+    path = tmp_path / "chart.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    control_plane.kubectl("apply", "--server-side", "--field-manager=helm-test", "-f", str(path))
+    (operator_sa,) = [d["metadata"]["name"] for d in objects
+                      if d["kind"] == "ServiceAccount" and d["metadata"]["name"].endswith("-operator")]  # fmt: skip
+    try:
+        yield {
+            "operator": sa_kubeconfig(control_plane, namespace, operator_sa, tmp_path / "operator.kubeconfig"),
+            "agent": sa_kubeconfig(control_plane, namespace, "metainfer-agent", tmp_path / "agent.kubeconfig"),
+            "serving": sa_kubeconfig(control_plane, namespace, "metainfer-serving", tmp_path / "serving.kubeconfig"),
+        }
+    finally:
+        cluster_scoped = [d for d in objects if "namespace" not in d["metadata"]]
+        (tmp_path / "cluster.yaml").write_text(yaml.safe_dump_all(cluster_scoped))
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(tmp_path / "cluster.yaml"), check=False)
+
+
+def test_rbac_grants_what_the_code_needs_and_no_more(control_plane: Any, namespace: str, installed: dict) -> None:
+    op, agent, serving = installed["operator"], installed["agent"], installed["serving"]
+    assert can_i(control_plane, op, "create", "jobs.batch", "-n", namespace)
+    assert can_i(control_plane, op, "patch", "adaptationpolicies.metainfer.io", "--subresource=status", "-n", namespace)
+    assert not can_i(control_plane, op, "get", "secrets", "-n", namespace)
+    assert not can_i(control_plane, op, "create", "pods", "-n", namespace)
+    assert not can_i(control_plane, op, "create", "clusterroles.rbac.authorization.k8s.io")
+    assert can_i(control_plane, agent, "get", "adaptationruns.metainfer.io", "-n", namespace)
+    assert can_i(control_plane, agent, "create", "hardwareprofiles.metainfer.io")
+    for verb, resource in [("list", "adaptationruns.metainfer.io"), ("delete", "adaptationruns.metainfer.io"),
+                           ("patch", "adaptationruns.metainfer.io"), ("list", "configmaps"), ("get", "secrets"),
+                           ("delete", "hardwareprofiles.metainfer.io"), ("create", "jobs.batch")]:  # fmt: skip
+        assert not can_i(control_plane, agent, verb, resource, "-n", namespace), f"agent may {verb} {resource}"
+    assert not can_i(control_plane, agent, "get", "adaptationruns.metainfer.io", "-n", "default")
+    assert not can_i(control_plane, serving, "get", "adaptationruns.metainfer.io", "-n", namespace)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    built = build_examples(tmp_path_factory.mktemp("models"), ["digits"])["digits"]
+    return built.model_path, built.sha256
+
+
+def test_operator_loop_runs_with_the_charts_service_accounts(
+    control_plane: Any, namespace: str, installed: dict, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """Two classes -> two runs -> two Jobs -> agent results -> two Deployments, Ready; nothing as admin."""
+    api = control_plane.api_client  # admin: only to set the scene (nodes, policy) and to observe
+    nodes = []
+    try:
+        for features in (("AVX2",), ("AVX2", "AVX512VNNI")):
+            name = f"{namespace}-{'-'.join(f.lower() for f in features)}"
+            create_node(api, name, cpu_node_labels(namespace, features))
+            nodes.append(name)
+        model, sha = digits
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}", "kind": "AdaptationPolicy",
+            "metadata": {"name": "digits", "namespace": namespace},
+            "spec": {
+                "model": {"uri": f"file://{model}", "sha256": sha},
+                "slo": {"latencyP95Ms": 1000, "maxQualityDrop": 0.05, "batchSize": 4},
+                "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
+                "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60},
+            },
+        }  # fmt: skip
+        client.CustomObjectsApi(api).create_namespaced_custom_object(
+            GROUP, VERSION, namespace, "adaptationpolicies", body
+        )
+        with operator_process(installed["operator"], namespace, tmp_path) as op:
+            wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2, timeout=90)
+            for run in runs(api, namespace):
+                proc = run_agent(installed["agent"], namespace, run["metadata"]["name"])
+                assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+                assert "forbidden" not in (proc.stdout + proc.stderr).lower(), proc.stderr[-2000:]
+            try:
+                wait_for("two serving Deployments", lambda: len(serving(api, namespace)) == 2, timeout=60)
+            except AssertionError as exc:
+                names = [d.metadata.name for d in deployments(api, namespace)]
+                raise AssertionError(f"{exc}: {names}\noperator log:\n{op.output()[-6000:]}") from exc
+            status = wait_for("Ready policy", lambda: _ready(get_policy(api, namespace, "digits")), timeout=60)
+            assert len(status["classes"]) == 2 and all(c["state"] == "Ready" for c in status["classes"])
+            assert all(r["status"]["phase"] == "Succeeded" for r in runs(api, namespace))
+            log = op.output()
+            assert "Traceback" not in log and "forbidden" not in log.lower(), log[-4000:]
+    finally:
+        for name in nodes:
+            delete_node(api, name)
+
+
+def serving(api: client.ApiClient, namespace: str) -> list[Any]:
+    """The operator's Deployments (the chart's own operator Deployment lives in the same namespace here)."""
+    return [d for d in deployments(api, namespace) if (d.metadata.labels or {}).get(MANAGED_BY) == "metainfer"]
+
+
+def _ready(body: dict[str, Any]) -> dict[str, Any] | None:
+    status = body.get("status") or {}
+    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"]
+    return status if ready else None
