@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,12 +36,18 @@ lint: venv
 unit: venv
 	$(BIN)/python -m pytest tests/unit
 
-# Control-plane binaries: KUBEBUILDER_ASSETS if set, else built with Go and cached.
-assets: venv
+# A pinned helm (METAINFER_HELM if set, else built with Go and cached).
+helm: venv
+	$(BIN)/python hack/helm.py
+
+# Control-plane binaries (KUBEBUILDER_ASSETS if set, else built with Go and cached) and helm.
+assets: venv helm
 	$(BIN)/python hack/cluster.py assets
 
+# CRDs are generated from core's pydantic types; the chart carries byte copies.
 crds: venv
 	$(BIN)/python -m metainfer.core.crdgen crds/
+	cp crds/*.yaml charts/metainfer/crds/
 
 cluster-up: venv
 	$(BIN)/python hack/cluster.py up
