@@ -69,7 +69,6 @@ def calibration_batch(model: onnx.ModelProto) -> int:
 
 def to_fp16(model: onnx.ModelProto, keep_float: tuple[str, ...]) -> onnx.ModelProto:
     from onnxruntime.transformers.float16 import convert_float_to_float16
-
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     converted = convert_float_to_float16(model, keep_io_types=True, node_block_list=list(keep_float) or None)
