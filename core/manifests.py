@@ -25,7 +25,7 @@ from metainfer.core.api.policy import AdaptationPolicySpec, ModelVolume
 from metainfer.core.api.resources import API_VERSION
 from metainfer.core.api.run import AdaptationRunSpec
 from metainfer.core.hardware import ClassGroup
-from metainfer.core.naming import job_name, label_value, run_name, workload_name
+from metainfer.core.naming import canary_name, job_name, label_value, run_name, workload_name
 from metainfer.core.recipe import Recipe
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -213,8 +213,16 @@ def build_deployment(
     group: ClassGroup,
     run: Mapping[str, Any],
     settings: ServingDefaults | None = None,
+    *,
+    track: Literal["stable", "canary"] = "stable",
+    replicas: int | None = None,
 ) -> dict[str, Any]:
-    """The stable Deployment of (policy, class), serving the best recipe of a succeeded ``run``."""
+    """The Deployment of (policy, class) serving the best recipe of a succeeded ``run``.
+
+    ``track`` canary gives the canary beside the stable one: its own name (``canary_name``), its own selector
+    (the track label), ``replicas`` (the policy's rollout.canaryReplicas), the same class pinning; the Service
+    selects both tracks.
+    """
     settings = settings or ServingDefaults()
     meta = policy["metadata"]
     spec = _policy_spec(policy["spec"])
@@ -224,8 +232,9 @@ def build_deployment(
     status = run.get("status") or {}
     recipe = Recipe.model_validate(status["bestRecipe"])
     recipe_key = status.get("bestRecipeKey") or recipe.key()
-    name = workload_name(meta["name"], group.hardware_class.name())
-    selector = {**serving_labels(meta["name"], group), LABEL_TRACK: "stable"}
+    namer = canary_name if track == "canary" else workload_name
+    name = namer(meta["name"], group.hardware_class.name())
+    selector = {**serving_labels(meta["name"], group), LABEL_TRACK: track}
     labels = {**selector, LABEL_RECIPE_KEY: label_value(recipe_key), LABEL_RUN: label_value(run["metadata"]["name"])}
     args = [
         "serve",
@@ -271,7 +280,7 @@ def build_deployment(
         "metadata": {"name": name, "namespace": meta.get("namespace", "default"), "labels": labels,
                      "ownerReferences": [owner_reference(policy, api_version=API_VERSION, kind="AdaptationPolicy")]},
         "spec": {
-            "replicas": spec.serving.replicas,
+            "replicas": spec.serving.replicas if replicas is None else replicas,
             "revisionHistoryLimit": 3,
             "selector": {"matchLabels": selector},
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},

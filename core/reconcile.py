@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_condition
-from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus, VariantSummary
+from metainfer.core.api.policy import (
+    AdaptationPolicySpec,
+    AdaptationPolicyStatus,
+    ClassStatus,
+    RolloutStatus,
+    VariantSummary,
+)
 from metainfer.core.hardware import ClassGroup
 from metainfer.core.manifests import (
     ANNOTATION_DRIFT_EPOCH,
@@ -40,6 +46,8 @@ from metainfer.core.manifests import (
     build_service,
     run_key,
 )
+from metainfer.core.naming import canary_name, workload_name
+from metainfer.core.recipe import Recipe
 
 SPEC_HASH = "metainfer.io/spec-hash"
 CONCURRENCY_LIMIT = "ConcurrencyLimit"  # not in core.api Reason yet
@@ -155,7 +163,7 @@ def plan_policy(
                 )
         else:
             status = _from_current(status, current, before.get(fp), plan)
-        status = _serve(policy, group, class_runs, current, status, by_name, limits, serving, plan)
+        status = _serve(policy, group, class_runs, current, status, before.get(fp), by_name, limits, serving, plan, now)
         plan.class_statuses.append(status)
 
     for fp, class_runs in by_class.items():
@@ -224,16 +232,22 @@ def _serve(
     class_runs: list[Mapping[str, Any]],
     current: Mapping[str, Any] | None,
     status: ClassStatus,
+    was: ClassStatus | None,
     by_name: Mapping[str, Mapping[str, Any]],
     limits: RunLimits,
     serving: ServingDefaults | None,
     plan: Plan,
+    now: dt.datetime,
 ) -> ClassStatus:
-    """Apply the newest succeeded run's Deployment; the class is Ready once it is current and available."""
+    """Apply the newest succeeded run's Deployment; the class is Ready once it is current and available.
+
+    A new recipe for a class that already serves one goes through a canary first (``_canary``).
+    """
     done = [r for r in class_runs if run_phase(r) == "Succeeded" and (r.get("status") or {}).get("bestRecipe")]
     best = current if current in done else latest(done)
     if best is None:
         return status
+    best, status = _canary(policy, group, done, best, status, was, by_name, serving, plan, now)
     desired = build_deployment(policy, group, best, serving)
     desired["metadata"].setdefault("annotations", {})[SPEC_HASH] = _hash(desired)
     name = desired["metadata"]["name"]
@@ -260,9 +274,105 @@ def _serve(
         last_adaptation_reason=best["spec"]["reason"],
     )
     up_to_date = existing is not None and have == desired["metadata"]["annotations"][SPEC_HASH]
-    if status.state == "RollingOut" and up_to_date and (not limits.wait_for_available or _available(existing or {})):
-        status = _with(status, state="Ready", reason=Reason.SUCCEEDED, message="serving the best variant")
+    canary = status.rollout is not None and status.rollout.phase == "Canary"
+    if (
+        status.state == "RollingOut"
+        and not canary
+        and up_to_date
+        and (not limits.wait_for_available or _available(existing or {}))
+    ):
+        rolled_back = status.rollout is not None and status.rollout.phase == "RolledBack"
+        message = f"serving the stable variant, canary rolled back: {status.rollout.reason}" if rolled_back else ""
+        status = _with(status, state="Ready", reason=Reason.SUCCEEDED, message=message or "serving the best variant")
     return status
+
+
+def _canary(
+    policy: Mapping[str, Any],
+    group: ClassGroup,
+    done: list[Mapping[str, Any]],
+    best: Mapping[str, Any],
+    status: ClassStatus,
+    was: ClassStatus | None,
+    by_name: Mapping[str, Mapping[str, Any]],
+    serving: ServingDefaults | None,
+    plan: Plan,
+    now: dt.datetime,
+) -> tuple[Mapping[str, Any], ClassStatus]:
+    """Which run the stable Deployment serves, with the canary Deployment and rollout status that go with it.
+
+    A class that serves a stable variant keeps it while a succeeded run with a different recipe key runs as a
+    canary beside it (phase Canary, ``startedAt`` now). operator.rollout decides from Prometheus and writes
+    Promoted (the new run becomes stable here) or RolledBack (the stable run stays, the canary goes). Everything
+    is read from the status, so a restarted operator continues the same canary. No stable variant yet, or
+    ``canaryReplicas`` 0: the new run is served directly, as before canaries existed.
+    """
+    spec = AdaptationPolicySpec.model_validate(policy["spec"])
+    canary_dep = canary_name(policy["metadata"]["name"], group.hardware_class.name())
+    stable_name = was.current.run_name if was is not None and was.current is not None else None
+    stable = next((r for r in done if r["metadata"]["name"] == stable_name), None)
+    rollout = status.rollout
+    serve, canary_run = best, None
+    if (
+        stable is not None
+        and stable is not best
+        and _recipe_key(stable) != _recipe_key(best)
+        and spec.rollout.canary_replicas > 0
+        and workload_name(policy["metadata"]["name"], group.hardware_class.name()) in by_name
+    ):
+        same = rollout is not None and rollout.canary is not None and rollout.canary.run_name == _name(best)
+        phase = rollout.phase if same and rollout is not None else None
+        if phase == "RolledBack":
+            serve = stable
+        elif phase != "Promoted":
+            serve, canary_run = stable, best
+            if phase != "Canary":
+                rollout = RolloutStatus(
+                    phase="Canary",
+                    canary=_summary(best),
+                    started_at=now,
+                    reason=Reason.CANARY_PROGRESSING,
+                    message=f"canary {canary_dep} serving run {best['metadata']['name']}",
+                )
+                message = f"{canary_dep}: canary of run {_name(best)}"
+                plan.events.append(Event("Normal", Reason.CANARY_PROGRESSING, message))
+    elif rollout is not None and rollout.phase == "Canary":  # superseded: the stable variant is the canary's
+        rollout = rollout.model_copy(update={"phase": "Stable", "message": "canary superseded"})
+    if canary_run is None:
+        if canary_dep in by_name:
+            plan.deployments_to_delete.append(canary_dep)
+        return serve, _with(status, rollout=rollout.model_dump() if rollout else None)
+    desired = build_deployment(
+        policy, group, canary_run, serving, track="canary", replicas=spec.rollout.canary_replicas
+    )
+    desired["metadata"].setdefault("annotations", {})[SPEC_HASH] = _hash(desired)
+    existing = by_name.get(canary_dep)
+    have = (existing or {}).get("metadata", {}).get("annotations", {}).get(SPEC_HASH)
+    if existing is None or have != desired["metadata"]["annotations"][SPEC_HASH]:
+        plan.deployments_to_apply.append(DeploymentAction("create" if existing is None else "update", desired))
+    assert rollout is not None
+    status = _with(status, rollout=rollout.model_dump(), reason=Reason.CANARY_PROGRESSING, message=rollout.message)
+    return serve, status
+
+
+def _name(run: Mapping[str, Any]) -> str:
+    return str(run["metadata"]["name"])
+
+
+def _recipe_key(run: Mapping[str, Any]) -> str:
+    rs = run.get("status") or {}
+    return str(rs.get("bestRecipeKey") or Recipe.model_validate(rs["bestRecipe"]).key())
+
+
+def _summary(run: Mapping[str, Any]) -> VariantSummary:
+    rs = run.get("status") or {}
+    metrics = rs.get("bestMetrics") or {}
+    return VariantSummary(
+        recipe_key=_recipe_key(run),
+        run_name=run["metadata"]["name"],
+        p95_ms=metrics.get("p95Ms"),
+        quality_drop=metrics.get("qualityDrop"),
+    )
 
 
 def _available(dep: Mapping[str, Any]) -> bool:

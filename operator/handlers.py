@@ -23,6 +23,7 @@ from metainfer.operator import startup  # noqa: F401  (registers the startup han
 from metainfer.operator.apply import apply_plan, invalid_spec_status, reconcile_inputs
 from metainfer.operator.drift import drift_step, fetch_policy
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
+from metainfer.operator.rollout import rollout_step
 from metainfer.operator.view import ClusterView, Wakeups
 
 MANAGED = {MANAGED_BY: "metainfer"}
@@ -117,6 +118,11 @@ async def policy_daemon(
                     continue  # reconcile at once: the salted run key creates the LatencyDrift run
                 if checked.next_check_s is not None:
                     sleep = min(sleep, max(checked.next_check_s, 0.5))
+                canary = await rollout_step(body, namespace, name, config, logger, dt.datetime.now(dt.UTC))
+                if canary.decided:
+                    continue  # reconcile at once: promote (new stable) or roll back (delete the canary)
+                if canary.next_check_s is not None:
+                    sleep = min(sleep, max(canary.next_check_s, 0.5))
             except ValidationError as exc:  # schema-valid but unusable: say so on the object, keep watching
                 RECONCILE_ERRORS.labels("InvalidSpec").inc()
                 await invalid_spec_status(body, exc)

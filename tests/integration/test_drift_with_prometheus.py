@@ -117,6 +117,8 @@ def drift_policy(namespace: str, model: Path, sha: str) -> dict[str, Any]:
             "slo": {"latencyP95Ms": 50, "maxQualityDrop": 0.05, "batchSize": 4},
             "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
             "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60},
+            # A re-adaptation may find another recipe; no canary here (test_canary_with_prometheus.py).
+            "rollout": {"canaryReplicas": 0},
             "readaptation": {
                 "checkIntervalSeconds": INTERVAL_S,
                 "windowSeconds": WINDOW_S,

@@ -252,3 +252,103 @@ def test_plan_job_and_job_outcome() -> None:
     assert gone is not None and "deleted" in gone["conditions"][0]["message"]
     c.finish(run["metadata"]["name"])
     assert plan_job(run, None, group) is None and run_status_from_job(run, failed, NOW) is None
+
+
+# --- canary rollout -------------------------------------------------------------------------------------------------
+
+
+def _second_run_with_new_recipe(c: Cluster, nodes: dict[str, dict[str, str]]) -> str:
+    """A Ready class, then a spec change whose run finds a different recipe (4 threads): returns the new run."""
+    c.reconcile(nodes)
+    (first,) = c.runs
+    c.finish(first)
+    c.reconcile(nodes)
+    c.reconcile(nodes)
+    c.edit(search={"trialBudget": 64})
+    c.reconcile(nodes)
+    (second,) = set(c.runs) - {first}
+    c.finish(second)
+    recipe = Recipe.model_validate({"session": {"intra_op_num_threads": 4}})
+    c.runs[second]["status"] |= {"bestRecipe": recipe.model_dump(mode="json"), "bestRecipeKey": recipe.key()}
+    return second
+
+
+def _rollout(c: Cluster, phase: str) -> None:
+    cls = c.policy["status"]["classes"][0]
+    cls["rollout"]["phase"] = phase
+
+
+def test_a_new_recipe_runs_as_a_canary_beside_the_unchanged_stable() -> None:
+    c = Cluster()
+    nodes = {"c1": CPU}
+    second = _second_run_with_new_recipe(c, nodes)
+    (stable_name,) = c.deployments
+    stable_before = copy.deepcopy(c.deployments[stable_name])
+    plan = c.reconcile(nodes)
+    assert [a.action for a in plan.deployments_to_apply] == ["create"]
+    canary = plan.deployments_to_apply[0].manifest
+    assert canary["metadata"]["name"] == f"{stable_name}-canary"
+    assert canary["spec"]["replicas"] == 1
+    assert canary["spec"]["selector"]["matchLabels"]["metainfer.io/track"] == "canary"
+    assert (
+        canary["spec"]["template"]["spec"]["nodeSelector"] == stable_before["spec"]["template"]["spec"]["nodeSelector"]
+    )
+    assert c.deployments[stable_name] == stable_before, "the stable Deployment is not touched"
+    (cls,) = plan.class_statuses
+    assert cls.rollout is not None and cls.rollout.phase == "Canary" and cls.rollout.started_at == NOW
+    assert cls.rollout.canary is not None and cls.rollout.canary.run_name == second
+    assert cls.current is not None and cls.current.run_name != second and cls.state == "RollingOut"
+    assert any(e.reason == Reason.CANARY_PROGRESSING for e in plan.events)
+    again = c.reconcile(nodes)  # idempotent: no second canary, the analysis keeps its start
+    assert again.deployments_to_apply == [] and again.deployments_to_delete == []
+    assert again.class_statuses[0].rollout == cls.rollout
+    assert not any(e.reason == Reason.CANARY_PROGRESSING for e in again.events)
+
+
+def test_promoted_canary_becomes_stable_and_the_canary_goes() -> None:
+    c = Cluster()
+    nodes = {"c1": CPU}
+    second = _second_run_with_new_recipe(c, nodes)
+    c.reconcile(nodes)
+    _rollout(c, "Promoted")  # what operator.rollout writes
+    plan = c.reconcile(nodes)
+    (stable_name,) = [n for n in c.deployments if not n.endswith("-canary")]
+    assert [a.action for a in plan.deployments_to_apply] == ["update"]
+    assert plan.deployments_to_apply[0].manifest["metadata"]["name"] == stable_name
+    assert plan.deployments_to_delete == [f"{stable_name}-canary"]
+    assert c.deployments[stable_name]["metadata"]["labels"]["metainfer.io/run"] == second
+    plan = c.reconcile(nodes)
+    (cls,) = plan.class_statuses
+    assert cls.state == "Ready" and cls.current is not None and cls.current.run_name == second
+    assert cls.rollout is not None and cls.rollout.phase == "Promoted"
+    assert plan.deployments_to_apply == [] and plan.deployments_to_delete == []
+
+
+def test_rolled_back_canary_goes_and_the_stable_stays() -> None:
+    c = Cluster()
+    nodes = {"c1": CPU}
+    second = _second_run_with_new_recipe(c, nodes)
+    c.reconcile(nodes)
+    (stable_name,) = [n for n in c.deployments if not n.endswith("-canary")]
+    stable_before = copy.deepcopy(c.deployments[stable_name])
+    _rollout(c, "RolledBack")
+    plan = c.reconcile(nodes)
+    assert plan.deployments_to_apply == [] and plan.deployments_to_delete == [f"{stable_name}-canary"]
+    assert c.deployments == {stable_name: stable_before}
+    for _ in range(2):  # and it stays that way: the rolled-back run is never retried as a canary
+        plan = c.reconcile(nodes)
+        assert plan.deployments_to_apply == [] and plan.deployments_to_delete == []
+    (cls,) = plan.class_statuses
+    assert cls.state == "Ready" and cls.current is not None and cls.current.run_name != second
+    assert cls.rollout is not None and cls.rollout.phase == "RolledBack"
+
+
+def test_zero_canary_replicas_rolls_out_directly() -> None:
+    c = Cluster(rollout={"canaryReplicas": 0})
+    nodes = {"c1": CPU}
+    second = _second_run_with_new_recipe(c, nodes)
+    plan = c.reconcile(nodes)
+    assert [a.action for a in plan.deployments_to_apply] == ["update"]
+    assert not any(n.endswith("-canary") for n in c.deployments)
+    assert c.policy["status"]["classes"][0].get("rollout") is None
+    assert next(iter(c.deployments.values()))["metadata"]["labels"]["metainfer.io/run"] == second
