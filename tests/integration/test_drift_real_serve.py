@@ -1,0 +1,405 @@
+"""Drift detection against real serving: Prometheus scrapes a real ``metainfer serve``, real load moves its latency.
+
+Unlike test_drift_with_prometheus.py (a stand-in histogram whose latency the
+test sets), the serving side here is the ``metainfer serve`` process the
+operator's Deployment describes: its own args (the digits example, file://
+URI, the policy's best recipe) and env (METAINFER_POLICY, METAINFER_NAMESPACE,
+METAINFER_CLASS, METAINFER_RECIPE_KEY), so the series carry the labels a real
+deployment's do and the operator's default PromQL matches them. No kubelet runs
+here, so the test starts that process itself on loopback.
+
+Latency changes only through real load from this process to 127.0.0.1: light
+load is one client sending batch-1 requests ~40 times a second; heavy load is
+HEAVY_CLIENTS clients sending batch-HEAVY_BATCH JSON requests back to back,
+which queues them behind serve's two inference threads and its JSON decoding
+on this small machine. The SLO and tolerance sit between the two p95s
+Prometheus reports (printed, with every check's p95). Scenarios: normal, a
+short spike, Prometheus stopped under heavy load, sustained heavy load.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from kubernetes import client
+from operator_harness import (
+    cpu_node_labels,
+    create_node,
+    delete_node,
+    deployments,
+    jobs,
+    operator_process,
+    policy,
+    run_agent,
+    runs,
+)
+from operator_harness import wait_for as _wait_for
+from prometheus import PrometheusServer, PrometheusUnavailable, find_binary, free_port
+
+from metainfer.core.api import GROUP, VERSION
+from metainfer.core.manifests import LABEL_TRACK
+from metainfer.core.promql import p95_query
+from metainfer.core.zoo import ExampleModel, build_examples
+
+pytestmark = pytest.mark.integration  # hack/ is on sys.path via conftest.py
+
+POLICY = "digits"
+INTERVAL_S = 5  # readaptation.checkIntervalSeconds (the API's minimum)
+WINDOW_S = 10  # readaptation.windowSeconds (the API's minimum)
+# A spike of SPIKE_S stays in the window for at most WINDOW_S + SPIKE_S + scrape lag (~13 s): <= 3 checks.
+BREACHES = 5
+SPIKE_S = 2.0
+# Measured here (2 cores, with the control plane, operator and Prometheus running), p95 Prometheus computes:
+# light load ~1-2.7 ms, heavy load ~20-30 ms (a 2 s spike: 14-20 ms for two checks). A breach is p95 >
+# SLO * (1 + tol) or > baseline * (1 + tol), the baseline being the first production p95 (light, ~1 ms):
+# SLO 3 ms, tolerance 4 -> breach above 15 ms, or above ~5 ms (5x the light baseline).
+SLO_MS = 3
+TOLERANCE = 4.0
+LIGHT_BATCH, LIGHT_PAUSE_S = 1, 0.025
+HEAVY_CLIENTS, HEAVY_BATCH = 16, 64  # HEAVY_BATCH <= serve's default --max-batch (64)
+LOAD_DEADLINE_S = 900  # the load generator stops by itself after this long, whatever the test does
+LOAD_MAX_REQUESTS = 400_000
+
+
+def wait_for(what: str, predicate: Any, timeout: float = 60.0, interval: float = 0.25) -> Any:
+    return _wait_for(what, predicate, timeout=timeout, interval=interval)
+
+
+class RealServe:
+    """The stable Deployment's ``metainfer serve`` container, run as a local process on 127.0.0.1:``port``."""
+
+    def __init__(self, port: int, log_dir: Path) -> None:
+        self.port, self.log_dir = port, log_dir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log = log_dir / f"serve-{port}.log"
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, deployment: Any, timeout: float = 60.0) -> dict[str, str]:
+        container = deployment.spec.template.spec.containers[0]
+        assert container.command == ["metainfer"], container.command
+        args = list(container.args)
+        args[args.index("--port") + 1] = str(self.port)
+        labels = {e.name: e.value for e in container.env if e.name.startswith("METAINFER_")}
+        env = {**os.environ, **labels, "PYTHONSAFEPATH": "1"}
+        cmd = [sys.executable, "-m", "metainfer.agent.cli", *args, "--host", "127.0.0.1", "--drain-timeout", "5"]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"serve exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=1) as resp:
+                    if resp.status == 200:
+                        return labels
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.2)
+        pytest.fail(f"serve not ready after {timeout:g}s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+
+
+class Load:
+    """Inference requests to one serve on 127.0.0.1: "off", "light" or "heavy"; bounded in time and count."""
+
+    def __init__(self, port: int, model: str, samples: np.ndarray) -> None:
+        self.port, self.path = port, f"/v2/models/{model}/infer"
+        self.bodies = {n: self._body(samples, n) for n in (LIGHT_BATCH, HEAVY_BATCH)}
+        self.mode = "off"
+        self.sent = self.failed = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + LOAD_DEADLINE_S
+        self._threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(HEAVY_CLIENTS)]
+        for t in self._threads:
+            t.start()
+
+    @staticmethod
+    def _body(samples: np.ndarray, n: int) -> bytes:
+        x = np.resize(samples, (n, samples.shape[1])).astype(np.float32)
+        doc = {"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32", "data": x.ravel().tolist()}]}
+        return json.dumps(doc).encode()
+
+    def _request(self, conn: http.client.HTTPConnection, body: bytes) -> None:
+        conn.request("POST", self.path, body, {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        with self._lock:
+            self.sent += 1
+            self.failed += resp.status != 200
+
+    def _client(self, index: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        while not self._stop.is_set() and time.monotonic() < self._deadline and self.sent < LOAD_MAX_REQUESTS:
+            mode = self.mode
+            try:
+                if mode == "heavy":
+                    self._request(conn, self.bodies[HEAVY_BATCH])
+                    continue
+                if mode == "light" and index == 0:
+                    self._request(conn, self.bodies[LIGHT_BATCH])
+                    self._stop.wait(LIGHT_PAUSE_S)
+                    continue
+            except (OSError, http.client.HTTPException):
+                conn.close()
+                conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+                with self._lock:
+                    self.failed += 1
+            self._stop.wait(0.05)
+        conn.close()
+
+    def close(self) -> None:
+        self.mode = "off"
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=35)
+
+
+@pytest.fixture(scope="module")
+def prometheus_binary() -> Path:
+    try:
+        return find_binary(lambda m: print(m, file=sys.__stderr__))
+    except PrometheusUnavailable as exc:
+        pytest.fail(f"drift tests need a real Prometheus: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
+    built = build_examples(tmp_path_factory.mktemp("models"), ["digits"])["digits"]
+    return built
+
+
+def drift_policy(namespace: str, example: ExampleModel) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": POLICY, "namespace": namespace},
+        "spec": {
+            # With its data, as a real policy would: the search may pick int8_static, and serve rebuilds that
+            # variant from the same calibration samples (the Deployment passes --data-uri).
+            "model": {
+                "uri": example.model_path.as_uri(),
+                "sha256": example.sha256,
+                "data": {"uri": example.data_path.as_uri(), "sha256": example.data_sha256, "calibrationSamples": 64},
+            },
+            "slo": {"latencyP95Ms": SLO_MS, "maxQualityDrop": 0.05, "batchSize": 4},
+            "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
+            "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60},
+            # A re-adaptation may find another recipe: no canary here (test_canary_with_prometheus.py).
+            "rollout": {"canaryReplicas": 0},
+            "readaptation": {
+                "checkIntervalSeconds": INTERVAL_S,
+                "windowSeconds": WINDOW_S,
+                "consecutiveBreaches": BREACHES,
+                "driftTolerance": TOLERANCE,
+                "cooldownSeconds": 3600,
+            },
+        },
+    }
+
+
+def klass(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+    classes = (policy(api, namespace, POLICY).get("status") or {}).get("classes") or [{}]
+    return classes[0]
+
+
+def drift(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+    return klass(api, namespace).get("drift") or {}
+
+
+def metrics_condition(api: client.ApiClient, namespace: str) -> dict[str, Any]:
+    conditions = (policy(api, namespace, POLICY).get("status") or {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "MetricsAvailable"), {})
+
+
+def drift_runs(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
+    return [r for r in runs(api, namespace) if r["spec"]["reason"] == "LatencyDrift"]
+
+
+def run_pending(control_plane: Any, namespace: str) -> None:
+    for run in runs(control_plane.api_client, namespace):
+        if (run.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            name = run["metadata"]["name"]
+            wait_for(
+                f"Job {name}", lambda n=name: n in {j.metadata.name for j in jobs(control_plane.api_client, namespace)}
+            )
+            proc = run_agent(control_plane.kubeconfig, namespace, name)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
+class Checks:
+    """Every drift check the operator writes, printed once (time, reason, p95)."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        self.api, self.namespace = api, namespace
+        self.seen: list[tuple[str, str, float | None]] = []
+        self.t0 = time.monotonic()
+
+    def poll(self) -> dict[str, Any]:
+        d = drift(self.api, self.namespace)
+        key = (d.get("lastCheckTime") or "", d.get("reason") or "", d.get("lastObservedP95Ms"))
+        if key[0] and (not self.seen or self.seen[-1][0] != key[0] or self.seen[-1][1] != key[1]):
+            self.seen.append(key)
+            p95 = f"{key[2]:.2f} ms" if key[2] is not None else "-"
+            print(
+                f"[drift-real] +{time.monotonic() - self.t0:6.1f}s {key[1]:<22} p95 {p95:>10}  "
+                f"breaches {d.get('consecutiveBreaches', 0)}",
+                flush=True,
+            )
+        return d
+
+    def until(self, what: str, reason: str, timeout: float) -> dict[str, Any]:
+        return wait_for(what, lambda: (d := self.poll()).get("reason") == reason and d, timeout=timeout)
+
+    def watch(self, seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            self.poll()
+            time.sleep(0.25)
+
+
+def prom_p95_ms(prom: PrometheusServer, namespace: str, fingerprint: str) -> float | None:
+    result = prom.query(p95_query(POLICY, namespace, fingerprint, WINDOW_S))["data"]["result"]  # type: ignore[index]
+    if not result:
+        return None
+    value = float(result[0]["value"][1])
+    return None if value != value else round(value * 1000, 2)
+
+
+def test_real_serve_under_real_load_readapts_once_spike_and_missing_metrics_never(
+    control_plane: Any,
+    namespace: str,
+    digits: ExampleModel,
+    prometheus_binary: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = control_plane.api_client
+    with np.load(digits.data_path) as npz:
+        samples = np.ascontiguousarray(npz["input"][:HEAVY_BATCH], dtype=np.float32)
+    node = f"{namespace}-avx2-{secrets.token_hex(2)}"
+    create_node(api, node, cpu_node_labels(namespace, ("AVX2",)))
+    serve = RealServe(free_port(), tmp_path)
+    prom = PrometheusServer(prometheus_binary, tmp_path / "prometheus", [f"127.0.0.1:{serve.port}"], 1.0)
+    prom.start()
+    monkeypatch.setenv("METAINFER_PROMETHEUS_URL", prom.url)
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, namespace, "adaptationpolicies", drift_policy(namespace, digits)
+    )
+    load: Load | None = None
+    try:
+        with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
+            # A Ready policy: the first run, played by the agent; then its Deployment's serve, run here.
+            wait_for("first run", lambda: runs(api, namespace))
+            run_pending(control_plane, namespace)
+            wait_for("class Ready", lambda: klass(api, namespace).get("state") == "Ready", timeout=60)
+            cls = klass(api, namespace)
+            stable = wait_for(
+                "the stable Deployment",
+                lambda: [d for d in deployments(api, namespace) if d.metadata.labels.get(LABEL_TRACK) == "stable"],
+            )[0]
+            labels = serve.start(stable)
+            assert labels == {
+                "METAINFER_POLICY": POLICY,
+                "METAINFER_NAMESPACE": namespace,
+                "METAINFER_CLASS": cls["fingerprint"],
+                "METAINFER_RECIPE_KEY": cls["current"]["recipeKey"],
+            }, labels
+            print(f"\n[drift-real] serving recipe {cls['current']['recipeKey']} ({stable.metadata.name})", flush=True)
+            load = Load(serve.port, POLICY, samples)
+            checks = Checks(api, namespace)
+            fp = cls["fingerprint"]
+
+            # Normal: light load, checked within tolerance; its first p95 becomes the baseline.
+            load.mode = "light"
+            checks.until("a good check", "WithinTolerance", timeout=60)
+            checks.watch(INTERVAL_S * 3)
+            assert checks.poll()["reason"] == "WithinTolerance", checks.seen
+            assert metrics_condition(api, namespace)["status"] == "True"
+            light = [p for _, r, p in checks.seen if r == "WithinTolerance" and p is not None]
+            d = drift(api, namespace)
+            print(
+                f"[drift-real] light load: p95 {light} ms (Prometheus now {prom_p95_ms(prom, namespace, fp)} ms), "
+                f"baseline {d.get('baselineP95Ms')} ms, adapted {cls['current'].get('p95Ms')} ms",
+                flush=True,
+            )
+            assert not drift_runs(api, namespace), "light load re-adapted"
+
+            # A single short spike of heavy load: breaches may be seen, never BREACHES in a row.
+            load.mode = "heavy"
+            time.sleep(SPIKE_S)
+            load.mode = "light"
+            checks.watch(WINDOW_S + INTERVAL_S * 2)
+            checks.until("the count reset after the spike", "WithinTolerance", timeout=40)
+            assert not drift_runs(api, namespace), "a single spike re-adapted"
+
+            # Prometheus stopped under heavy load: PrometheusUnreachable in the class and the condition, no run.
+            prom.stop()
+            load.mode = "heavy"
+            checks.until("PrometheusUnreachable", "PrometheusUnreachable", timeout=30)
+            cond = metrics_condition(api, namespace)
+            assert cond["status"] == "False" and cond["reason"] == "PrometheusUnreachable", cond
+            checks.watch(INTERVAL_S * (BREACHES + 1))
+            assert not drift_runs(api, namespace), "re-adapted without data"
+            assert checks.poll()["reason"] == "PrometheusUnreachable"
+
+            # Back to light load, Prometheus back: good samples again.
+            load.mode = "light"
+            prom.start()
+            checks.watch(WINDOW_S + 1)  # the heavy samples scraped before the stop leave the window
+            checks.until("good again", "WithinTolerance", timeout=40)
+            assert metrics_condition(api, namespace)["status"] == "True"
+            assert not drift_runs(api, namespace)
+
+            # Sustained heavy load: exactly one LatencyDrift run.
+            load.mode = "heavy"
+            started = time.monotonic()
+            new = wait_for("a LatencyDrift run", lambda: checks.poll() and drift_runs(api, namespace), 150, 0.1)
+            elapsed = time.monotonic() - started
+            heavy = [p for _, r, p in checks.seen if r in ("LatencyBreach", "LatencyDrift") and p is not None]
+            print(
+                f"[drift-real] heavy load: p95 {heavy} ms (Prometheus now {prom_p95_ms(prom, namespace, fp)} ms)\n"
+                f"[drift-real] sustained heavy load -> LatencyDrift run {new[0]['metadata']['name']} in "
+                f"{elapsed:.1f}s (window {WINDOW_S}s, interval {INTERVAL_S}s, {BREACHES} breaches, scrape 1s)",
+                flush=True,
+            )
+            assert len(new) == 1
+            wait_for("class Adapting (LatencyDrift)", lambda: klass(api, namespace).get("reason") == "LatencyDrift", 10)
+            checks.watch(INTERVAL_S * (BREACHES + 1))  # still breaching: the run in flight is the answer
+            assert len(drift_runs(api, namespace)) == 1
+            assert len(runs(api, namespace)) == 2
+            load.mode = "off"
+            print(f"[drift-real] load: {load.sent} requests, {load.failed} failed", flush=True)
+            assert load.failed == 0, load.failed
+            assert "Traceback" not in op.output(), op.output()[-3000:]
+    finally:
+        if load is not None:
+            load.close()
+        serve.stop()
+        prom.stop()
+        delete_node(api, node)
