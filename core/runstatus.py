@@ -94,8 +94,19 @@ def settings_from_spec(spec: AdaptationRunSpec, measure: MeasureSettings | None 
         seed=spec.search.seed,
         measure=base,
         calibration_samples=data.calibration_samples if data is not None else 64,
-        overrides=space_overrides(spec.search_space),
+        overrides=_without_static_if_no_data(space_overrides(spec.search_space), data is None),
     )
+
+
+def _without_static_if_no_data(
+    overrides: dict[str, list[str | int | float | bool]], no_data: bool
+) -> dict[str, list[str | int | float | bool]]:
+    """Without spec.model.data the agent calibrates on synthetic inputs that serving pods cannot reproduce,
+    so a static int8 winner could never be rebuilt by ``metainfer serve``: leave static out of the search."""
+    if not no_data:
+        return overrides
+    modes = overrides.get("quantization", ["fp32", "fp16", "int8_dynamic", "int8_static"])
+    return {**overrides, "quantization": [m for m in modes if m != "int8_static"] or ["fp32"]}
 
 
 # -- report -> status fields ---------------------------------------------------------------

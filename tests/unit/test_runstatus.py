@@ -142,7 +142,7 @@ def test_settings_from_spec_maps_slo_objective_and_search() -> None:
     assert settings.objective.latency_weight == 3 and settings.objective.quality_weight == 0.5
     assert settings.budget_trials == 2000  # the engine's ceiling, below the API's
     assert settings.time_budget_s == 90 and settings.seed == 7 and settings.algorithm == "bayes"
-    assert settings.overrides == {}
+    assert settings.overrides == {"quantization": ["fp32", "fp16", "int8_dynamic"]}  # no data: no static int8
 
 
 def test_settings_take_data_sample_counts_and_measure_settings() -> None:
@@ -345,3 +345,21 @@ def test_cluster_profile_is_reused_only_when_fresh_and_from_this_machine_type() 
     assert usable(obj, "f" * 16, T0) is None  # another CPU / ONNX Runtime version: measure again
     assert usable({**obj, "status": {}}, profile.fingerprint, T0) is None  # created, not measured yet
     assert usable(None, profile.fingerprint, T0) is None
+
+
+def test_no_data_means_no_static_int8() -> None:
+    """Serving must be able to rebuild the winner; static int8 calibrated on synthetic inputs cannot be."""
+    from metainfer.core.api.policy import ModelSource, SearchSettings, Slo
+    from metainfer.core.api.run import AdaptationRunSpec
+    from metainfer.core.hardware import HardwareClass
+    from metainfer.core.runstatus import settings_from_spec
+
+    cls = HardwareClass(vendor="cpu", product="Intel")
+    spec = AdaptationRunSpec(
+        policy_name="p", policy_generation=1, class_fingerprint=cls.fingerprint(), hardware_class=cls,
+        model_sha256="a" * 64, batch_size=1, reason="NewHardwareClass",
+        model=ModelSource(uri="file:///m.onnx", sha256="a" * 64), slo=Slo(latency_p95_ms=10, batch_size=1),
+        search=SearchSettings(),
+    )  # fmt: skip
+    assert "int8_static" not in settings_from_spec(spec).overrides["quantization"]
+    assert "int8_dynamic" in settings_from_spec(spec).overrides["quantization"]
