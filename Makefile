@@ -45,9 +45,11 @@ unit: venv
 helm: venv
 	$(BIN)/python hack/helm.py
 
-# Control-plane binaries (KUBEBUILDER_ASSETS if set, else built with Go and cached) and helm.
+# Control-plane binaries (KUBEBUILDER_ASSETS if set, else built with Go and cached), helm,
+# and Prometheus (on PATH, else Debian's package) for the drift and canary tests.
 assets: venv helm
 	$(BIN)/python hack/cluster.py assets
+	$(BIN)/python hack/prometheus.py
 
 # CRDs are generated from core's pydantic types; the chart carries byte copies.
 crds: venv
