@@ -140,6 +140,18 @@ def run_agent(kubeconfig: Path, namespace: str, run_name: str) -> subprocess.Com
     )  # fmt: skip
 
 
+def run_pending(control_plane: Any, namespace: str) -> None:
+    """Run the agent for every unfinished run, waiting for its Job first (as a kubelet would start its pod)."""
+    for run in runs(control_plane.api_client, namespace):
+        if (run.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
+            name = run["metadata"]["name"]
+            wait_for(
+                f"Job {name}", lambda n=name: n in {j.metadata.name for j in jobs(control_plane.api_client, namespace)}
+            )
+            proc = run_agent(control_plane.kubeconfig, namespace, name)
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def job_command(job: Any) -> list[str]:
     container = job.spec.template.spec.containers[0]
     return [*(container.command or []), *(container.args or [])]

@@ -41,10 +41,9 @@ from operator_harness import (
     create_node,
     delete_node,
     deployments,
-    jobs,
     operator_process,
     policy,
-    run_agent,
+    run_pending,
     runs,
 )
 from operator_harness import wait_for as _wait_for
@@ -239,17 +238,6 @@ def metrics_condition(api: client.ApiClient, namespace: str) -> dict[str, Any]:
 
 def drift_runs(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
     return [r for r in runs(api, namespace) if r["spec"]["reason"] == "LatencyDrift"]
-
-
-def run_pending(control_plane: Any, namespace: str) -> None:
-    for run in runs(control_plane.api_client, namespace):
-        if (run.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            name = run["metadata"]["name"]
-            wait_for(
-                f"Job {name}", lambda n=name: n in {j.metadata.name for j in jobs(control_plane.api_client, namespace)}
-            )
-            proc = run_agent(control_plane.kubeconfig, namespace, name)
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 class Checks:

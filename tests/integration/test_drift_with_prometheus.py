@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from kubernetes import client
-from operator_harness import cpu_node_labels, create_node, delete_node, jobs, operator_process, policy, run_agent, runs
+from operator_harness import cpu_node_labels, create_node, delete_node, operator_process, policy, run_pending, runs
 from operator_harness import wait_for as _wait_for
 from prometheus import PrometheusServer, PrometheusUnavailable, find_binary, free_port
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
@@ -152,17 +152,6 @@ def set_query(api: client.ApiClient, namespace: str, query: str | None) -> None:
     client.CustomObjectsApi(api).patch_namespaced_custom_object(
         GROUP, VERSION, namespace, "adaptationpolicies", "digits", {"spec": {"readaptation": {"query": query}}}
     )
-
-
-def run_pending(control_plane: Any, namespace: str) -> None:
-    for run in runs(control_plane.api_client, namespace):
-        if (run.get("status") or {}).get("phase") not in ("Succeeded", "Failed"):
-            name = run["metadata"]["name"]
-            wait_for(
-                f"Job {name}", lambda n=name: n in {j.metadata.name for j in jobs(control_plane.api_client, namespace)}
-            )
-            proc = run_agent(control_plane.kubeconfig, namespace, name)
-            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
 
 
 def test_sustained_breach_readapts_once_spike_and_missing_metrics_never(
