@@ -236,16 +236,19 @@ def build_deployment(
     name = namer(meta["name"], group.hardware_class.name())
     selector = {**serving_labels(meta["name"], group), LABEL_TRACK: track}
     labels = {**selector, LABEL_RECIPE_KEY: label_value(recipe_key), LABEL_RUN: label_value(run["metadata"]["name"])}
+    cm_volumes: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    model_uri = _served_uri(model.uri, cm_volumes)
     args = [
         "serve",
-        "--model-uri", model.uri,
+        "--model-uri", model_uri,
         "--model-sha256", model.sha256,
         "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
         "--port", str(HTTP_PORT),
     ]  # fmt: skip
     if recipe.transform.quantization.mode == "int8_static" and model.data is not None:
         # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
-        args += ["--data-uri", model.data.uri, "--calibration-samples", str(model.data.calibration_samples)]
+        data_uri = _served_uri(model.data.uri, cm_volumes)
+        args += ["--data-uri", data_uri, "--calibration-samples", str(model.data.calibration_samples)]
         args += ["--data-sha256", model.data.sha256] if model.data.sha256 else []
     env = [
         {"name": "METAINFER_POLICY", "value": meta["name"]},
@@ -268,6 +271,9 @@ def build_deployment(
     tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
     pod = _pod_spec(container, group, settings.service_account, tolerations, model.volume)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
+    for volume, mount in cm_volumes:
+        pod["volumes"].append(volume)
+        container["volumeMounts"].append(mount)
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(HTTP_PORT),
@@ -287,6 +293,23 @@ def build_deployment(
             "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod},
         },
     }  # fmt: skip
+
+
+CONFIGMAP_MOUNT = "/var/lib/metainfer/configmaps"
+
+
+def _served_uri(uri: str, volumes: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """configmap://NAME/KEY becomes a mounted file: serving pods have no API token to read ConfigMaps."""
+    if not uri.startswith("configmap://"):
+        return uri
+    name, _, key = uri.removeprefix("configmap://").partition("/")
+    volume_name = f"cm-{len(volumes)}"
+    mount_path = f"{CONFIGMAP_MOUNT}/{volume_name}"
+    volumes.append((
+        {"name": volume_name, "configMap": {"name": name}},
+        {"name": volume_name, "mountPath": mount_path, "readOnly": True},
+    ))  # fmt: skip
+    return f"file://{mount_path}/{key}"
 
 
 def build_service(policy: Mapping[str, Any], group: ClassGroup) -> dict[str, Any]:

@@ -228,3 +228,18 @@ def test_deployment_serves_the_runs_model_not_the_policys_new_one() -> None:
     newer = policy(model={"uri": "https://models.example.com/v2.onnx", "sha256": "b" * 64})
     args = build_deployment(newer, group, run)["spec"]["template"]["spec"]["containers"][0]["args"]
     assert args[args.index("--model-sha256") + 1] == "a" * 64
+
+
+def test_configmap_models_are_mounted_for_serving() -> None:
+    """Serving pods carry no API token, so a configmap:// model must reach them as a mounted file."""
+    group = gpu_group()
+    p = policy(model={"uri": "configmap://digits-model/model.onnx", "sha256": "a" * 64})
+    pod = build_deployment(p, group, succeeded(build_run(p, group, "NewHardwareClass")))["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    uri = c["args"][c["args"].index("--model-uri") + 1]
+    assert uri.startswith("file:///var/lib/metainfer/configmaps/") and uri.endswith("/model.onnx")
+    volume = next(v for v in pod["volumes"] if "configMap" in v)
+    assert volume["configMap"] == {"name": "digits-model"}
+    mount = next(m for m in c["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["readOnly"] and uri == f"file://{mount['mountPath']}/model.onnx"
+    assert pod["automountServiceAccountToken"] is False
