@@ -35,6 +35,8 @@ class SpaceOptions:
     max_batch: int = 32
     keep_float_fractions: tuple[float, ...] = (0.0, 0.05, 0.15)
     allow_static: bool = True
+    # Whether the fused graph admits padding removal (core.transforms.padding); the engine checks it.
+    padding_removable: bool = False
     overrides: dict[str, tuple[object, ...]] = field(default_factory=dict)
 
 
@@ -65,6 +67,7 @@ def build_space(
         Dimension("keep_float", tuple(keep)),
         Dimension("fusion", ("none", "transformer") if model.is_transformer else ("none",)),
         Dimension("layout", ("NCHW", "NHWC") if model.has_convs else ("NCHW",)),
+        Dimension("padding", ("keep", "remove") if options.padding_removable else ("keep",)),
         Dimension("execution_provider", tuple(providers or ["CPUExecutionProvider"])),
         Dimension("graph_optimization_level", ("all", "extended", "basic")),
         Dimension("intra_op_num_threads", thread_choices(profile)),
@@ -136,6 +139,9 @@ def _make_constraint(model: ModelInfo, profile: HardwareProfile, notes: list[str
         if p["keep_float"] and p["fusion"] != "none":
             return False
         if p["layout"] == "NHWC" and p["execution_provider"] not in nhwc_ok:
+            return False
+        # Padding removal rewrites the fused graph; its loop bodies stay fp32, so fp16 gains nothing there.
+        if p["padding"] == "remove" and (p["fusion"] != "transformer" or mode == "fp16"):
             return False
         # Parallel mode only matters with independent branches; it needs inter-op threads to help.
         return not (p["execution_mode"] == "parallel" and p["intra_op_num_threads"] == 1)
@@ -221,6 +227,7 @@ def recipe_for(point: Point, ranked_layers: Callable[[str], list[str]]) -> Recip
             ),
             fusion=point["fusion"],  # type: ignore[arg-type]
             layout=point["layout"],  # type: ignore[arg-type]
+            padding=point.get("padding", "keep"),  # type: ignore[arg-type]
         ),
         session=SessionSpec(
             execution_provider=str(point["execution_provider"]),

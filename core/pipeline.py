@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Literal, Protocol
 
 import numpy as np
+import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.candidates import SpaceOptions, build_space, recipe_for
@@ -28,7 +29,8 @@ from metainfer.core.scoring import Constraints, Objective, score, violations
 from metainfer.core.search import make_searcher
 from metainfer.core.search.space import Point, Space
 from metainfer.core.sensitivity import SensitivityReport, analyse
-from metainfer.core.transforms import build_variant
+from metainfer.core.transforms import PaddingNotRemovable, build_variant, check_padding_removable, quantizable_nodes
+from metainfer.core.transforms.fusion import fuse_transformer
 from metainfer.core.trial import Trial, TrialMetrics
 from metainfer.core.validate import ValidationReport, validate_variant
 
@@ -273,21 +275,33 @@ class Adaptation:
         return report, variant
 
     def _space(self) -> tuple[Space, list[str]]:
+        padding_reason = self._padding_not_removable()
         options = SpaceOptions(
             batch=self.settings.batch,
             search_batch=self.settings.search_batch,
             allow_static=self.calibration.n_samples >= MIN_STATIC_SAMPLES,
+            padding_removable=padding_reason is None,
             overrides={k: tuple(v) for k, v in self.settings.overrides.items()},
         )
-        import onnx
-
-        from metainfer.core.transforms import quantizable_nodes
-
         layers = len(quantizable_nodes(onnx.load_from_string(self.base), "int8_static"))
         space, notes = build_space(self.model, self.profile, options, min(layers, self.settings.sensitivity_layers))
+        if padding_reason and self.model.is_transformer:
+            notes.append(f"padding removal left out: {padding_reason}")
         if not space.allowed_keys():
             raise InputError("search space", "no candidate is allowed on this hardware: " + "; ".join(notes))
         return space, notes
+
+    def _padding_not_removable(self) -> str | None:
+        """Why the fused model admits no padding removal, or None when it does."""
+        if not self.model.is_transformer:
+            return "not a transformer"
+        try:
+            check_padding_removable(fuse_transformer(onnx.load_from_string(self.base)))
+        except PaddingNotRemovable as exc:
+            return str(exc)
+        except Exception as exc:
+            return f"transformer fusion failed: {_first_line(exc)}"
+        return None
 
     def _featurizer(self, space: Space):
         """Hardware-aware features so the surrogate can tell a fast int8 machine from a slow one."""

@@ -19,6 +19,7 @@ GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
 Layout = Literal["NCHW", "NHWC"]
 ExecutionMode = Literal["sequential", "parallel"]
 GraphFusion = Literal["none", "transformer"]
+Padding = Literal["keep", "remove"]
 
 ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
     "disable": "ORT_DISABLE_ALL",
@@ -60,6 +61,19 @@ class TransformSpec(_Frozen):
     quantization: QuantizationSpec = QuantizationSpec()
     fusion: GraphFusion = Field("none", description="Offline graph fusion applied before quantization.")
     layout: Layout = Field("NCHW", description="Activation layout of convolutions.")
+    padding: Padding = Field(
+        "keep",
+        description=(
+            "'remove': token-wise layers run on real tokens only and attention per sequence "
+            "(needs transformer fusion and an attention-mask input); outputs at padded positions are zeros."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _padding_needs_fusion(self) -> TransformSpec:
+        if self.padding == "remove" and self.fusion != "transformer":
+            raise ValueError("padding 'remove' works on the fused graph: set fusion to 'transformer'")
+        return self
 
 
 class SessionSpec(_Frozen):

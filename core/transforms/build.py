@@ -1,7 +1,9 @@
-"""Build a variant: fuse, re-layout, quantize, then stamp provenance.
+"""Build a variant: fuse, remove padding, re-layout, quantize, then stamp provenance.
 
 The order matters: fusion first, so quantization sees fused Attention and emits
-QAttention; layout before quantization, so QDQ pairs wrap the final convs.
+QAttention, and padding removal finds whole attention blocks; padding removal
+before quantization, so the packed QKV projections become int8 MatMuls;
+layout before quantization, so QDQ pairs wrap the final convs.
 The output is a pure function of (base bytes, spec, calibration samples): the
 same inputs always produce the same bytes, which lets a serving pod rebuild the
 variant from the recipe instead of downloading it.
@@ -17,6 +19,7 @@ from metainfer.core.data import Dataset
 from metainfer.core.recipe import TransformSpec
 from metainfer.core.transforms.fusion import fuse_transformer
 from metainfer.core.transforms.layout import to_nhwc
+from metainfer.core.transforms.padding import remove_padding
 from metainfer.core.transforms.quantize import DYNAMIC_OP_TYPES, to_fp16, to_int8
 
 PROVENANCE_PREFIX = "metainfer."
@@ -27,6 +30,9 @@ def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None 
     ensure_node_names(model)
     if spec.fusion == "transformer":
         model = fuse_transformer(model)
+    if spec.padding == "remove":
+        model = remove_padding(model)
+        ensure_node_names(model)
     if spec.layout == "NHWC":
         model = to_nhwc(model)
     q = spec.quantization
