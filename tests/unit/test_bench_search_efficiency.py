@@ -1,0 +1,99 @@
+"""The search-efficiency benchmark's replay and metrics, on tiny synthetic landscapes.
+
+The benchmark's numbers are only as right as the replay that produces them:
+fractions of the optimum, evaluations-to-level, and the rule that every
+algorithm sees exactly the cached score of the point it asked for.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from metainfer.core.search import GridSearcher, RandomSearcher
+from metainfer.core.search.space import Dimension, Space
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import search_replay as sr
+
+
+def _space() -> Space:
+    dims = [Dimension("a", (0, 1, 2, 3)), Dimension("b", ("x", "y", "z"))]
+    return Space(dims, constraint=lambda p: not (p["a"] == 3 and p["b"] == "z"))
+
+
+def _landscape() -> sr.Landscape:
+    space = _space()
+    scores: dict[tuple[int, ...], float | None] = {}
+    for k in space.allowed_keys():
+        scores[k] = None if k == (0, 1) else 1.0 + k[0] + 0.5 * k[1]  # optimum 4.5 at (3, 1)
+    return sr.Landscape(space, scores)
+
+
+def test_landscape_must_cover_every_allowed_point() -> None:
+    space = _space()
+    with pytest.raises(ValueError, match="lacks"):
+        sr.Landscape(space, {(0, 0): 1.0})
+
+
+def test_optimum_is_the_best_feasible_score() -> None:
+    assert _landscape().optimum == pytest.approx(4.5)
+    assert _landscape().size == 11
+
+
+def test_fraction_and_evals_to_reach() -> None:
+    scores = [None, 2.0, 1.0, 4.8, 5.0]
+    assert sr.best_so_far(scores) == [None, 2.0, 2.0, 4.8, 5.0]
+    assert list(sr.fraction_curve(scores, 5.0)) == pytest.approx([0.0, 0.4, 0.4, 0.96, 1.0])
+    assert sr.fraction_at(scores, 5.0, 3) == pytest.approx(0.4)
+    assert sr.evals_to_reach(scores, 5.0, 0.95) == 4
+    assert sr.evals_to_reach(scores, 5.0, 0.98) == 5
+    assert sr.evals_to_reach(scores[:3], 5.0, 0.95) is None
+    # a run that stopped early is padded with its last value
+    assert list(sr.fraction_curve(scores[:2], 5.0, length=4)) == pytest.approx([0.0, 0.4, 0.4, 0.4])
+
+
+def test_median_evals_counts_misses_as_slowest() -> None:
+    assert sr.median_evals([3, 5, None]) == 5
+    assert sr.median_evals([3, None, None]) is None
+    assert sr.median_evals([2, 4]) == 3
+
+
+def test_replay_tells_cached_scores_and_never_repeats() -> None:
+    land = _landscape()
+    searcher = RandomSearcher(land.space, seed=1)
+    scores = sr.replay(searcher, land, 50)
+    assert len(scores) == land.size  # stops when the space is exhausted
+    told = {land.space.key(p): s for p, s in searcher.history}
+    assert len(told) == land.size
+    assert all(land.score(k) == s for k, s in told.items())
+    assert sr.fraction_at(scores, land.optimum, land.size) == pytest.approx(1.0)
+
+
+def test_grid_walks_product_order() -> None:
+    land = _landscape()
+    scores = sr.replay(GridSearcher(land.space, seed=0), land, 4)
+    assert scores == [land.score(k) for k in land.space.allowed_keys()[:4]]
+
+
+def test_run_seed_reads_budget_free_runs_as_prefixes() -> None:
+    land = _landscape()
+    run = sr.engine_runner("random")
+    one = sr.run_seed("random", run, land, 3, (2, 5))
+    full = run(land, 3, 5)
+    assert one.fractions[2] == pytest.approx(sr.fraction_at(full, land.optimum, 2))
+    assert one.fractions[5] == pytest.approx(sr.fraction_at(full, land.optimum, 5))
+    assert one.curve.shape == (5,)
+    result = sr.collect("random", [one, sr.run_seed("random", run, land, 4, (2, 5))], 0.0)
+    assert result.curves.shape == (2, 5)
+    assert set(result.summary()["evals_to"]) == {"0.95", "0.98"}
+
+
+@pytest.mark.skipif(not sr.optuna_available(), reason="optuna (bench extra) not installed")
+def test_tpe_only_spends_evaluations_on_new_allowed_points() -> None:
+    land = _landscape()
+    scores = sr.tpe_runner()(land, 0, land.size)
+    assert len(scores) == land.size  # every allowed point exactly once, none forbidden
+    assert sorted((s for s in scores if s is not None), reverse=True)[0] == pytest.approx(land.optimum)
