@@ -1,0 +1,84 @@
+"""The Olive peer benchmark's own logic, without Olive installed.
+
+The comparison is only as right as its reading of Olive's outputs (which
+candidate Olive ranked best, which session options it chose, how they map to
+ORT) and its verdict rule, so those are checked on synthetic footprints.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import olive_peer as op
+
+
+def _node(parent: str | None, latency: float | None = None, quality: float = 1.0, ok: bool = True, **cfg: object):
+    node: dict[str, object] = {"parent_model_id": parent, "pass_run_config": cfg or None, "metrics": None}
+    if latency is not None:
+        node["metrics"] = {
+            "value": {
+                "latency-p50": {"value": latency, "priority": 1},
+                "quality-quality": {"value": quality, "priority": 2},
+            },
+            "if_goals_met": ok,
+        }
+    return node
+
+
+def _footprint(tmp_path: Path) -> Path:
+    nodes = {
+        "in": _node(None, 100.0),
+        "q1": _node("in", quant_mode="dynamic", precision="int8", per_channel=True, data_config={"x": 1}),
+        "t1": _node("q1", 40.0, 0.999),
+        "q2": _node("in", quant_mode="static", precision="int8", per_channel=False, activation_type="int8"),
+        "t2": _node("q2", 30.0, 0.95, ok=False),  # fastest, but outside the quality goal
+        "q3": _node("in", quant_mode="static", precision="uint8"),
+        "t3": _node("q3", 45.0, 0.998),
+    }
+    path = tmp_path / "footprint.json"
+    path.write_text(json.dumps(nodes))
+    return path
+
+
+def test_best_quantization_is_the_fastest_candidate_within_the_goal(tmp_path: Path) -> None:
+    best = op.olive_best_quantization(_footprint(tmp_path))
+    assert best == {"quant_mode": "dynamic", "precision": "int8", "per_channel": True}
+
+
+def test_search_stats_count_candidates_not_the_input_model(tmp_path: Path) -> None:
+    stats = op.olive_search_stats(_footprint(tmp_path), "x ... FAILED.\ny ... FAILED.\n")
+    assert stats["olive_candidates_evaluated"] == 3
+    assert stats["olive_candidates_meeting_goal"] == 2
+    assert stats["olive_steps_failed"] == 2
+
+
+def test_olive_session_options_map_to_ort_as_olive_applies_them() -> None:
+    so = op.olive_session_options(
+        {"execution_mode": 1, "graph_optimization_level": 2, "intra_op_num_threads": 2, "inter_op_num_threads": 0}
+    )
+    assert so.execution_mode == ort.ExecutionMode.ORT_PARALLEL
+    assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    assert so.intra_op_num_threads == 2
+    assert so.inter_op_num_threads == 0  # 0 is "not set" for Olive too
+    assert op.describe_olive_settings({}) == "ORT defaults"
+
+
+def _row(name: str, p50: float, drop: float) -> op.Measured:
+    return op.Measured(name, "", p50, p50 * 1.1, 1 - drop, drop, "cosine", 1.0)
+
+
+def test_verdict_needs_speed_and_quality() -> None:
+    fp32 = _row("ORT FP32, default options", 100.0, 0.0)
+    met, _ = op.verdict([fp32, _row("Olive best", 40.0, 0.002), _row("metainfer best", 39.0, 0.0025)])
+    assert met is True  # within the quality tie
+    met, text = op.verdict([fp32, _row("Olive best", 40.0, 0.002), _row("metainfer best", 41.0, 0.001)])
+    assert met is False and "faster" in text
+    met, text = op.verdict([fp32, _row("Olive best", 40.0, 0.001), _row("metainfer best", 30.0, 0.008)])
+    assert met is False and "quality" in text
+    met, _ = op.verdict([fp32, _row("metainfer best", 30.0, 0.0)])
+    assert met is None
