@@ -55,6 +55,7 @@ class ControlPlane:
     pids: dict[str, int]
     executables: dict[str, str]
     popens: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict, repr=False)
+    audit_log: Path | None = None  # JSON lines, one per request stage, when started with audit=True
 
     def ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cafile=str(self.ca_cert))
@@ -88,12 +89,15 @@ def start(
     timeout_s: float = 120.0,
     die_with_parent: bool = False,
     crd_documents: list[dict[str, Any]] | None = None,
+    audit: bool = False,
 ) -> ControlPlane:
     """Start a fresh control plane under ``root`` (which must not hold a running one).
 
     ``crd_documents`` are installed (and Established) before kube-controller-manager
     starts, so its garbage collector watches them from its first discovery instead
-    of up to 30 s later.
+    of up to 30 s later. ``audit`` makes kube-apiserver log every request's metadata
+    (user, user agent, verb, resource) to ``logs/audit.log``: the one count of API
+    requests a client cannot get wrong about itself (the operator-scale benchmark).
     """
     if (root / STATE_FILE).exists():
         raise ControlPlaneError(f"{root / STATE_FILE} exists: a control plane may be running; stop it first")
@@ -103,7 +107,9 @@ def start(
     popens: dict[str, subprocess.Popen[bytes]] = {}
     state = _State(root)
     try:
-        return _start(root, assets, log, controller_manager, timeout_s, die_with_parent, crd_documents, popens, state)
+        return _start(
+            root, assets, log, controller_manager, timeout_s, die_with_parent, crd_documents, audit, popens, state
+        )
     except BaseException:
         stop(root, popens=popens, remove=False)
         raise
@@ -117,6 +123,7 @@ def _start(
     timeout_s: float,
     die_with_parent: bool,
     crd_documents: list[dict[str, Any]] | None,
+    audit: bool,
     popens: dict[str, subprocess.Popen[bytes]],
     state: _State,
 ) -> ControlPlane:
@@ -155,6 +162,8 @@ def _start(
     )
     _wait(lambda: _http_ok(f"{etcd_url}/health"), "etcd", popens, logs, deadline)
 
+    audit_log = logs / "audit.log" if audit else None
+    audit_args = _audit_args(logs) if audit else []
     launch(
         "kube-apiserver",
         assets.kube_apiserver,
@@ -176,6 +185,7 @@ def _start(
             "--allow-privileged=true",
             "--profiling=false",
             "--v=1",
+            *audit_args,
         ],
     )
     plane = ControlPlane(
@@ -188,6 +198,7 @@ def _start(
         pids=state.pids,
         executables=state.executables,
         popens=popens,
+        audit_log=audit_log,
     )
     _wait(lambda: _api_ok(plane, "/readyz"), "kube-apiserver", popens, logs, deadline)
     if crd_documents:
@@ -264,6 +275,28 @@ def load(root: Path) -> ControlPlane | None:
         pids=state["pids"],
         executables=state["executables"],
     )
+
+
+AUDIT_POLICY = """\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+  - level: Metadata
+"""
+
+
+def _audit_args(logs: Path) -> list[str]:
+    """kube-apiserver flags for a Metadata-level audit log under ``logs`` (no bodies: cheap, no secrets)."""
+    policy = logs / "audit-policy.yaml"
+    policy.write_text(AUDIT_POLICY)
+    return [
+        f"--audit-policy-file={policy}",
+        f"--audit-log-path={logs / 'audit.log'}",
+        "--audit-log-format=json",
+        "--audit-log-maxbackup=0",  # one file: a reader counts every request in it
+        "--audit-log-maxsize=0",
+    ]
 
 
 def write_kubeconfig(path: Path, server: str, certs: pki_mod.Pki, name: str = "metainfer-dev") -> None:
