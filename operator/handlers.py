@@ -69,20 +69,23 @@ def deployments_index(namespace: str, labels: dict[str, str], body: kopf.Body, *
     return {(namespace, labels.get(LABEL_POLICY, "")): _plain(body)}
 
 
+# The wake-up handlers are async so kopf runs them on the event loop: asyncio.Event is not thread-safe, and set()
+# from kopf's sync-handler threads schedules the sleeping daemon's wake-up without waking the loop, so the daemon
+# reconciled only at its next resync (60 s by default) instead of at once.
 @kopf.on.event("", "v1", "nodes")
-def on_node(**_: Any) -> None:
+async def on_node(**_: Any) -> None:
     VIEW.nodes_changed()
     WAKEUPS.wake_all()
 
 
 @kopf.on.event(GROUP, VERSION, "adaptationruns")
-def on_run(namespace: str, body: kopf.Body, **_: Any) -> None:
+async def on_run(namespace: str, body: kopf.Body, **_: Any) -> None:
     WAKEUPS.wake(namespace, body.get("spec", {}).get("policyName"))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-def on_child(namespace: str, labels: dict[str, str], **_: Any) -> None:
+async def on_child(namespace: str, labels: dict[str, str], **_: Any) -> None:
     WAKEUPS.wake(namespace, labels.get(LABEL_POLICY))
 
 
