@@ -20,6 +20,18 @@ from kubernetes.client.exceptions import ApiException
 from metainfer.core.api import GROUP, VERSION
 
 TRANSIENT = {409, 429, 500, 502, 503, 504}
+_SHARED: client.ApiClient | None = None
+
+
+def _api() -> client.ApiClient:
+    """One ApiClient for every write: ``client.XxxApi()`` without one builds a new connection pool per call, so
+    every request paid a TLS handshake (both sides' CPU) instead of reusing a kept-alive connection. Created on
+    first use, after the startup handler has loaded the kubeconfig into the default configuration; urllib3's pool
+    is thread-safe, and the calls run in worker threads."""
+    global _SHARED
+    if _SHARED is None:
+        _SHARED = client.ApiClient()
+    return _SHARED
 
 
 def _temporary(exc: ApiException, what: str) -> kopf.TemporaryError:
@@ -63,7 +75,7 @@ async def delete(kind: str, namespace: str, name: str) -> None:
 
 
 async def patch_status(plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
-    api = client.CustomObjectsApi()
+    api = client.CustomObjectsApi(_api())
     try:
         await asyncio.to_thread(
             api.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, plural, name, {"status": status}
@@ -76,13 +88,13 @@ async def patch_status(plural: str, namespace: str, name: str, status: Mapping[s
 def _create(manifest: dict[str, Any]) -> None:
     kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
     if kind == "AdaptationRun":
-        client.CustomObjectsApi().create_namespaced_custom_object(GROUP, VERSION, ns, "adaptationruns", manifest)
+        client.CustomObjectsApi(_api()).create_namespaced_custom_object(GROUP, VERSION, ns, "adaptationruns", manifest)
     elif kind == "Job":
-        client.BatchV1Api().create_namespaced_job(ns, manifest)
+        client.BatchV1Api(_api()).create_namespaced_job(ns, manifest)
     elif kind == "Deployment":
-        client.AppsV1Api().create_namespaced_deployment(ns, manifest)
+        client.AppsV1Api(_api()).create_namespaced_deployment(ns, manifest)
     elif kind == "Service":
-        client.CoreV1Api().create_namespaced_service(ns, manifest)
+        client.CoreV1Api(_api()).create_namespaced_service(ns, manifest)
     else:
         raise ValueError(f"no create for kind {kind}")
 
@@ -90,11 +102,11 @@ def _create(manifest: dict[str, Any]) -> None:
 def _patch(manifest: Mapping[str, Any], patch: dict[str, Any]) -> None:
     kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     if kind == "Deployment":
-        client.AppsV1Api().patch_namespaced_deployment(name, ns, patch)
+        client.AppsV1Api(_api()).patch_namespaced_deployment(name, ns, patch)
     elif kind == "Service":
         # ClusterIP is immutable and assigned by the server: only selector/ports are ours.
         spec = {k: v for k, v in patch["spec"].items() if k in ("selector", "ports")}
-        client.CoreV1Api().patch_namespaced_service(name, ns, {"metadata": patch["metadata"], "spec": spec})
+        client.CoreV1Api(_api()).patch_namespaced_service(name, ns, {"metadata": patch["metadata"], "spec": spec})
     else:
         raise ValueError(f"no update for kind {kind}")
 
@@ -102,13 +114,13 @@ def _patch(manifest: Mapping[str, Any], patch: dict[str, Any]) -> None:
 def _delete(kind: str, namespace: str, name: str) -> None:
     background = client.V1DeleteOptions(propagation_policy="Background")
     if kind == "Deployment":
-        client.AppsV1Api().delete_namespaced_deployment(name, namespace, body=background)
+        client.AppsV1Api(_api()).delete_namespaced_deployment(name, namespace, body=background)
     elif kind == "Service":
-        client.CoreV1Api().delete_namespaced_service(name, namespace)
+        client.CoreV1Api(_api()).delete_namespaced_service(name, namespace)
     elif kind == "Job":
-        client.BatchV1Api().delete_namespaced_job(name, namespace, body=background)
+        client.BatchV1Api(_api()).delete_namespaced_job(name, namespace, body=background)
     elif kind == "AdaptationRun":
-        client.CustomObjectsApi().delete_namespaced_custom_object(
+        client.CustomObjectsApi(_api()).delete_namespaced_custom_object(
             GROUP, VERSION, namespace, "adaptationruns", name, body=background
         )
     else:
