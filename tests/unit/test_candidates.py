@@ -53,3 +53,25 @@ def test_batch_search_and_conv_space(tiny_conv: tuple[Path, Path], quick_profile
     if quick_profile.support("NhwcConv", "fp32", "CPUExecutionProvider") != "native":
         assert all(p["layout"] == "NCHW" for p in space.allowed_points())
         assert any("NHWC" in n for n in notes)
+
+
+def test_padding_removal_only_with_fusion_and_where_it_can_build(
+    quick_profile: HardwareProfile, tmp_path: Path
+) -> None:
+    from metainfer.core.zoo.bert import BertConfig, build_bert_model
+
+    model_path = tmp_path / "encoder.onnx"
+    model_path.write_bytes(
+        build_bert_model(BertConfig(layers=1, hidden=32, heads=2, intermediate=64, vocab=64)).SerializeToString()
+    )
+    info = inspect_model(model_path)
+    assert info.is_transformer
+    without, _ = build_space(info, quick_profile, SpaceOptions(batch=4), sensitive_layers=2)
+    assert {p["padding"] for p in without.allowed_points()} == {"keep"}
+
+    space, _ = build_space(info, quick_profile, SpaceOptions(batch=4, padding_removable=True), sensitive_layers=2)
+    removed = [p for p in space.allowed_points() if p["padding"] == "remove"]
+    assert removed
+    assert all(p["fusion"] == "transformer" and p["quantization"] != "fp16" for p in removed)
+    assert all(p["calibration"] == "minmax" for p in removed if p["quantization"] == "int8_static")
+    assert all(recipe_for(p, lambda mode: []).transform.padding == "remove" for p in removed)
