@@ -168,6 +168,7 @@ def measure_landscape(model: Model, log: bool = True) -> dict[str, Any]:
         "wall_s": time.perf_counter() - started,
         "load_average_before": list(load_before),
         "load_average_after": list(os.getloadavg()),
+        "niceness": os.nice(0),  # a niced measurement loses the CPU to everything else: its timings are suspect
         "measured_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "baseline": {"p50_ms": baseline.metrics.latency.p50_ms, "score": baseline.score},
         "points": rows,
@@ -307,13 +308,14 @@ def model_section(
         f"optimum score {best['score']:.3f} (`{best['recipe']}`, p50 {best['p50_ms']:.3f} ms vs FP32 "
         f"{data['baseline']['p50_ms']:.3f} ms). Measured {data['measured_at']} in {data['wall_s']:.0f} s "
         f"(1-min load average {load[0]:.2f} before, {load[1]:.2f} after)"
+        + (f", at niceness {data['niceness']} (timings suspect)" if data.get("niceness") else "")
         + (", reused from the cache" if reused else "")
         + ".",
         "Median fraction of the optimum reached at each budget (hybrids: a dedicated run per budget; "
         f"@{verdict['target_budget']} is 10 % of the space); evaluations to 95 % / 98 % of the optimum: "
         "median over seeds (how many seeds got there within 40).",
         benchlib.markdown_table(header, rows),
-        f"![{model.name}](results/{NAME}_{model.name}.png) (`bench/results/{NAME}_{model.name}.png`)",
+        f"![{model.name}](bench/results/{NAME}_{model.name}.png)",
     ]
     return "\n\n".join(lines)
 
