@@ -89,7 +89,10 @@ def cases(quick: bool, only: list[str] | None) -> tuple[list[Case], list[str]]:
     light = QUICK_LIGHT if quick else tuple(list_light_models())
     chosen += [Case(name, 1, trials(OTHER_TRIALS), "conv") for name in light]
     if only:
+        left_out = [c.name for c in chosen if c.name not in only]
         chosen = [c for c in chosen if c.name in only]
+        if left_out:
+            notes.append(f"Not run in this invocation (`--only`): {', '.join(left_out)}.")
         missing = sorted(set(only) - {c.name for c in chosen})
         if missing:
             notes.append(f"not in this mode's model list: {', '.join(missing)}")
@@ -438,7 +441,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = {k: result.get(k) for k in ("status", "recipe", "speedup_p50", "quality_variant", "error")}
         print(f"   {summary} in {result['bench_wall_s']:.0f} s", flush=True)
         # Saved after every model, so a long full run that is stopped still leaves its finished models.
-        path = save(results, len(chosen), profile, args.quick, notes, started)
+        save(results, len(chosen), profile, args.quick, notes, started)
+    path = save(results, len(chosen), profile, args.quick, notes, started)
     print(f"wrote {path} in {time.monotonic() - started:.0f} s", flush=True)
     return 1 if any(r.get("status") == "failed" for r in results) else 0
 
@@ -455,7 +459,11 @@ def resumed(quick: bool, chosen: list[Case], notes: list[str]) -> list[dict[str,
     kept = [by_name[c.name] for c in chosen if c.name in by_name]
     if kept:
         started = saved.get("machine", {}).get("date", "an earlier run")
-        notes.append(f"Resumed: {', '.join(r['model'] for r in kept)} carried over from the result saved {started}.")
+        command = saved.get("command", "an earlier run")
+        notes.append(
+            f"Resumed: {', '.join(r['model'] for r in kept)} carried over (measurements unchanged) from "
+            f"`{command}`, saved {started}."
+        )
     return kept
 
 
