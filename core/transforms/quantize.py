@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.version_converter
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -78,6 +79,18 @@ def to_fp16(model: onnx.ModelProto, keep_float: tuple[str, ...]) -> onnx.ModelPr
     return wrapped.model
 
 
+# QDQ with per-channel (1-D) scales and int8 zero points is only valid from opset 13.
+QDQ_MIN_OPSET = 13
+
+
+def _at_least_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
+    """The model upgraded to ``version`` when it is older (node names are kept, so mixed precision still applies)."""
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    if current >= version:
+        return model
+    return onnx.version_converter.convert_version(model, version)
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """ORT's quantizer prints calibration chatter and logs advice on the root logger."""
@@ -92,6 +105,8 @@ def _quiet() -> Iterator[None]:
 
 
 def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset | None) -> onnx.ModelProto:
+    if spec.mode == "int8_static":
+        model = _at_least_opset(model, QDQ_MIN_OPSET)
     with tempfile.TemporaryDirectory(prefix="metainfer-q-") as tmp, _quiet():
         src, dst = Path(tmp, "in.onnx"), Path(tmp, "out.onnx")
         onnx.save(model, src)

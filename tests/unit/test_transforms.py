@@ -83,3 +83,23 @@ def test_static_conv_quantization_and_nhwc_rewrite(tiny_conv: tuple[Path, Path])
     assert ops["NhwcConv"] == 2 and ops["Transpose"] == 4 and ops["Conv"] == 0
     assert any(o.domain == "com.microsoft" for o in nhwc.opset_import)
     onnx.checker.check_model(nhwc)
+
+
+def test_static_qdq_on_an_opset_12_model_builds_a_valid_graph() -> None:
+    """Per-channel QDQ (and mixed precision) need opset 13; older models are upgraded, not broken."""
+    from metainfer.core.data import Dataset
+    from metainfer.core.zoo.bert import BertConfig, build_bert_inputs, build_bert_model
+
+    cfg = BertConfig(layers=1, hidden=32, heads=2, intermediate=64, vocab=64, max_positions=32)
+    model = build_bert_model(cfg)
+    assert model.opset_import[0].version == 12
+    base = model.SerializeToString()
+    data = Dataset(build_bert_inputs(samples=8, seq_len=16, cfg=cfg))
+    kept = quantizable_nodes(model, "int8_static")[0]
+    for quant in (
+        QuantizationSpec(mode="int8_static", per_channel=True),
+        QuantizationSpec(mode="int8_static", keep_float=(kept,)),
+    ):
+        variant = build_variant(base, TransformSpec(quantization=quant), data)
+        out = create_session(variant, Recipe()).run(None, data.batch(0, 2))[0]
+        assert np.isfinite(out).all()
