@@ -119,7 +119,7 @@ def _print_summary(report: object) -> None:
     table = Table(title=f"{Path(report.model.path).name}: baseline vs adapted (batch {report.settings.batch})")
     for column in ("", "recipe", "p50 ms", "p95 ms", "quality", "size MiB", "peak MiB"):
         table.add_column(column, justify="right" if column.endswith(("ms", "MiB")) else "left")
-    final = report.final
+    final = report.final if report.final is not None and not report.final.kept_baseline else None
     rows = [("FP32 baseline", report.baseline, final.baseline if final else report.baseline.metrics)]
     if report.best is not None:
         rows.append(("adapted", report.best, final.best if final else report.best.metrics))
@@ -146,6 +146,8 @@ def _print_summary(report: object) -> None:
             f"[bold green]speedup {final.speedup_p50:.2f}x at p50, {final.speedup_p95:.2f}x at p95[/]"
             " (re-measured back to back with the baseline)"
         )
+    if report.final is not None and report.final.kept_baseline:
+        out.print(f"[bold yellow]{report.final.note}[/]")
     if report.validation is not None:
         for check in report.validation.checks:
             mark = "[green]ok[/]" if check.passed else "[red]FAIL[/]"

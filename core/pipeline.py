@@ -73,6 +73,10 @@ class FinalComparison(BaseModel):
     best: TrialMetrics
     speedup_p50: float
     speedup_p95: float
+    kept_baseline: bool = Field(
+        False, description="The search's winner lost to FP32 when re-measured back to back, so FP32 was kept."
+    )
+    note: str = ""
 
 
 class Report(BaseModel):
@@ -252,6 +256,16 @@ class Adaptation:
         search_wall = time.perf_counter() - search_started
         best, validation, variant = self._choose_and_validate(baseline, trials)
         final = self._final_comparison(baseline, best, variant) if best is not None and variant else None
+        if final is not None and best is not baseline and final.speedup_p50 < 1.0:
+            # Never ship a variant that is slower than what the user already has: the search's
+            # measurements can be off (a noisy neighbour), the back-to-back re-measurement decides.
+            assert best is not None
+            note = (
+                f"the search's winner ({best.recipe.describe()}) re-measured at {final.speedup_p50:.2f}x of FP32"
+                " back to back; the FP32 model with default session options is kept"
+            )
+            best, validation, variant = self._choose_and_validate(baseline, [])
+            final = final.model_copy(update={"kept_baseline": True, "note": note})
         report = Report(
             started_at=started_at,
             model=self.model,

@@ -128,7 +128,7 @@ def run_metrics(metrics: TrialMetrics) -> RunMetrics:
 
 def best_metrics(report: Report) -> RunMetrics | None:
     """The winner's metrics: from the back-to-back final comparison when there is one (less noisy)."""
-    if report.final is not None:
+    if report.final is not None and not report.final.kept_baseline:
         return run_metrics(report.final.best)
     if report.best is not None and report.best.metrics is not None:
         return run_metrics(report.best.metrics)
@@ -316,7 +316,9 @@ def mark_succeeded(
     parts = [f"best {best.recipe.describe()} (key {best.recipe.key()})"]
     if metrics is not None:
         parts.append(f"p95 {metrics.p95_ms:.3f} ms, {metrics.quality_metric} drop {metrics.quality_drop:.4f}")
-    if report.final is not None:
+    if report.final is not None and report.final.kept_baseline:
+        parts.append(report.final.note)
+    elif report.final is not None:
         parts.append(f"speedup {report.final.speedup_p50:.2f}x p50 / {report.final.speedup_p95:.2f}x p95 vs FP32")
     parts.append(
         f"{len(report.trials)} trials ({counts['feasible']} feasible, {counts['infeasible']} infeasible,"

@@ -57,6 +57,29 @@ def test_impossible_slo_yields_no_best(digits, quick_profile: HardwareProfile) -
     assert report.baseline.violations
 
 
+def test_a_winner_slower_than_fp32_back_to_back_is_not_shipped(
+    digits, quick_profile: HardwareProfile, monkeypatch
+) -> None:
+    real = Adaptation._final_comparison
+    compared: list[int] = []
+
+    def slower(self, baseline, best, variant):  # type: ignore[no-untyped-def]
+        compared.append(best.index)
+        return real(self, baseline, best, variant).model_copy(update={"speedup_p50": 0.5})
+
+    monkeypatch.setattr(Adaptation, "_final_comparison", slower)
+    report, variant = _run(digits, quick_profile)
+    assert compared, "the final comparison always runs when a candidate validates"
+    if compared[0] == 0:  # the search's own winner was FP32: nothing to fall back from
+        assert report.final is not None and not report.final.kept_baseline
+        return
+    assert report.final is not None and report.final.kept_baseline
+    assert "0.50x of FP32" in report.final.note
+    assert report.best is not None and report.best.index == 0 and report.best.recipe == Recipe(batch=32)
+    assert report.validation is not None and report.validation.passed
+    assert variant is not None
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "metainfer.agent.cli", *args],
