@@ -224,7 +224,7 @@ def replay_all(
     for alg in algorithms:
         mine = [d for t, d in zip(tasks, done, strict=True) if t[1] == alg]
         out[alg] = sr.collect(alg, [r for r, _ in mine], sum(w for _, w in mine))
-        print(f"  {model}: {alg} replayed in {out[alg].wall_s:.0f} s of CPU", flush=True)
+        print(f"  {model}: {alg} replayed in {out[alg].wall_s:.0f} s (sum of per-seed wall times)", flush=True)
     return out
 
 
