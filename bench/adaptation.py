@@ -53,6 +53,9 @@ VARIANTS_DIR = benchlib.ROOT / "build" / "bench" / "adaptation"
 SEED = 0
 MAX_QUALITY_DROP = 0.01  # the CLI's default quality budget
 TRANSFORMER_TRIALS, OTHER_TRIALS, QUICK_TRIALS = 40, 24, 12
+# The nine light nets run at batch 1 with a small space (no transformer knobs); 12 trials
+# each keeps the full run near 40 minutes on 2 cores instead of well over an hour.
+LIGHT_TRIALS = 12
 QUICK_LIGHT = ("light_squeezenet", "light_shufflenet")  # the two smallest light nets
 # The independent comparison: 10 interleaved rounds (order rotated each round); in each, every session runs for
 # ROUND_SECONDS and at least ROUND_MIN_RUNS times, so a fast model gets thousands of runs (its p95 means something)
@@ -87,7 +90,7 @@ def cases(quick: bool, only: list[str] | None) -> tuple[list[Case], list[str]]:
         else:
             notes.append("minilm_l6 skipped: the bench extra is not installed (`make bench-deps`).")
     light = QUICK_LIGHT if quick else tuple(list_light_models())
-    chosen += [Case(name, 1, trials(OTHER_TRIALS), "conv") for name in light]
+    chosen += [Case(name, 1, trials(LIGHT_TRIALS), "conv") for name in light]
     if only:
         left_out = [c.name for c in chosen if c.name not in only]
         chosen = [c for c in chosen if c.name in only]
@@ -331,7 +334,7 @@ def render(results: list[dict[str, Any]], profile: HardwareProfile, quick: bool,
     mode = (
         f"quick mode: digits and bert_mini and {', '.join(QUICK_LIGHT)}, {QUICK_TRIALS} trials each"
         if quick
-        else f"full: {TRANSFORMER_TRIALS} trials for transformers, {OTHER_TRIALS} for the others"
+        else f"full: {TRANSFORMER_TRIALS} trials (transformers), {OTHER_TRIALS} (digits), {LIGHT_TRIALS} (light nets)"
     )
     loads = [r["load_1m_before"] for r in results if "load_1m_before" in r]
     load_note = f"1-minute load average before each comparison: {min(loads):.2f}–{max(loads):.2f}." if loads else ""
