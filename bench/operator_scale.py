@@ -28,6 +28,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -295,6 +296,7 @@ def measure(
                 proc.kill()
         api.close()
         plane.stop()
+        shutil.rmtree(root, ignore_errors=True)  # what stop() leaves: the label mapping
 
 
 def _fmt_breakdown(breakdown: dict[str, int], limit: int = 12) -> str:
