@@ -342,7 +342,7 @@ def _container(
     resources = {k: dict(v) for k, v in (settings.resources or {}).items()}
     if group.resource:  # extended resources: requests must equal limits
         for kind in ("requests", "limits"):
-            resources.setdefault(kind, {})[group.resource] = 1
+            resources.setdefault(kind, {})[group.resource] = "1"  # a quantity string: the client rejects ints
     container: dict[str, Any] = {
         "name": name,
         "image": settings.image,

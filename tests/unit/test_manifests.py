@@ -166,7 +166,7 @@ def test_build_job_is_pinned_hardened_and_owned() -> None:
     assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     (c,) = pod["containers"]
     assert c["command"] == ["metainfer", "agent", "run", f"team-a/{run['metadata']['name']}"]
-    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1 and c["resources"]["requests"]["nvidia.com/gpu"] == 1
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and c["resources"]["requests"]["nvidia.com/gpu"] == "1"
     _hardened(pod)
     cpu_group = next(iter(group_nodes([("c", CPU)]).values()))
     cpu_job = build_job(run, cpu_group)
@@ -214,7 +214,7 @@ def test_build_deployment_serves_the_recipe_on_the_class() -> None:
     assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert c["resources"]["requests"] == {"cpu": "2", "nvidia.com/gpu": 1}
+    assert c["resources"]["requests"] == {"cpu": "2", "nvidia.com/gpu": "1"}
     _hardened(pod)
     svc = build_service(p, group)
     assert svc["metadata"]["name"] == dep["metadata"]["name"] and svc["spec"]["type"] == "ClusterIP"
