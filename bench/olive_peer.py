@@ -608,12 +608,17 @@ def verdict(rows: list[Measured]) -> tuple[bool | None, str]:
     return False, f"**missed** ({'; '.join(why)}): {text}"
 
 
+def _ms(value: float) -> str:
+    """Milliseconds with three significant digits, so a 0.06 ms MLP does not print as 0.1 for every model."""
+    return f"{value:.1f}" if value >= 100 else f"{value:.3g}"
+
+
 def _fmt_row(r: Measured, fp32_p50: float, wall: str, evaluated: str) -> list[str]:
     return [
         r.name,
         r.options,
-        f"{r.p50_ms:.1f}",
-        f"{r.p95_ms:.1f}",
+        _ms(r.p50_ms),
+        _ms(r.p95_ms),
         f"{fp32_p50 / r.p50_ms:.2f}x",
         f"{r.quality:.4f}",
         f"{r.drop:.4f}",
