@@ -42,8 +42,9 @@ bench-search: bench-deps
 	$(BENCH) bench/search_efficiency.py
 bench-scale: venv assets
 	$(BENCH) bench/operator_scale.py
+# Olive pulls torch and pins an older pydantic, so bench/olive_peer.py builds it its own
+# venv under ~/.cache/metainfer/olive-venv from bench/requirements-olive.txt.
 bench-olive: bench-deps
-	$(BIN)/pip install --quiet -r bench/requirements-olive.txt
 	$(BENCH) bench/olive_peer.py
 
 # import-linter cannot follow the editable package-dir map, so it reads a tree
