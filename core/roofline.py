@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -206,7 +207,12 @@ def _infer_shapes(model: onnx.ModelProto) -> dict[str, Shape]:
         from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
 
         # A model ORT cannot infer either keeps onnx's shapes; its gaps are reported in ``uncounted``.
-        with contextlib.suppress(Exception):
+        # On incomplete inference ORT saves a debug model into the working directory: keep it in a temp one.
+        with (
+            tempfile.TemporaryDirectory(prefix="metainfer-shapes-") as tmp,
+            contextlib.chdir(tmp),
+            contextlib.suppress(Exception),
+        ):
             shapes = {**_known_shapes(SymbolicShapeInference.infer_shapes(model, auto_merge=True)), **shapes}
     return shapes
 

@@ -107,7 +107,8 @@ def _quiet() -> Iterator[None]:
 def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset | None) -> onnx.ModelProto:
     if spec.mode == "int8_static":
         model = _at_least_opset(model, QDQ_MIN_OPSET)
-    with tempfile.TemporaryDirectory(prefix="metainfer-q-") as tmp, _quiet():
+    # chdir: ORT's quantizer and shape inference drop debug files into the working directory.
+    with tempfile.TemporaryDirectory(prefix="metainfer-q-") as tmp, _quiet(), contextlib.chdir(tmp):
         src, dst = Path(tmp, "in.onnx"), Path(tmp, "out.onnx")
         onnx.save(model, src)
         common = {
