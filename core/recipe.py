@@ -138,6 +138,8 @@ class Recipe(_Frozen):
                 parts.append(f"mixed:keep{len(q.keep_float)}")
         if self.transform.fusion != "none":
             parts.append(f"fuse:{self.transform.fusion}")
+        if self.transform.padding == "remove":
+            parts.append("unpadded")
         if self.transform.layout != "NCHW":
             parts.append(self.transform.layout)
         s = self.session
