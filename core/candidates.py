@@ -143,9 +143,10 @@ def _make_constraint(model: ModelInfo, profile: HardwareProfile, notes: list[str
         # Padding removal rewrites the fused graph; its loop bodies stay fp32, so fp16 gains nothing there.
         if p["padding"] == "remove" and (p["fusion"] != "transformer" or mode == "fp16"):
             return False
-        # Packed activations change shape from batch to batch; ORT's histogram calibrators
-        # (percentile, entropy) stack them into one array and fail, min/max does not.
-        if p["padding"] == "remove" and mode == "int8_static" and p["calibration"] != "minmax":
+        # ORT's histogram calibrators (percentile, entropy) fail on fused graphs ("Histogram has
+        # not been collected": fused ops leave tensors without one) and on packed activations,
+        # whose shape changes from batch to batch; min/max works on both.
+        if p["fusion"] == "transformer" and mode == "int8_static" and p["calibration"] != "minmax":
             return False
         # Parallel mode only matters with independent branches; it needs inter-op threads to help.
         return not (p["execution_mode"] == "parallel" and p["intra_op_num_threads"] == 1)
