@@ -26,8 +26,7 @@ reshape) makes it refuse with ``PaddingNotRemovable``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper, version_converter
 
@@ -48,18 +47,7 @@ _IDX, _FULL_SHAPE, _HIDDEN, _FLAT_SHAPE = (
     f"{PREFIX}_hidden",
     f"{PREFIX}_flat_shape",
 )
-_MINUS1, _TWO, _ONE_AXIS, _ZERO_AXIS = f"{PREFIX}_minus1", f"{PREFIX}_two", f"{PREFIX}_one_axis", f"{PREFIX}_zero_axis"
-
-
-@dataclass(frozen=True)
-class _Graph:
-    """The graph being rewritten (opset >= 13), where new constants go."""
-
-    proto: onnx.GraphProto
-
-    @property
-    def initializer(self):  # type: ignore[no-untyped-def]
-        return self.proto.initializer
+_MINUS1, _TWO, _ZERO_AXIS = f"{PREFIX}_minus1", f"{PREFIX}_two", f"{PREFIX}_zero_axis"
 
 
 class PaddingNotRemovable(MetainferError):
@@ -95,13 +83,12 @@ def remove_padding(model: onnx.ModelProto) -> onnx.ModelProto:
     model = _at_least_opset_13(model)
     mask, entry, region_nodes = _plan(model)
     graph = model.graph
-    rewrite = _Graph(graph)
     region_outputs = {out for node in region_nodes for out in node.output} | {entry}
     names = _Names(model)
     # The packed tensor takes the region tensor's own name, so token-wise
     # consumers need no rewiring; the padded producer output is renamed.
     entry_padded = names.fresh(f"{entry}_padded")
-    prelude = _prelude(mask, entry_padded, entry, rewrite)
+    prelude = _prelude(mask, entry_padded, entry, graph)
 
     new_nodes: list[onnx.NodeProto] = []
     region_ids = {id(n) for n in region_nodes}
@@ -110,7 +97,7 @@ def remove_padding(model: onnx.ModelProto) -> onnx.ModelProto:
             node.output[list(node.output).index(entry)] = entry_padded
             new_nodes += [node, *prelude]
         elif id(node) in region_ids and node.op_type in ATTENTION_OPS:
-            new_nodes += _packed_attention(node, names, rewrite)
+            new_nodes += _packed_attention(node, names, graph)
         else:
             new_nodes.append(node)
 
@@ -122,14 +109,14 @@ def remove_padding(model: onnx.ModelProto) -> onnx.ModelProto:
         for node in new_nodes:
             node.output[:] = [packed if o == output.name else o for o in node.output]
             node.input[:] = [packed if i == output.name else i for i in node.input]
-        tail += _unpack(packed, output.name, output.type.tensor_type.elem_type, names, rewrite)
+        tail += _unpack(packed, output.name, output.type.tensor_type.elem_type, names, graph)
 
     del graph.node[:]
     graph.node.extend(new_nodes + tail)
     return model
 
 
-def _prelude(mask: str, entry_padded: str, entry: str, graph: _Graph) -> list[onnx.NodeProto]:
+def _prelude(mask: str, entry_padded: str, entry: str, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """Token indices, per-sequence lengths and offsets, and the packed embedding output."""
     return [
         helper.make_node("Cast", [mask], [_KEEP], to=TensorProto.BOOL),  # any non-zero marks a real token
@@ -151,7 +138,7 @@ def _prelude(mask: str, entry_padded: str, entry: str, graph: _Graph) -> list[on
     ]
 
 
-def _packed_attention(node: onnx.NodeProto, names: _Names, graph: _Graph) -> list[onnx.NodeProto]:
+def _packed_attention(node: onnx.NodeProto, names: _Names, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """Attention on packed tokens: the QKV projection over real tokens, then one
     unmasked MultiHeadAttention per sequence on that sequence's rows.
 
@@ -184,7 +171,7 @@ def _packed_attention(node: onnx.NodeProto, names: _Names, graph: _Graph) -> lis
 
 
 def _attention_body(
-    qkv_rows: str, attributes: dict[str, object], name: str, names: _Names, graph: _Graph
+    qkv_rows: str, attributes: dict[str, object], name: str, names: _Names, graph: onnx.GraphProto
 ) -> onnx.GraphProto:
     """Loop body: slice sequence b's rows, attend over them, append to the sequence."""
     b, cond_in, seq_in = names.fresh("b"), names.fresh("cond_in"), names.fresh("seq_in")
@@ -225,7 +212,7 @@ def _attention_body(
     )
 
 
-def _unpack(packed: str, output: str, elem_type: int, names: _Names, graph: _Graph) -> list[onnx.NodeProto]:
+def _unpack(packed: str, output: str, elem_type: int, names: _Names, graph: onnx.GraphProto) -> list[onnx.NodeProto]:
     """Scatter a packed [1, T, H] output back to [B, S, H], zeros at padding."""
     rows, dims = names.fresh(f"{packed}_rows"), names.fresh(f"{output}_flat_dims")
     zeros, scattered = names.fresh(f"{output}_zeros"), names.fresh(f"{output}_flat")
@@ -332,12 +319,12 @@ def _per_feature(node: onnx.NodeProto, name: str, constants: dict[str, int]) -> 
     return constants[name] <= 1
 
 
-def _axes_node(op: str, x: str, out: str, axis: int, graph: _Graph, **attributes: int) -> onnx.NodeProto:
+def _axes_node(op: str, x: str, out: str, axis: int, graph: onnx.GraphProto, **attributes: int) -> onnx.NodeProto:
     """Squeeze/Unsqueeze/ReduceSum over one axis (opset 13 form: axes as an input)."""
     return helper.make_node(op, [x, _const(graph, f"{PREFIX}_axis_{axis}", [axis])], [out], **attributes)
 
 
-def _const(graph: _Graph, name: str, value: list[int] | int) -> str:
+def _const(graph: onnx.GraphProto, name: str, value: list[int] | int) -> str:
     """An int64 initializer (1-D for a list, a scalar for an int), added once."""
     if not any(t.name == name for t in graph.initializer):
         values = value if isinstance(value, list) else [value]
@@ -361,13 +348,11 @@ def _default_opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
 
 
-def _elem_type(graph: _Graph, initializer: str) -> int:
+def _elem_type(graph: onnx.GraphProto, initializer: str) -> int:
     return next(t.data_type for t in graph.initializer if t.name == initializer)
 
 
-def _zero(elem_type: int):  # type: ignore[no-untyped-def]
-    import numpy as np
-
+def _zero(elem_type: int) -> np.ndarray:
     return np.zeros(1, dtype=helper.tensor_dtype_to_np_dtype(elem_type))
 
 
