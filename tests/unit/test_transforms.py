@@ -103,3 +103,135 @@ def test_static_qdq_on_an_opset_12_model_builds_a_valid_graph() -> None:
         variant = build_variant(base, TransformSpec(quantization=quant), data)
         out = create_session(variant, Recipe()).run(None, data.batch(0, 2))[0]
         assert np.isfinite(out).all()
+
+
+def _wide_mlp() -> bytes:
+    """64 -> 4096 -> 10: each sample's hidden activations are 32 KB, large beside its 256-byte input."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((64, 4096)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.standard_normal((4096, 10)).astype(np.float32), "w2"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["r"]),
+            helper.make_node("MatMul", ["r", "w2"], ["y"]),
+        ],
+        "wide",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])],
+        weights,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model.SerializeToString()
+
+
+@pytest.mark.parametrize("method", ["percentile", "entropy"])
+def test_static_calibration_memory_does_not_grow_with_the_sample_count(method: str) -> None:
+    """ORT's calibrators hold every intermediate tensor they read; ours read one batch at a time."""
+    import tracemalloc
+
+    from metainfer.core.data import Dataset
+
+    base = _wide_mlp()
+    spec = TransformSpec(quantization=QuantizationSpec(mode="int8_static", calibration=method))
+    rng = np.random.default_rng(1)
+    peaks = []
+    for samples in (64, 512):
+        data = Dataset({"x": rng.standard_normal((samples, 64)).astype(np.float32)})
+        tracemalloc.start()
+        try:
+            build_variant(base, spec, data)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+    # Holding all 512 samples' activations costs 8x the 64-sample run (17 MB against 3 MB when measured).
+    assert peaks[1] < 1.5 * peaks[0], peaks
+
+
+def test_strided_minmax_calibration_matches_reading_everything_at_once() -> None:
+    """Per-batch min/max merged by ORT must give the same scales as one pass over all samples."""
+    import contextlib
+    import tempfile
+
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    from metainfer.core.data import Dataset
+    from metainfer.core.transforms.quantize import EXTRA
+
+    base = _wide_mlp()
+    data = Dataset({"x": np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)})
+    ours = onnx.load_from_string(
+        build_variant(base, TransformSpec(quantization=QuantizationSpec(mode="int8_static")), data)
+    )
+
+    class Everything(CalibrationDataReader):
+        def __init__(self) -> None:
+            self._feeds = iter([b for b, _ in data.batches(8)])
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+    with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
+        Path("in.onnx").write_bytes(base)
+        quantize_static("in.onnx", "out.onnx", Everything(), quant_format=QuantFormat.QDQ, extra_options=EXTRA)
+        reference = onnx.load("out.onnx")
+
+    def scales(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+        return {t.name: onnx.numpy_helper.to_array(t) for t in model.graph.initializer if t.name.endswith("_scale")}
+
+    ours_scales, reference_scales = scales(ours), scales(reference)
+    assert ours_scales.keys() == reference_scales.keys() and len(ours_scales) >= 3
+    for name, value in reference_scales.items():
+        np.testing.assert_array_equal(ours_scales[name], value, err_msg=name)
+
+
+def test_static_quantization_without_a_full_calibration_batch_names_the_data() -> None:
+    from metainfer.core.data import Dataset
+    from metainfer.core.errors import InputError
+
+    data = Dataset({"x": np.zeros((5, 64), np.float32)})
+    with pytest.raises(InputError, match="full calibration batch of 8 samples; got 5"):
+        build_variant(_wide_mlp(), TransformSpec(quantization=QuantizationSpec(mode="int8_static")), data)
+
+
+def test_histogram_calibration_on_a_constant_huge_activation_says_what_to_use() -> None:
+    """numpy cannot make 2048 bins around one value near 3e29; the error names the cause and minmax."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from metainfer.core.data import Dataset
+
+    rng = np.random.default_rng(0)
+    consts = [
+        numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w1"),
+        numpy_helper.from_array(np.zeros(16, np.float32), "zero"),
+        numpy_helper.from_array(np.full(16, 3e29, np.float32), "huge"),
+        numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w2"),
+    ]
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"]),
+            helper.make_node("Mul", ["h", "zero"], ["z"]),
+            helper.make_node("Add", ["z", "huge"], ["c"]),
+            helper.make_node("MatMul", ["c", "w2"], ["y"]),
+        ],
+        "constant",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        consts,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    data = Dataset({"x": rng.standard_normal((16, 16)).astype(np.float32)})
+    with pytest.raises(ValueError, match=r"percentile calibration failed.*minmax calibration works"):
+        build_variant(
+            model.SerializeToString(),
+            TransformSpec(quantization=QuantizationSpec(mode="int8_static", calibration="percentile")),
+            data,
+        )
+    minmax = TransformSpec(quantization=QuantizationSpec(mode="int8_static"))
+    assert _ops(build_variant(model.SerializeToString(), minmax, data))["QuantizeLinear"] >= 2
