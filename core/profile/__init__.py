@@ -2,7 +2,16 @@
 
 ``load_or_measure`` is the entry point: it returns the cached profile of this
 machine's fingerprint while it is fresh, and measures (then caches) otherwise.
+
+The measuring code needs onnx and onnxruntime (about 40 MB of RSS); the operator
+imports this package for its types and never measures, so ``measure_profile``
+and ``OnStep`` load on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from metainfer.core.profile.cache import (
     DEFAULT_CACHE_DIR,
@@ -12,7 +21,6 @@ from metainfer.core.profile.cache import (
     save,
 )
 from metainfer.core.profile.fingerprint import detect_machine, fingerprint
-from metainfer.core.profile.measure import OnStep, measure_profile
 from metainfer.core.profile.types import (
     CPU_PROVIDER,
     SUMMARY_COLUMNS,
@@ -24,6 +32,18 @@ from metainfer.core.profile.types import (
     SupportStatus,
     int8_variant,
 )
+
+if TYPE_CHECKING:
+    from metainfer.core.profile.measure import OnStep, measure_profile
+
+
+def __getattr__(name: str) -> Any:
+    if name not in ("OnStep", "measure_profile"):
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("metainfer.core.profile.measure"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CPU_PROVIDER",

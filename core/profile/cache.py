@@ -15,12 +15,15 @@ import os
 import tempfile
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
 from metainfer.core.profile.fingerprint import detect_machine, fingerprint
-from metainfer.core.profile.measure import OnStep, measure_profile
 from metainfer.core.profile.types import SCHEMA_VERSION, BenchConfig, HardwareProfile
+
+if TYPE_CHECKING:
+    from metainfer.core.profile.measure import OnStep
 
 log = logging.getLogger(__name__)
 DEFAULT_CACHE_DIR = Path("~/.cache/metainfer/profiles")
@@ -94,6 +97,8 @@ def load_or_measure(
         cached = load_cached(fp, cache_dir, max_age_s, config)
         if cached is not None:
             return cached
+    from metainfer.core.profile.measure import measure_profile  # onnx + onnxruntime: only when measuring
+
     profile = measure_profile(config, on_step)
     try:
         save(profile, cache_dir)

@@ -15,7 +15,6 @@ import os
 import platform
 from pathlib import Path
 
-import onnxruntime as ort
 import psutil
 
 from metainfer.core.profile.types import MachineInfo
@@ -83,6 +82,8 @@ def _usable_cores() -> int:
 
 def detect_machine() -> MachineInfo:
     """Read the machine's identity from the OS and ONNX Runtime (no benchmarking)."""
+    import onnxruntime as ort  # here, not at the top: the operator imports this package and never profiles
+
     info = _cpuinfo()
     arch = platform.machine().lower()
     logical = _usable_cores()

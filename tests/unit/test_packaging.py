@@ -50,3 +50,16 @@ def test_no_code_imports_a_top_level_operator_package() -> None:
         if pattern.search(p.read_text())
     ]
     assert not offenders, f"these import 'operator.<x>'; use metainfer.operator: {offenders}"
+
+
+def test_the_operator_does_not_load_the_inference_stack() -> None:
+    """onnx, onnxruntime and numpy cost the operator ~40 MB of RSS it never uses (it only reads profile types)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, metainfer.operator.handlers, metainfer.operator.main\n"
+        "print(' '.join(sorted({m.split('.')[0] for m in sys.modules} & {'onnx', 'onnxruntime', 'numpy', 'skopt'})))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"the operator imported {out.stdout.strip()}"
