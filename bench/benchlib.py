@@ -87,10 +87,21 @@ def command_line() -> str:
     return shlex.join(["PYTHONPATH=bench", "python", str(script), *sys.argv[1:]])
 
 
-def write_result(name: str, title: str, data: dict[str, Any], body_md: str, command: str | None = None) -> Path:
-    """Save ``data`` as JSON and the markdown section, then refresh BENCHMARKS.md."""
+def write_result(
+    name: str,
+    title: str,
+    data: dict[str, Any],
+    body_md: str,
+    command: str | None = None,
+    facts: dict[str, Any] | None = None,
+) -> Path:
+    """Save ``data`` as JSON and the markdown section, then refresh BENCHMARKS.md.
+
+    ``facts`` keeps the machine facts (and date) of an earlier run when a section
+    is only rendered again from saved measurements.
+    """
     RESULTS.mkdir(parents=True, exist_ok=True)
-    facts = machine()
+    facts = facts or machine()
     command = command or command_line()
     payload = {"benchmark": name, "command": command, "machine": facts, **data}
     json_path = RESULTS / f"{name}.json"

@@ -595,7 +595,7 @@ def verdict(rows: list[Measured]) -> tuple[bool | None, str]:
     quality_ok = ours.drop <= olive.drop + QUALITY_TIE
     ratio = olive.p50_ms / ours.p50_ms
     text = (
-        f"metainfer p50 {ours.p50_ms:.1f} ms vs Olive {olive.p50_ms:.1f} ms ({ratio:.2f}x), "
+        f"metainfer p50 {_ms(ours.p50_ms)} ms vs Olive {_ms(olive.p50_ms)} ms ({ratio:.2f}x), "
         f"quality drop {ours.drop:.4f} vs {olive.drop:.4f}"
     )
     if faster and quality_ok:

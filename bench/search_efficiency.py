@@ -53,6 +53,7 @@ from metainfer.core.pipeline import Adaptation, AdaptSettings
 from metainfer.core.profile import load_or_measure
 from metainfer.core.recipe import Recipe
 from metainfer.core.runtime import create_session
+from metainfer.core.search.hybrid import HybridSearcher
 from metainfer.core.search.space import Key, Space
 from metainfer.core.trial import Trial
 from metainfer.core.zoo import build_examples
@@ -175,7 +176,7 @@ def measure_landscape(model: Model, log: bool = True) -> dict[str, Any]:
     }
 
 
-def get_landscape(model: Model, refresh: bool) -> tuple[dict[str, Any], bool]:
+def get_landscape(model: Model, refresh: bool, may_measure: bool = True) -> tuple[dict[str, Any], bool]:
     """The cached landscape if its key matches this model/space/machine/settings, else a new measurement."""
     path = landscape_path(model.name)
     if not refresh and path.exists():
@@ -183,6 +184,11 @@ def get_landscape(model: Model, refresh: bool) -> tuple[dict[str, Any], bool]:
             cached = json.loads(path.read_text())
             if cached.get("key") == json.loads(json.dumps(model.cache_key, default=str)):
                 return cached, True
+    if not may_measure:
+        raise SystemExit(
+            f"{path} is missing or was measured for another model, space, machine or settings; "
+            "run without --render-only to measure it"
+        )
     print(f"measuring the {model.name} landscape ({len(model.space.allowed_keys())} points)...", flush=True)
     data = measure_landscape(model)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -262,7 +268,7 @@ def _evals_cell(res: sr.AlgorithmResult, level: float) -> str:
     counts = res.reach[level]
     med = sr.median_evals(counts)
     reached = sum(c is not None for c in counts)
-    shown = f">{res.curves.shape[1]}" if med is None else f"{med:g}"
+    shown = f">{max(res.fractions)}" if med is None else f"{med:g}"
     return f"{shown} ({reached}/{len(counts)})"
 
 
@@ -289,7 +295,13 @@ def verdicts(model: str, results: dict[str, sr.AlgorithmResult], target_budget: 
 
 
 def model_section(
-    model: Model, data: dict[str, Any], reused: bool, results: dict[str, sr.AlgorithmResult], verdict: dict[str, Any]
+    model: Model,
+    data: dict[str, Any],
+    reused: bool,
+    results: dict[str, sr.AlgorithmResult],
+    verdict: dict[str, Any],
+    why: list[str],
+    replayed_at: str,
 ) -> str:
     points = data["points"]
     feasible = [p for p in points if p["score"] is not None]
@@ -310,14 +322,79 @@ def model_section(
         f"(1-min load average {load[0]:.2f} before, {load[1]:.2f} after)"
         + (f", at niceness {data['niceness']} (timings suspect)" if data.get("niceness") else "")
         + (", reused from the cache" if reused else "")
-        + ".",
+        + f"; algorithms replayed on it {replayed_at}.",
         "Median fraction of the optimum reached at each budget (hybrids: a dedicated run per budget; "
         f"@{verdict['target_budget']} is 10 % of the space); evaluations to 95 % / 98 % of the optimum: "
         "median over seeds (how many seeds got there within 40).",
         benchlib.markdown_table(header, rows),
+        *(["\n".join(why)] if why else []),
         f"![{model.name}](bench/results/{NAME}_{model.name}.png)",
     ]
     return "\n\n".join(lines)
+
+
+NEAR_OPTIMUM = 0.95  # "a good point" in the why text: within 5 % of the optimum
+
+
+def _chance_of_a_near_optimal_point(landscape: sr.Landscape, budget: int) -> tuple[int, float]:
+    """How many points are within 5 % of the optimum, and the chance ``budget`` uniform draws include one."""
+    good = sum(s is not None and s >= NEAR_OPTIMUM * landscape.optimum for s in landscape.scores.values())
+    size = landscape.size
+    # hypergeometric: 1 - C(size - good, budget) / C(size, budget)
+    miss = math.comb(size - good, budget) / math.comb(size, budget) if budget <= size else 0.0
+    return good, 1.0 - miss
+
+
+def _winner_pick(landscape: sr.Landscape, algorithm: str, budget: int, recipes: dict[Key, str]) -> str:
+    """What the winning algorithm found within ``budget`` on seed 0, and at which evaluation."""
+    scores = sr.runners(include_tpe=algorithm == "tpe")[algorithm](landscape, 0, budget)
+    feasible = [(s, i) for i, s in enumerate(scores, start=1) if s is not None]
+    if not feasible:
+        return f"{algorithm} found nothing feasible on seed 0"
+    best, at = max(feasible)
+    key = next(k for k, v in landscape.scores.items() if v == best)
+    found = recipes.get(key, landscape.space.point(key))
+    return f"{algorithm} (seed 0) found `{found}` ({best / landscape.optimum:.3f} of the optimum) at evaluation {at}"
+
+
+def why_lines(
+    name: str,
+    landscape: sr.Landscape,
+    verdict: dict[str, Any],
+    baseline_p50_ms: float,
+    recipes: dict[Key, str] | None = None,
+) -> list[str]:
+    """Why the hybrid was beaten where it was, from the landscape and the hybrid's own schedule.
+
+    ``recipes`` names points in the text (the landscape file's recipe descriptions); otherwise the raw point.
+    """
+    recipes = recipes or {}
+    if verdict["at_least_as_good_met"]:
+        return []
+    good, _ = _chance_of_a_near_optimal_point(landscape, 1)
+    ranked = sorted((s for s in landscape.scores.values() if s is not None), reverse=True)
+    top = ranked[: min(5, len(ranked))]
+    lines = [
+        f"Why the hybrid is beaten on {name}: {good} of {landscape.size} points lie within 5 % of the optimum, "
+        f"and the five best scores span {top[-1] / top[0]:.3f}-1.000 of it, for a model whose FP32 batch takes "
+        f"{baseline_p50_ms:.3f} ms: the ranking among them is within this machine's timing noise."
+    ]
+    for budget in sorted({b["budget"] for b in verdict["beaten"]}):
+        beaten = [b for b in verdict["beaten"] if b["budget"] == budget]
+        best_other = max(beaten, key=lambda b: b["other"])
+        hybrid = HybridSearcher(landscape.space, 0, budget=budget)
+        _, chance = _chance_of_a_near_optimal_point(landscape, budget)
+        pick = _winner_pick(landscape, best_other["by"], budget, recipes)
+        by = ", ".join(f"{b['by']} {b['other']:.3f}" for b in beaten)
+        lines.append(
+            f"- @{budget}: hybrid {beaten[0]['hybrid']:.3f} against {by}. The hybrid spends its first "
+            f"{hybrid.n_initial} of {budget} evaluations on its space-filling design (points chosen to cover every "
+            f"level of every dimension, so the surrogate learns the main effects; not chosen for score), and its "
+            f"guided phase has {budget - hybrid.n_initial} left. {pick}. "
+            f"{budget} uniformly random distinct points include one within 5 % of the optimum with probability "
+            f"{chance:.2f}."
+        )
+    return lines
 
 
 def verdict_lines(all_verdicts: list[dict[str, Any]]) -> str:
@@ -338,6 +415,28 @@ def verdict_lines(all_verdicts: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def load_saved() -> dict[str, Any]:
+    path = benchlib.RESULTS / f"{NAME}.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def reusable_replay(
+    saved: dict[str, Any], name: str, model: Model, seeds: int, algorithms: list[str]
+) -> tuple[dict[str, sr.AlgorithmResult] | None, str]:
+    """The saved replay of ``name`` when it was made on this very landscape with these seeds and algorithms."""
+    entry = saved.get("models", {}).get(name)
+    same = (
+        entry is not None
+        and entry.get("landscape_key") == json.loads(json.dumps(model.cache_key, default=str))
+        and saved.get("seeds") == seeds
+        and sorted(saved.get("algorithms", [])) == sorted(algorithms)
+    )
+    if not same:
+        return None, ""
+    results = {alg: sr.AlgorithmResult.from_summary(alg, summary) for alg, summary in entry["results"].items()}
+    return results, entry.get("replayed_at", saved.get("machine", {}).get("date", "an earlier run"))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="digits only, 5 seeds")
@@ -347,7 +446,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--refresh", action="store_true", help="re-measure landscapes even when cached")
     parser.add_argument("--measure-only", action="store_true", help="measure (or load) the landscapes and stop")
     parser.add_argument("--why", default="", help="a note for the report (e.g. how loaded the machine was)")
+    parser.add_argument(
+        "--reuse-replay",
+        action="store_true",
+        help="reuse the saved replay of every model whose landscape, seeds and algorithms are unchanged "
+        "(replay only the others)",
+    )
+    parser.add_argument(
+        "--render-only",
+        action="store_true",
+        help="rebuild the section from the saved replays and cached landscapes, measuring and replaying nothing",
+    )
     args = parser.parse_args(argv)
+    saved = load_saved() if (args.reuse_replay or args.render_only) else {}
+    if args.render_only and not saved:
+        print(f"--render-only needs {benchlib.RESULTS / NAME}.json; run the benchmark once first", file=sys.stderr)
+        return 2
+    if args.render_only and not args.models:
+        args.models = list(saved["models"])
     models = {m: FULL_MODELS[m] for m in args.models} if args.models else (QUICK_MODELS if args.quick else FULL_MODELS)
     seeds = range(args.seeds or (5 if args.quick else 20))
     algorithms = list(sr.runners(include_tpe=False))
@@ -358,12 +474,14 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("Optuna is not installed (bench extra), so the TPE peer was skipped.")
         print("optuna not installed: skipping the TPE peer (pip install -e '.[bench]')", file=sys.stderr)
 
+    if args.render_only:
+        seeds, algorithms, notes = range(saved["seeds"]), saved["algorithms"], []
     sections, payload, all_verdicts = [], {}, []
     with tempfile.TemporaryDirectory(prefix="search_eff_") as tmp:
         loaded = {}
         for name, batch in models.items():
             model = load_model(name, batch, Path(tmp))
-            data, reused = get_landscape(model, args.refresh)
+            data, reused = get_landscape(model, args.refresh, may_measure=not args.render_only)
             loaded[name] = (model, data, reused)
             _LANDSCAPES[name] = to_landscape(model, data)
         if args.measure_only:
@@ -372,12 +490,22 @@ def main(argv: list[str] | None = None) -> int:
             landscape = _LANDSCAPES[name]
             target_budget = max(1, math.floor(TARGET_SHARE * landscape.size))
             budgets = tuple(sorted({*BUDGETS, target_budget}))
-            print(f"replaying {len(algorithms)} algorithms x {len(seeds)} seeds on {name}...", flush=True)
-            results = replay_all(name, algorithms, seeds, budgets, args.jobs)
+            results, replayed_at = reusable_replay(saved, name, model, len(seeds), algorithms)
+            if results is None and args.render_only:
+                print(f"--render-only: no saved replay of {name} on this landscape; run without it", file=sys.stderr)
+                return 2
+            if results is None:
+                print(f"replaying {len(algorithms)} algorithms x {len(seeds)} seeds on {name}...", flush=True)
+                results = replay_all(name, algorithms, seeds, budgets, args.jobs)
+                plot(name, results, target_budget, benchlib.RESULTS / f"{NAME}_{name}.png")
+                replayed_at = benchlib.machine()["date"]
+            else:
+                print(f"{name}: reusing the replay of {replayed_at}", flush=True)
             verdict = verdicts(name, results, target_budget, landscape.size)
             all_verdicts.append(verdict)
-            plot(name, results, target_budget, benchlib.RESULTS / f"{NAME}_{name}.png")
-            sections.append(model_section(model, data, reused, results, verdict))
+            recipes = {tuple(p["key"]): p["recipe"] for p in data["points"]}
+            why = why_lines(name, landscape, verdict, data["baseline"]["p50_ms"], recipes)
+            sections.append(model_section(model, data, reused, results, verdict, why, replayed_at))
             payload[name] = {
                 "batch": model.batch,
                 "landscape": str(landscape_path(name).relative_to(benchlib.ROOT)),
@@ -387,6 +515,7 @@ def main(argv: list[str] | None = None) -> int:
                 "results": {alg: res.summary() for alg, res in results.items()},
                 "verdict": verdict,
                 "plot": f"bench/results/{NAME}_{name}.png",
+                "replayed_at": replayed_at,
             }
     body = "\n\n".join(
         [
@@ -409,8 +538,10 @@ def main(argv: list[str] | None = None) -> int:
     benchlib.write_result(
         NAME,
         "Search efficiency",
-        {"seeds": len(seeds), "budgets": list(BUDGETS), "algorithms": algorithms, "models": payload},
+        {"seeds": len(seeds), "budgets": list(BUDGETS), "algorithms": algorithms, "models": payload, "why": args.why},
         body,
+        command=saved.get("command") if args.render_only else None,
+        facts=saved.get("machine") if args.render_only else None,
     )
     print(verdict_lines(all_verdicts))
     return 0

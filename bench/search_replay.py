@@ -251,6 +251,17 @@ class AlgorithmResult:
     def median_fraction(self, budget: int) -> float:
         return float(np.median(self.fractions[budget]))
 
+    @classmethod
+    def from_summary(cls, name: str, summary: dict[str, Any]) -> AlgorithmResult:
+        """A saved ``summary()`` back as a result for tables and verdicts (the curves are not saved: no plots)."""
+        return cls(
+            name,
+            {int(b): list(v) for b, v in summary["fractions"].items()},
+            np.empty((0, 0)),
+            {float(level): list(v["per_seed"]) for level, v in summary["evals_to"].items()},
+            float(summary["wall_s"]),
+        )
+
     def summary(self) -> dict[str, Any]:
         return {
             "median_fraction": {str(b): self.median_fraction(b) for b in sorted(self.fractions)},

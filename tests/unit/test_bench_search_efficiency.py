@@ -97,3 +97,35 @@ def test_tpe_only_spends_evaluations_on_new_allowed_points() -> None:
     scores = sr.tpe_runner()(land, 0, land.size)
     assert len(scores) == land.size  # every allowed point exactly once, none forbidden
     assert sorted((s for s in scores if s is not None), reverse=True)[0] == pytest.approx(land.optimum)
+
+
+def test_a_saved_summary_reads_back_as_the_same_result() -> None:
+    land = _landscape()
+    run = sr.engine_runner("random")
+    result = sr.collect("random", [sr.run_seed("random", run, land, s, (2, 5)) for s in range(3)], 1.5)
+    back = sr.AlgorithmResult.from_summary("random", result.summary())
+    assert back.fractions == result.fractions and back.reach == result.reach and back.wall_s == 1.5
+    assert back.summary()["median_fraction"] == result.summary()["median_fraction"]
+
+
+def test_why_lines_explain_each_lost_budget_from_the_landscape() -> None:
+    import search_efficiency as se
+
+    land = _landscape()
+    # only (3, 1) = 4.5 is within 5 % of the optimum: 5 draws of 11 points include it with probability 5/11
+    assert se._chance_of_a_near_optimal_point(land, 5) == (1, pytest.approx(5 / 11))
+    assert se._chance_of_a_near_optimal_point(land, 11) == (1, pytest.approx(1.0))
+    verdict = {
+        "at_least_as_good_met": False,
+        "beaten": [
+            {"budget": 5, "by": "grid", "hybrid": 0.6, "other": 0.8},
+            {"budget": 5, "by": "random", "hybrid": 0.6, "other": 0.7},
+        ],
+    }
+    lines = se.why_lines("toy", land, verdict, baseline_p50_ms=0.05)
+    assert lines[0].startswith("Why the hybrid is beaten on toy: 1 of 11 points lie within 5 % of the optimum")
+    (budget_line,) = lines[1:]
+    assert budget_line.startswith("- @5: hybrid 0.600 against grid 0.800, random 0.700.")
+    assert "its first 3 of 5 evaluations on its space-filling design" in budget_line
+    assert "grid (seed 0) found" in budget_line and "probability 0.45" in budget_line
+    assert se.why_lines("toy", land, {"at_least_as_good_met": True, "beaten": []}, 0.05) == []
