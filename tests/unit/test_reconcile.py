@@ -19,6 +19,7 @@ from metainfer.core.reconcile import (
     run_phase,
     run_status_from_job,
 )
+from metainfer.core.slim import slim_deployment, slim_job, slim_run
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 A100 = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100", "nvidia.com/cuda.driver-version.full": "550"}
@@ -44,6 +45,16 @@ class Cluster:
     def reconcile(self, nodes: dict[str, dict[str, str]], limits: RunLimits | None = None) -> Plan:
         groups = list(group_nodes(nodes.items()).values())
         plan = plan_policy(self.policy, groups, list(self.runs.values()), list(self.deployments.values()), NOW, limits)
+        # The operator plans on slimmed copies (core.slim): every scenario must plan the same on them.
+        slimmed = plan_policy(
+            self.policy,
+            groups,
+            [slim_run(r) for r in self.runs.values()],
+            [slim_deployment(d) for d in self.deployments.values()],
+            NOW,
+            limits,
+        )
+        assert slimmed == plan, "core.slim dropped a field the reconcile reads"
         for planned in plan.runs_to_create:
             run = copy.deepcopy(planned.manifest)
             run["metadata"] |= {
@@ -238,6 +249,7 @@ def test_plan_job_and_job_outcome() -> None:
     assert run_phase(run) == "Pending"
     job = plan_job(run, None, group)
     assert job is not None and job["metadata"]["name"] == run["metadata"]["name"]
+    assert plan_job(slim_run(run), None, group) == job
     assert plan_job(run, job, group) is None
     assert plan_job(run, None, None) is None
     run["status"] = {"jobName": job["metadata"]["name"]}
@@ -247,6 +259,7 @@ def test_plan_job_and_job_outcome() -> None:
     failed = {**job, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
     patch = run_status_from_job(run, failed, NOW)
     assert patch is not None and patch["phase"] == "Failed"
+    assert run_status_from_job(slim_run(run), slim_job(failed), NOW) == patch
     assert patch["conditions"][0]["reason"] == Reason.BACKOFF_LIMIT_EXCEEDED
     gone = run_status_from_job(run, None, NOW)
     assert gone is not None and "deleted" in gone["conditions"][0]["message"]
@@ -352,3 +365,35 @@ def test_zero_canary_replicas_rolls_out_directly() -> None:
     assert not any(n.endswith("-canary") for n in c.deployments)
     assert c.policy["status"]["classes"][0].get("rollout") is None
     assert next(iter(c.deployments.values()))["metadata"]["labels"]["metainfer.io/run"] == second
+
+
+def test_slimmed_children_drop_what_the_reconcile_never_reads() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    (run,) = c.runs.values()
+    group: ClassGroup = next(iter(group_nodes([("c1", CPU)]).values()))
+    job = plan_job(run, None, group)
+    assert job is not None
+    managed = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {}}}]
+    job["metadata"]["managedFields"] = managed
+    job["status"] = {"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1}
+    slim = slim_job(job)
+    assert slim == {
+        "metadata": {k: v for k, v in job["metadata"].items() if k in ("name", "namespace", "labels", "annotations")},
+        "status": {"conditions": [{"type": "Complete", "status": "True"}]},
+    }
+    run["metadata"]["managedFields"] = managed
+    run["status"] = {"phase": "Succeeded", "trials": [{"index": i} for i in range(200)]}
+    assert slim_run(run)["status"] == {"phase": "Succeeded"} and "managedFields" not in slim_run(run)["metadata"]
+    deployment = {
+        "metadata": {"name": "d", "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"}},
+        "spec": {"replicas": 2, "template": {"spec": {"containers": [{"name": "serve"}]}}},
+        "status": {"availableReplicas": 2},
+    }
+    assert slim_deployment(deployment) == {
+        "metadata": {"name": "d"},
+        "spec": {"replicas": 2},
+        "status": {"availableReplicas": 2},
+    }
+    slim["status"]["conditions"][0]["status"] = "False"
+    assert job["status"]["conditions"][0]["status"] == "True", "a slimmed copy is detached from its source"
