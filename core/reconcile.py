@@ -33,6 +33,7 @@ from metainfer.core.api.policy import (
     RolloutStatus,
     VariantSummary,
 )
+from metainfer.core.events import Event
 from metainfer.core.hardware import ClassGroup
 from metainfer.core.manifests import (
     ANNOTATION_DRIFT_EPOCH,
@@ -62,13 +63,6 @@ class RunLimits:
     cluster_max_in_flight: int = 8
     cluster_in_flight: int = 0
     wait_for_available: bool = True  # False where no kubelet runs (tests, the demo): applied counts as rolled out
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal or Warning
-    reason: str
-    message: str
 
 
 @dataclass(frozen=True)
@@ -431,7 +425,7 @@ def _status(generation: int, plan: Plan) -> AdaptationPolicyStatus:
         class_count=len(plan.class_statuses),
         ready_classes=ready,
         classes_summary=f"{ready}/{len(plan.class_statuses)}",
-        best_p95_ms=max(p95s) if p95s else None,
+        best_p95_ms=round(max(p95s), 3) if p95s else None,  # to the microsecond: kubectl prints it as is
     )
 
 

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from metainfer.core.api import ADAPTATION_POLICY, ADAPTATION_RUN
 from metainfer.core.api.conditions import Condition, ConditionType, set_condition
 from metainfer.core.api.policy import AdaptationPolicySpec
+from metainfer.core.events import coalesce
 from metainfer.core.hardware import ClassGroup, select_groups
 from metainfer.core.manifests import AgentJobSettings, ServingDefaults
 from metainfer.core.naming import job_name
@@ -75,7 +76,8 @@ async def apply_plan(
     config: OperatorConfig,
     logger: logging.Logger,
     now: dt.datetime,
-) -> None:
+) -> dict[str, Any]:
+    """Carry out the plan; returns the policy as stored afterwards (the next steps read it instead of a GET)."""
     plan, policy = inputs.plan, inputs.policy
     namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     for planned in plan.runs_to_create:
@@ -97,9 +99,11 @@ async def apply_plan(
     new_status = plan.status.to_api()
     if _changed(policy.get("status") or {}, new_status):
         _count_finished(policy.get("status") or {}, new_status)
-        await kube.patch_status(ADAPTATION_POLICY.plural, namespace, name, new_status)
-        for event in plan.events:
+        stored = await kube.patch_status(ADAPTATION_POLICY.plural, namespace, name, new_status)
+        for event in coalesce(plan.events):
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
+        return stored or policy
+    return policy
 
 
 async def _jobs(inputs: Inputs, jobs_index: Mapping[Any, Any], config: OperatorConfig, now: dt.datetime) -> None:

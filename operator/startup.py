@@ -44,7 +44,9 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.peering.name = config.peering_name
     settings.peering.clusterwide = True
     settings.peering.priority = start_priority()
-    settings.posting.level = logging.INFO
+    # Only warnings become Events by themselves: the reconcile posts its own (coalesced) Events, and kopf posting
+    # every INFO log line ("created run ...") as an Event too doubled the operator's writes.
+    settings.posting.level = logging.WARNING
     settings.posting.reporting_component = "metainfer-operator"
 
 
