@@ -25,11 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
 from metainfer.core import drift, promql
-from metainfer.core.api import ADAPTATION_POLICY, GROUP, VERSION
+from metainfer.core.api import ADAPTATION_POLICY
 from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_condition
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
 from metainfer.operator import kube
@@ -46,20 +44,12 @@ class DriftStep:
 
     readapt: list[str] = field(default_factory=list)
     next_check_s: float | None = None
+    policy: dict[str, Any] | None = None  # the policy as stored after this step's status write, if it wrote
 
 
 async def fetch_policy(namespace: str, name: str) -> dict[str, Any] | None:
     """The policy as the API server has it now (None once deleted)."""
-    api = client.CustomObjectsApi()
-    try:
-        obj = await asyncio.to_thread(
-            api.get_namespaced_custom_object, GROUP, VERSION, namespace, ADAPTATION_POLICY.plural, name
-        )
-    except ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise kube._temporary(exc, f"get {ADAPTATION_POLICY.plural}/{name}") from exc
-    return dict(obj)
+    return await kube.get_custom(ADAPTATION_POLICY.plural, namespace, name)
 
 
 def eligible(cls: ClassStatus) -> bool:
@@ -68,12 +58,14 @@ def eligible(cls: ClassStatus) -> bool:
 
 
 async def drift_step(
-    body: kopf.Body, namespace: str, name: str, config: OperatorConfig, logger: logging.Logger, now: dt.datetime
+    body: kopf.Body, policy: dict[str, Any], config: OperatorConfig, logger: logging.Logger, now: dt.datetime
 ) -> DriftStep:
-    """Check every due class of one policy; never raises for Prometheus trouble (that is a status, not an error)."""
-    policy = await fetch_policy(namespace, name)
-    if policy is None:
-        return DriftStep()
+    """Check every due class of one policy; never raises for Prometheus trouble (that is a status, not an error).
+
+    ``policy`` is the object as last read or written by this reconcile; the step's own status write comes back
+    in ``DriftStep.policy`` for the next step, so a reconcile reads the policy once, not once per step.
+    """
+    namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     spec = AdaptationPolicySpec.model_validate(policy["spec"])
     settings = spec.readaptation
     if not settings.enabled:
@@ -106,9 +98,10 @@ async def drift_step(
         status = status.model_copy(update={"classes": list(updated.values())})
         status = status.model_copy(update={"conditions": _metrics_condition(status, now)})
         patch = status.to_api()
-        await kube.patch_status(
+        stored = await kube.patch_status(
             ADAPTATION_POLICY.plural, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]}
         )
+        step.policy = stored
         classes = [c for c in status.classes if eligible(c)]
     waits = [max(0.0, drift.seconds_until_due(c.drift, interval, now)) for c in classes]
     step.next_check_s = 0.0 if step.readapt else (min(waits) if waits else None)

@@ -74,15 +74,30 @@ async def delete(kind: str, namespace: str, name: str) -> None:
             raise _temporary(exc, f"delete {kind} {name}") from exc
 
 
-async def patch_status(plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> None:
+async def patch_status(plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Merge-patch the status subresource; the object as stored after the patch (None once deleted)."""
     api = client.CustomObjectsApi(_api())
     try:
-        await asyncio.to_thread(
+        stored = await asyncio.to_thread(
             api.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, plural, name, {"status": status}
         )
     except ApiException as exc:
         if exc.status != 404:
             raise _temporary(exc, f"patch status of {plural}/{name}") from exc
+        return None
+    return dict(stored)
+
+
+async def get_custom(plural: str, namespace: str, name: str) -> dict[str, Any] | None:
+    """The object as the API server has it now (None once deleted)."""
+    api = client.CustomObjectsApi(_api())
+    try:
+        obj = await asyncio.to_thread(api.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise _temporary(exc, f"get {plural}/{name}") from exc
+    return dict(obj)
 
 
 def _create(manifest: dict[str, Any]) -> None:

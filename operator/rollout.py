@@ -19,6 +19,7 @@ import asyncio
 import datetime as dt
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import kopf
 
@@ -28,7 +29,7 @@ from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
-from metainfer.operator.drift import QUERY_TIMEOUT_S, fetch_policy
+from metainfer.operator.drift import QUERY_TIMEOUT_S
 from metainfer.operator.prometheus import MetricsUnavailable, query
 
 
@@ -41,13 +42,14 @@ class RolloutStep:
 
 
 async def rollout_step(
-    body: kopf.Body, namespace: str, name: str, config: OperatorConfig, logger: logging.Logger, now: dt.datetime
+    body: kopf.Body, policy: dict[str, Any], config: OperatorConfig, logger: logging.Logger, now: dt.datetime
 ) -> RolloutStep:
-    """Analyse every class in phase Canary; never raises for Prometheus trouble."""
+    """Analyse every class in phase Canary; never raises for Prometheus trouble.
+
+    ``policy`` is the object as last read or written by this reconcile (see ``drift_step``).
+    """
     step = RolloutStep(decided=[])
-    policy = await fetch_policy(namespace, name)
-    if policy is None:
-        return step
+    namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     spec = AdaptationPolicySpec.model_validate(policy["spec"])
     settings = spec.rollout
     status = AdaptationPolicyStatus.model_validate(policy.get("status") or {})
