@@ -112,12 +112,17 @@ def _without_static_if_no_data(
 # -- report -> status fields ---------------------------------------------------------------
 
 
+def status_ms(value: float) -> float:
+    """Latency for an object's status, to the microsecond: kubectl prints number columns digit for digit."""
+    return round(value, 3)
+
+
 def run_metrics(metrics: TrialMetrics) -> RunMetrics:
     latency, quality = metrics.latency, metrics.quality
     return RunMetrics(
-        p50_ms=latency.p50_ms,
-        p95_ms=latency.p95_ms,
-        p99_ms=latency.p99_ms,
+        p50_ms=status_ms(latency.p50_ms),
+        p95_ms=status_ms(latency.p95_ms),
+        p99_ms=status_ms(latency.p99_ms),
         throughput_per_s=latency.throughput_per_s,
         quality_metric=quality.metric,
         quality_drop=quality.drop,
@@ -143,7 +148,7 @@ def _summary(trial: Trial) -> TrialSummary:
         recipe_key=trial.recipe.key(),
         description=trial.recipe.describe()[:256],
         status=trial.status,
-        p95_ms=m.latency.p95_ms if m is not None else None,
+        p95_ms=status_ms(m.latency.p95_ms) if m is not None else None,
         quality_drop=m.quality.drop if m is not None else None,
         score=trial.score,
         error=error[:1024] if error else None,

@@ -363,3 +363,12 @@ def test_no_data_means_no_static_int8() -> None:
     )  # fmt: skip
     assert "int8_static" not in settings_from_spec(spec).overrides["quantization"]
     assert "int8_dynamic" in settings_from_spec(spec).overrides["quantization"]
+
+
+def test_status_latencies_are_kept_to_the_microsecond() -> None:
+    """kubectl prints number printer columns digit for digit; 4.123456789 ms would fill the column."""
+    best = trial(1, "feasible", score=2.0, p95=4.1234567).model_copy(update={"metrics": metrics(4.1234567, p50=2.0004)})
+    best_metrics = runstatus.best_metrics(report([best], best, final=False))
+    assert best_metrics is not None and (best_metrics.p95_ms, best_metrics.p50_ms) == (4.123, 2.0)
+    (summary,) = runstatus.trial_summaries([best], Constraints(slo_p95_ms=8))
+    assert summary.p95_ms == 4.123
