@@ -32,7 +32,9 @@ from metainfer.core.evaluate import MeasureSettings
 from metainfer.core.profile import BenchConfig, HardwareProfile, detect_machine, fingerprint, measure_profile
 from metainfer.core.profile.types import SCHEMA_VERSION
 
-FAST_BENCH = BenchConfig(op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, bandwidth_mib=4, bandwidth_repeats=2)
+FAST_BENCH = BenchConfig(
+    op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2
+)
 FAST_MEASURE = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=30, max_seconds=0.3)
 
 

@@ -122,8 +122,8 @@ def kernel_us_per_run(events: list[dict[str, Any]], skip: int) -> list[float]:
     return [float(sum(d for ts, d in kernels if start <= ts <= end)) for start, end in runs[skip:]]
 
 
-def best_seconds(built: Built, config: BenchConfig, repeats: int) -> float:
-    """Best wall time of ``repeats`` runs after one warm-up, outputs pre-allocated and bound."""
+def best_seconds(built: Built, config: BenchConfig, repeats: int, min_seconds: float = 0.0) -> float:
+    """Best wall time of ``repeats`` runs (and of ``min_seconds`` of runs) after one warm-up, outputs bound."""
     sess = make_session(built, CPU_PROVIDER, session_options(config))
     binding = sess.io_binding()
     for name, value in built[1].items():
@@ -135,17 +135,20 @@ def best_seconds(built: Built, config: BenchConfig, repeats: int) -> float:
     for out, value in zip(sess.get_outputs(), outputs, strict=True):
         binding.bind_ortvalue_output(out.name, value)
     best = float("inf")
-    for _ in range(repeats):
+    runs, began = 0, time.perf_counter()
+    while runs < repeats or time.perf_counter() - began < min_seconds:
         start = time.perf_counter()
         sess.run_with_iobinding(binding)
         best = min(best, time.perf_counter() - start)
+        runs += 1
     return best
 
 
 def peak_gemm_gflops(config: BenchConfig, dtype: str, rng: np.random.Generator) -> float:
     """2 n^3 operations over the best time of an n^3 GEMM (fp32 MatMul or u8s8 MatMulInteger)."""
     n = config.gemm_n
-    seconds = best_seconds(gemm_model(n, dtype, rng), config, config.gemm_repeats)  # type: ignore[arg-type]
+    built = gemm_model(n, dtype, rng)  # type: ignore[arg-type]
+    seconds = best_seconds(built, config, config.gemm_repeats, config.gemm_min_seconds)
     return 2.0 * n**3 / seconds / 1e9
 
 

@@ -71,7 +71,14 @@ class BenchConfig(_Plain):
     op_warmup: int = Field(2, ge=0)
     op_runs: int = Field(20, ge=1)
     gemm_n: int = Field(1024, ge=16, description="Square GEMM size for peak compute.")
-    gemm_repeats: int = Field(10, ge=1, description="Peak = best of this many runs.")
+    gemm_repeats: int = Field(10, ge=1, description="Peak = best of at least this many runs.")
+    gemm_min_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="...and of runs for at least this long: the first runs after idle come in up to 40 % slow "
+        "(measured back to back on a quiet 2-core VM: 245 then 288-318 GFLOP/s), and a peak read low inflates "
+        "every roofline fraction.",
+    )
     bandwidth_mib: int = Field(64, ge=1, description="Size of each tensor of the bandwidth Add.")
     bandwidth_repeats: int = Field(10, ge=1)
     intra_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")

@@ -26,7 +26,14 @@ from metainfer.core.profile.microbench import classify, compute_providers, kerne
 
 CPU = "CPUExecutionProvider"
 SMALL = BenchConfig(
-    op_warmup=1, op_runs=2, gemm_n=128, gemm_repeats=2, bandwidth_mib=4, bandwidth_repeats=2, providers=[CPU]
+    op_warmup=1,
+    op_runs=2,
+    gemm_n=128,
+    gemm_repeats=2,
+    gemm_min_seconds=0,
+    bandwidth_mib=4,
+    bandwidth_repeats=2,
+    providers=[CPU],
 )
 TINY = SMALL.model_copy(update={"op_types": ["MatMul"]})
 FLOAT_OPS = [
