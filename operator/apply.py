@@ -23,10 +23,10 @@ from metainfer.core.api import ADAPTATION_POLICY, ADAPTATION_RUN
 from metainfer.core.api.conditions import Condition, ConditionType, set_condition
 from metainfer.core.api.policy import AdaptationPolicySpec
 from metainfer.core.events import coalesce
-from metainfer.core.hardware import ClassGroup, select_groups
+from metainfer.core.hardware import ClassGroup
 from metainfer.core.manifests import AgentJobSettings, ServingDefaults
 from metainfer.core.naming import job_name
-from metainfer.core.reconcile import IN_FLIGHT, Plan, RunLimits, plan_job, plan_policy, run_phase, run_status_from_job
+from metainfer.core.reconcile import Plan, RunLimits, plan_job, plan_policy, run_status_from_job
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.metrics import CLASSES, RUNS_FINISHED, RUNS_STARTED
@@ -49,16 +49,18 @@ def reconcile_inputs(
     nodes_index: Mapping[str, Any],
     runs_index: Mapping[Any, Any],
     deployments_index: Mapping[Any, Any],
+    cluster_in_flight: int,
     config: OperatorConfig,
 ) -> Inputs:
-    """Read everything the plan needs from the indexes and plan (pure apart from reading)."""
+    """Read everything the plan needs from the indexes and plan (pure apart from reading).
+
+    ``cluster_in_flight``: Pending/Running runs of every policy, this one's included.
+    """
     namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     spec = AdaptationPolicySpec.model_validate(policy["spec"])
-    all_groups, node_labels = view.groups(nodes_index)
-    groups = select_groups(all_groups, spec.hardware, node_labels)
+    groups = view.selected(spec.hardware, nodes_index)
     runs = list(runs_index.get((namespace, name), []))
     deployments = list(deployments_index.get((namespace, name), []))
-    cluster_in_flight = sum(run_phase(r) in IN_FLIGHT for store in runs_index.values() for r in store)
     limits = RunLimits(
         cluster_max_in_flight=config.max_concurrent_runs,
         cluster_in_flight=cluster_in_flight,

@@ -22,6 +22,7 @@ import kopf
 
 from metainfer.operator import metrics
 from metainfer.operator.config import OperatorConfig
+from metainfer.operator.diffbase import LeanAnnotationsDiffBaseStorage
 
 PREFIX = "metainfer.io"
 
@@ -34,7 +35,7 @@ def start_priority(now: float | None = None) -> int:
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.persistence.finalizer = f"{PREFIX}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = LeanAnnotationsDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration"
     )
     settings.watching.server_timeout = 300

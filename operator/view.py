@@ -14,7 +14,8 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from metainfer.core.hardware import ClassGroup, LabelMapping, group_nodes
+from metainfer.core.api.policy import HardwareSelection
+from metainfer.core.hardware import ClassGroup, LabelMapping, group_nodes, select_groups
 
 
 def first(store: Iterable[Any]) -> Any:
@@ -26,6 +27,21 @@ class ClusterView:
         self.mapping = mapping
         self.node_version = 0
         self._groups: tuple[int, dict[str, ClassGroup], dict[str, Mapping[str, str]]] | None = None
+        self._selected: dict[str, list[ClassGroup]] = {}
+        self._selected_version = -1
+
+    def selected(
+        self, selection: HardwareSelection | None, nodes_index: Mapping[str, Iterable[Mapping[str, str]]]
+    ) -> list[ClassGroup]:
+        """A policy's classes, shared by every policy with the same selection until a node changes (100 policies
+        with one nodeSelector matched it against every node of every class on each reconcile)."""
+        groups, labels = self.groups(nodes_index)
+        if self._selected_version != self.node_version:
+            self._selected, self._selected_version = {}, self.node_version
+        key = selection.model_dump_json() if selection is not None else ""
+        if key not in self._selected:
+            self._selected[key] = select_groups(groups, selection, labels)
+        return self._selected[key]
 
     def nodes_changed(self) -> None:
         self.node_version += 1
