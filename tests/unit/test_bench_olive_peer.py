@@ -82,3 +82,22 @@ def test_verdict_needs_speed_and_quality() -> None:
     assert met is False and "quality" in text
     met, _ = op.verdict([fp32, _row("metainfer best", 30.0, 0.0)])
     assert met is None
+
+
+def test_a_missed_verdict_says_by_how_much_and_how_the_search_ranked_it(tmp_path: Path) -> None:
+    def trial(per_channel: bool, p50: float, score: float) -> dict:
+        q = {"mode": "int8_dynamic", "per_channel": per_channel}
+        return {"score": score, "recipe": {"transform": {"quantization": q}}, "metrics": {"latency": {"p50_ms": p50}}}
+
+    report = {"trials": [trial(False, 0.0362, 1.67), trial(True, 0.0382, 1.58)]}
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    rows = [
+        op.Measured("ORT FP32, default options", "ORT defaults", 0.068, 0.09, 0.98, 0.0, "top1_accuracy", 0.2),
+        op.Measured("Olive best", "int8 dynamic, per-channel", 0.0479, 0.08, 0.98, 0.0, "top1_accuracy", 0.1),
+        op.Measured("metainfer best", "int8_dynamic, per-tensor", 0.0525, 0.066, 0.98, 0.0, "top1_accuracy", 0.1),
+    ]
+    text = op.why_slower(rows, {"model_path": str(tmp_path / "model.onnx")})
+    assert text.startswith("Why: Olive's variant measured 4.6 µs (10%) faster per batch here.")
+    assert "chosen variant at 36.2 µs and its best per-channel int8 variant" in text and "38.2 µs (+6%)" in text
+    gone = op.why_slower(rows, {"model_path": str(tmp_path / "gone" / "model.onnx")})
+    assert gone == "Why: Olive's variant measured 4.6 µs (10%) faster per batch here."
