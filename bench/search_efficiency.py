@@ -374,10 +374,12 @@ def why_lines(
     good, _ = _chance_of_a_near_optimal_point(landscape, 1)
     ranked = sorted((s for s in landscape.scores.values() if s is not None), reverse=True)
     top = ranked[: min(5, len(ranked))]
+    spread = top[-1] / top[0]
     lines = [
         f"Why the hybrid is beaten on {name}: {good} of {landscape.size} points lie within 5 % of the optimum, "
-        f"and the five best scores span {top[-1] / top[0]:.3f}-1.000 of it, for a model whose FP32 batch takes "
-        f"{baseline_p50_ms:.3f} ms: the ranking among them is within this machine's timing noise."
+        f"and the five best scores span {spread:.3f}-1.000 of it, for a model whose FP32 batch takes "
+        f"{baseline_p50_ms:.3f} ms"
+        + (": the ranking among them is within this machine's timing noise." if spread >= NEAR_OPTIMUM else ".")
     ]
     for budget in sorted({b["budget"] for b in verdict["beaten"]}):
         beaten = [b for b in verdict["beaten"] if b["budget"] == budget]
