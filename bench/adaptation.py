@@ -117,33 +117,44 @@ def default_session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
+def peak_of(profile: HardwareProfile, dtype: str) -> float:
+    """The profile's peak op/s for int8 or fp32 math."""
+    return (profile.peak_gemm_gflops_int8 if dtype == "int8" else profile.peak_gemm_gflops_fp32) * 1e9
+
+
 def peak_for(recipe: Recipe, profile: HardwareProfile) -> tuple[float, str]:
     """Peak op/s for the variant's math: the int8 GEMM peak for int8 recipes, else fp32.
 
     int8 recipes keep some math in float (attention scores, layers kept float);
     taking the faster peak for all of it keeps the bound a true lower bound.
     """
-    if recipe.transform.quantization.mode.startswith("int8"):
-        return profile.peak_gemm_gflops_int8 * 1e9, "int8"
-    return profile.peak_gemm_gflops_fp32 * 1e9, "fp32"
+    dtype = "int8" if recipe.transform.quantization.mode.startswith("int8") else "fp32"
+    return peak_of(profile, dtype), dtype
 
 
-def roofline_entry(
-    work: ModelCost, moved: ModelCost, peak: float, dtype: str, profile: HardwareProfile, p50_ms: float
-) -> dict[str, Any]:
-    roof = roofline(work.total_ops, moved.bytes_moved, peak, profile.memory_bandwidth_gbps * 1e9)
+def bound_fields(work_ops: float, bytes_moved: float, peak: float, profile: HardwareProfile, p50_ms: float) -> dict:
+    """The roofline bounds of one measured model against ``peak`` op/s and the profile's bandwidth."""
+    roof = roofline(work_ops, bytes_moved, peak, profile.memory_bandwidth_gbps * 1e9)
     return {
-        "work_ops": work.total_ops,
-        "bytes_moved": moved.bytes_moved,
-        "parameter_bytes": moved.parameter_bytes,
-        "io_bytes": moved.io_bytes,
-        "peak_dtype": dtype,
         "peak_ops_per_s": peak,
         "compute_bound_ms": roof.compute_s * 1e3,
         "memory_bound_ms": roof.memory_s * 1e3,
         "bound_ms": roof.bound_s * 1e3,
         "limited_by": roof.limited_by,
         "achieved_fraction": achieved_fraction(roof.bound_s, p50_ms / 1e3),
+    }
+
+
+def roofline_entry(
+    work: ModelCost, moved: ModelCost, peak: float, dtype: str, profile: HardwareProfile, p50_ms: float
+) -> dict[str, Any]:
+    return {
+        "work_ops": work.total_ops,
+        "bytes_moved": moved.bytes_moved,
+        "parameter_bytes": moved.parameter_bytes,
+        "io_bytes": moved.io_bytes,
+        "peak_dtype": dtype,
+        **bound_fields(work.total_ops, moved.bytes_moved, peak, profile, p50_ms),
         "uncounted": list(moved.uncounted),
     }
 
@@ -257,7 +268,7 @@ def roofline_fractions(
         variant_cost = ModelCost(
             variant_cost.float_flops, variant_cost.int_ops, variant_cost.parameter_bytes, base_cost.io_bytes
         )
-    fp32_peak = profile.peak_gemm_gflops_fp32 * 1e9
+    fp32_peak = peak_of(profile, "fp32")
     peak, dtype = peak_for(recipe, profile)
     return {
         "fp32_roofline": roofline_entry(base_cost, base_cost, fp32_peak, "fp32", profile, measured["fp32_p50_ms"]),
@@ -478,6 +489,17 @@ def resumed(quick: bool, chosen: list[Case], notes: list[str]) -> list[dict[str,
     return kept
 
 
+def profile_summary(profile: HardwareProfile) -> dict[str, Any]:
+    """The profile facts a result depends on, as saved beside it."""
+    return {
+        "fingerprint": profile.fingerprint,
+        "peak_gemm_gflops_fp32": profile.peak_gemm_gflops_fp32,
+        "peak_gemm_gflops_int8": profile.peak_gemm_gflops_int8,
+        "memory_bandwidth_gbps": profile.memory_bandwidth_gbps,
+        "measured_at": profile.measured_at.isoformat(),
+    }
+
+
 def save(
     results: list[dict[str, Any]],
     planned: int,
@@ -494,13 +516,7 @@ def save(
         "models_planned": planned,
         "seed": SEED,
         "max_quality_drop": MAX_QUALITY_DROP,
-        "profile": {
-            "fingerprint": profile.fingerprint,
-            "peak_gemm_gflops_fp32": profile.peak_gemm_gflops_fp32,
-            "peak_gemm_gflops_int8": profile.peak_gemm_gflops_int8,
-            "memory_bandwidth_gbps": profile.memory_bandwidth_gbps,
-            "measured_at": profile.measured_at.isoformat(),
-        },
+        "profile": profile_summary(profile),
         "notes": notes,
         "wall_s": time.monotonic() - started,
         "results": results,
@@ -525,17 +541,9 @@ def reroof() -> int:
             entry = r.get(key)
             if not entry or p50 is None:
                 continue
-            peak = profile.peak_gemm_gflops_int8 if entry["peak_dtype"] == "int8" else profile.peak_gemm_gflops_fp32
-            roof = roofline(entry["work_ops"], entry["bytes_moved"], peak * 1e9, profile.memory_bandwidth_gbps * 1e9)
-            entry.update(
-                peak_ops_per_s=peak * 1e9,
-                compute_bound_ms=roof.compute_s * 1e3,
-                memory_bound_ms=roof.memory_s * 1e3,
-                bound_ms=roof.bound_s * 1e3,
-                limited_by=roof.limited_by,
-                achieved_fraction=achieved_fraction(roof.bound_s, p50 / 1e3),
-            )
-    run_profile = saved["profile"]
+            peak = peak_of(profile, entry["peak_dtype"])
+            entry.update(bound_fields(entry["work_ops"], entry["bytes_moved"], peak, profile, p50))
+    run_profile = saved.get("run_profile", saved["profile"])  # a second --reroof keeps the run's own
     notes = [n for n in saved["notes"] if not n.startswith("Roofline recomputed")]
     notes.append(
         f"Roofline recomputed with the profile measured {profile.measured_at:%Y-%m-%d %H:%M} UTC (peak GEMM fp32 "
@@ -550,13 +558,7 @@ def reroof() -> int:
         notes=notes,
         results=results,
         run_profile=run_profile,
-        profile={
-            "fingerprint": profile.fingerprint,
-            "peak_gemm_gflops_fp32": profile.peak_gemm_gflops_fp32,
-            "peak_gemm_gflops_int8": profile.peak_gemm_gflops_int8,
-            "memory_bandwidth_gbps": profile.memory_bandwidth_gbps,
-            "measured_at": profile.measured_at.isoformat(),
-        },
+        profile=profile_summary(profile),
     )
     benchlib.write_result(
         "adaptation",
