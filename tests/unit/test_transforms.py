@@ -105,29 +105,31 @@ def test_static_qdq_on_an_opset_12_model_builds_a_valid_graph() -> None:
         assert np.isfinite(out).all()
 
 
-def _wide_mlp() -> bytes:
-    """64 -> 4096 -> 10: each sample's hidden activations are 32 KB, large beside its 256-byte input."""
+def _chain(nodes: list[tuple[str, str, str, str]], consts: dict[str, np.ndarray], x_dim: int, y_dim: int) -> bytes:
+    """A float graph x[n, x_dim] -> y[n, y_dim] of binary ops (op, left, right, out) over constant tensors."""
     from onnx import TensorProto, helper, numpy_helper
 
-    rng = np.random.default_rng(0)
-    weights = [
-        numpy_helper.from_array(rng.standard_normal((64, 4096)).astype(np.float32), "w1"),
-        numpy_helper.from_array(rng.standard_normal((4096, 10)).astype(np.float32), "w2"),
-    ]
     graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w1"], ["h"]),
-            helper.make_node("Relu", ["h"], ["r"]),
-            helper.make_node("MatMul", ["r", "w2"], ["y"]),
-        ],
-        "wide",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 10])],
-        weights,
+        [helper.make_node(op, [a, b] if b else [a], [out]) for op, a, b, out in nodes],
+        "chain",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", x_dim])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", y_dim])],
+        [numpy_helper.from_array(value, name) for name, value in consts.items()],
     )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model.SerializeToString()
+
+
+def _wide_mlp() -> bytes:
+    """64 -> 4096 -> 10: each sample's hidden activations are 32 KB, large beside its 256-byte input."""
+    rng = np.random.default_rng(0)
+    consts = {
+        "w1": rng.standard_normal((64, 4096)).astype(np.float32),
+        "w2": rng.standard_normal((4096, 10)).astype(np.float32),
+    }
+    nodes = [("MatMul", "x", "w1", "h"), ("Relu", "h", "", "r"), ("MatMul", "r", "w2", "y")]
+    return _chain(nodes, consts, 64, 10)
 
 
 @pytest.mark.parametrize("method", ["percentile", "entropy"])
@@ -201,37 +203,28 @@ def test_static_quantization_without_a_full_calibration_batch_names_the_data() -
 
 def test_histogram_calibration_on_a_constant_huge_activation_says_what_to_use() -> None:
     """numpy cannot make 2048 bins around one value near 3e29; the error names the cause and minmax."""
-    from onnx import TensorProto, helper, numpy_helper
-
     from metainfer.core.data import Dataset
 
     rng = np.random.default_rng(0)
-    consts = [
-        numpy_helper.from_array(rng.standard_normal((16, 16)).astype(np.float32), "w1"),
-        numpy_helper.from_array(np.zeros(16, np.float32), "zero"),
-        numpy_helper.from_array(np.full(16, 3e29, np.float32), "huge"),
-        numpy_helper.from_array(rng.standard_normal((16, 4)).astype(np.float32), "w2"),
+    consts = {
+        "w1": rng.standard_normal((16, 16)).astype(np.float32),
+        "zero": np.zeros(16, np.float32),
+        "huge": np.full(16, 3e29, np.float32),
+        "w2": rng.standard_normal((16, 4)).astype(np.float32),
+    }
+    nodes = [
+        ("MatMul", "x", "w1", "h"),
+        ("Mul", "h", "zero", "z"),
+        ("Add", "z", "huge", "c"),
+        ("MatMul", "c", "w2", "y"),
     ]
-    graph = helper.make_graph(
-        [
-            helper.make_node("MatMul", ["x", "w1"], ["h"]),
-            helper.make_node("Mul", ["h", "zero"], ["z"]),
-            helper.make_node("Add", ["z", "huge"], ["c"]),
-            helper.make_node("MatMul", ["c", "w2"], ["y"]),
-        ],
-        "constant",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 16])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
-        consts,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 8
+    model = _chain(nodes, consts, 16, 4)
     data = Dataset({"x": rng.standard_normal((16, 16)).astype(np.float32)})
     with pytest.raises(ValueError, match=r"percentile calibration failed.*minmax calibration works"):
         build_variant(
-            model.SerializeToString(),
+            model,
             TransformSpec(quantization=QuantizationSpec(mode="int8_static", calibration="percentile")),
             data,
         )
     minmax = TransformSpec(quantization=QuantizationSpec(mode="int8_static"))
-    assert _ops(build_variant(model.SerializeToString(), minmax, data))["QuantizeLinear"] >= 2
+    assert _ops(build_variant(model, minmax, data))["QuantizeLinear"] >= 2
