@@ -32,9 +32,13 @@ def test_adaptation_finds_a_valid_variant(digits, quick_profile: HardwareProfile
     assert len(report.trials) == 6
     assert report.best is not None and variant is not None
     assert report.best.score is not None
-    assert all(report.best.score >= t.score for t in report.trials if t.score is not None)
-    assert report.validation is not None and report.validation.passed
     assert report.final is not None and report.final.speedup_p50 > 0
+    if report.final.kept_baseline:
+        # FAST timing on a 0.05 ms model: the winner can re-measure slower than FP32, which then stays.
+        assert report.best.recipe == report.baseline.recipe and report.final.speedup_p50 < 1.0
+    else:
+        assert all(report.best.score >= t.score for t in report.trials if t.score is not None)
+    assert report.validation is not None and report.validation.passed
     assert report.best.metrics is not None
     assert report.best.metrics.quality.drop <= report.settings.constraints.max_quality_drop
     # The variant written is runnable as is with the recipe's session settings.
