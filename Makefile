@@ -70,7 +70,7 @@ assets: venv helm
 
 # CRDs are generated from core's pydantic types; the chart carries byte copies.
 crds: venv
-	$(BIN)/python -m metainfer.core.crdgen crds/
+	$(BIN)/python -m metainfer.core.api.crdgen crds/
 	cp crds/*.yaml charts/metainfer/crds/
 
 cluster-up: venv

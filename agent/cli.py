@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from metainfer.core.errors import InputError, MetainferError, NoFeasibleCandidate
+from metainfer.core.engine.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM
+from metainfer.core.engine.errors import InputError, MetainferError, NoFeasibleCandidate
 
 EXIT_INPUT, EXIT_INFEASIBLE = 2, 3
 
@@ -50,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--max-memory-mib", type=_positive_float, help="peak memory limit, MiB")
     a.add_argument("--budget-trials", type=_positive_int, default=24, help="candidates to measure (default 24)")
     a.add_argument("--time-budget-s", type=_positive_float, help="stop searching after this many seconds")
-    a.add_argument("--algorithm", choices=["hybrid", "bayes", "evolution", "random", "grid"], default="hybrid")
+    a.add_argument("--algorithm", choices=ALGORITHM_NAMES, default=DEFAULT_ALGORITHM)
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--out", type=Path, required=True, help="output directory")
 

@@ -9,8 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from metainfer.agent.progress import RichObserver
-from metainfer.core.errors import InputError, NoFeasibleCandidate
-from metainfer.core.trial import Trial
+from metainfer.core.engine.errors import InputError, NoFeasibleCandidate
+from metainfer.core.engine.trial import Trial
 
 # Tables are read in CI logs and pipes too, where rich would assume 80 columns.
 console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 120)
@@ -18,7 +18,7 @@ out = Console(width=None if Console().is_terminal else 120)
 
 
 def profile_command(out_path: Path | None, refresh: bool) -> int:
-    from metainfer.core.profile import SUMMARY_COLUMNS, load_or_measure
+    from metainfer.core.engine.profile import SUMMARY_COLUMNS, load_or_measure
 
     with RichObserver(console) as observer:
         observer.phase("profiling", None)
@@ -46,13 +46,13 @@ def profile_command(out_path: Path | None, refresh: bool) -> int:
 
 
 def adapt_command(args: argparse.Namespace) -> int:
-    from metainfer.core.data import load_npz
-    from metainfer.core.evaluate import MeasureSettings
-    from metainfer.core.modelinfo import inspect_model, load_model
-    from metainfer.core.outputs import write_outputs
-    from metainfer.core.pipeline import Adaptation, AdaptSettings
-    from metainfer.core.profile import load_or_measure
-    from metainfer.core.scoring import Constraints
+    from metainfer.core.engine.data import load_npz
+    from metainfer.core.engine.evaluate import MeasureSettings
+    from metainfer.core.engine.modelinfo import inspect_model, load_model
+    from metainfer.core.engine.outputs import write_outputs
+    from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+    from metainfer.core.engine.profile import load_or_measure
+    from metainfer.core.engine.scoring import Constraints
 
     model = load_model(args.model)
     info = inspect_model(args.model, model)
@@ -87,7 +87,7 @@ def adapt_command(args: argparse.Namespace) -> int:
 
 
 def examples_command(out_dir: Path, only: list[str] | None) -> int:
-    from metainfer.core.zoo import build_examples
+    from metainfer.agent.zoo import build_examples
 
     try:
         built = build_examples(out_dir, only or None)
@@ -99,7 +99,7 @@ def examples_command(out_dir: Path, only: list[str] | None) -> int:
 
 
 def _closest(trials: list[Trial], constraints: object) -> list[tuple[str, list[str]]]:
-    from metainfer.core.scoring import Constraints, miss_distance
+    from metainfer.core.engine.scoring import Constraints, miss_distance
 
     assert isinstance(constraints, Constraints)
     misses = sorted(
@@ -113,7 +113,7 @@ def _closest(trials: list[Trial], constraints: object) -> list[tuple[str, list[s
 
 
 def _print_summary(report: object) -> None:
-    from metainfer.core.pipeline import Report
+    from metainfer.core.engine.pipeline import Report
 
     assert isinstance(report, Report)
     table = Table(title=f"{Path(report.model.path).name}: baseline vs adapted (batch {report.settings.batch})")

@@ -14,9 +14,9 @@ import numpy as np
 
 from metainfer.agent.fetch import ConfigMapReader, fetch
 from metainfer.core.api.policy import InputSpec, ModelSource
-from metainfer.core.data import Dataset, load_npz, make_dataset
-from metainfer.core.errors import DataError
-from metainfer.core.modelinfo import ModelInfo
+from metainfer.core.engine.data import Dataset, load_npz, make_dataset
+from metainfer.core.engine.errors import DataError
+from metainfer.core.engine.modelinfo import ModelInfo
 
 SYNTHETIC_SAMPLES = 128
 

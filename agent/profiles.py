@@ -28,9 +28,9 @@ from metainfer.agent.kube import Kube, KubeError
 from metainfer.core.api.conditions import Reason, set_condition
 from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, HardwareProfileStatus
 from metainfer.core.api.run import AdaptationRunSpec
-from metainfer.core.evaluate import MeasureSettings
-from metainfer.core.profile import BenchConfig, HardwareProfile, detect_machine, fingerprint, measure_profile
-from metainfer.core.profile.types import SCHEMA_VERSION
+from metainfer.core.engine.evaluate import MeasureSettings
+from metainfer.core.engine.profile import BenchConfig, HardwareProfile, detect_machine, fingerprint, measure_profile
+from metainfer.core.engine.profile.types import SCHEMA_VERSION
 
 FAST_BENCH = BenchConfig(
     op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2

@@ -7,11 +7,11 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
-from metainfer.core.trial import Trial
+from metainfer.core.engine.trial import Trial
 
 
 class RichObserver:
-    """Implements core.pipeline.Observer: one bar per phase, a line per notable trial."""
+    """Implements core.engine.pipeline.Observer: one bar per phase, a line per notable trial."""
 
     def __init__(self, console: Console) -> None:
         self.console = console

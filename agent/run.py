@@ -44,10 +44,10 @@ from metainfer.agent.inputs import load_data
 from metainfer.agent.kube import Kube, KubeError, api_client
 from metainfer.agent.profiles import ensure_profile, measure_settings
 from metainfer.agent.status import RunStatusWriter, StatusObserver
-from metainfer.core import runstatus
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
-from metainfer.core.errors import MetainferError, ModelError
+from metainfer.core.control import runstatus
+from metainfer.core.engine.errors import MetainferError, ModelError
 
 EXIT_OK, EXIT_FAILED_UNEXPECTEDLY, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 75
 
@@ -106,8 +106,8 @@ def _run(kube: Kube, namespace: str, name: str, obj: dict[str, Any]) -> int:
 
 
 def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, namespace: str, workdir: Path) -> int:
-    from metainfer.core.modelinfo import inspect_model, load_model
-    from metainfer.core.pipeline import Adaptation
+    from metainfer.core.engine.modelinfo import inspect_model, load_model
+    from metainfer.core.engine.pipeline import Adaptation
 
     started = time.monotonic()
     report = None

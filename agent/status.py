@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from metainfer.agent.kube import Kube, KubeError
-from metainfer.core import runstatus
 from metainfer.core.api.run import AdaptationRunStatus
-from metainfer.core.trial import Trial
+from metainfer.core.control import runstatus
+from metainfer.core.engine.trial import Trial
 
 PROGRESS_INTERVAL_S = 2.0
 FINAL_ATTEMPTS = 4
@@ -69,7 +69,7 @@ class RunStatusWriter:
 
 @dataclass
 class StatusObserver:
-    """core.pipeline.Observer that turns the engine's progress into throttled status patches."""
+    """core.engine.pipeline.Observer that turns the engine's progress into throttled status patches."""
 
     writer: RunStatusWriter
     trial_budget: int

@@ -8,7 +8,7 @@ variant with its recipe's session options, timed in interleaved rounds of fixed
 length so background load hits both alike. Quality is the
 engine's metric (top-1 with labels, else mask-weighted mean-pooled cosine or
 plain cosine against FP32) over every sample. The roofline fraction says how
-much of the machine the variant uses (``metainfer.core.roofline``).
+much of the machine the variant uses (``bench/roofline.py``).
 
     PYTHONSAFEPATH=1 PYTHONPATH=bench .venv/bin/python bench/adaptation.py [--quick] [--only NAME ...]
 
@@ -33,20 +33,20 @@ import benchlib
 import numpy as np
 import onnx
 import onnxruntime as ort
+from roofline import ModelCost, achieved_fraction, batch_input_shapes, count_model, roofline
 
-from metainfer.core.data import Dataset, load_npz
-from metainfer.core.evaluate import latency_stats, make_reference, quality_of, run_all
-from metainfer.core.modelinfo import inspect_model
-from metainfer.core.outputs import MODEL_FILE, RECIPE_FILE, write_outputs
-from metainfer.core.pipeline import Adaptation, AdaptSettings
-from metainfer.core.profile import HardwareProfile, load_or_measure
-from metainfer.core.recipe import Recipe
-from metainfer.core.roofline import ModelCost, achieved_fraction, batch_input_shapes, count_model, roofline
-from metainfer.core.runtime import create_session
-from metainfer.core.scoring import Constraints
-from metainfer.core.trial import LatencyStats
-from metainfer.core.zoo import build_examples, list_light_models
-from metainfer.core.zoo.minilm import minilm_available
+from metainfer.agent.zoo import build_examples, list_light_models
+from metainfer.agent.zoo.minilm import minilm_available
+from metainfer.core.engine.data import Dataset, load_npz
+from metainfer.core.engine.evaluate import latency_stats, make_reference, quality_of, run_all
+from metainfer.core.engine.modelinfo import inspect_model
+from metainfer.core.engine.outputs import MODEL_FILE, RECIPE_FILE, write_outputs
+from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+from metainfer.core.engine.profile import HardwareProfile, load_or_measure
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.scoring import Constraints
+from metainfer.core.engine.trial import LatencyStats
 
 EXAMPLES_DIR = benchlib.ROOT / "build" / "bench" / "examples"
 VARIANTS_DIR = benchlib.ROOT / "build" / "bench" / "adaptation"
@@ -351,8 +351,9 @@ def render(results: list[dict[str, Any]], profile: HardwareProfile, quick: bool,
     load_note = f"1-minute load average before each comparison: {min(loads):.2f}–{max(loads):.2f}." if loads else ""
     definitions = f"""
 Setup ({mode}; seed {SEED}; quality budget {MAX_QUALITY_DROP} = 1 pt top-1 or 1 − cosine 0.01; the
-engine's default `hybrid` search; no latency SLO). The engine (`metainfer.core.pipeline.Adaptation`, as `metainfer
-adapt` runs it) picks the variant; this benchmark then measures it again on its own. Hardware profile (cached by
+engine's default `hybrid` search; no latency SLO). The engine (`metainfer.core.engine.pipeline.Adaptation`,
+as `metainfer adapt` runs it) picks the variant; this benchmark then measures it again on its own. Hardware
+profile (cached by
 machine fingerprint): peak GEMM fp32 {profile.peak_gemm_gflops_fp32:.1f} GFLOP/s, int8
 {profile.peak_gemm_gflops_int8:.1f} GOP/s, memory bandwidth {profile.memory_bandwidth_gbps:.1f} GB/s.
 
@@ -370,7 +371,7 @@ machine fingerprint): peak GEMM fp32 {profile.peak_gemm_gflops_fp32:.1f} GFLOP/s
 - **trials**: candidates the search measured; **search s**: wall time of the search loop (the profile,
   baseline, validation and the final comparison are not included).
 
-Roofline of the best variant (`metainfer.core.roofline`):
+Roofline of the best variant (`bench/roofline.py`):
 
 {roof_table}
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from metainfer.core.profile.fingerprint import detect_machine
+from metainfer.core.engine.profile.fingerprint import detect_machine
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

@@ -30,10 +30,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from metainfer.core.data import Dataset
-from metainfer.core.recipe import QuantizationSpec, TransformSpec
-from metainfer.core.transforms import build_variant
-from metainfer.core.zoo import minilm
+from metainfer.agent.zoo import minilm
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.recipe import QuantizationSpec, TransformSpec
+from metainfer.core.engine.transforms import build_variant
 
 CALIBRATION_SAMPLES = 32
 

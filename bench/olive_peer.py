@@ -19,7 +19,7 @@ How:
    searches (dynamic/static int8, per-channel, weight and activation types,
    calibration method; optimisation level, intra-op threads, execution mode).
 3. The searches run one after the other, never together. Then every output is
-   measured again here with metainfer's code (core.evaluate): FP32 with
+   measured again here with metainfer's code (core.engine.evaluate): FP32 with
    default SessionOptions, Olive's model with the session options Olive chose,
    metainfer's variant with its recipe's session options, timed in alternating
    rounds so background load hits all three alike; quality against FP32 on all
@@ -56,8 +56,9 @@ import benchlib
 import numpy as np
 import onnxruntime as ort
 
-from metainfer.core.data import Dataset
-from metainfer.core.evaluate import (
+from metainfer.agent.zoo.build import ExampleModel, build_examples
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.evaluate import (
     MeasureSettings,
     make_reference,
     mean_pooled,
@@ -65,10 +66,9 @@ from metainfer.core.evaluate import (
     quality_of,
     run_all,
 )
-from metainfer.core.profile.fingerprint import detect_machine
-from metainfer.core.recipe import Recipe
-from metainfer.core.runtime import create_session
-from metainfer.core.zoo.build import ExampleModel, build_examples
+from metainfer.core.engine.profile.fingerprint import detect_machine
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
 
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
@@ -197,7 +197,7 @@ def write_olive_reference(example: ExampleModel, data: Dataset, batch: int, path
 
 
 def thread_choices() -> list[int]:
-    """The intra-op thread counts metainfer's space offers on this machine (core.candidates.thread_choices)."""
+    """The intra-op thread counts metainfer's space offers on this machine (core.engine.candidates.thread_choices)."""
     info = detect_machine()
     return sorted({1, max(1, info.physical_cores // 2), info.physical_cores, info.logical_cores})
 

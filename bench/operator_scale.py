@@ -44,7 +44,7 @@ import scale_lib as sl
 from kubernetes import client, config, watch
 
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.hardware import classify_node
+from metainfer.core.control.hardware import classify_node
 
 sys.path.insert(0, str(benchlib.ROOT / "hack"))
 from controlplane import assets, cluster, crds
@@ -364,7 +364,8 @@ def render(points: list[dict[str, Any]], quick: bool, load: str, workaround: boo
     ]
     if workaround:
         parts.append(
-            "**Known bug, worked around here:** core.manifests writes a GPU class's extended resource as the int "
+            "**Known bug, worked around here:** core.control.manifests writes a GPU class's extended resource as the "
+            "int "
             "`nvidia.com/gpu: 1`; the kubernetes client (v37) validates request bodies and rejects it (quantities "
             "are strings), so no Job (and no serving Deployment) of a GPU class can be created: the policy "
             "reconcile stops at the first Job with a ValidationError and the policy reports Ready=False "
@@ -423,7 +424,8 @@ def verdicts(small: dict[str, Any], big: dict[str, Any]) -> list[str]:
             f"**missed**. {rss_line}. Why: about 67 MB is the interpreter with kopf, the kubernetes client and "
             "pydantic before any object is seen (the operator no longer imports onnx or onnxruntime); the rest grows "
             f"with the {2 * big['expected_runs']} runs and Jobs and the {big['nodes']} nodes it watches, not with "
-            "requests. The indexes hold slimmed copies (core.slim: no managedFields, no pod templates, no trial "
+            "requests. The indexes hold slimmed copies (core.control.slim: no managedFields, no pod templates, no "
+            "trial "
             "tables); what remains is kopf's per-object bookkeeping for every watched object and the Python heap's "
             "high-water mark from the converge burst, which this benchmark does not attribute further."
         )

@@ -1,7 +1,7 @@
 """Pure pieces of the operator-scale benchmark: synthetic Nodes, policies, and audit-log counting.
 
 Kept apart from ``operator_scale.py`` (which needs a control plane) so a unit test can check that
-the generated nodes really form the intended number of hardware classes (per ``core.hardware``,
+the generated nodes really form the intended number of hardware classes (per ``core.control.hardware``,
 the operator's own classification) and that the audit log is counted the way the section says.
 """
 
@@ -161,14 +161,14 @@ def median(values: list[float]) -> float:
 def gpu_job_quantities_are_strings() -> bool:
     """Whether a GPU class's Job carries its extended resource as a string quantity, as the API client requires.
 
-    The kubernetes client validates bodies and rejects an int quantity, so while core.manifests writes
+    The kubernetes client validates bodies and rejects an int quantity, so while core.control.manifests writes
     ``nvidia.com/gpu: 1`` no Job of a GPU class can be created: the policy reconcile stops at the first one with
     a ValidationError (and reports InvalidSpec). The benchmark then classifies its GPU nodes through a
     LabelMapping without the extended resource (same classes and fingerprints), and its section says so.
     """
-    from metainfer.core.hardware import group_nodes
-    from metainfer.core.manifests import build_job
-    from metainfer.core.reconcile import build_run
+    from metainfer.core.control.hardware import group_nodes
+    from metainfer.core.control.manifests import build_job
+    from metainfer.core.control.reconcile import build_run
 
     group = next(iter(group_nodes([(node_name(0), node_labels(0))]).values()))
     policy = policy_manifest("ns", 0, CLASSES)
@@ -183,7 +183,7 @@ def gpu_job_quantities_are_strings() -> bool:
 
 def mapping_without_gpu_resource() -> dict[str, Any]:
     """A LabelMapping (wire form) equal to the default but with no extended resource for NVIDIA GPUs."""
-    from metainfer.core.hardware import DEFAULT_VENDORS
+    from metainfer.core.control.hardware import DEFAULT_VENDORS
 
     nvidia = next(v for v in DEFAULT_VENDORS if v.vendor == "nvidia").model_copy(update={"resource": None})
     return {"extraVendors": [nvidia.model_dump(mode="json", by_alias=True)]}
@@ -191,6 +191,6 @@ def mapping_without_gpu_resource() -> dict[str, Any]:
 
 def class_count(labels: Mapping[str, Mapping[str, str]]) -> int:
     """How many hardware classes the operator would see among these nodes."""
-    from metainfer.core.hardware import group_nodes
+    from metainfer.core.control.hardware import group_nodes
 
     return len(group_nodes(sorted(labels.items())))

@@ -45,18 +45,18 @@ import benchlib
 import numpy as np
 import search_replay as sr
 
-from metainfer.core.candidates import recipe_for
-from metainfer.core.data import load_npz
-from metainfer.core.evaluate import MeasureSettings, make_reference
-from metainfer.core.modelinfo import inspect_model
-from metainfer.core.pipeline import Adaptation, AdaptSettings
-from metainfer.core.profile import load_or_measure
-from metainfer.core.recipe import Recipe
-from metainfer.core.runtime import create_session
-from metainfer.core.search.hybrid import HybridSearcher
-from metainfer.core.search.space import Key, Space
-from metainfer.core.trial import Trial
-from metainfer.core.zoo import build_examples
+from metainfer.agent.zoo import build_examples
+from metainfer.core.engine.candidates import recipe_for
+from metainfer.core.engine.data import load_npz
+from metainfer.core.engine.evaluate import MeasureSettings, make_reference
+from metainfer.core.engine.modelinfo import inspect_model
+from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+from metainfer.core.engine.profile import load_or_measure
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.search.hybrid import HybridSearcher
+from metainfer.core.engine.search.space import Key, Space
+from metainfer.core.engine.trial import Trial
 
 NAME = "search_efficiency"
 BUDGETS = (5, 10, 20, 40)

@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from metainfer.core.search import Featurizer, HybridSearcher, Searcher, make_searcher
-from metainfer.core.search.space import Key, Space
+from metainfer.core.engine.search import Featurizer, HybridSearcher, Searcher, make_searcher
+from metainfer.core.engine.search.space import Key, Space
 
 Scores = list[float | None]  # scores in evaluation order; None = infeasible or failed
 Runner = Callable[["Landscape", int, int], Scores]  # (landscape, seed, budget) -> scores

@@ -23,8 +23,8 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.zoo import build_examples
 
 REPO = Path(__file__).resolve().parents[1]
 KUBECONFIG = REPO / ".cluster" / "kubeconfig"

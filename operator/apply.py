@@ -22,11 +22,11 @@ from pydantic import ValidationError
 from metainfer.core.api import ADAPTATION_POLICY, ADAPTATION_RUN
 from metainfer.core.api.conditions import Condition, ConditionType, set_condition
 from metainfer.core.api.policy import AdaptationPolicySpec
-from metainfer.core.events import coalesce
-from metainfer.core.hardware import ClassGroup
-from metainfer.core.manifests import AgentJobSettings, ServingDefaults
-from metainfer.core.naming import job_name
-from metainfer.core.reconcile import Plan, RunLimits, plan_job, plan_policy, run_status_from_job
+from metainfer.core.control.events import coalesce
+from metainfer.core.control.hardware import ClassGroup
+from metainfer.core.control.manifests import AgentJobSettings, ServingDefaults
+from metainfer.core.control.naming import job_name
+from metainfer.core.control.reconcile import Plan, RunLimits, plan_job, plan_policy, run_status_from_job
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.metrics import CLASSES, RUNS_FINISHED, RUNS_STARTED

@@ -1,4 +1,4 @@
-"""The drift step of a policy's daemon: query Prometheus per class, fold the p95 into core.drift, write status.
+"""The drift step of a policy's daemon: query Prometheus per class, fold the p95 into core.control.drift, write status.
 
 Why a step in the policy daemon and not a separate kopf timer: the class list
 in the policy status is written as a whole (a JSON merge patch replaces
@@ -11,7 +11,7 @@ lost that way would make the reconcile delete the LatencyDrift run it just
 created as "superseded".
 
 A confirmed drift is written as ``drift.lastReadaptationTime`` in the class
-status, and nothing else: that time salts the run key (core.reconcile), so the
+status, and nothing else: that time salts the run key (core.control.reconcile), so the
 next reconcile creates the LatencyDrift run, idempotently and even after a
 crash between the two writes.
 """
@@ -26,10 +26,10 @@ from typing import Any
 
 import kopf
 
-from metainfer.core import drift, promql
 from metainfer.core.api import ADAPTATION_POLICY
 from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_condition
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
+from metainfer.core.control import drift, promql
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.prometheus import MetricsUnavailable, query

@@ -3,7 +3,7 @@
 Run with ``metainfer operator`` or ``kopf run -m metainfer.operator.handlers
 --all-namespaces``. Each AdaptationPolicy gets a daemon that reconciles when
 something it depends on changes (its runs, Jobs, Deployments, any node) and at
-least every ``resync_seconds``; what to do comes from ``core.reconcile``.
+least every ``resync_seconds``; what to do comes from ``core.control.reconcile``.
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import kopf
 from pydantic import ValidationError
 
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.manifests import LABEL_POLICY, MANAGED_BY
-from metainfer.core.reconcile import IN_FLIGHT, run_phase
-from metainfer.core.slim import slim_deployment, slim_job, slim_run
+from metainfer.core.control.manifests import LABEL_POLICY, MANAGED_BY
+from metainfer.core.control.reconcile import IN_FLIGHT, run_phase
+from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
 from metainfer.operator.apply import apply_plan, invalid_spec_status, reconcile_inputs
 from metainfer.operator.drift import drift_step, fetch_policy
@@ -36,8 +36,8 @@ WAKEUPS = Wakeups()
 @kopf.on.startup()
 def load_label_mapping(logger: logging.Logger, **_: Any) -> None:
     """A cluster with its own node labels supplies a LabelMapping file; a bad file stops the operator at once."""
-    from metainfer.core.errors import InputError
-    from metainfer.core.hardware import LabelMapping
+    from metainfer.core.control.hardware import LabelMapping
+    from metainfer.core.engine.errors import InputError
     from metainfer.operator.config import OperatorConfig
 
     path = OperatorConfig().label_mapping_file
@@ -56,8 +56,8 @@ def nodes_index(name: str, labels: dict[str, str], **_: Any) -> dict[str, dict[s
     return {name: dict(labels)}
 
 
-# The indexes keep only what core.reconcile reads (core.slim): full copies of 4,000 child objects were most of the
-# operator's memory at 100 policies x 20 classes.
+# The indexes keep only what core.control.reconcile reads (core.control.slim): full copies of 4,000 child
+# objects were most of the operator's memory at 100 policies x 20 classes.
 @kopf.index(GROUP, VERSION, "adaptationruns")
 def runs_index(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     return {(namespace, body.get("spec", {}).get("policyName", "")): slim_run(body)}

@@ -1,4 +1,4 @@
-"""The canary step of a policy's daemon: query Prometheus for canary vs stable, decide (core.canary), write status.
+"""The canary step of a policy's daemon: ask Prometheus for canary vs stable, decide (core.control.canary), write it.
 
 Runs in the same daemon as the reconcile and the drift step, for the same
 reason as the drift step: the class list is written as a whole, so one writer
@@ -23,10 +23,10 @@ from typing import Any
 
 import kopf
 
-from metainfer.core import canary
 from metainfer.core.api import ADAPTATION_POLICY
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
+from metainfer.core.control import canary
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.drift import QUERY_TIMEOUT_S

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from metainfer.core.api.policy import HardwareSelection
-from metainfer.core.hardware import ClassGroup, LabelMapping, group_nodes, select_groups
+from metainfer.core.control.hardware import ClassGroup, LabelMapping, group_nodes, select_groups
 
 
 def first(store: Iterable[Any]) -> Any:

@@ -38,8 +38,8 @@ from metainfer.agent.serve.protocol import (
     model_metadata,
     parse_infer_request,
 )
-from metainfer.core.errors import InputError
-from metainfer.core.recipe import Recipe
+from metainfer.core.engine.errors import InputError
+from metainfer.core.engine.recipe import Recipe
 
 log = logging.getLogger("metainfer.serve")
 MODEL_VERSION = "1"

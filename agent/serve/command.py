@@ -16,8 +16,8 @@ from pydantic import ValidationError
 
 from metainfer.agent.serve.app import ServeConfig, serve
 from metainfer.agent.serve.model import ModelSourceArgs
-from metainfer.core.errors import InputError
-from metainfer.core.recipe import Recipe
+from metainfer.core.engine.errors import InputError
+from metainfer.core.engine.recipe import Recipe
 
 
 def serve_command(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The flags of ``metainfer serve`` (core/manifests.py build_deployment writes them)."""
+    """The flags of ``metainfer serve`` (core/control/manifests.py build_deployment writes them)."""
     parser.add_argument(
         "--model-uri", required=True, help="base model: http(s)://, file:///path or configmap://NAME/KEY"
     )

@@ -23,13 +23,13 @@ import onnxruntime as ort
 
 from metainfer.agent.fetch import ConfigMapReader, fetch
 from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
-from metainfer.core.data import Dataset, load_npz
-from metainfer.core.errors import DataError, ModelError
-from metainfer.core.modelinfo import ModelInfo, TensorInfo, inspect_model
-from metainfer.core.recipe import Recipe, TransformSpec
-from metainfer.core.runtime import create_session
-from metainfer.core.transforms import build_variant
-from metainfer.core.transforms.build import PROVENANCE_PREFIX
+from metainfer.core.engine.data import Dataset, load_npz
+from metainfer.core.engine.errors import DataError, ModelError
+from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo, inspect_model
+from metainfer.core.engine.recipe import Recipe, TransformSpec
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.transforms import build_variant
+from metainfer.core.engine.transforms.build import PROVENANCE_PREFIX
 
 log = logging.getLogger("metainfer.serve")
 WARMUP_RUNS = 3

@@ -1,7 +1,7 @@
 """The metainfer.io/v1alpha1 API: pydantic types of the three CRDs.
 
 These types are the single source of truth: crds/*.yaml is generated from them
-(``python -m metainfer.core.crdgen crds/``) and the operator and agent parse and
+(``python -m metainfer.core.api.crdgen crds/``) and the operator and agent parse and
 build objects with them. Pure: no Kubernetes client here.
 """
 

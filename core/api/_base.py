@@ -5,7 +5,7 @@ Python code uses snake_case; the JSON the API server stores uses camelCase
 manifest an error in Python too, mirroring the server's strict field validation.
 
 ``rules``/``immutable`` attach CEL ``x-kubernetes-validations`` to a field or a
-model's JSON schema; core/crdgen.py copies them into the CRD unchanged.
+model's JSON schema; core/api/crdgen.py copies them into the CRD unchanged.
 """
 
 from __future__ import annotations

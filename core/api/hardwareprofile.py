@@ -15,8 +15,8 @@ from pydantic import Field
 
 from metainfer.core.api._base import ApiModel, cel, immutable, map_list
 from metainfer.core.api.conditions import Condition
-from metainfer.core.hardware import FINGERPRINT_PATTERN, HardwareClass
-from metainfer.core.profile.types import HardwareProfile as MeasuredProfile
+from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, HardwareClass
+from metainfer.core.engine.profile.types import HardwareProfile as MeasuredProfile
 
 
 class HardwareProfileSpec(ApiModel):

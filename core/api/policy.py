@@ -18,12 +18,12 @@ from pydantic import Field, StringConstraints
 
 from metainfer.core.api._base import ApiModel, cel, map_list, rule, set_list
 from metainfer.core.api.conditions import Condition
-from metainfer.core.hardware import FINGERPRINT_PATTERN, AcceleratorVendor, HardwareClass
-from metainfer.core.recipe import ExecutionMode, GraphFusion, GraphOptimizationLevel, Layout, QuantizationMode
+from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, AcceleratorVendor, HardwareClass
+from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
+from metainfer.core.engine.recipe import ExecutionMode, GraphFusion, GraphOptimizationLevel, Layout, QuantizationMode
 
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
 MODEL_URI_PATTERN = r"^(https?|file|configmap)://[^\s]+$"
-SearchAlgorithm = Literal["hybrid", "bayes", "evolution", "random", "grid"]
 TensorType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 Quantity = Annotated[int | str, Field(description="A Kubernetes quantity, e.g. 500m, 2, 4Gi.")]
 
@@ -197,7 +197,7 @@ class SearchSettings(ApiModel):
         )
     )
 
-    algorithm: SearchAlgorithm = Field("hybrid", description="hybrid = evolution (coarse) then bayes (fine).")
+    algorithm: Algorithm = Field(DEFAULT_ALGORITHM, description="hybrid = evolution (coarse) then bayes (fine).")
     trial_budget: int = Field(32, ge=1, le=10000, description="Candidates measured on hardware, at most.")
     time_budget_seconds: int = Field(1800, ge=10, le=604800, description="Wall-clock budget of the search.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed: same seed and trials -> same proposals.")

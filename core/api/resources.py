@@ -1,6 +1,6 @@
 """The three CRDs: names, scope, printer columns, and the models of spec and status.
 
-core/crdgen.py turns each ``Resource`` into a CustomResourceDefinition. Printer
+core/api/crdgen.py turns each ``Resource`` into a CustomResourceDefinition. Printer
 columns point at status fields the operator maintains for exactly this purpose
 (conditions for Ready, summaries for counts), never at handler internals.
 """

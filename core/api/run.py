@@ -19,6 +19,7 @@ from pydantic import Field
 
 from metainfer.core.api._base import ApiModel, cel, immutable, map_list, rule
 from metainfer.core.api.conditions import Condition
+from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, HardwareClass
 from metainfer.core.api.policy import (
     SHA256_PATTERN,
     ModelSource,
@@ -27,8 +28,7 @@ from metainfer.core.api.policy import (
     SearchSpaceOverrides,
     Slo,
 )
-from metainfer.core.hardware import FINGERPRINT_PATTERN, HardwareClass
-from metainfer.core.recipe import Recipe
+from metainfer.core.engine.recipe import Recipe
 
 MAX_TRIALS = 50
 RunTrigger = Literal[

@@ -10,7 +10,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.hardware import HardwareClass
+from metainfer.core.api.hardwareclass import HardwareClass
 
 SHA = "63704d1c9451d28e93972b0bd7068f74777fa040c17d2f184218ce47980e0ee9"
 CPU_CLASS = HardwareClass(vendor="cpu", product="Test-CPU", cpu_features=("AVX2",))

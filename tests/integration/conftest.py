@@ -81,7 +81,7 @@ def control_plane(
         pytest.fail(f"cannot provide kube-apiserver/etcd for integration tests: {exc}", pytrace=False)
     documents = crds.load_crds((REPO / "crds").glob("*.yaml"))
     if not documents:
-        pytest.fail(f"no CRDs in {REPO / 'crds'}: run `python -m metainfer.core.crdgen crds/`", pytrace=False)
+        pytest.fail(f"no CRDs in {REPO / 'crds'}: run `python -m metainfer.core.api.crdgen crds/`", pytrace=False)
     # die_with_parent: even a SIGKILLed pytest leaves no daemon behind.
     plane = cluster.start(
         tmp_path_factory.mktemp("controlplane"), found, log=log, die_with_parent=True, crd_documents=documents

@@ -28,13 +28,13 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION, AdaptationRun, AdaptationRunSpec, AdaptationRunStatus
+from metainfer.core.api.hardwareclass import HardwareClass
 from metainfer.core.api.policy import DataReference, ModelSource, SearchSettings, Slo
 from metainfer.core.api.run import MAX_TRIALS
-from metainfer.core.hardware import HardwareClass
-from metainfer.core.modelinfo import sha256_file
-from metainfer.core.recipe import Recipe
-from metainfer.core.zoo import build_examples
+from metainfer.core.engine.modelinfo import sha256_file
+from metainfer.core.engine.recipe import Recipe
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -28,8 +28,8 @@ from prometheus import PrometheusServer, PrometheusUnavailable, find_binary, fre
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.manifests import LABEL_RUN, LABEL_TRACK
-from metainfer.core.recipe import Recipe
+from metainfer.core.control.manifests import LABEL_RUN, LABEL_TRACK
+from metainfer.core.engine.recipe import Recipe
 
 pytestmark = pytest.mark.integration  # hack/ is on sys.path via conftest.py
 

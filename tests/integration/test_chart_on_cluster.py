@@ -35,9 +35,9 @@ from operator_harness import (
 )
 from operator_harness import policy as get_policy
 
+from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.manifests import MANAGED_BY
-from metainfer.core.zoo import build_examples
+from metainfer.core.control.manifests import MANAGED_BY
 
 pytestmark = pytest.mark.integration
 

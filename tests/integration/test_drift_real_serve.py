@@ -49,10 +49,10 @@ from operator_harness import (
 from operator_harness import wait_for as _wait_for
 from prometheus import PrometheusServer, PrometheusUnavailable, find_binary, free_port
 
+from metainfer.agent.zoo import ExampleModel, build_examples
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.manifests import LABEL_TRACK
-from metainfer.core.promql import p95_query
-from metainfer.core.zoo import ExampleModel, build_examples
+from metainfer.core.control.manifests import LABEL_TRACK
+from metainfer.core.control.promql import p95_query
 
 pytestmark = pytest.mark.integration  # hack/ is on sys.path via conftest.py
 

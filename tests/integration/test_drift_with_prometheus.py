@@ -26,8 +26,8 @@ from operator_harness import wait_for as _wait_for
 from prometheus import PrometheusServer, PrometheusUnavailable, find_binary, free_port
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
+from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.zoo import build_examples
 
 pytestmark = pytest.mark.integration  # hack/ is on sys.path via conftest.py
 

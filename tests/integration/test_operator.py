@@ -29,9 +29,9 @@ from operator_harness import (
     wait_for,
 )
 
+from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.manifests import LABEL_CLASS
-from metainfer.core.zoo import build_examples
+from metainfer.core.control.manifests import LABEL_CLASS
 
 pytestmark = pytest.mark.integration
 

@@ -27,10 +27,10 @@ tritonhttp = pytest.importorskip("tritonclient.http")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from metainfer.core.recipe import Recipe  # noqa: E402
-from metainfer.core.runtime import create_session  # noqa: E402
-from metainfer.core.transforms import build_variant  # noqa: E402
-from metainfer.core.zoo import build_examples  # noqa: E402
+from metainfer.agent.zoo import build_examples  # noqa: E402
+from metainfer.core.engine.recipe import Recipe  # noqa: E402
+from metainfer.core.engine.runtime import create_session  # noqa: E402
+from metainfer.core.engine.transforms import build_variant  # noqa: E402
 
 RECIPE = Recipe.model_validate({"transform": {"quantization": {"mode": "int8_dynamic"}}, "batch": 4})
 LABELS = {"policy": "digits-policy", "hardware_class": "cls-test", "variant": "rk-test"}

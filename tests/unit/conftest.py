@@ -9,10 +9,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from metainfer.core.data import Dataset, load_npz
-from metainfer.core.modelinfo import ModelInfo, inspect_model
-from metainfer.core.profile import BenchConfig, HardwareProfile, measure_profile
-from metainfer.core.zoo import build_examples
+from metainfer.agent.zoo import build_examples
+from metainfer.core.engine.data import Dataset, load_npz
+from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
+from metainfer.core.engine.profile import BenchConfig, HardwareProfile, measure_profile
 
 
 @pytest.fixture(scope="session")

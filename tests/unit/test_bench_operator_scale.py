@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import scale_lib as sl
 
 from metainfer.core.api.policy import AdaptationPolicySpec
-from metainfer.core.hardware import LabelMapping, classify_node, group_nodes, select_groups
+from metainfer.core.control.hardware import LabelMapping, classify_node, group_nodes, select_groups
 
 
 def _labels(count: int) -> dict[str, dict[str, str]]:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from metainfer.core.search import GridSearcher, RandomSearcher
-from metainfer.core.search.space import Dimension, Space
+from metainfer.core.engine.search import GridSearcher, RandomSearcher
+from metainfer.core.engine.search.space import Dimension, Space
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 import search_replay as sr

@@ -1,11 +1,11 @@
-"""core.canary: the pure promote / roll back decision, and its PromQL."""
+"""core.control.canary: the pure promote / roll back decision, and its PromQL."""
 
 from __future__ import annotations
 
 import datetime as dt
 
-from metainfer.core import canary
 from metainfer.core.api.policy import RolloutSettings, RolloutStatus, VariantSummary
+from metainfer.core.control import canary
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SETTINGS = RolloutSettings(analysis_window_seconds=60, tolerance=0.1, max_error_rate=0.01, deadline_seconds=600)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from metainfer.core.candidates import SpaceOptions, build_space, recipe_for, unsupported_reason
-from metainfer.core.modelinfo import inspect_model
-from metainfer.core.profile import HardwareProfile, OpSupport
+from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for, unsupported_reason
+from metainfer.core.engine.modelinfo import inspect_model
+from metainfer.core.engine.profile import HardwareProfile, OpSupport
 
 
 def test_space_prunes_what_the_profile_says_cannot_run(digits, quick_profile: HardwareProfile) -> None:
@@ -58,7 +58,7 @@ def test_batch_search_and_conv_space(tiny_conv: tuple[Path, Path], quick_profile
 def test_padding_removal_only_with_fusion_and_where_it_can_build(
     quick_profile: HardwareProfile, tmp_path: Path
 ) -> None:
-    from metainfer.core.zoo.bert import BertConfig, build_bert_model
+    from metainfer.agent.zoo.bert import BertConfig, build_bert_model
 
     model_path = tmp_path / "encoder.onnx"
     model_path.write_bytes(

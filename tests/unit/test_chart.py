@@ -239,7 +239,7 @@ def test_agent_rbac_is_exactly_its_run_its_status_configmaps_and_profiles() -> N
 
 
 def test_pod_monitor_selects_the_operators_serving_pods() -> None:
-    from metainfer.core.manifests import COMPONENT, HTTP_PORT, MANAGED_BY
+    from metainfer.core.control.manifests import COMPONENT, HTTP_PORT, MANAGED_BY
 
     (pm,) = docs_of("PodMonitor")
     assert pm["spec"]["selector"]["matchLabels"] == {MANAGED_BY: "metainfer", COMPONENT: "serving"}

@@ -10,15 +10,15 @@ import pytest
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from metainfer.core import crdgen
 from metainfer.core.api import (
     RESOURCES,
     AdaptationPolicy,
     AdaptationPolicySpec,
     HardwareProfileResource,
+    crdgen,
     set_condition,
 )
-from metainfer.core.hardware import HardwareClass
+from metainfer.core.api.hardwareclass import HardwareClass
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
@@ -27,7 +27,7 @@ EXAMPLES = REPO / "examples"
 
 def test_crds_are_not_stale() -> None:
     stale = crdgen.stale_files(CRDS)
-    assert not stale, f"crds/ is stale ({', '.join(stale)}): run `python -m metainfer.core.crdgen crds/`"
+    assert not stale, f"crds/ is stale ({', '.join(stale)}): run `python -m metainfer.core.api.crdgen crds/`"
 
 
 def test_check_mode_detects_a_stale_file(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""core.drift on synthetic p95 sequences: hysteresis, reset, cooldown, baseline, no-data, JSON round trip."""
+"""core.control.drift on synthetic p95 sequences: hysteresis, reset, cooldown, baseline, no-data, JSON round trip."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import DriftStatus, ReadaptationSettings
-from metainfer.core.drift import COOLDOWN, LATENCY_BREACH, WITHIN_TOLERANCE, DriftParams, due, observe
+from metainfer.core.control.drift import COOLDOWN, LATENCY_BREACH, WITHIN_TOLERANCE, DriftParams, due, observe
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 PARAMS = DriftParams(slo_p95_ms=10.0, adapted_p95_ms=4.0, tolerance=0.2, consecutive_breaches=3, cooldown_seconds=600)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from metainfer.core.evaluate import (
+from metainfer.core.engine.evaluate import (
     MeasureSettings,
     evaluate,
     make_reference,
@@ -14,10 +14,10 @@ from metainfer.core.evaluate import (
     quality_of,
     top1_accuracy,
 )
-from metainfer.core.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
-from metainfer.core.runtime import create_session, session_options
-from metainfer.core.scoring import Constraints, Objective, score, violations
-from metainfer.core.transforms import build_variant
+from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
+from metainfer.core.engine.runtime import create_session, session_options
+from metainfer.core.engine.scoring import Constraints, Objective, score, violations
+from metainfer.core.engine.transforms import build_variant
 
 FAST = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=40, max_seconds=0.5)
 
@@ -99,7 +99,7 @@ def test_constraints_and_score(digits) -> None:
 
 
 def test_sequence_outputs_are_compared_mean_pooled_over_real_tokens() -> None:
-    from metainfer.core.evaluate import Reference
+    from metainfer.core.engine.evaluate import Reference
 
     rng = np.random.default_rng(0)
     ref_out = rng.standard_normal((4, 6, 8)).astype(np.float32)

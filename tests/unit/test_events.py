@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from metainfer.core.events import Event, coalesce
+from metainfer.core.control.events import Event, coalesce
 
 
 def test_one_event_per_type_and_reason_in_first_seen_order() -> None:

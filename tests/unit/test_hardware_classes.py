@@ -9,14 +9,14 @@ from pathlib import Path
 import pytest
 
 from metainfer.core.api.policy import HardwareSelection
-from metainfer.core.errors import InputError
-from metainfer.core.hardware import (
+from metainfer.core.control.hardware import (
     LabelMapping,
     VendorLabels,
     classify_node,
     group_nodes,
     select_groups,
 )
+from metainfer.core.engine.errors import InputError
 
 NFD = "feature.node.kubernetes.io/"
 # GPU Feature Discovery v0.8-style labels on a DGX A100 node (old and new driver spellings both present).

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from metainfer.core.data import load_npz, make_dataset
-from metainfer.core.errors import DataError, ModelError
-from metainfer.core.modelinfo import inspect_model, load_model
+from metainfer.core.engine.data import load_npz, make_dataset
+from metainfer.core.engine.errors import DataError, ModelError
+from metainfer.core.engine.modelinfo import inspect_model, load_model
 
 
 def test_model_errors_name_the_file_and_problem(tmp_path: Path, examples: dict[str, Path]) -> None:

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from metainfer.core.api.run import AdaptationRunSpec
-from metainfer.core.hardware import classify_node, group_nodes
-from metainfer.core.manifests import (
+from metainfer.core.control.hardware import classify_node, group_nodes
+from metainfer.core.control.manifests import (
     LABEL_CLASS,
     LABEL_POLICY,
     LABEL_RUN_KEY,
@@ -21,8 +21,8 @@ from metainfer.core.manifests import (
     build_service,
     run_key,
 )
-from metainfer.core.naming import JOB_MAX, canary_name, job_name, label_value, run_name, workload_name
-from metainfer.core.recipe import QuantizationSpec, Recipe, TransformSpec
+from metainfer.core.control.naming import JOB_MAX, canary_name, job_name, label_value, run_name, workload_name
+from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 GPU = {

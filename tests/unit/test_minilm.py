@@ -15,8 +15,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from metainfer.core.zoo import minilm
-from metainfer.core.zoo.build import ExampleModel
+from metainfer.agent.zoo import minilm
+from metainfer.agent.zoo.build import ExampleModel
 
 pytestmark = pytest.mark.skipif(
     not minilm.minilm_available(),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from metainfer.core.api.policy import HardwareSelection
-from metainfer.core.hardware import group_nodes, select_groups
+from metainfer.core.control.hardware import group_nodes, select_groups
 from metainfer.operator.view import ClusterView
 
 A100 = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100", "nvidia.com/cuda.driver-version.full": "550"}

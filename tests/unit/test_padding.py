@@ -9,11 +9,11 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from metainfer.core.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
-from metainfer.core.runtime import create_session
-from metainfer.core.transforms import PaddingNotRemovable, build_variant, can_remove_padding, remove_padding
-from metainfer.core.transforms.fusion import fuse_transformer
-from metainfer.core.zoo.bert import BertConfig, build_bert_inputs, build_bert_model
+from metainfer.agent.zoo.bert import BertConfig, build_bert_inputs, build_bert_model
+from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.transforms import PaddingNotRemovable, build_variant, can_remove_padding, remove_padding
+from metainfer.core.engine.transforms.fusion import fuse_transformer
 
 SMALL = BertConfig(layers=2, hidden=64, heads=4, intermediate=128, vocab=512, max_positions=64)
 

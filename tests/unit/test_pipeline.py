@@ -11,12 +11,12 @@ import numpy as np
 import onnx
 import pytest
 
-from metainfer.core.evaluate import MeasureSettings
-from metainfer.core.pipeline import Adaptation, AdaptSettings
-from metainfer.core.profile import HardwareProfile
-from metainfer.core.recipe import Recipe
-from metainfer.core.runtime import create_session
-from metainfer.core.scoring import Constraints
+from metainfer.core.engine.evaluate import MeasureSettings
+from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+from metainfer.core.engine.profile import HardwareProfile
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.scoring import Constraints
 
 FAST = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=30, max_seconds=0.3)
 

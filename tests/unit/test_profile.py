@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metainfer.core.profile import (
+from metainfer.core.engine.profile import (
     BenchConfig,
     HardwareProfile,
     OpSupport,
@@ -20,9 +20,9 @@ from metainfer.core.profile import (
     measure_profile,
     save,
 )
-from metainfer.core.profile.cache import cache_path
-from metainfer.core.profile.fingerprint import relevant_flags
-from metainfer.core.profile.microbench import classify, compute_providers, kernel_us_per_run
+from metainfer.core.engine.profile.cache import cache_path
+from metainfer.core.engine.profile.fingerprint import relevant_flags
+from metainfer.core.engine.profile.microbench import classify, compute_providers, kernel_us_per_run
 
 CPU = "CPUExecutionProvider"
 SMALL = BenchConfig(
@@ -248,7 +248,7 @@ def test_cache_for_another_machine_is_ignored(tmp_path: Path) -> None:
 def test_probe_models_are_deterministic() -> None:
     import numpy as np
 
-    from metainfer.core.profile.opcases import op_cases
+    from metainfer.core.engine.profile.opcases import op_cases
 
     for case in op_cases():
         a = case.build(np.random.default_rng(0))[0].SerializeToString()

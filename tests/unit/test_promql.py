@@ -1,11 +1,11 @@
-"""core.promql query text, and operator.prometheus' classification of every kind of answer."""
+"""core.control.promql query text, and operator.prometheus' classification of every kind of answer."""
 
 from __future__ import annotations
 
 import json
 
 from metainfer.core.api.conditions import Reason
-from metainfer.core.promql import escape_regex, p95_query, substitute
+from metainfer.core.control.promql import escape_regex, p95_query, substitute
 from metainfer.operator.prometheus import MetricsUnavailable, Sample, parse
 
 FP = "0123456789abcdef"

@@ -8,9 +8,8 @@ import itertools
 from typing import Any
 
 from metainfer.core.api.conditions import Reason
-from metainfer.core.hardware import ClassGroup, group_nodes
-from metainfer.core.recipe import Recipe
-from metainfer.core.reconcile import (
+from metainfer.core.control.hardware import ClassGroup, group_nodes
+from metainfer.core.control.reconcile import (
     CONCURRENCY_LIMIT,
     Plan,
     RunLimits,
@@ -19,7 +18,8 @@ from metainfer.core.reconcile import (
     run_phase,
     run_status_from_job,
 )
-from metainfer.core.slim import slim_deployment, slim_job, slim_run
+from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
+from metainfer.core.engine.recipe import Recipe
 
 NOW = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 A100 = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100", "nvidia.com/cuda.driver-version.full": "550"}
@@ -45,7 +45,7 @@ class Cluster:
     def reconcile(self, nodes: dict[str, dict[str, str]], limits: RunLimits | None = None) -> Plan:
         groups = list(group_nodes(nodes.items()).values())
         plan = plan_policy(self.policy, groups, list(self.runs.values()), list(self.deployments.values()), NOW, limits)
-        # The operator plans on slimmed copies (core.slim): every scenario must plan the same on them.
+        # The operator plans on slimmed copies (core.control.slim): every scenario must plan the same on them.
         slimmed = plan_policy(
             self.policy,
             groups,
@@ -54,7 +54,7 @@ class Cluster:
             NOW,
             limits,
         )
-        assert slimmed == plan, "core.slim dropped a field the reconcile reads"
+        assert slimmed == plan, "core.control.slim dropped a field the reconcile reads"
         for planned in plan.runs_to_create:
             run = copy.deepcopy(planned.manifest)
             run["metadata"] |= {

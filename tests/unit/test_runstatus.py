@@ -1,4 +1,4 @@
-"""core.runstatus: AdaptationRun spec -> engine settings, engine outcome -> run status (no cluster)."""
+"""core.control.runstatus: AdaptationRun spec -> engine settings, engine outcome -> run status (no cluster)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,19 @@ import datetime as dt
 
 import pytest
 
-from metainfer.core import runstatus
 from metainfer.core.api.conditions import get_condition
+from metainfer.core.api.hardwareclass import HardwareClass
 from metainfer.core.api.policy import DataReference, ModelSource, ObjectiveWeights, SearchSpaceOverrides, Slo
 from metainfer.core.api.run import MAX_TRIALS, AdaptationRunSpec, AdaptationRunStatus
-from metainfer.core.errors import DataError, InputError, ModelError, NoFeasibleCandidate, UnsupportedModelError
-from metainfer.core.evaluate import MeasureSettings
-from metainfer.core.hardware import HardwareClass
-from metainfer.core.modelinfo import ModelInfo, TensorInfo
-from metainfer.core.pipeline import AdaptSettings, FinalComparison, Report, SpaceSummary
-from metainfer.core.profile.types import HardwareProfile, MachineInfo, OpSupport
-from metainfer.core.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
-from metainfer.core.scoring import Constraints
-from metainfer.core.trial import LatencyStats, Quality, Trial, TrialMetrics
+from metainfer.core.control import runstatus
+from metainfer.core.engine.errors import DataError, InputError, ModelError, NoFeasibleCandidate, UnsupportedModelError
+from metainfer.core.engine.evaluate import MeasureSettings
+from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo
+from metainfer.core.engine.pipeline import AdaptSettings, FinalComparison, Report, SpaceSummary
+from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo, OpSupport
+from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
+from metainfer.core.engine.scoring import Constraints
+from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics
 
 SHA = "a" * 64
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -349,10 +349,10 @@ def test_cluster_profile_is_reused_only_when_fresh_and_from_this_machine_type() 
 
 def test_no_data_means_no_static_int8() -> None:
     """Serving must be able to rebuild the winner; static int8 calibrated on synthetic inputs cannot be."""
+    from metainfer.core.api.hardwareclass import HardwareClass
     from metainfer.core.api.policy import ModelSource, SearchSettings, Slo
     from metainfer.core.api.run import AdaptationRunSpec
-    from metainfer.core.hardware import HardwareClass
-    from metainfer.core.runstatus import settings_from_spec
+    from metainfer.core.control.runstatus import settings_from_spec
 
     cls = HardwareClass(vendor="cpu", product="Intel")
     spec = AdaptationRunSpec(

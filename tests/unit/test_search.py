@@ -11,7 +11,7 @@ import statistics
 import numpy as np
 import pytest
 
-from metainfer.core.search import (
+from metainfer.core.engine.search import (
     ALGORITHMS,
     Dimension,
     HybridSearcher,
@@ -215,3 +215,11 @@ def test_hybrid_beats_random_at_budget_20() -> None:
                 runs.append(max(v for v in map(score, asked) if v is not None) / optimum)
     medians = {alg: statistics.median(runs) for alg, runs in fractions.items()}
     assert medians["hybrid"] > medians["random"], medians
+
+
+def test_every_algorithm_name_has_exactly_one_searcher() -> None:
+    from metainfer.core.engine.algorithms import ALGORITHM_NAMES
+    from metainfer.core.engine.search import ALGORITHMS
+
+    assert sorted(ALGORITHMS) == sorted(ALGORITHM_NAMES)
+    assert all(cls.algorithm == name for name, cls in ALGORITHMS.items())

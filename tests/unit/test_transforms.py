@@ -10,12 +10,12 @@ import numpy as np
 import onnx
 import pytest
 
-from metainfer.core.data import load_npz
-from metainfer.core.modelinfo import inspect_model
-from metainfer.core.recipe import QuantizationSpec, Recipe, TransformSpec
-from metainfer.core.runtime import create_session
-from metainfer.core.transforms import build_variant, quantizable_nodes
-from metainfer.core.transforms.layout import to_nhwc
+from metainfer.core.engine.data import load_npz
+from metainfer.core.engine.modelinfo import inspect_model
+from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.transforms import build_variant, quantizable_nodes
+from metainfer.core.engine.transforms.layout import to_nhwc
 
 SPECS = {
     "fp32": TransformSpec(),
@@ -87,8 +87,8 @@ def test_static_conv_quantization_and_nhwc_rewrite(tiny_conv: tuple[Path, Path])
 
 def test_static_qdq_on_an_opset_12_model_builds_a_valid_graph() -> None:
     """Per-channel QDQ (and mixed precision) need opset 13; older models are upgraded, not broken."""
-    from metainfer.core.data import Dataset
-    from metainfer.core.zoo.bert import BertConfig, build_bert_inputs, build_bert_model
+    from metainfer.agent.zoo.bert import BertConfig, build_bert_inputs, build_bert_model
+    from metainfer.core.engine.data import Dataset
 
     cfg = BertConfig(layers=1, hidden=32, heads=2, intermediate=64, vocab=64, max_positions=32)
     model = build_bert_model(cfg)
@@ -137,7 +137,7 @@ def test_static_calibration_memory_does_not_grow_with_the_sample_count(method: s
     """ORT's calibrators hold every intermediate tensor they read; ours read one batch at a time."""
     import tracemalloc
 
-    from metainfer.core.data import Dataset
+    from metainfer.core.engine.data import Dataset
 
     base = _wide_mlp()
     spec = TransformSpec(quantization=QuantizationSpec(mode="int8_static", calibration=method))
@@ -162,8 +162,8 @@ def test_strided_minmax_calibration_matches_reading_everything_at_once() -> None
 
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
-    from metainfer.core.data import Dataset
-    from metainfer.core.transforms.quantize import EXTRA
+    from metainfer.core.engine.data import Dataset
+    from metainfer.core.engine.transforms.quantize import EXTRA
 
     base = _wide_mlp()
     data = Dataset({"x": np.random.default_rng(2).standard_normal((64, 64)).astype(np.float32)})
@@ -193,8 +193,8 @@ def test_strided_minmax_calibration_matches_reading_everything_at_once() -> None
 
 
 def test_static_quantization_without_a_full_calibration_batch_names_the_data() -> None:
-    from metainfer.core.data import Dataset
-    from metainfer.core.errors import InputError
+    from metainfer.core.engine.data import Dataset
+    from metainfer.core.engine.errors import InputError
 
     data = Dataset({"x": np.zeros((5, 64), np.float32)})
     with pytest.raises(InputError, match="full calibration batch of 8 samples; got 5"):
@@ -203,7 +203,7 @@ def test_static_quantization_without_a_full_calibration_batch_names_the_data() -
 
 def test_histogram_calibration_on_a_constant_huge_activation_says_what_to_use() -> None:
     """numpy cannot make 2048 bins around one value near 3e29; the error names the cause and minmax."""
-    from metainfer.core.data import Dataset
+    from metainfer.core.engine.data import Dataset
 
     rng = np.random.default_rng(0)
     consts = {

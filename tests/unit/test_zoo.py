@@ -10,8 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from metainfer.core.zoo import DEFAULT_EXAMPLES, ExampleModel, build_examples, list_light_models
-from metainfer.core.zoo.bert import BertConfig, build_bert_model
+from metainfer.agent.zoo import DEFAULT_EXAMPLES, ExampleModel, build_examples, list_light_models
+from metainfer.agent.zoo.bert import BertConfig, build_bert_model
 
 LIGHT_MODELS = sorted(list_light_models())
 # The three with >60 M parameters materialise hundreds of MB when ORT folds their fills.

@@ -40,7 +40,7 @@ app.kubernetes.io/component: operator
 {{- default (printf "%s-operator" (include "metainfer.fullname" .)) .Values.operator.serviceAccount.name }}
 {{- end }}
 
-{{/* The serving pods' ServiceAccount: fixed by the operator (core.manifests.ServingDefaults). */}}
+{{/* The serving pods' ServiceAccount: fixed by the operator (core.control.manifests.ServingDefaults). */}}
 {{- define "metainfer.servingServiceAccount" -}}
 metainfer-serving
 {{- end }}

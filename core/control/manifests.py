@@ -1,0 +1,412 @@
+"""Pure builders of the objects the operator sends to the API server.
+
+Each builder takes plain dicts (objects as the API server returns them) and a
+ClassGroup, and returns a plain dict, so unit tests check every field without
+a cluster and the handlers stay thin. Specs go through core.api's pydantic
+types (camelCase, validated) so a builder can never emit a run the CRD rejects.
+
+Everything a builder emits is owned: runs and serving objects by the policy,
+Jobs by their run, so deleting a policy garbage-collects all of it. Pods run
+hardened: non-root, read-only root filesystem, no privilege escalation, no
+capabilities, RuntimeDefault seccomp, writable emptyDirs only at /tmp and the
+cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.api.policy import AdaptationPolicySpec, ModelVolume
+from metainfer.core.api.resources import API_VERSION
+from metainfer.core.api.run import AdaptationRunSpec
+from metainfer.core.control.hardware import ClassGroup
+from metainfer.core.control.naming import canary_name, job_name, label_value, run_name, workload_name
+from metainfer.core.engine.recipe import Recipe
+
+MANAGED_BY = "app.kubernetes.io/managed-by"
+COMPONENT = "app.kubernetes.io/component"
+LABEL_POLICY = "metainfer.io/policy"
+LABEL_CLASS = "metainfer.io/class"
+LABEL_RUN = "metainfer.io/run"
+LABEL_RUN_KEY = "metainfer.io/run-key"
+LABEL_RECIPE_KEY = "metainfer.io/recipe-key"
+LABEL_TRACK = "metainfer.io/track"
+ANNOTATION_TOLERATIONS = "metainfer.io/tolerations"
+ANNOTATION_CLASS_NAME = "metainfer.io/class-name"
+ANNOTATION_DRIFT_EPOCH = "metainfer.io/drift-epoch"
+HTTP_PORT = 8080
+UID = 65532  # "nonroot" in distroless images
+CACHE_DIR = "/var/cache/metainfer"
+DEADLINE_MARGIN_S = 600
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+
+
+class _Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str = "ghcr.io/metainfer/metainfer:0.1.0"
+    image_pull_policy: PullPolicy = "IfNotPresent"
+    tolerations: tuple[dict[str, Any], ...] = Field((), description="Added to the policy's tolerations.")
+    resources: dict[str, dict[str, int | str]] | None = Field(None, description="Container requests/limits.")
+
+
+class AgentJobSettings(_Settings):
+    """Operator-wide settings of adaptation Jobs (from its config / Helm values)."""
+
+    service_account: str = "metainfer-agent"
+    ttl_seconds_after_finished: int = Field(86400, ge=0, description="Long enough for the operator to read it.")
+
+
+class ServingDefaults(_Settings):
+    """Operator-wide defaults of serving Deployments; the policy's spec.serving overrides image and resources."""
+
+    service_account: str = "metainfer-serving"
+
+
+def run_key(
+    policy_spec: AdaptationPolicySpec | Mapping[str, Any],
+    generation: int,
+    class_fingerprint: str,
+    drift_epoch: str | None = None,
+) -> str:
+    """16 hex digits identifying one adaptation: model sha256, batch size, class, and what the run snapshots.
+
+    ``generation`` is recorded in the run (spec.policyGeneration) but deliberately not hashed: hashing it would
+    re-adapt every class when only serving replicas or rollout settings change. Instead the key covers exactly the
+    spec the run copies (model, slo, objective, searchSpace, search), so any change that would change the run's
+    snapshot changes the key, and nothing else does.
+
+    ``drift_epoch`` (the class's last confirmed latency drift) salts the key: re-adapting the same spec after a drift
+    needs a new run name, and an unset epoch leaves every key as it was before drift detection existed.
+    """
+    del generation  # see docstring
+    spec = _policy_spec(policy_spec)
+    snapshot = spec.model_dump(
+        mode="json", by_alias=True, include={"model", "slo", "objective", "search_space", "search"}
+    )
+    snapshot["search"].pop("maxConcurrentRuns", None)  # a scheduling limit, not part of the result
+    payload: list[Any] = [spec.model.sha256, spec.slo.batch_size, class_fingerprint, snapshot]
+    if drift_epoch:
+        payload.append({"driftEpoch": drift_epoch})
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def owner_reference(obj: Mapping[str, Any], *, api_version: str, kind: str) -> dict[str, Any]:
+    meta = obj["metadata"]
+    return {
+        "apiVersion": obj.get("apiVersion", api_version),
+        "kind": obj.get("kind", kind),
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def class_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
+    """Labels every child of (policy, class) carries; the operator lists children by them."""
+    return {MANAGED_BY: "metainfer", LABEL_POLICY: label_value(policy_name), LABEL_CLASS: group.fingerprint}
+
+
+def build_run(
+    policy: Mapping[str, Any], group: ClassGroup, reason: str, drift_epoch: str | None = None
+) -> dict[str, Any]:
+    """The AdaptationRun for (policy, class) at the policy's current spec; its name is deterministic."""
+    meta = policy["metadata"]
+    spec = _policy_spec(policy["spec"])
+    generation = int(meta.get("generation", 0))
+    key = run_key(spec, generation, group.fingerprint, drift_epoch)
+    run_spec = AdaptationRunSpec(
+        policy_name=meta["name"],
+        policy_generation=generation,
+        class_fingerprint=group.fingerprint,
+        hardware_class=group.hardware_class,
+        model_sha256=spec.model.sha256,
+        batch_size=spec.slo.batch_size,
+        reason=reason,  # type: ignore[arg-type]  # validated against RunTrigger
+        model=spec.model,
+        slo=spec.slo,
+        objective=spec.objective,
+        search_space=spec.search_space,
+        search=spec.search,
+    )
+    tolerations = [t.to_api() for t in spec.hardware.tolerations or []]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "AdaptationRun",
+        "metadata": {
+            "name": run_name(meta["name"], group.hardware_class.name(), key),
+            "namespace": meta.get("namespace", "default"),
+            "labels": {**class_labels(meta["name"], group), LABEL_RUN_KEY: key},
+            # Not in the run spec (core.api has no field for them yet): the Job builder reads them from here.
+            "annotations": {
+                ANNOTATION_TOLERATIONS: json.dumps(tolerations, separators=(",", ":")),
+                ANNOTATION_CLASS_NAME: group.hardware_class.name(),
+                **({ANNOTATION_DRIFT_EPOCH: drift_epoch} if drift_epoch else {}),
+            },
+            "ownerReferences": [owner_reference(policy, api_version=API_VERSION, kind="AdaptationPolicy")],
+        },
+        "spec": run_spec.to_api(),
+    }
+
+
+def build_job(run: Mapping[str, Any], group: ClassGroup, settings: AgentJobSettings | None = None) -> dict[str, Any]:
+    """The Job running ``metainfer agent run NS/RUN`` on the run's class, owned by the run."""
+    settings = settings or AgentJobSettings()
+    meta = run["metadata"]
+    spec = AdaptationRunSpec.model_validate(run["spec"])
+    name, namespace = meta["name"], meta.get("namespace", "default")
+    labels = {
+        **class_labels(spec.policy_name, group),
+        COMPONENT: "adaptation",
+        LABEL_RUN: label_value(name),
+        LABEL_RUN_KEY: meta.get("labels", {}).get(LABEL_RUN_KEY, ""),
+    }
+    tolerations = json.loads(meta.get("annotations", {}).get(ANNOTATION_TOLERATIONS, "[]"))
+    deadline = spec.search.active_deadline_seconds or spec.search.time_budget_seconds + DEADLINE_MARGIN_S
+    env = [
+        {"name": "METAINFER_RUN", "value": f"{namespace}/{name}"},
+        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    ]
+    container = _container(
+        "agent", settings, group, command=["metainfer", "agent", "run", f"{namespace}/{name}"], env=env
+    )
+    pod = _pod_spec(
+        container, group, settings.service_account, [*tolerations, *settings.tolerations], spec.model.volume
+    )
+    pod |= {"restartPolicy": "Never", "automountServiceAccountToken": True}  # the agent writes the run's status
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            "name": job_name(name),
+            "namespace": namespace,
+            "labels": labels,
+            "ownerReferences": [owner_reference(run, api_version=API_VERSION, kind="AdaptationRun")],
+        },
+        "spec": {
+            "backoffLimit": spec.search.backoff_limit,
+            "activeDeadlineSeconds": deadline,
+            "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
+            "completions": 1,
+            "parallelism": 1,
+            # A drained or preempted node is not the run's fault: do not spend a retry on it.
+            "podFailurePolicy": {"rules": [{"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]}]},
+            "template": {"metadata": {"labels": labels}, "spec": pod},
+        },
+    }
+
+
+def serving_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
+    """What the Service selects: stable and canary pods of (policy, class) alike."""
+    return {**class_labels(policy_name, group), COMPONENT: "serving"}
+
+
+def build_deployment(
+    policy: Mapping[str, Any],
+    group: ClassGroup,
+    run: Mapping[str, Any],
+    settings: ServingDefaults | None = None,
+    *,
+    track: Literal["stable", "canary"] = "stable",
+    replicas: int | None = None,
+) -> dict[str, Any]:
+    """The Deployment of (policy, class) serving the best recipe of a succeeded ``run``.
+
+    ``track`` canary gives the canary beside the stable one: its own name (``canary_name``), its own selector
+    (the track label), ``replicas`` (the policy's rollout.canaryReplicas), the same class pinning; the Service
+    selects both tracks.
+    """
+    settings = settings or ServingDefaults()
+    meta = policy["metadata"]
+    spec = _policy_spec(policy["spec"])
+    # The model is the one the run adapted, not the policy's current one: while a re-adaptation for a new model
+    # is under way, the stable Deployment keeps serving the old model with the recipe found for it.
+    model = AdaptationRunSpec.model_validate(run["spec"]).model
+    status = run.get("status") or {}
+    recipe = Recipe.model_validate(status["bestRecipe"])
+    recipe_key = status.get("bestRecipeKey") or recipe.key()
+    namer = canary_name if track == "canary" else workload_name
+    name = namer(meta["name"], group.hardware_class.name())
+    selector = {**serving_labels(meta["name"], group), LABEL_TRACK: track}
+    labels = {**selector, LABEL_RECIPE_KEY: label_value(recipe_key), LABEL_RUN: label_value(run["metadata"]["name"])}
+    cm_volumes: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    model_uri = _served_uri(model.uri, cm_volumes)
+    args = [
+        "serve",
+        "--model-uri", model_uri,
+        "--model-sha256", model.sha256,
+        "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
+        "--port", str(HTTP_PORT),
+    ]  # fmt: skip
+    if recipe.transform.quantization.mode == "int8_static" and model.data is not None:
+        # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
+        data_uri = _served_uri(model.data.uri, cm_volumes)
+        args += ["--data-uri", data_uri, "--calibration-samples", str(model.data.calibration_samples)]
+        args += ["--data-sha256", model.data.sha256] if model.data.sha256 else []
+    env = [
+        {"name": "METAINFER_POLICY", "value": meta["name"]},
+        {"name": "METAINFER_NAMESPACE", "value": meta.get("namespace", "default")},
+        {"name": "METAINFER_CLASS", "value": group.fingerprint},
+        {"name": "METAINFER_RECIPE_KEY", "value": recipe_key},
+    ]
+    image = spec.serving.image or settings.image
+    resources = spec.serving.resources.to_api() if spec.serving.resources else settings.resources
+    container = _container(
+        "server", settings.model_copy(update={"image": image, "resources": resources}), group, env=env
+    )
+    container |= {
+        "command": ["metainfer"],
+        "args": args,
+        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "readinessProbe": _probe("/v2/health/ready", period=5),
+        "livenessProbe": _probe("/v2/health/live", period=10, failures=6),
+    }
+    tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
+    pod = _pod_spec(container, group, settings.service_account, tolerations, model.volume)
+    pod["automountServiceAccountToken"] = False  # serving never talks to the API server
+    for volume, mount in cm_volumes:
+        pod["volumes"].append(volume)
+        container["volumeMounts"].append(mount)
+    annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(HTTP_PORT),
+        "prometheus.io/path": "/metrics",
+        LABEL_RECIPE_KEY: recipe_key,
+    }
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": meta.get("namespace", "default"), "labels": labels,
+                     "ownerReferences": [owner_reference(policy, api_version=API_VERSION, kind="AdaptationPolicy")]},
+        "spec": {
+            "replicas": spec.serving.replicas if replicas is None else replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": selector},
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+            "template": {"metadata": {"labels": labels, "annotations": annotations}, "spec": pod},
+        },
+    }  # fmt: skip
+
+
+CONFIGMAP_MOUNT = "/var/lib/metainfer/configmaps"
+
+
+def _served_uri(uri: str, volumes: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:
+    """configmap://NAME/KEY becomes a mounted file: serving pods have no API token to read ConfigMaps."""
+    if not uri.startswith("configmap://"):
+        return uri
+    name, _, key = uri.removeprefix("configmap://").partition("/")
+    volume_name = f"cm-{len(volumes)}"
+    mount_path = f"{CONFIGMAP_MOUNT}/{volume_name}"
+    volumes.append((
+        {"name": volume_name, "configMap": {"name": name}},
+        {"name": volume_name, "mountPath": mount_path, "readOnly": True},
+    ))  # fmt: skip
+    return f"file://{mount_path}/{key}"
+
+
+def build_service(policy: Mapping[str, Any], group: ClassGroup) -> dict[str, Any]:
+    """ClusterIP Service on 8080 in front of the (policy, class) serving pods."""
+    meta = policy["metadata"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": workload_name(meta["name"], group.hardware_class.name()),
+            "namespace": meta.get("namespace", "default"),
+            "labels": serving_labels(meta["name"], group),
+            "ownerReferences": [owner_reference(policy, api_version=API_VERSION, kind="AdaptationPolicy")],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": serving_labels(meta["name"], group),
+            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def _policy_spec(spec: AdaptationPolicySpec | Mapping[str, Any]) -> AdaptationPolicySpec:
+    return spec if isinstance(spec, AdaptationPolicySpec) else AdaptationPolicySpec.model_validate(spec)
+
+
+def _container(
+    name: str, settings: _Settings, group: ClassGroup, *, env: list[dict[str, Any]], command: list[str] | None = None
+) -> dict[str, Any]:
+    resources = {k: dict(v) for k, v in (settings.resources or {}).items()}
+    if group.resource:  # extended resources: requests must equal limits
+        for kind in ("requests", "limits"):
+            resources.setdefault(kind, {})[group.resource] = "1"  # a quantity string: the client rejects ints
+    container: dict[str, Any] = {
+        "name": name,
+        "image": settings.image,
+        "imagePullPolicy": settings.image_pull_policy,
+        "env": [*env, {"name": "HOME", "value": "/tmp"}, {"name": "XDG_CACHE_HOME", "value": CACHE_DIR}],
+        "resources": resources,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "privileged": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR}],
+    }
+    if command:
+        container["command"] = command
+    return container
+
+
+def _pod_spec(
+    container: dict[str, Any],
+    group: ClassGroup,
+    service_account: str,
+    tolerations: list[dict[str, Any]],
+    volume: ModelVolume | None,
+) -> dict[str, Any]:
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
+    if volume is not None:
+        source = (
+            {"persistentVolumeClaim": {"claimName": volume.claim_name, "readOnly": True}}
+            if volume.claim_name
+            else {"hostPath": {"path": volume.host_path, "type": "Directory"}}
+        )
+        volumes.append({"name": "model", **source})
+        container["volumeMounts"].append({"name": "model", "mountPath": volume.mount_path, "readOnly": True})
+    pod: dict[str, Any] = {
+        "serviceAccountName": service_account,
+        "enableServiceLinks": False,
+        "nodeSelector": dict(group.selector),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "fsGroup": UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if affinity := group.node_affinity():
+        pod["affinity"] = affinity
+    if tolerations:
+        pod["tolerations"] = tolerations
+    return pod
+
+
+def _probe(path: str, *, period: int, failures: int = 3) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": "http"},
+        "periodSeconds": period,
+        "failureThreshold": failures,
+        "timeoutSeconds": 2,
+    }

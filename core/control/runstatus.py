@@ -1,0 +1,432 @@
+"""Pure mapping between an AdaptationRun and the local engine: spec -> settings, outcome -> status.
+
+The agent Job is a thin shell around these functions (read the run, call the
+engine, write the status), so everything a unit test can check without a
+cluster lives here: which spec field feeds which engine setting, which trials
+make the bounded summary, which reason a failure gets, and how the three run
+conditions (Succeeded, Ready, Progressing) move together. Each function
+returns a new status; nothing here talks to the API server.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from metainfer.core.api.conditions import ConditionStatus, Reason, set_condition
+from metainfer.core.api.policy import SearchSpaceOverrides
+from metainfer.core.api.run import (
+    MAX_TRIALS,
+    AdaptationRunSpec,
+    AdaptationRunStatus,
+    RunMetrics,
+    RunProgress,
+    TrialSummary,
+)
+from metainfer.core.engine.errors import InputError, MetainferError, NoFeasibleCandidate, UnsupportedModelError
+from metainfer.core.engine.evaluate import MeasureSettings
+from metainfer.core.engine.modelinfo import ModelInfo
+from metainfer.core.engine.pipeline import AdaptSettings, Report
+from metainfer.core.engine.profile.types import CPU_PROVIDER, HardwareProfile
+from metainfer.core.engine.scoring import Constraints, Objective, miss_distance
+from metainfer.core.engine.trial import Trial, TrialMetrics
+
+# Reasons the agent needs that core/api/conditions.py does not define yet (see the issue-4 report).
+FETCHING = "Fetching"
+INVALID_DATA = "InvalidData"
+
+MAX_KEEP_FAILED = 5  # failed trials kept in the summary even when better ones would fill it
+CLOSEST_SHOWN = 5
+_ENGINE_MAX_TRIALS = 2000  # AdaptSettings.budget_trials upper bound
+_UNSUPPORTED_MARKERS = ("NOT_IMPLEMENTED", "Could not find an implementation", "is not a registered function/op")
+
+# SearchSpaceOverrides field -> the engine's search-space dimension name.
+OVERRIDE_DIMENSIONS: dict[str, str] = {
+    "quantization": "quantization",
+    "graph_optimization_levels": "graph_optimization_level",
+    "layouts": "layout",
+    "fusions": "fusion",
+    "execution_modes": "execution_mode",
+    "execution_providers": "execution_provider",
+    "intra_op_threads": "intra_op_num_threads",
+}
+
+
+# -- spec -> engine settings ------------------------------------------------------------
+
+
+def space_overrides(space: SearchSpaceOverrides) -> dict[str, list[str | int | float | bool]]:
+    """The policy's search-space restrictions as ``AdaptSettings.overrides`` (dimension -> allowed choices)."""
+    out: dict[str, list[str | int | float | bool]] = {}
+    for field, dimension in OVERRIDE_DIMENSIONS.items():
+        values = getattr(space, field)
+        if values is not None:
+            out[dimension] = list(values)
+    if space.max_keep_float_layers is not None:  # the keep_float dimension counts layers kept in float
+        out["keep_float"] = list(range(space.max_keep_float_layers + 1))
+    return out
+
+
+def settings_from_spec(spec: AdaptationRunSpec, measure: MeasureSettings | None = None) -> AdaptSettings:
+    """Engine settings for one run.
+
+    The batch is fixed (it is part of the run's key). Throughput at a fixed batch
+    is the inverse of latency, so its weight adds to the latency weight; the
+    memory weight and the p99 bound have no engine counterpart yet and are
+    ignored (memory still constrains through ``slo.maxMemoryMiB``).
+    """
+    data = spec.model.data
+    base = measure or MeasureSettings()
+    if data is not None:
+        base = base.model_copy(update={"quality_samples": data.validation_samples})
+    weights = spec.objective
+    return AdaptSettings(
+        batch=spec.slo.batch_size,
+        search_batch=False,
+        constraints=Constraints(
+            slo_p95_ms=spec.slo.latency_p95_ms,
+            max_quality_drop=spec.slo.max_quality_drop,
+            max_memory_mib=float(spec.slo.max_memory_mib) if spec.slo.max_memory_mib is not None else None,
+        ),
+        objective=Objective(latency_weight=weights.latency + weights.throughput, quality_weight=weights.quality),
+        budget_trials=min(spec.search.trial_budget, _ENGINE_MAX_TRIALS),
+        time_budget_s=float(spec.search.time_budget_seconds),
+        algorithm=spec.search.algorithm,
+        seed=spec.search.seed,
+        measure=base,
+        calibration_samples=data.calibration_samples if data is not None else 64,
+        overrides=_without_static_if_no_data(space_overrides(spec.search_space), data is None),
+    )
+
+
+def _without_static_if_no_data(
+    overrides: dict[str, list[str | int | float | bool]], no_data: bool
+) -> dict[str, list[str | int | float | bool]]:
+    """Without spec.model.data the agent calibrates on synthetic inputs that serving pods cannot reproduce,
+    so a static int8 winner could never be rebuilt by ``metainfer serve``: leave static out of the search."""
+    if not no_data:
+        return overrides
+    modes = overrides.get("quantization", ["fp32", "fp16", "int8_dynamic", "int8_static"])
+    return {**overrides, "quantization": [m for m in modes if m != "int8_static"] or ["fp32"]}
+
+
+# -- report -> status fields ---------------------------------------------------------------
+
+
+def status_ms(value: float) -> float:
+    """Latency for an object's status, to the microsecond: kubectl prints number columns digit for digit."""
+    return round(value, 3)
+
+
+def run_metrics(metrics: TrialMetrics) -> RunMetrics:
+    latency, quality = metrics.latency, metrics.quality
+    return RunMetrics(
+        p50_ms=status_ms(latency.p50_ms),
+        p95_ms=status_ms(latency.p95_ms),
+        p99_ms=status_ms(latency.p99_ms),
+        throughput_per_s=latency.throughput_per_s,
+        quality_metric=quality.metric,
+        quality_drop=quality.drop,
+        peak_memory_mib=metrics.peak_memory_mib,
+        model_size_mib=metrics.model_size_mib,
+    )
+
+
+def best_metrics(report: Report) -> RunMetrics | None:
+    """The winner's metrics: from the back-to-back final comparison when there is one (less noisy)."""
+    if report.final is not None and not report.final.kept_baseline:
+        return run_metrics(report.final.best)
+    if report.best is not None and report.best.metrics is not None:
+        return run_metrics(report.best.metrics)
+    return None
+
+
+def _summary(trial: Trial) -> TrialSummary:
+    m = trial.metrics
+    error = trial.error or ("; ".join(trial.violations) if trial.violations else None)
+    return TrialSummary(
+        index=trial.index,
+        recipe_key=trial.recipe.key(),
+        description=trial.recipe.describe()[:256],
+        status=trial.status,
+        p95_ms=status_ms(m.latency.p95_ms) if m is not None else None,
+        quality_drop=m.quality.drop if m is not None else None,
+        score=trial.score,
+        error=error[:1024] if error else None,
+    )
+
+
+def rank_trials(trials: list[Trial], constraints: Constraints) -> list[Trial]:
+    """Feasible by score (best first), then infeasible by how close they came, then failed by index."""
+    feasible = sorted((t for t in trials if t.score is not None), key=lambda t: (-(t.score or 0.0), t.index))
+    infeasible = sorted(
+        (t for t in trials if t.score is None and t.status != "failed"),
+        key=lambda t: (miss_distance(t.violations, t.metrics, constraints), t.index),
+    )
+    failed = sorted((t for t in trials if t.score is None and t.status == "failed"), key=lambda t: t.index)
+    return [*feasible, *infeasible, *failed]
+
+
+def trial_summaries(trials: list[Trial], constraints: Constraints, limit: int = MAX_TRIALS) -> list[TrialSummary]:
+    """At most ``limit`` summaries, best first; a few failed trials always stay so their errors are seen."""
+    ranked = rank_trials(trials, constraints)
+    measured = [t for t in ranked if t.status != "failed"]
+    failed = [t for t in ranked if t.status == "failed"]
+    keep_failed = min(len(failed), max(MAX_KEEP_FAILED, limit - len(measured)), limit)
+    chosen = measured[: limit - keep_failed] + failed[:keep_failed]
+    return [_summary(t) for t in chosen]
+
+
+def trial_counts(trials: list[Trial]) -> dict[str, int]:
+    return {s: sum(t.status == s for t in trials) for s in ("feasible", "infeasible", "failed")}
+
+
+def closest_misses(trials: list[Trial], constraints: Constraints) -> list[tuple[str, list[str]]]:
+    """The candidates nearest to feasible and what each missed, then a few failures with their error."""
+    ranked = rank_trials(trials, constraints)
+    rows = [(t.recipe.describe(), t.violations) for t in ranked if t.status == "infeasible"][:CLOSEST_SHOWN]
+    rows += [(t.recipe.describe(), [f"failed: {t.error}"]) for t in ranked if t.status == "failed"][:3]
+    return rows
+
+
+def infeasible_error(report: Report) -> NoFeasibleCandidate:
+    """Why a finished search has no result: every candidate missed, or validation rejected the best ones."""
+    trials = [report.baseline, *report.trials]
+    counts = trial_counts(trials)
+    message = (
+        f"none of {len(trials)} candidates (FP32 baseline included) met every constraint"
+        f" ({counts['feasible']} feasible, {counts['infeasible']} infeasible, {counts['failed']} failed)"
+    )
+    if counts["feasible"] and report.validation is not None and not report.validation.passed:
+        failed_checks = [f"{c.name}: {c.detail}" for c in report.validation.checks if not c.passed]
+        message += "; the best feasible ones failed validation on all samples: " + "; ".join(failed_checks)
+    return NoFeasibleCandidate(message, closest_misses(trials, report.settings.constraints))
+
+
+# -- errors -> reasons ---------------------------------------------------------------------
+
+
+def failure_reason(exc: BaseException) -> tuple[str, str]:
+    """(reason, one-line-ish message) for an expected error of a run."""
+    if isinstance(exc, NoFeasibleCandidate):
+        lines = [str(exc)]
+        if exc.closest:
+            lines.append("closest candidates:")
+            lines += [f"- {described}: {'; '.join(missed)}" for described, missed in exc.closest]
+        return Reason.NO_FEASIBLE_CANDIDATE, "\n".join(lines)
+    text = _first_line(exc)
+    if any(marker in str(exc) for marker in _UNSUPPORTED_MARKERS):
+        return Reason.UNSUPPORTED_OPERATORS, text
+    if isinstance(exc, InputError) and exc.reason == "InvalidInput":
+        if exc.field == "model":
+            return Reason.INVALID_MODEL, text
+        return Reason.INVALID_SPEC, text.replace("--batch", "spec.batchSize", 1)  # the engine names CLI flags
+    if isinstance(exc, MetainferError):
+        return exc.reason, text
+    return Reason.INVALID_MODEL, text  # ONNX Runtime rejected the model itself
+
+
+def unsupported_operators(model: ModelInfo, profile: HardwareProfile) -> UnsupportedModelError | None:
+    """The model's op types this machine measured as unable to run in fp32 on the CPU EP (every EP's fallback)."""
+    missing = profile.unsupported_ops(model.op_types, "fp32", CPU_PROVIDER)
+    if not missing:
+        return None
+    return UnsupportedModelError(
+        f"the model uses operator(s) {', '.join(missing)} that no execution provider of this hardware class can run"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:2000]
+
+
+# -- conditions and phase ------------------------------------------------------------------
+
+
+def _conditions(
+    status: AdaptationRunStatus,
+    generation: int | None,
+    now: dt.datetime | None,
+    entries: list[tuple[str, ConditionStatus, str, str]],
+) -> AdaptationRunStatus:
+    conditions = list(status.conditions)
+    for type_, value, reason, message in entries:
+        conditions = set_condition(
+            conditions, type_, value, reason, message[:32768], observed_generation=generation, now=now
+        )
+    return status.model_copy(update={"conditions": conditions, "observed_generation": generation})
+
+
+def mark_running(
+    status: AdaptationRunStatus,
+    generation: int | None,
+    stage: str,
+    reason: str,
+    message: str,
+    now: dt.datetime | None = None,
+) -> AdaptationRunStatus:
+    """Phase Running at ``stage``: Succeeded Unknown, Ready False, Progressing True (all with ``reason``)."""
+    now = now or _now()
+    out = _conditions(
+        status,
+        generation,
+        now,
+        [
+            ("Succeeded", "Unknown", reason, message),
+            ("Ready", "False", reason, message),
+            ("Progressing", "True", reason, message),
+        ],
+    )
+    progress = (out.progress or _progress()).model_copy(update={"stage": stage})
+    return out.model_copy(update={"phase": "Running", "start_time": out.start_time or now, "progress": progress})
+
+
+def with_progress(
+    status: AdaptationRunStatus,
+    *,
+    trials_completed: int,
+    feasible_trials: int,
+    elapsed_seconds: float,
+    trial_budget: int | None = None,
+    stage: str | None = None,
+) -> AdaptationRunStatus:
+    progress = (status.progress or _progress()).model_copy(
+        update={
+            "trials_completed": trials_completed,
+            "feasible_trials": feasible_trials,
+            "elapsed_seconds": round(max(elapsed_seconds, 0.0), 1),
+        }
+    )
+    if trial_budget is not None:
+        progress = progress.model_copy(update={"trial_budget": trial_budget})
+    if stage is not None:
+        progress = progress.model_copy(update={"stage": stage})
+    return status.model_copy(update={"progress": progress})
+
+
+def mark_succeeded(
+    status: AdaptationRunStatus,
+    generation: int | None,
+    report: Report,
+    notes: list[str],
+    now: dt.datetime | None = None,
+) -> AdaptationRunStatus:
+    """The run found and validated a variant: the recipe, its metrics, the bounded trial summary."""
+    assert report.best is not None, "mark_succeeded needs a report with a best trial"
+    now = now or _now()
+    best = report.best
+    metrics = best_metrics(report)
+    trials = [report.baseline, *report.trials]
+    counts = trial_counts(report.trials)
+    parts = [f"best {best.recipe.describe()} (key {best.recipe.key()})"]
+    if metrics is not None:
+        parts.append(f"p95 {metrics.p95_ms:.3f} ms, {metrics.quality_metric} drop {metrics.quality_drop:.4f}")
+    if report.final is not None and report.final.kept_baseline:
+        parts.append(report.final.note)
+    elif report.final is not None:
+        parts.append(f"speedup {report.final.speedup_p50:.2f}x p50 / {report.final.speedup_p95:.2f}x p95 vs FP32")
+    parts.append(
+        f"{len(report.trials)} trials ({counts['feasible']} feasible, {counts['infeasible']} infeasible,"
+        f" {counts['failed']} failed); {report.stop_reason}"
+    )
+    message = "; ".join(parts + notes)
+    out = _conditions(
+        status,
+        generation,
+        now,
+        [
+            ("Succeeded", "True", Reason.SUCCEEDED, message),
+            ("Ready", "True", Reason.SUCCEEDED, message),
+            ("Progressing", "False", Reason.SUCCEEDED, "finished"),
+        ],
+    )
+    progress = with_progress(
+        out,
+        trials_completed=len(report.trials),
+        feasible_trials=counts["feasible"],
+        elapsed_seconds=report.total_wall_s,
+        trial_budget=report.settings.budget_trials,
+        stage="Done",
+    ).progress
+    return out.model_copy(
+        update={
+            "phase": "Succeeded",
+            "completion_time": now,
+            "progress": progress,
+            "trials": trial_summaries(trials, report.settings.constraints),
+            "best_recipe": best.recipe,
+            "best_recipe_key": best.recipe.key(),
+            "best_metrics": metrics,
+        }
+    )
+
+
+def mark_failed(
+    status: AdaptationRunStatus,
+    generation: int | None,
+    reason: str,
+    message: str,
+    report: Report | None = None,
+    now: dt.datetime | None = None,
+) -> AdaptationRunStatus:
+    """A deterministic failure: the status is the outcome (with the trials, when the search ran)."""
+    now = now or _now()
+    out = _conditions(
+        status,
+        generation,
+        now,
+        [
+            ("Succeeded", "False", reason, message),
+            ("Ready", "False", reason, message),
+            ("Progressing", "False", reason, "finished"),
+        ],
+    )
+    update: dict[str, object] = {"phase": "Failed", "completion_time": now}
+    progress = (out.progress or _progress()).model_copy(update={"stage": "Failed"})
+    if report is not None:
+        trials = [report.baseline, *report.trials]
+        update["trials"] = trial_summaries(trials, report.settings.constraints)
+        progress = progress.model_copy(
+            update={
+                "trials_completed": len(report.trials),
+                "feasible_trials": trial_counts(report.trials)["feasible"],
+                "elapsed_seconds": round(report.total_wall_s, 1),
+            }
+        )
+    update["progress"] = progress
+    return out.model_copy(update=update)
+
+
+def mark_retrying(
+    status: AdaptationRunStatus, generation: int | None, reason: str, message: str, now: dt.datetime | None = None
+) -> AdaptationRunStatus:
+    """A transient failure of this attempt: still Running, the Job retries; the message says why."""
+    return _conditions(
+        status,
+        generation,
+        now or _now(),
+        [
+            ("Succeeded", "Unknown", reason, f"attempt failed, the Job will retry: {message}"),
+            ("Progressing", "True", reason, f"attempt failed, the Job will retry: {message}"),
+        ],
+    )
+
+
+def is_finished(status: AdaptationRunStatus | None) -> bool:
+    return status is not None and status.phase in ("Succeeded", "Failed")
+
+
+def status_to_api(status: AdaptationRunStatus) -> dict[str, object]:
+    """Status JSON for the API server; ``bestRecipe`` without Recipe's derived (computed) fields."""
+    body = status.to_api()
+    if status.best_recipe is not None:
+        body["bestRecipe"] = status.best_recipe.model_dump(mode="json", exclude={"session_options", "providers"})
+    return body
+
+
+def _progress() -> RunProgress:
+    return RunProgress()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC).replace(microsecond=0)

@@ -1,0 +1,210 @@
+"""Measure a variant: latency (warm-up, repeat until stable), quality, memory.
+
+Latency is per batch at the production batch size. Runs repeat in rounds until
+the median of the newest round is within ``stable_rel`` of the running median,
+or a cap on runs or seconds is hit, so fast models get many samples and slow
+ones do not stall the search. Quality is always compared with the FP32 model's
+outputs on the same samples (``Reference``), computed once per adaptation.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnxruntime as ort
+from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.memory import track_peak_memory
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.trial import LatencyStats, Quality, TrialMetrics
+
+
+class MeasureSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    warmup_runs: int = Field(3, ge=0)
+    round_runs: int = Field(10, ge=1, description="Runs per round; stability is checked after each round.")
+    min_runs: int = Field(20, ge=1)
+    max_runs: int = Field(300, ge=1)
+    max_seconds: float = Field(3.0, gt=0, description="Time cap for the timed runs of one trial.")
+    stable_rel: float = Field(0.02, gt=0, description="Stop when a round's median moves less than this.")
+    quality_samples: int = Field(512, ge=1, description="Samples used for quality during search.")
+
+
+@dataclass(frozen=True)
+class Reference:
+    """FP32 outputs on the quality samples, and the FP32 top-1 accuracy if labels exist.
+
+    ``token_mask`` is the model's attention mask ([samples, sequence]) when it has
+    one: sequence outputs are then compared as mask-weighted mean-pooled vectors,
+    which is what a sentence-embedding model serves, instead of including the
+    hidden states of padding tokens, which no consumer reads.
+    """
+
+    outputs: list[np.ndarray]
+    labels: np.ndarray | None
+    accuracy: float | None
+    token_mask: np.ndarray | None = None
+
+    def head(self, n: int) -> Reference:
+        labels = None if self.labels is None else self.labels[:n]
+        accuracy = None if labels is None else top1_accuracy(self.outputs[0][:n], labels)
+        mask = None if self.token_mask is None else self.token_mask[:n]
+        return Reference([o[:n] for o in self.outputs], labels, accuracy, mask)
+
+
+def run_all(session: ort.InferenceSession, data: Dataset, batch: int) -> list[np.ndarray]:
+    """Outputs for every sample, computed ``batch`` samples at a time."""
+    chunks: list[list[np.ndarray]] = []
+    for feed, _ in data.batches(batch):
+        chunks.append(session.run(None, feed))
+    return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+
+
+def make_reference(session: ort.InferenceSession, data: Dataset, batch: int) -> Reference:
+    outputs = run_all(session, data, batch)
+    accuracy = None
+    if data.labels is not None:
+        accuracy = top1_accuracy(outputs[0], data.labels)
+    return Reference(outputs, data.labels, accuracy, token_mask(data))
+
+
+def token_mask(data: Dataset) -> np.ndarray | None:
+    """The attention mask input ([samples, sequence] of 0/1), if the model takes one."""
+    for name, arr in data.inputs.items():
+        if "mask" in name.lower() and arr.ndim == 2 and arr.dtype.kind in "iub":
+            return arr
+    return None
+
+
+def mean_pooled(output: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    weights = mask[..., None].astype(np.float64)
+    return (output.astype(np.float64) * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+
+
+def top1_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
+    return float(np.mean(np.argmax(scores.reshape(len(labels), -1), axis=1) == labels))
+
+
+def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Mean per-sample cosine similarity of two float outputs (flattened past the first axis)."""
+    a2 = a.reshape(a.shape[0], -1).astype(np.float64)
+    b2 = b.reshape(b.shape[0], -1).astype(np.float64)
+    num = np.sum(a2 * b2, axis=1)
+    den = np.linalg.norm(a2, axis=1) * np.linalg.norm(b2, axis=1)
+    both_zero = den == 0
+    cos = np.where(both_zero, 1.0, num / np.where(both_zero, 1.0, den))
+    return float(np.mean(np.nan_to_num(cos, nan=-1.0)))
+
+
+def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
+    n = ref.outputs[0].shape[0]
+    if ref.labels is not None and ref.accuracy is not None:
+        value = top1_accuracy(outputs[0], ref.labels)
+        return Quality(
+            metric="top1_accuracy", value=value, reference=ref.accuracy, drop=ref.accuracy - value, samples=n
+        )
+    floats = [i for i, o in enumerate(ref.outputs) if np.issubdtype(o.dtype, np.floating)]
+    if not floats:  # integer-only outputs (class ids): agreement rate
+        value = float(np.mean([np.mean(outputs[i] == ref.outputs[i]) for i in range(len(ref.outputs))]))
+        return Quality(metric="cosine_similarity", value=value, reference=1.0, drop=1.0 - value, samples=n)
+    mask = ref.token_mask
+    pooled = [
+        i for i in floats if mask is not None and ref.outputs[i].ndim == 3 and ref.outputs[i].shape[:2] == mask.shape
+    ]
+    values = []
+    for i in floats:
+        if i in pooled:
+            assert mask is not None
+            values.append(mean_cosine(mean_pooled(outputs[i], mask), mean_pooled(ref.outputs[i], mask)))
+        else:
+            values.append(mean_cosine(outputs[i], ref.outputs[i]))
+    value = float(np.mean(values))
+    metric = "mean_pooled_cosine_similarity" if pooled else "cosine_similarity"
+    return Quality(metric=metric, value=value, reference=1.0, drop=1.0 - value, samples=n)
+
+
+def measure_latency(
+    session: ort.InferenceSession, data: Dataset, batch: int, settings: MeasureSettings
+) -> LatencyStats:
+    return latency_stats(time_runs(session, data, batch, settings), batch, settings.warmup_runs)
+
+
+def time_runs(session: ort.InferenceSession, data: Dataset, batch: int, settings: MeasureSettings) -> np.ndarray:
+    """Seconds per run after warm-up, repeated until the median is stable or a cap is hit."""
+    feeds = [data.batch(i * batch, batch) for i in range(max(1, min(4, data.n_samples // batch)))]
+    for i in range(settings.warmup_runs):
+        session.run(None, feeds[i % len(feeds)])
+    times: list[float] = []
+    started = time.perf_counter()
+    previous_median: float | None = None
+    while len(times) < settings.max_runs:
+        for _ in range(settings.round_runs):
+            t0 = time.perf_counter()
+            session.run(None, feeds[len(times) % len(feeds)])
+            times.append(time.perf_counter() - t0)
+        median = float(np.median(times))
+        enough = len(times) >= settings.min_runs
+        if enough and previous_median is not None and abs(median - previous_median) <= settings.stable_rel * median:
+            break
+        if enough and time.perf_counter() - started >= settings.max_seconds:
+            break
+        previous_median = median
+    return np.asarray(times)
+
+
+def latency_stats(seconds: np.ndarray, batch: int, warmup_runs: int) -> LatencyStats:
+    ms = seconds * 1e3
+    p50 = float(np.percentile(ms, 50))
+    return LatencyStats(
+        p50_ms=p50,
+        p95_ms=float(np.percentile(ms, 95)),
+        p99_ms=float(np.percentile(ms, 99)),
+        mean_ms=float(ms.mean()),
+        runs=len(ms),
+        warmup_runs=warmup_runs,
+        throughput_per_s=batch * 1e3 / p50 if p50 > 0 else 0.0,
+    )
+
+
+def evaluate(
+    model_bytes: bytes,
+    recipe: Recipe,
+    latency_data: Dataset,
+    quality_data: Dataset,
+    reference: Reference,
+    settings: MeasureSettings,
+) -> TrialMetrics:
+    """Load the variant with the recipe's session settings and measure everything."""
+    with track_peak_memory() as peak:
+        session = create_session(model_bytes, recipe)
+        outputs = run_all(session, quality_data, recipe.batch)
+        latency = measure_latency(session, latency_data, recipe.batch, settings)
+    return TrialMetrics(
+        latency=latency,
+        quality=quality_of(outputs, reference),
+        peak_memory_mib=peak.mib,
+        model_size_mib=len(model_bytes) / (1 << 20),
+    )
+
+
+def measure_interleaved(
+    sessions: list[ort.InferenceSession], data: Dataset, batch: int, settings: MeasureSettings, rounds: int = 5
+) -> list[LatencyStats]:
+    """Latency of several sessions timed in alternating rounds, so machine drift hits all alike."""
+    per_round = settings.model_copy(
+        update={
+            "max_seconds": settings.max_seconds / rounds,
+            "min_runs": max(1, settings.min_runs // rounds),
+            "max_runs": max(1, settings.max_runs // rounds),
+        }
+    )
+    times: list[list[np.ndarray]] = [[] for _ in sessions]
+    for _ in range(rounds):
+        for i, session in enumerate(sessions):
+            times[i].append(time_runs(session, data, batch, per_round))
+    return [latency_stats(np.concatenate(t), batch, settings.warmup_runs * rounds) for t in times]

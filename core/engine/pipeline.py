@@ -1,0 +1,402 @@
+"""The local adaptation pipeline: baseline, search, validate, report.
+
+This is the whole co-adaptation loop for one model on one machine, used as is
+by ``metainfer adapt`` and by the agent Job. It is pure apart from running
+ONNX Runtime: no Kubernetes, no printing. Progress goes to an ``Observer`` so
+the CLI can draw bars and the agent can patch run status.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from datetime import UTC, datetime
+from typing import Protocol
+
+import numpy as np
+import onnx
+from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
+from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.errors import InputError
+from metainfer.core.engine.evaluate import MeasureSettings, Reference, evaluate, make_reference, measure_interleaved
+from metainfer.core.engine.modelinfo import ModelInfo
+from metainfer.core.engine.profile.types import HardwareProfile
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.scoring import Constraints, Objective, score, violations
+from metainfer.core.engine.search import make_searcher
+from metainfer.core.engine.search.space import Point, Space
+from metainfer.core.engine.sensitivity import SensitivityReport, analyse
+from metainfer.core.engine.transforms import (
+    PaddingNotRemovable,
+    build_variant,
+    check_padding_removable,
+    quantizable_nodes,
+)
+from metainfer.core.engine.transforms.fusion import fuse_transformer
+from metainfer.core.engine.trial import Trial, TrialMetrics
+from metainfer.core.engine.validate import ValidationReport, validate_variant
+
+VARIANT_CACHE_SIZE = 4
+MIN_STATIC_SAMPLES = 8
+MAX_VALIDATION_ATTEMPTS = 3
+SENSITIVITY_SAMPLES = 32
+
+
+class AdaptSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch: int = Field(1, ge=1, description="Production batch size.")
+    search_batch: bool = Field(False, description="Also search the batch size (off: the batch is fixed).")
+    constraints: Constraints = Constraints()
+    objective: Objective = Objective()
+    budget_trials: int = Field(24, ge=1, le=2000)
+    time_budget_s: float | None = Field(None, gt=0)
+    algorithm: Algorithm = DEFAULT_ALGORITHM
+    seed: int = 0
+    measure: MeasureSettings = MeasureSettings()
+    calibration_samples: int = Field(64, ge=1)
+    sensitivity_layers: int = Field(16, ge=1, description="Largest layers probed for mixed precision.")
+    overrides: dict[str, list[str | int | float | bool]] = Field(
+        default_factory=dict, description="Restrict a search dimension to these choices."
+    )
+
+
+class SpaceSummary(BaseModel):
+    dimensions: dict[str, list[str | int | float | bool | None]]
+    allowed_points: int
+    notes: list[str]
+
+
+class FinalComparison(BaseModel):
+    """Baseline and winner re-measured back to back, so machine noise hits both alike."""
+
+    baseline: TrialMetrics
+    best: TrialMetrics
+    speedup_p50: float
+    speedup_p95: float
+    kept_baseline: bool = Field(
+        False, description="The search's winner lost to FP32 when re-measured back to back, so FP32 was kept."
+    )
+    note: str = ""
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    started_at: datetime
+    model: ModelInfo
+    profile: HardwareProfile
+    settings: AdaptSettings
+    space: SpaceSummary
+    baseline: Trial
+    trials: list[Trial]
+    best: Trial | None
+    validation: ValidationReport | None = None
+    final: FinalComparison | None = None
+    sensitivity: list[SensitivityReport] = Field(default_factory=list)
+    search_wall_s: float
+    total_wall_s: float
+    stop_reason: str
+
+
+class Observer(Protocol):
+    def phase(self, name: str, total: int | None) -> None: ...
+    def advance(self, label: str) -> None: ...
+    def trial(self, trial: Trial, best: Trial | None) -> None: ...
+
+
+class _Silent:
+    def phase(self, name: str, total: int | None) -> None:
+        return None
+
+    def advance(self, label: str) -> None:
+        return None
+
+    def trial(self, trial: Trial, best: Trial | None) -> None:
+        return None
+
+
+class Adaptation:
+    """State of one adaptation; ``run()`` drives it and returns the report and variant bytes."""
+
+    def __init__(
+        self,
+        base: bytes,
+        model: ModelInfo,
+        data: Dataset,
+        profile: HardwareProfile,
+        settings: AdaptSettings,
+        observer: Observer | None = None,
+    ) -> None:
+        self.base, self.model, self.data, self.profile, self.settings = base, model, data, profile, settings
+        self.observer: Observer = observer or _Silent()
+        _check_batch(model, settings)
+        self.calibration = data.head(settings.calibration_samples)
+        self.quality_data = data.head(settings.measure.quality_samples)
+        self._variants: OrderedDict[str, bytes] = OrderedDict()
+        self._sensitivity: dict[str, SensitivityReport] = {}
+        self._sensitivity_failed: dict[str, Exception] = {}
+        self.reference: Reference | None = None
+
+    # -- building blocks ------------------------------------------------------
+    def variant(self, recipe: Recipe) -> bytes:
+        key = recipe.transform_key()
+        if key not in self._variants:
+            self._variants[key] = build_variant(self.base, recipe.transform, self.calibration)
+            while len(self._variants) > VARIANT_CACHE_SIZE:
+                self._variants.popitem(last=False)
+        self._variants.move_to_end(key)
+        return self._variants[key]
+
+    def ranked_layers(self, mode: str) -> list[str]:
+        if mode in self._sensitivity_failed:  # analysed once, failed once: do not pay for it again
+            raise self._sensitivity_failed[mode]
+        try:
+            return self._ranked_layers(mode)
+        except Exception as exc:
+            self._sensitivity_failed[mode] = exc
+            raise
+
+    def _ranked_layers(self, mode: str) -> list[str]:
+        if mode not in self._sensitivity:
+            assert self.reference is not None
+            self.observer.phase(f"sensitivity ({mode})", self.settings.sensitivity_layers)
+            self._sensitivity[mode] = analyse(
+                self.base,
+                mode,
+                self.calibration,
+                self.quality_data.head(SENSITIVITY_SAMPLES),
+                self._small_reference(),
+                self.settings.batch,
+                self.settings.sensitivity_layers,
+                on_step=lambda i, n, label: self.observer.advance(label),
+            )
+        return self._sensitivity[mode].ranked()
+
+    def _small_reference(self) -> Reference:
+        assert self.reference is not None
+        return self.reference.head(SENSITIVITY_SAMPLES)
+
+    def measure(
+        self, index: int, point: Point, recipe: Recipe, baseline: TrialMetrics | None, predicted: float | None = None
+    ) -> Trial:
+        assert self.reference is not None
+        started = time.perf_counter()
+        try:
+            metrics = evaluate(
+                self.variant(recipe), recipe, self.data, self.quality_data, self.reference, self.settings.measure
+            )
+        except Exception as exc:  # a candidate that cannot be built or run fails alone
+            return Trial(
+                index=index,
+                point=point,
+                recipe=recipe,
+                status="failed",
+                error=_first_line(exc),
+                predicted_score=predicted,
+                wall_s=time.perf_counter() - started,
+            )
+        missed = violations(metrics, self.settings.constraints)
+        value = None if missed else score(metrics, baseline or metrics, self.settings.objective)
+        return Trial(
+            index=index,
+            point=point,
+            recipe=recipe,
+            status="infeasible" if missed else "feasible",
+            metrics=metrics,
+            score=value,
+            violations=missed,
+            predicted_score=predicted,
+            wall_s=time.perf_counter() - started,
+        )
+
+    # -- the loop -----------------------------------------------------------------
+    def run(self) -> tuple[Report, bytes | None]:
+        started_at, t0 = datetime.now(UTC), time.perf_counter()
+        s = self.settings
+        self.observer.phase("baseline", 1)
+        baseline_recipe = Recipe(batch=s.batch)
+        self.reference = make_reference(create_session(self.base, baseline_recipe), self.quality_data, s.batch)
+        baseline = self.measure(0, {}, baseline_recipe, None)
+        if baseline.metrics is None:
+            raise InputError("model", f"the FP32 model does not run on this machine: {baseline.error}")
+        self.observer.advance("baseline")
+        space, notes = self._space()
+        searcher = make_searcher(s.algorithm, space, s.seed, s.budget_trials, featurizer=self._featurizer(space))
+        trials: list[Trial] = []
+        self.observer.phase("search", s.budget_trials)
+        search_started = time.perf_counter()
+        stop_reason = "trial budget reached"
+        while len(trials) < s.budget_trials:
+            if s.time_budget_s is not None and time.perf_counter() - search_started > s.time_budget_s:
+                stop_reason = f"time budget of {s.time_budget_s:g} s reached"
+                break
+            asked = searcher.ask(1)
+            if not asked:
+                stop_reason = "search space exhausted"
+                break
+            point = asked[0]
+            predicted = searcher.predicted_score(point)
+            try:
+                recipe = recipe_for(point, self.ranked_layers)
+            except Exception as exc:  # sensitivity analysis failed: this candidate fails, the search goes on
+                recipe = recipe_for({**point, "keep_float": 0}, self.ranked_layers)
+                trial = Trial(
+                    index=len(trials) + 1,
+                    point=point,
+                    recipe=recipe,
+                    status="failed",
+                    error=f"mixed precision: {_first_line(exc)}",
+                    predicted_score=predicted,
+                )
+            else:
+                trial = self.measure(len(trials) + 1, point, recipe, baseline.metrics, predicted)
+            searcher.tell(point, trial.score)
+            trials.append(trial)
+            self.observer.trial(trial, _best([baseline, *trials]))
+        search_wall = time.perf_counter() - search_started
+        best, validation, variant = self._choose_and_validate(baseline, trials)
+        final = self._final_comparison(baseline, best, variant) if best is not None and variant else None
+        if final is not None and best is not baseline and final.speedup_p50 < 1.0:
+            # Never ship a variant that is slower than what the user already has: the search's
+            # measurements can be off (a noisy neighbour), the back-to-back re-measurement decides.
+            assert best is not None
+            note = (
+                f"the search's winner ({best.recipe.describe()}) re-measured at {final.speedup_p50:.2f}x of FP32"
+                " back to back; the FP32 model with default session options is kept"
+            )
+            best, validation, variant = self._choose_and_validate(baseline, [])
+            final = final.model_copy(update={"kept_baseline": True, "note": note})
+        report = Report(
+            started_at=started_at,
+            model=self.model,
+            profile=self.profile,
+            settings=s,
+            space=SpaceSummary(
+                dimensions={d.name: list(d.choices) for d in space.dimensions},
+                allowed_points=len(space.allowed_keys()),
+                notes=notes,
+            ),
+            baseline=baseline,
+            trials=trials,
+            best=best,
+            validation=validation,
+            final=final,
+            sensitivity=list(self._sensitivity.values()),
+            search_wall_s=search_wall,
+            total_wall_s=time.perf_counter() - t0,
+            stop_reason=stop_reason,
+        )
+        return report, variant
+
+    def _space(self) -> tuple[Space, list[str]]:
+        padding_reason = self._padding_not_removable()
+        options = SpaceOptions(
+            batch=self.settings.batch,
+            search_batch=self.settings.search_batch,
+            allow_static=self.calibration.n_samples >= MIN_STATIC_SAMPLES,
+            padding_removable=padding_reason is None,
+            overrides={k: tuple(v) for k, v in self.settings.overrides.items()},
+        )
+        layers = len(quantizable_nodes(onnx.load_from_string(self.base), "int8_static"))
+        space, notes = build_space(self.model, self.profile, options, min(layers, self.settings.sensitivity_layers))
+        if padding_reason and self.model.is_transformer:
+            notes.append(f"padding removal left out: {padding_reason}")
+        if not space.allowed_keys():
+            raise InputError("search space", "no candidate is allowed on this hardware: " + "; ".join(notes))
+        return space, notes
+
+    def _padding_not_removable(self) -> str | None:
+        """Why the fused model admits no padding removal, or None when it does."""
+        if not self.model.is_transformer:
+            return "not a transformer"
+        try:
+            check_padding_removable(fuse_transformer(onnx.load_from_string(self.base)))
+        except PaddingNotRemovable as exc:
+            return str(exc)
+        except Exception as exc:
+            return f"transformer fusion failed: {_first_line(exc)}"
+        return None
+
+    def _featurizer(self, space: Space):
+        """Hardware-aware features so the surrogate can tell a fast int8 machine from a slow one."""
+        fp32 = max(self.profile.peak_gemm_gflops_fp32, 1e-6)
+        int8_gain = float(np.log2(max(self.profile.peak_gemm_gflops_int8, 1e-6) / fp32))
+        cores = self.profile.machine.logical_cores
+
+        def features(point: Point) -> np.ndarray:
+            mode = point["quantization"]
+            gain = int8_gain if mode in ("int8_dynamic", "int8_static") else 0.0
+            threads = float(point["intra_op_num_threads"]) / cores  # type: ignore[arg-type]
+            fused = float(point["fusion"] != "none" and self.model.is_transformer)
+            return np.array([gain, threads, fused, gain * threads])
+
+        return features
+
+    def _choose_and_validate(
+        self, baseline: Trial, trials: list[Trial]
+    ) -> tuple[Trial | None, ValidationReport | None, bytes | None]:
+        ranked = sorted((t for t in [baseline, *trials] if t.score is not None), key=lambda t: -(t.score or 0))
+        assert self.reference is not None
+        validation: ValidationReport | None = None
+        self.observer.phase("validation", min(len(ranked), MAX_VALIDATION_ATTEMPTS))
+        full_reference = make_reference(create_session(self.base, baseline.recipe), self.data, self.settings.batch)
+        for candidate in ranked[:MAX_VALIDATION_ATTEMPTS]:
+            variant = self.variant(candidate.recipe)
+            validation = validate_variant(
+                variant,
+                candidate.recipe,
+                self.data,
+                full_reference,
+                self.settings.constraints.max_quality_drop,
+                largest_batch=self._largest_batch(),
+            )
+            self.observer.advance(candidate.recipe.describe())
+            if validation.passed:
+                return candidate, validation, variant
+        return None, validation, None
+
+    def _largest_batch(self) -> int:
+        """The largest batch validation runs at: the model's fixed batch, else up to 64 samples."""
+        if not self.model.batch_is_dynamic:
+            return self.settings.batch
+        return max(self.settings.batch, min(64, self.data.n_samples))
+
+    def _final_comparison(self, baseline: Trial, best: Trial, variant: bytes) -> FinalComparison:
+        assert baseline.metrics is not None and best.metrics is not None
+        self.observer.phase("final comparison", 1)
+        sessions = [create_session(self.base, baseline.recipe), create_session(variant, best.recipe)]
+        latencies = measure_interleaved(sessions, self.data, self.settings.batch, self.settings.measure)
+        self.observer.advance("done")
+        b = baseline.metrics.model_copy(update={"latency": latencies[0]})
+        w = best.metrics.model_copy(update={"latency": latencies[1]})
+        return FinalComparison(
+            baseline=b,
+            best=w,
+            speedup_p50=b.latency.p50_ms / w.latency.p50_ms,
+            speedup_p95=b.latency.p95_ms / w.latency.p95_ms,
+        )
+
+
+def _best(trials: list[Trial]) -> Trial | None:
+    feasible = [t for t in trials if t.score is not None]
+    return max(feasible, key=lambda t: t.score or 0.0) if feasible else None
+
+
+def _check_batch(model: ModelInfo, settings: AdaptSettings) -> None:
+    fixed = {i.shape[0] for i in model.inputs if i.shape and isinstance(i.shape[0], int)}
+    if fixed and (settings.batch not in fixed or settings.search_batch):
+        raise InputError(
+            "--batch",
+            f"the model's batch dimension is fixed at {sorted(fixed)}; use --batch {min(fixed)}"
+            " (and do not search the batch)",
+        )
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {(text.splitlines()[0] if text else '')[:300]}"

@@ -1,0 +1,52 @@
+"""The latency/quality picture of a search: where every trial landed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only; never open a window
+
+import matplotlib.pyplot as plt
+
+from metainfer.core.engine.pipeline import Report
+from metainfer.core.engine.trial import Trial
+
+
+def _xy(trials: list[Trial]) -> tuple[list[float], list[float]]:
+    done = [t for t in trials if t.metrics is not None]
+    return [t.metrics.latency.p95_ms for t in done], [t.metrics.quality.value for t in done]  # type: ignore[union-attr]
+
+
+def pareto_plot(report: Report, path: Path) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    feasible = [t for t in report.trials if t.status == "feasible"]
+    infeasible = [t for t in report.trials if t.status == "infeasible"]
+    for trials, style, label in (
+        (infeasible, {"marker": "x", "color": "tab:red", "alpha": 0.7}, "infeasible"),
+        (feasible, {"marker": "o", "color": "tab:blue", "alpha": 0.7}, "feasible"),
+    ):
+        if trials:
+            x, y = _xy(trials)
+            ax.scatter(x, y, label=f"{label} ({len(trials)})", **style)
+    x, y = _xy([report.baseline])
+    ax.scatter(x, y, marker="s", s=90, color="black", label="FP32 baseline (ORT defaults)", zorder=5)
+    if report.best is not None:
+        x, y = _xy([report.best])
+        ax.scatter(x, y, marker="*", s=260, color="gold", edgecolor="black", label="chosen", zorder=6)
+    c = report.settings.constraints
+    metric = report.baseline.metrics.quality.metric if report.baseline.metrics else "quality"
+    if report.baseline.metrics is not None:
+        floor = report.baseline.metrics.quality.reference - c.max_quality_drop
+        ax.axhline(floor, color="grey", linestyle="--", linewidth=1, label=f"quality budget ({floor:.3f})")
+    if c.slo_p95_ms is not None:
+        ax.axvline(c.slo_p95_ms, color="grey", linestyle=":", linewidth=1, label=f"p95 SLO ({c.slo_p95_ms:g} ms)")
+    ax.set_xlabel(f"p95 latency per batch of {report.settings.batch} (ms)")
+    ax.set_ylabel(metric.replace("_", " "))
+    ax.set_title(f"{Path(report.model.path).name}: {len(report.trials)} trials ({report.settings.algorithm})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,113 @@
+"""The local machine's inference-relevant identity and its stable fingerprint.
+
+A profile is reusable on every machine with the same fingerprint, so the hash
+covers exactly what changes kernels or their speed class: CPU model, the ISA
+features ONNX Runtime dispatches on, usable cores, arch, ORT version and the
+available providers. Memory size, hostname and clock jitter are left out, so
+the same machine (or an identical node) always gets the same fingerprint.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import psutil
+
+from metainfer.core.engine.profile.types import MachineInfo
+
+# Linux /proc/cpuinfo names -> canonical names. x86 names are kept as they are;
+# ARM "Features" use other words for the same ideas (asimd is NEON, asimddp dotprod).
+_X86_FLAGS = frozenset(
+    {
+        "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c",
+        "avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_vnni", "avx512_bf16", "avx512_fp16",
+        "avx_vnni", "avx_vnni_int8", "amx_tile", "amx_int8", "amx_bf16", "amx_fp16",
+    }
+)  # fmt: skip
+_ARM_FLAGS = {
+    "asimd": "neon",
+    "asimddp": "dotprod",
+    "asimdhp": "fp16",
+    "i8mm": "i8mm",
+    "bf16": "bf16",
+    "sve": "sve",
+    "sve2": "sve2",
+    "sme": "sme",
+}
+_ARCH = {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}
+
+
+def _cpuinfo(path: Path = Path("/proc/cpuinfo")) -> dict[str, str]:
+    """First value of each key in /proc/cpuinfo; empty where there is none (macOS, Windows)."""
+    info: dict[str, str] = {}
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return info
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            info.setdefault(key.strip(), value.strip())
+    return info
+
+
+def relevant_flags(raw: str) -> list[str]:
+    """The inference-relevant subset of a raw flag string, canonical names, sorted."""
+    out = set()
+    for flag in raw.lower().split():
+        if flag in _X86_FLAGS:
+            out.add(flag)
+        elif flag in _ARM_FLAGS:
+            out.add(_ARM_FLAGS[flag])
+    return sorted(out)
+
+
+def _cpu_model(info: dict[str, str]) -> str:
+    model = info.get("model name") or info.get("Model") or ""
+    if not model and "CPU implementer" in info:  # ARM: no marketing name, use the part ids
+        model = f"arm-{info['CPU implementer']}-{info.get('CPU part', '?')}"
+    return (model or platform.processor() or "unknown")[:128]
+
+
+def _usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def detect_machine() -> MachineInfo:
+    """Read the machine's identity from the OS and ONNX Runtime (no benchmarking)."""
+    import onnxruntime as ort  # here, not at the top: the operator imports this package and never profiles
+
+    info = _cpuinfo()
+    arch = platform.machine().lower()
+    logical = _usable_cores()
+    return MachineInfo(
+        cpu_model=_cpu_model(info),
+        arch=_ARCH.get(arch, arch),
+        logical_cores=logical,
+        physical_cores=min(psutil.cpu_count(logical=False) or logical, logical),
+        cpu_flags=relevant_flags(info.get("flags") or info.get("Features") or ""),
+        total_memory_bytes=psutil.virtual_memory().total,
+        onnxruntime_version=ort.__version__,
+        execution_providers=list(ort.get_available_providers()),
+    )
+
+
+def fingerprint(machine: MachineInfo) -> str:
+    """16 hex digits of sha256 over the identity fields (order-insensitive lists)."""
+    identity = {
+        "cpu_model": machine.cpu_model,
+        "arch": machine.arch,
+        "cpu_flags": sorted(machine.cpu_flags),
+        "logical_cores": machine.logical_cores,
+        "onnxruntime_version": machine.onnxruntime_version,
+        "execution_providers": sorted(machine.execution_providers),
+    }
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

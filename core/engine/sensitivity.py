@@ -1,0 +1,89 @@
+"""Which layers lose the most quality when quantized: the input to mixed precision.
+
+Each quantizable layer is quantized alone (everything else stays float) and the
+quality drop against FP32 is measured on a small sample; layers are ranked by
+that drop. Keeping the top-k in float then buys back most of the lost quality
+for a small share of the speed. Only the ``max_layers`` largest layers (by
+weight count) are probed, which bounds the cost on deep conv nets; the rest are
+ranked after them by size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import onnx
+from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.evaluate import Reference, quality_of, run_all
+from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.transforms import build_variant, quantizable_nodes
+from metainfer.core.engine.transforms.build import ensure_node_names
+
+ProgressFn = Callable[[int, int, str], None]
+
+
+class LayerSensitivity(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    node: str
+    op_type: str
+    weights: int = Field(ge=0)
+    quality_drop: float | None = Field(None, description="None when the layer was not probed.")
+
+
+class SensitivityReport(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: str
+    samples: int
+    layers: list[LayerSensitivity] = Field(description="Most sensitive first.")
+
+    def ranked(self) -> list[str]:
+        return [layer.node for layer in self.layers]
+
+
+def analyse(
+    base: bytes,
+    mode: str,
+    calibration: Dataset,
+    quality_data: Dataset,
+    reference: Reference,
+    batch: int,
+    max_layers: int = 24,
+    on_step: ProgressFn | None = None,
+) -> SensitivityReport:
+    model = onnx.load_from_string(base)
+    ensure_node_names(model)
+    sizes = _weight_counts(model)
+    kinds = {n.name: n.op_type for n in model.graph.node}
+    nodes = quantizable_nodes(model, mode)
+    probed = sorted(nodes, key=lambda n: -sizes.get(n, 0))[:max_layers]
+    rest = [n for n in nodes if n not in probed]
+    probe_recipe = Recipe(batch=batch)
+    layers: list[LayerSensitivity] = []
+    for i, node in enumerate(probed):
+        if on_step:
+            on_step(i, len(probed), node)
+        others = tuple(n for n in nodes if n != node)
+        spec = TransformSpec(quantization=QuantizationSpec(mode=mode, per_channel=True, keep_float=others))  # type: ignore[arg-type]
+        variant = build_variant(base, spec, calibration)
+        outputs = run_all(create_session(variant, probe_recipe), quality_data, batch)
+        drop = quality_of(outputs, reference).drop
+        layers.append(LayerSensitivity(node=node, op_type=kinds[node], weights=sizes.get(node, 0), quality_drop=drop))
+    if on_step:
+        on_step(len(probed), len(probed), "done")
+    layers.sort(key=lambda layer: (-(layer.quality_drop or 0.0), -layer.weights, layer.node))
+    layers += [
+        LayerSensitivity(node=n, op_type=kinds[n], weights=sizes.get(n, 0))
+        for n in sorted(rest, key=lambda n: (-sizes.get(n, 0), n))
+    ]
+    return SensitivityReport(mode=mode, samples=quality_data.n_samples, layers=layers)
+
+
+def _weight_counts(model: onnx.ModelProto) -> dict[str, int]:
+    inits = {t.name: int(np.prod(t.dims)) if t.dims else 1 for t in model.graph.initializer}
+    return {n.name: sum(inits.get(i, 0) for i in n.input) for n in model.graph.node}

@@ -1,0 +1,66 @@
+"""Measurements of one candidate on real hardware, and their outcome."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.engine.recipe import Recipe
+
+# mean_pooled_cosine_similarity: sequence outputs of a model with an attention mask,
+# compared after mask-weighted mean pooling (padding excluded), see evaluate.Reference.
+QualityMetric = Literal["top1_accuracy", "cosine_similarity", "mean_pooled_cosine_similarity"]
+TrialStatus = Literal["feasible", "infeasible", "failed"]
+
+
+class LatencyStats(BaseModel):
+    """Per-batch latency after warm-up, over ``runs`` timed runs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    p50_ms: float = Field(ge=0)
+    p95_ms: float = Field(ge=0)
+    p99_ms: float = Field(ge=0)
+    mean_ms: float = Field(ge=0)
+    runs: int = Field(ge=1)
+    warmup_runs: int = Field(ge=0)
+    throughput_per_s: float = Field(ge=0, description="Samples (not batches) per second at the median.")
+
+
+class Quality(BaseModel):
+    """Quality of a variant against the FP32 reference on the same samples."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    metric: QualityMetric
+    value: float = Field(description="Top-1 accuracy (0..1) or mean cosine similarity (-1..1).")
+    reference: float = Field(description="The FP32 model's value of the same metric.")
+    drop: float = Field(description="reference - value: how much quality was lost.")
+    samples: int = Field(ge=1)
+
+
+class TrialMetrics(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    latency: LatencyStats
+    quality: Quality
+    peak_memory_mib: float = Field(ge=0, description="Resident memory growth while loading and running.")
+    model_size_mib: float = Field(ge=0)
+
+
+class Trial(BaseModel):
+    """One evaluated (or failed) candidate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: int = Field(ge=0)
+    point: dict[str, Any] = Field(description="The search-space point the recipe was made from.")
+    recipe: Recipe
+    status: TrialStatus
+    metrics: TrialMetrics | None = None
+    score: float | None = Field(None, description="Objective; None when infeasible or failed.")
+    violations: list[str] = Field(default_factory=list, description="Hard constraints missed.")
+    error: str | None = None
+    predicted_score: float | None = Field(None, description="The surrogate's estimate before measuring.")
+    wall_s: float = Field(0.0, ge=0)
