@@ -10,7 +10,8 @@ from rich.table import Table
 
 from metainfer.agent.progress import RichObserver
 from metainfer.core.engine.errors import InputError, NoFeasibleCandidate
-from metainfer.core.engine.trial import Trial
+from metainfer.core.engine.phases import PipelinePhase
+from metainfer.core.engine.trial import Trial, TrialStatus
 
 # Tables are read in CI logs and pipes too, where rich would assume 80 columns.
 console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 120)
@@ -21,7 +22,7 @@ def profile_command(out_path: Path | None, refresh: bool) -> int:
     from metainfer.core.engine.profile import SUMMARY_COLUMNS, load_or_measure
 
     with RichObserver(console) as observer:
-        observer.phase("profiling", None)
+        observer.phase(PipelinePhase.PROFILING, None)
         profile = load_or_measure(on_step=observer.on_step, refresh=refresh)
     m = profile.machine
     out.print(
@@ -72,7 +73,7 @@ def adapt_command(args: argparse.Namespace) -> int:
         measure=MeasureSettings(),
     )
     with RichObserver(console) as observer:
-        observer.phase("hardware profile", None)
+        observer.phase(PipelinePhase.PROFILING, None)
         profile = load_or_measure(on_step=observer.on_step)
         report, variant = Adaptation(args.model.read_bytes(), info, data, profile, settings, observer).run()
     written = write_outputs(args.out, report, variant)
@@ -103,11 +104,11 @@ def _closest(trials: list[Trial], constraints: object) -> list[tuple[str, list[s
 
     assert isinstance(constraints, Constraints)
     misses = sorted(
-        (t for t in trials if t.status == "infeasible"),
+        (t for t in trials if t.status == TrialStatus.INFEASIBLE),
         key=lambda t: miss_distance(t.violations, t.metrics, constraints),
     )
     rows = [(t.recipe.describe(), t.violations) for t in misses[:5]]
-    failed = [t for t in trials if t.status == "failed"][:3]
+    failed = [t for t in trials if t.status == TrialStatus.FAILED][:3]
     rows += [(t.recipe.describe(), [f"failed: {t.error}"]) for t in failed]
     return rows
 
@@ -135,7 +136,7 @@ def _print_summary(report: object) -> None:
             f"{m.peak_memory_mib:.0f}",
         )
     out.print(table)
-    counts = {s: sum(t.status == s for t in report.trials) for s in ("feasible", "infeasible", "failed")}
+    counts = {s.value: sum(t.status == s for t in report.trials) for s in TrialStatus}
     out.print(
         f"{len(report.trials)} trials ({counts['feasible']} feasible, {counts['infeasible']} infeasible,"
         f" {counts['failed']} failed) in {report.search_wall_s:.1f} s of search; {report.stop_reason};"

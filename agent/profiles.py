@@ -25,7 +25,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from metainfer.agent.kube import Kube, KubeError
-from metainfer.core.api.conditions import Reason, set_condition
+from metainfer.core.api.conditions import ConditionType, Reason, set_condition
 from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, HardwareProfileStatus
 from metainfer.core.api.run import AdaptationRunSpec
 from metainfer.core.engine.evaluate import MeasureSettings
@@ -120,7 +120,7 @@ def _status(current: dict[str, Any] | None, profile: HardwareProfile, node: str 
     nodes = previous.nodes if node is None or node in previous.nodes else [*previous.nodes, node][-256:]
     conditions = set_condition(
         previous.conditions,
-        "Ready",
+        ConditionType.READY,
         "True",
         Reason.PROFILE_MEASURED,
         f"measured on {profile.machine.cpu_model} with ONNX Runtime {profile.machine.onnxruntime_version}"

@@ -7,11 +7,12 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 
+from metainfer.core.engine.phases import PipelinePhase
 from metainfer.core.engine.trial import Trial
 
 
 class RichObserver:
-    """Implements core.engine.pipeline.Observer: one bar per phase, a line per notable trial."""
+    """Implements core.engine.phases.Observer: one bar per phase, a line per notable trial."""
 
     def __init__(self, console: Console) -> None:
         self.console = console
@@ -44,9 +45,9 @@ class RichObserver:
             self.progress.update(self._task, total=total, completed=total)
             self.progress.stop_task(self._task)
 
-    def phase(self, name: str, total: int | None) -> None:
+    def phase(self, phase: PipelinePhase, total: int | None, detail: str = "") -> None:
         self._finish()
-        self._task = self.progress.add_task(name, total=total, label="")
+        self._task = self.progress.add_task(f"{phase} ({detail})" if detail else str(phase), total=total, label="")
 
     def advance(self, label: str) -> None:
         if self._task is not None:

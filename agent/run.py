@@ -44,8 +44,8 @@ from metainfer.agent.inputs import load_data
 from metainfer.agent.kube import Kube, KubeError, api_client
 from metainfer.agent.profiles import ensure_profile, measure_settings
 from metainfer.agent.status import RunStatusWriter, StatusObserver
-from metainfer.core.api.conditions import Reason
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
+from metainfer.core.api.vocabulary import Reason, RunStage
 from metainfer.core.control import runstatus
 from metainfer.core.engine.errors import MetainferError, ModelError
 
@@ -112,7 +112,7 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
     started = time.monotonic()
     report = None
     try:
-        writer.stage("Fetching", runstatus.FETCHING, f"fetching the model from {spec.model.uri}")
+        writer.stage(RunStage.FETCHING, Reason.FETCHING, f"fetching the model from {spec.model.uri}")
         path = fetch(
             spec.model.uri,
             workdir / "model.onnx",
@@ -127,7 +127,7 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         data, note = load_data(spec.model, info, workdir, namespace, kube, spec.search.seed)
         notes = [note] if note else []
         log(f"model ok: {info.size_bytes} bytes, {len(info.op_counts)} op types; {data.n_samples} samples")
-        writer.stage("Profiling", Reason.PROFILING, f"hardware profile of class {spec.class_fingerprint}")
+        writer.stage(RunStage.PROFILING, Reason.PROFILING, f"hardware profile of class {spec.class_fingerprint}")
         outcome = ensure_profile(kube, spec, os.environ.get("NODE_NAME"), log)
         log(f"hardware profile {outcome.name} {'reused' if outcome.reused else 'measured and published'}")
         writer.status = writer.status.model_copy(update={"hardware_profile_name": outcome.name})
@@ -136,7 +136,7 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
             raise unsupported
         settings = runstatus.settings_from_spec(spec, measure_settings())
         message = f"searching up to {settings.budget_trials} candidates ({settings.algorithm})"
-        writer.stage("Searching", Reason.SEARCHING, "; ".join([message, *notes]))
+        writer.stage(RunStage.SEARCHING, Reason.SEARCHING, "; ".join([message, *notes]))
         observer = StatusObserver(writer, settings.budget_trials, started=started)
         report, _variant = Adaptation(path.read_bytes(), info, data, outcome.profile, settings, observer).run()
     except FetchError as exc:

@@ -17,19 +17,22 @@ from dataclasses import dataclass, field
 
 from metainfer.agent.kube import Kube, KubeError
 from metainfer.core.api.run import AdaptationRunStatus
+from metainfer.core.api.vocabulary import Reason, RunStage, TrialState
 from metainfer.core.control import runstatus
+from metainfer.core.engine.phases import PipelinePhase
 from metainfer.core.engine.trial import Trial
 
 PROGRESS_INTERVAL_S = 2.0
 FINAL_ATTEMPTS = 4
 
-# Pipeline phase names -> RunProgress.stage and the Progressing condition's reason.
-STAGES: dict[str, tuple[str, str]] = {
-    "baseline": ("Baseline", "Searching"),
-    "search": ("Searching", "Searching"),
-    "sensitivity": ("Sensitivity", "Searching"),
-    "validation": ("Validating", "Validating"),
-    "final comparison": ("FinalComparison", "Validating"),
+# Pipeline phases -> RunProgress.stage and the Progressing condition's reason.
+STAGES: dict[PipelinePhase, tuple[RunStage, Reason]] = {
+    PipelinePhase.PROFILING: (RunStage.PROFILING, Reason.PROFILING),
+    PipelinePhase.BASELINE: (RunStage.BASELINE, Reason.SEARCHING),
+    PipelinePhase.SEARCH: (RunStage.SEARCHING, Reason.SEARCHING),
+    PipelinePhase.SENSITIVITY: (RunStage.SENSITIVITY, Reason.SEARCHING),
+    PipelinePhase.VALIDATION: (RunStage.VALIDATING, Reason.VALIDATING),
+    PipelinePhase.FINAL_COMPARISON: (RunStage.FINAL_COMPARISON, Reason.VALIDATING),
 }
 
 
@@ -62,14 +65,14 @@ class RunStatusWriter:
         except KubeError as exc:
             self.log(f"progress not written: {exc}")
 
-    def stage(self, stage: str, reason: str, message: str) -> None:
+    def stage(self, stage: RunStage, reason: Reason, message: str) -> None:
         self.log(f"stage {stage}: {message}")
         self.write(runstatus.mark_running(self.status, self.generation, stage, reason, message))
 
 
 @dataclass
 class StatusObserver:
-    """core.engine.pipeline.Observer that turns the engine's progress into throttled status patches."""
+    """core.engine.phases.Observer that turns the engine's progress into throttled status patches."""
 
     writer: RunStatusWriter
     trial_budget: int
@@ -77,16 +80,17 @@ class StatusObserver:
     interval_s: float = PROGRESS_INTERVAL_S
     trials: int = 0
     feasible: int = 0
-    _stage: str | None = None
+    _stage: RunStage | None = None
     _last_write: float = 0.0
 
-    def phase(self, name: str, total: int | None) -> None:
-        stage, reason = STAGES.get(name.split(" (")[0], (name[:64], "Searching"))
+    def phase(self, phase: PipelinePhase, total: int | None, detail: str = "") -> None:
+        stage, reason = STAGES[phase]
         if stage == self._stage:
             return
         self._stage = stage
         self.writer.log(f"stage {stage}")
-        status = runstatus.mark_running(self.writer.status, self.writer.generation, stage, reason, f"{name}")
+        message = f"{phase} ({detail})" if detail else str(phase)
+        status = runstatus.mark_running(self.writer.status, self.writer.generation, stage, reason, message)
         self._flush(status, force=True)
 
     def advance(self, label: str) -> None:
@@ -94,12 +98,12 @@ class StatusObserver:
 
     def trial(self, trial: Trial, best: Trial | None) -> None:
         self.trials += 1
-        if self._stage != "Searching":  # back from a sensitivity analysis the search triggered
-            self._stage = "Searching"
+        if self._stage != RunStage.SEARCHING:  # back from a sensitivity analysis the search triggered
+            self._stage = RunStage.SEARCHING
             self.writer.status = runstatus.mark_running(
-                self.writer.status, self.writer.generation, "Searching", "Searching", "search"
+                self.writer.status, self.writer.generation, RunStage.SEARCHING, Reason.SEARCHING, PipelinePhase.SEARCH
             )
-        self.feasible += trial.status == "feasible"
+        self.feasible += trial.status == TrialState.FEASIBLE
         outcome = trial.status
         if trial.metrics is not None:
             outcome += f", p95 {trial.metrics.latency.p95_ms:.3f} ms"

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from metainfer.core.api import ADAPTATION_POLICY, ADAPTATION_RUN
 from metainfer.core.api.conditions import Condition, ConditionType, set_condition
 from metainfer.core.api.policy import AdaptationPolicySpec
+from metainfer.core.api.vocabulary import ClassState, Reason
 from metainfer.core.control.events import coalesce
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.manifests import AgentJobSettings, ServingDefaults
@@ -31,8 +32,6 @@ from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.metrics import CLASSES, RUNS_FINISHED, RUNS_STARTED
 from metainfer.operator.view import ClusterView
-
-INVALID_SPEC = "InvalidSpec"
 
 
 @dataclass(frozen=True)
@@ -136,8 +135,8 @@ def _count_finished(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
     before = {c["fingerprint"]: c for c in old.get("classes", [])}
     for cls in new.get("classes", []):
         was = before.get(cls["fingerprint"], {})
-        if was.get("state") == "Adapting" and cls.get("state") != "Adapting":
-            outcome = "failed" if cls.get("state") in ("Degraded", "Failed") else "succeeded"
+        if was.get("state") == ClassState.ADAPTING and cls.get("state") != ClassState.ADAPTING:
+            outcome = "failed" if cls.get("state") in (ClassState.DEGRADED, ClassState.FAILED) else "succeeded"
             RUNS_FINISHED.labels(outcome, cls.get("reason") or outcome).inc()
 
 
@@ -149,8 +148,8 @@ async def invalid_spec_status(body: kopf.Body, exc: ValidationError) -> None:
     meta = body["metadata"]
     previous = [Condition.model_validate(c) for c in (body.get("status") or {}).get("conditions", [])]
     conditions = set_condition(
-        previous, ConditionType.READY, "False", INVALID_SPEC, message, observed_generation=meta.get("generation")
+        previous, ConditionType.READY, "False", Reason.INVALID_SPEC, message, observed_generation=meta.get("generation")
     )
     status = {"observedGeneration": meta.get("generation"), "conditions": [c.to_api() for c in conditions]}
     await kube.patch_status(ADAPTATION_POLICY.plural, meta["namespace"], meta["name"], status)
-    kopf.event(body, type="Warning", reason=INVALID_SPEC, message=message)
+    kopf.event(body, type="Warning", reason=Reason.INVALID_SPEC, message=message)

@@ -29,6 +29,7 @@ import kopf
 from metainfer.core.api import ADAPTATION_POLICY
 from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_condition
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
+from metainfer.core.api.vocabulary import ClassState
 from metainfer.core.control import drift, promql
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
@@ -54,7 +55,7 @@ async def fetch_policy(namespace: str, name: str) -> dict[str, Any] | None:
 
 def eligible(cls: ClassStatus) -> bool:
     """Checked only while serving its best variant with no run in flight: a re-adaptation is already an answer."""
-    return cls.state == "Ready" and cls.current is not None and bool(cls.current.recipe_key)
+    return cls.state == ClassState.READY and cls.current is not None and bool(cls.current.recipe_key)
 
 
 async def drift_step(

@@ -18,8 +18,9 @@ import kopf
 from pydantic import ValidationError
 
 from metainfer.core.api import GROUP, VERSION
+from metainfer.core.api.vocabulary import IN_FLIGHT, Reason
 from metainfer.core.control.manifests import LABEL_POLICY, MANAGED_BY
-from metainfer.core.control.reconcile import IN_FLIGHT, run_phase
+from metainfer.core.control.reconcile import run_phase
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
 from metainfer.operator.apply import apply_plan, invalid_spec_status, reconcile_inputs
@@ -141,7 +142,7 @@ async def policy_daemon(
                 if canary.next_check_s is not None:
                     sleep = min(sleep, max(canary.next_check_s, 0.5))
             except ValidationError as exc:  # schema-valid but unusable: say so on the object, keep watching
-                RECONCILE_ERRORS.labels("InvalidSpec").inc()
+                RECONCILE_ERRORS.labels(Reason.INVALID_SPEC).inc()
                 await invalid_spec_status(body, exc)
             except kopf.TemporaryError as exc:
                 RECONCILE_ERRORS.labels("Temporary").inc()

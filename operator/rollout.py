@@ -26,6 +26,7 @@ import kopf
 from metainfer.core.api import ADAPTATION_POLICY
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
+from metainfer.core.api.vocabulary import RolloutPhase
 from metainfer.core.control import canary
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
@@ -53,7 +54,7 @@ async def rollout_step(
     spec = AdaptationPolicySpec.model_validate(policy["spec"])
     settings = spec.rollout
     status = AdaptationPolicyStatus.model_validate(policy.get("status") or {})
-    in_canary = [c for c in status.classes if c.rollout is not None and c.rollout.phase == "Canary"]
+    in_canary = [c for c in status.classes if c.rollout is not None and c.rollout.phase == RolloutPhase.CANARY]
     if not in_canary:
         return step
     interval = float(spec.readaptation.check_interval_seconds)

@@ -1,7 +1,6 @@
-"""Status conditions per the Kubernetes API conventions, and every reason we use.
+"""Status conditions per the Kubernetes API conventions.
 
-Condition types and reasons are CamelCase constants kept here, in one module,
-so the operator, the agent, printer columns and tests agree on the spelling.
+Their types and reasons are the enums of core.api.vocabulary (re-exported here).
 ``set_condition`` keeps ``lastTransitionTime`` when the status did not change,
 which is what makes conditions useful for "since when" questions.
 """
@@ -14,82 +13,10 @@ from typing import Literal
 from pydantic import Field
 
 from metainfer.core.api._base import ApiModel
+from metainfer.core.api.vocabulary import ConditionType, Reason
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
-
-class ConditionType:
-    """Condition types. ``Ready`` summarises; the others explain."""
-
-    READY = "Ready"  # policy: every selected class serves its best variant; profile: fresh
-    PROGRESSING = "Progressing"  # work is under way (a run, a rollout)
-    DEGRADED = "Degraded"  # some class failed or is served by an older variant
-    SUCCEEDED = "Succeeded"  # run: True when finished with a result, False when failed
-    METRICS_AVAILABLE = "MetricsAvailable"  # policy: Prometheus answered the drift query
-
-
-class Reason:
-    """Reasons (CamelCase, ``^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$``)."""
-
-    # generic lifecycle
-    RECONCILING = "Reconciling"
-    INVALID_SPEC = "InvalidSpec"
-    # policy
-    ALL_CLASSES_READY = "AllClassesReady"
-    CLASSES_PENDING = "ClassesPending"
-    NO_MATCHING_NODES = "NoMatchingNodes"
-    ADAPTING = "Adapting"
-    CLASS_FAILED = "ClassFailed"
-    # run triggers (AdaptationRun.spec.reason) -- also used as condition reasons
-    NEW_HARDWARE_CLASS = "NewHardwareClass"
-    DRIVER_CHANGE = "DriverChange"
-    MODEL_CHANGE = "ModelChange"
-    BATCH_CHANGE = "BatchChange"
-    SPEC_CHANGE = "SpecChange"
-    LATENCY_DRIFT = "LatencyDrift"
-    MANUAL = "Manual"
-    RETRY = "Retry"
-    # run progress and outcome
-    PENDING = "Pending"
-    JOB_CREATED = "JobCreated"
-    PROFILING = "Profiling"
-    SEARCHING = "Searching"
-    VALIDATING = "Validating"
-    SUCCEEDED = "Succeeded"
-    MODEL_FETCH_FAILED = "ModelFetchFailed"
-    CHECKSUM_MISMATCH = "ChecksumMismatch"
-    INVALID_MODEL = "InvalidModel"
-    UNSUPPORTED_OPERATORS = "UnsupportedOperators"
-    NO_FEASIBLE_CANDIDATE = "NoFeasibleCandidate"
-    DEADLINE_EXCEEDED = "DeadlineExceeded"
-    BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
-    JOB_FAILED = "JobFailed"
-    # rollout
-    CANARY_PROGRESSING = "CanaryProgressing"
-    CANARY_PROMOTED = "CanaryPromoted"
-    CANARY_ROLLED_BACK = "CanaryRolledBack"
-    ROLLOUT_TIMEOUT = "RolloutTimeout"
-    # metrics and drift
-    METRICS_OK = "MetricsOK"
-    METRICS_UNAVAILABLE = "MetricsUnavailable"
-    PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
-    PROMETHEUS_ERROR = "PrometheusError"
-    NO_DATA = "NoData"
-    # hardware profile
-    PROFILE_MEASURED = "ProfileMeasured"
-    PROFILE_STALE = "ProfileStale"
-
-
-RUN_TRIGGERS = (
-    Reason.NEW_HARDWARE_CLASS,
-    Reason.DRIVER_CHANGE,
-    Reason.MODEL_CHANGE,
-    Reason.BATCH_CHANGE,
-    Reason.SPEC_CHANGE,
-    Reason.LATENCY_DRIFT,
-    Reason.MANUAL,
-    Reason.RETRY,
-)
 
 REASON_PATTERN = r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"
 TYPE_PATTERN = (
@@ -142,3 +69,6 @@ def set_condition(
         last_transition_time=now if changed or previous is None else previous.last_transition_time,
     )
     return [updated if c.type == type_ else c for c in conditions] if previous else [*conditions, updated]
+
+
+__all__ = ["Condition", "ConditionStatus", "ConditionType", "Reason", "get_condition", "set_condition"]

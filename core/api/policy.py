@@ -19,6 +19,7 @@ from pydantic import Field, StringConstraints
 from metainfer.core.api._base import ApiModel, cel, map_list, rule, set_list
 from metainfer.core.api.conditions import Condition
 from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, AcceleratorVendor, HardwareClass
+from metainfer.core.api.vocabulary import ClassState, RolloutPhase
 from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
 from metainfer.core.engine.recipe import ExecutionMode, GraphFusion, GraphOptimizationLevel, Layout, QuantizationMode
 
@@ -289,10 +290,6 @@ class AdaptationPolicySpec(ApiModel):
     readaptation: ReadaptationSettings = Field(default_factory=ReadaptationSettings)
 
 
-ClassState = Literal["Pending", "Adapting", "RollingOut", "Ready", "Degraded", "Failed"]
-RolloutPhase = Literal["Stable", "Canary", "Promoted", "RolledBack"]
-
-
 class VariantSummary(ApiModel):
     """A served (or canary) variant: the recipe key and what it measured at adaptation."""
 
@@ -304,7 +301,7 @@ class VariantSummary(ApiModel):
 
 
 class RolloutStatus(ApiModel):
-    phase: RolloutPhase = Field("Stable")
+    phase: RolloutPhase = Field(RolloutPhase.STABLE)
     canary: VariantSummary | None = None
     started_at: dt.datetime | None = None
     reason: str | None = Field(None, max_length=1024)
@@ -343,7 +340,7 @@ class ClassStatus(ApiModel):
     node_names: list[str] = Field(
         default_factory=list, max_length=64, description="Some of the matching nodes (at most 64)."
     )
-    state: ClassState = Field("Pending")
+    state: ClassState = Field(ClassState.PENDING)
     reason: str | None = Field(None, max_length=1024)
     message: str | None = Field(None, max_length=4096)
     current: VariantSummary | None = Field(None, description="The variant serving now.")

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from metainfer.core.api.hardwareprofile import HardwareProfileSpec, HardwareProfileStatus
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
+from metainfer.core.api.vocabulary import ConditionType
 
 GROUP = "metainfer.io"
 VERSION = "v1alpha1"
@@ -49,9 +50,9 @@ class Resource:
         return f"{self.plural}.{GROUP}"
 
 
-def _ready(type_: str = "Ready") -> tuple[PrinterColumn, PrinterColumn]:
+def _ready(type_: ConditionType = ConditionType.READY) -> tuple[PrinterColumn, PrinterColumn]:
     return (
-        PrinterColumn(type_, "string", f'.status.conditions[?(@.type=="{type_}")].status'),
+        PrinterColumn(str(type_), "string", f'.status.conditions[?(@.type=="{type_}")].status'),
         PrinterColumn("Reason", "string", f'.status.conditions[?(@.type=="{type_}")].reason', priority=1),
     )
 
@@ -94,7 +95,7 @@ ADAPTATION_RUN = Resource(
         PrinterColumn("Trials", "integer", ".status.progress.trialsCompleted"),
         PrinterColumn("Best p95", "number", ".status.bestMetrics.p95Ms", "p95 of the best variant, ms"),
         PrinterColumn("Phase", "string", ".status.phase"),
-        *_ready("Succeeded"),
+        *_ready(ConditionType.SUCCEEDED),
         _AGE,
     ),
 )

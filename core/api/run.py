@@ -28,14 +28,10 @@ from metainfer.core.api.policy import (
     SearchSpaceOverrides,
     Slo,
 )
+from metainfer.core.api.vocabulary import RunPhase, RunTrigger, TrialState
 from metainfer.core.engine.recipe import Recipe
 
 MAX_TRIALS = 50
-RunTrigger = Literal[
-    "NewHardwareClass", "DriverChange", "ModelChange", "BatchChange", "SpecChange", "LatencyDrift", "Manual", "Retry"
-]
-TrialState = Literal["feasible", "infeasible", "failed"]
-RunPhase = Literal["Pending", "Running", "Succeeded", "Failed"]
 
 
 class AdaptationRunSpec(ApiModel):

@@ -29,11 +29,10 @@ from typing import Literal
 
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import RolloutSettings, RolloutStatus
+from metainfer.core.api.vocabulary import RolloutPhase
 from metainfer.core.control import promql
 
 Action = Literal["none", "wait", "promote", "rollback"]
-CANARY_LATENCY = "CanaryLatency"
-CANARY_ERROR_RATE = "CanaryErrorRate"
 
 
 @dataclass(frozen=True)
@@ -71,7 +70,7 @@ def elapsed_s(rollout: RolloutStatus | None, now: dt.datetime) -> float:
 
 def needs_metrics(rollout: RolloutStatus | None, settings: RolloutSettings, now: dt.datetime) -> bool:
     """Whether a query is worth making: in phase Canary and the analysis window has passed."""
-    if rollout is None or rollout.phase != "Canary":
+    if rollout is None or rollout.phase != RolloutPhase.CANARY:
         return False
     return elapsed_s(rollout, now) >= min(settings.analysis_window_seconds, settings.deadline_seconds)
 
@@ -80,7 +79,7 @@ def decide(
     rollout: RolloutStatus | None, settings: RolloutSettings, observation: Observation | None, now: dt.datetime
 ) -> Decision:
     """The next step of a canary; see the module docstring for the rules."""
-    if rollout is None or rollout.phase != "Canary":
+    if rollout is None or rollout.phase != RolloutPhase.CANARY:
         return Decision("none", "", "")
     elapsed = elapsed_s(rollout, now)
     window, deadline = settings.analysis_window_seconds, settings.deadline_seconds
@@ -104,9 +103,9 @@ def decide(
         f"error ratio {observation.canary_error_ratio:.4f} (max {settings.max_error_rate:g})"
     )
     if observation.canary_error_ratio > settings.max_error_rate:
-        return Decision("rollback", CANARY_ERROR_RATE, f"canary error ratio too high: {measured}")
+        return Decision("rollback", Reason.CANARY_ERROR_RATE, f"canary error ratio too high: {measured}")
     if canary_ms > limit_ms:
-        return Decision("rollback", CANARY_LATENCY, f"canary slower than stable beyond tolerance: {measured}")
+        return Decision("rollback", Reason.CANARY_LATENCY, f"canary slower than stable beyond tolerance: {measured}")
     return Decision("promote", Reason.CANARY_PROMOTED, f"canary within tolerance: {measured}")
 
 
@@ -114,7 +113,7 @@ def apply(rollout: RolloutStatus, decision: Decision) -> RolloutStatus:
     """The rollout status after ``decision``: Promoted/RolledBack are terminal, a wait updates reason and message."""
     if decision.action == "none":
         return rollout
-    phase = {"promote": "Promoted", "rollback": "RolledBack"}.get(decision.action, rollout.phase)
+    phase = {"promote": RolloutPhase.PROMOTED, "rollback": RolloutPhase.ROLLED_BACK}.get(decision.action, rollout.phase)
     return rollout.model_copy(update={"phase": phase, "reason": decision.reason, "message": decision.message[:4096]})
 
 

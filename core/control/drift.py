@@ -31,9 +31,6 @@ from dataclasses import dataclass
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import DriftStatus, ReadaptationSettings
 
-WITHIN_TOLERANCE = "WithinTolerance"
-LATENCY_BREACH = "LatencyBreach"
-COOLDOWN = "Cooldown"
 MESSAGE_MAX = 1024  # DriftStatus.message
 
 
@@ -99,24 +96,24 @@ def observe(
         new = _update(
             state,
             consecutive_breaches=0,
-            reason=WITHIN_TOLERANCE,
+            reason=Reason.WITHIN_TOLERANCE,
             message=_describe(p95_ms, params, baseline),
             **common,
         )
-        return Verdict(new, WITHIN_TOLERANCE, False, new.message or "")
+        return Verdict(new, Reason.WITHIN_TOLERANCE, False, new.message or "")
 
     count = state.consecutive_breaches + 1
     why = "; ".join(breaches)
     if count < params.consecutive_breaches:
         message = f"{why} ({count}/{params.consecutive_breaches} in a row)"
-        new = _update(state, consecutive_breaches=count, reason=LATENCY_BREACH, message=message, **common)
-        return Verdict(new, LATENCY_BREACH, False, message)
+        new = _update(state, consecutive_breaches=count, reason=Reason.LATENCY_BREACH, message=message, **common)
+        return Verdict(new, Reason.LATENCY_BREACH, False, message)
     cooling = _cooldown_left(state, params, now)
     if cooling > 0:
         last = f"{state.last_readaptation_time:%Y-%m-%dT%H:%M:%SZ}"
         message = f"{why} ({count} in a row) but re-adapted at {last}: cooldown, {cooling:.0f}s left"
-        new = _update(state, consecutive_breaches=count, reason=COOLDOWN, message=message, **common)
-        return Verdict(new, COOLDOWN, False, message)
+        new = _update(state, consecutive_breaches=count, reason=Reason.COOLDOWN, message=message, **common)
+        return Verdict(new, Reason.COOLDOWN, False, message)
     message = f"{why} ({count} in a row): re-adapting"
     new = _update(
         state,

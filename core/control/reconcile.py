@@ -33,6 +33,7 @@ from metainfer.core.api.policy import (
     RolloutStatus,
     VariantSummary,
 )
+from metainfer.core.api.vocabulary import IN_FLIGHT, ClassState, RolloutPhase, RunPhase
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.manifests import (
@@ -51,8 +52,6 @@ from metainfer.core.control.naming import canary_name, workload_name
 from metainfer.core.engine.recipe import Recipe
 
 SPEC_HASH = "metainfer.io/spec-hash"
-CONCURRENCY_LIMIT = "ConcurrencyLimit"  # not in core.api Reason yet
-IN_FLIGHT = ("Pending", "Running")
 _JOB_REASONS = {"BackoffLimitExceeded": Reason.BACKOFF_LIMIT_EXCEEDED, "DeadlineExceeded": Reason.DEADLINE_EXCEEDED}
 
 
@@ -150,10 +149,13 @@ def plan_policy(
                 manifest = build_run(policy, group, reason, epochs[fp])
                 plan.runs_to_create.append(PlannedRun(manifest, reason))
                 plan.events.append(Event("Normal", reason, f"class {status.name}: run {manifest['metadata']['name']}"))
-                status = _with(status, state="Adapting", reason=reason, run_name=manifest["metadata"]["name"])
+                status = _with(status, state=ClassState.ADAPTING, reason=reason, run_name=manifest["metadata"]["name"])
             else:
                 status = _with(
-                    status, state="Pending", reason=CONCURRENCY_LIMIT, message=f"waiting to start ({reason})"
+                    status,
+                    state=ClassState.PENDING,
+                    reason=Reason.CONCURRENCY_LIMIT,
+                    message=f"waiting to start ({reason})",
                 )
         else:
             status = _from_current(status, current, before.get(fp), plan)
@@ -166,7 +168,9 @@ def plan_policy(
     for name, dep in sorted(by_name.items()):
         if dep["metadata"].get("labels", {}).get(LABEL_CLASS) not in selected:
             plan.deployments_to_delete.append(name)
-            plan.events.append(Event("Normal", "ClassRemoved", f"deleting {name}: its class has no selected nodes"))
+            plan.events.append(
+                Event("Normal", Reason.CLASS_REMOVED, f"deleting {name}: its class has no selected nodes")
+            )
     plan.conditions = _conditions(previous.conditions, plan.class_statuses, generation, now)
     plan.status = _status(generation, plan)
     return plan
@@ -207,17 +211,17 @@ def drift_epoch(status: ClassStatus | None) -> str | None:
 def _from_current(status: ClassStatus, run: Mapping[str, Any], was: ClassStatus | None, plan: Plan) -> ClassStatus:
     name, phase = run["metadata"]["name"], run_phase(run)
     status = _with(status, run_name=name, reason=run["spec"]["reason"])
-    if phase == "Failed":
+    if phase == RunPhase.FAILED:
         reason, message = run_failure(run)
-        if was is None or was.state != "Degraded":
+        if was is None or was.state != ClassState.DEGRADED:
             plan.events.append(Event("Warning", reason, f"run {name} failed: {message}"))
-        return _with(status, state="Degraded", reason=reason, message=message)
-    if phase == "Succeeded":
-        return _with(status, state="RollingOut")
+        return _with(status, state=ClassState.DEGRADED, reason=reason, message=message)
+    if phase == RunPhase.SUCCEEDED:
+        return _with(status, state=ClassState.ROLLING_OUT)
     progress = (run.get("status") or {}).get("progress") or {}
     done, budget = progress.get("trialsCompleted", 0), progress.get("trialBudget")
     stage = progress.get("stage") or phase
-    return _with(status, state="Adapting", message=f"{stage}: {done}/{budget or '?'} trials")
+    return _with(status, state=ClassState.ADAPTING, message=f"{stage}: {done}/{budget or '?'} trials")
 
 
 def _serve(
@@ -237,7 +241,7 @@ def _serve(
 
     A new recipe for a class that already serves one goes through a canary first (``_canary``).
     """
-    done = [r for r in class_runs if run_phase(r) == "Succeeded" and (r.get("status") or {}).get("bestRecipe")]
+    done = [r for r in class_runs if run_phase(r) == RunPhase.SUCCEEDED and (r.get("status") or {}).get("bestRecipe")]
     best = current if current in done else latest(done)
     if best is None:
         return status
@@ -250,7 +254,7 @@ def _serve(
     if existing is None or have != desired["metadata"]["annotations"][SPEC_HASH]:
         plan.deployments_to_apply.append(DeploymentAction("create" if existing is None else "update", desired))
         if best is current:
-            plan.events.append(Event("Normal", "RollingOut", f"{name}: serving run {best['metadata']['name']}"))
+            plan.events.append(Event("Normal", Reason.ROLLING_OUT, f"{name}: serving run {best['metadata']['name']}"))
     plan.services.append(build_service(policy, group))
     rs = best.get("status") or {}
     metrics = rs.get("bestMetrics") or {}
@@ -268,16 +272,18 @@ def _serve(
         last_adaptation_reason=best["spec"]["reason"],
     )
     up_to_date = existing is not None and have == desired["metadata"]["annotations"][SPEC_HASH]
-    canary = status.rollout is not None and status.rollout.phase == "Canary"
+    canary = status.rollout is not None and status.rollout.phase == RolloutPhase.CANARY
     if (
-        status.state == "RollingOut"
+        status.state == ClassState.ROLLING_OUT
         and not canary
         and up_to_date
         and (not limits.wait_for_available or _available(existing or {}))
     ):
-        rolled_back = status.rollout is not None and status.rollout.phase == "RolledBack"
+        rolled_back = status.rollout is not None and status.rollout.phase == RolloutPhase.ROLLED_BACK
         message = f"serving the stable variant, canary rolled back: {status.rollout.reason}" if rolled_back else ""
-        status = _with(status, state="Ready", reason=Reason.SUCCEEDED, message=message or "serving the best variant")
+        status = _with(
+            status, state=ClassState.READY, reason=Reason.SUCCEEDED, message=message or "serving the best variant"
+        )
     return status
 
 
@@ -316,13 +322,13 @@ def _canary(
     ):
         same = rollout is not None and rollout.canary is not None and rollout.canary.run_name == _name(best)
         phase = rollout.phase if same and rollout is not None else None
-        if phase == "RolledBack":
+        if phase == RolloutPhase.ROLLED_BACK:
             serve = stable
-        elif phase != "Promoted":
+        elif phase != RolloutPhase.PROMOTED:
             serve, canary_run = stable, best
-            if phase != "Canary":
+            if phase != RolloutPhase.CANARY:
                 rollout = RolloutStatus(
-                    phase="Canary",
+                    phase=RolloutPhase.CANARY,
                     canary=_summary(best),
                     started_at=now,
                     reason=Reason.CANARY_PROGRESSING,
@@ -330,8 +336,8 @@ def _canary(
                 )
                 message = f"{canary_dep}: canary of run {_name(best)}"
                 plan.events.append(Event("Normal", Reason.CANARY_PROGRESSING, message))
-    elif rollout is not None and rollout.phase == "Canary":  # superseded: the stable variant is the canary's
-        rollout = rollout.model_copy(update={"phase": "Stable", "message": "canary superseded"})
+    elif rollout is not None and rollout.phase == RolloutPhase.CANARY:  # superseded: the stable variant is the canary's
+        rollout = rollout.model_copy(update={"phase": RolloutPhase.STABLE, "message": "canary superseded"})
     if canary_run is None:
         if canary_dep in by_name:
             plan.deployments_to_delete.append(canary_dep)
@@ -380,20 +386,20 @@ def _conditions(
     previous: list[Condition], classes: list[ClassStatus], generation: int, now: dt.datetime
 ) -> list[Condition]:
     states = [c.state for c in classes]
-    ready = sum(s == "Ready" for s in states)
+    ready = sum(s == ClassState.READY for s in states)
     summary = f"{ready}/{len(classes)} classes ready"
     if not classes:
         status, reason = "False", Reason.NO_MATCHING_NODES
     elif ready == len(classes):
         status, reason = "True", Reason.ALL_CLASSES_READY
-    elif "Degraded" in states or "Failed" in states:
+    elif ClassState.DEGRADED in states or ClassState.FAILED in states:
         status, reason = "False", Reason.CLASS_FAILED
-    elif "Adapting" in states or "RollingOut" in states:
+    elif ClassState.ADAPTING in states or ClassState.ROLLING_OUT in states:
         status, reason = "False", Reason.ADAPTING
     else:
         status, reason = "False", Reason.CLASSES_PENDING
-    busy = [c.name for c in classes if c.state in ("Adapting", "RollingOut")]
-    bad = [f"{c.name}: {c.reason}" for c in classes if c.state in ("Degraded", "Failed")]
+    busy = [c.name for c in classes if c.state in (ClassState.ADAPTING, ClassState.ROLLING_OUT)]
+    bad = [f"{c.name}: {c.reason}" for c in classes if c.state in (ClassState.DEGRADED, ClassState.FAILED)]
     out = set_condition(previous, ConditionType.READY, status, reason, summary, observed_generation=generation, now=now)  # type: ignore[arg-type]
     out = set_condition(
         out,
@@ -416,7 +422,7 @@ def _conditions(
 
 
 def _status(generation: int, plan: Plan) -> AdaptationPolicyStatus:
-    ready = sum(c.state == "Ready" for c in plan.class_statuses)
+    ready = sum(c.state == ClassState.READY for c in plan.class_statuses)
     p95s = [c.current.p95_ms for c in plan.class_statuses if c.current and c.current.p95_ms is not None]
     return AdaptationPolicyStatus(
         observed_generation=generation,
@@ -440,15 +446,15 @@ def _hash(manifest: Mapping[str, Any]) -> str:
 # --- runs and their Jobs ------------------------------------------------------------------------------------------
 
 
-def run_phase(run: Mapping[str, Any]) -> str:
-    """Pending, Running, Succeeded or Failed: status.phase if set, else the Succeeded condition."""
+def run_phase(run: Mapping[str, Any]) -> RunPhase:
+    """status.phase if set (and known), else derived from the Succeeded condition."""
     status = run.get("status") or {}
-    if status.get("phase"):
-        return str(status["phase"])
+    if status.get("phase") in RunPhase.__members__.values():
+        return RunPhase(status["phase"])
     cond = next((c for c in status.get("conditions") or [] if c.get("type") == ConditionType.SUCCEEDED), None)
     if cond is None:
-        return "Running" if status.get("jobName") or status.get("startTime") else "Pending"
-    return {"True": "Succeeded", "False": "Failed"}.get(cond.get("status"), "Running")
+        return RunPhase.RUNNING if status.get("jobName") or status.get("startTime") else RunPhase.PENDING
+    return {"True": RunPhase.SUCCEEDED, "False": RunPhase.FAILED}.get(cond.get("status"), RunPhase.RUNNING)
 
 
 def run_failure(run: Mapping[str, Any]) -> tuple[str, str]:
@@ -514,7 +520,7 @@ def run_status_from_job(
     conditions = [Condition.model_validate(c) for c in status.get("conditions") or []]
     conditions = set_condition(conditions, ConditionType.SUCCEEDED, "False", reason, message, now=now)
     return {
-        "phase": "Failed",
+        "phase": RunPhase.FAILED.value,
         "completionTime": now.isoformat(),
         "conditions": [c.to_api() for c in conditions],
     }

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from metainfer.core.api.conditions import ConditionStatus, Reason, set_condition
+from metainfer.core.api.conditions import ConditionStatus, set_condition
 from metainfer.core.api.policy import SearchSpaceOverrides
 from metainfer.core.api.run import (
     MAX_TRIALS,
@@ -22,7 +22,14 @@ from metainfer.core.api.run import (
     RunProgress,
     TrialSummary,
 )
-from metainfer.core.engine.errors import InputError, MetainferError, NoFeasibleCandidate, UnsupportedModelError
+from metainfer.core.api.vocabulary import ConditionType, Reason, RunPhase, RunStage, TrialState
+from metainfer.core.engine.errors import (
+    FailureReason,
+    InputError,
+    MetainferError,
+    NoFeasibleCandidate,
+    UnsupportedModelError,
+)
 from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.pipeline import AdaptSettings, Report
@@ -30,10 +37,7 @@ from metainfer.core.engine.profile.types import CPU_PROVIDER, HardwareProfile
 from metainfer.core.engine.scoring import Constraints, Objective, miss_distance
 from metainfer.core.engine.trial import Trial, TrialMetrics
 
-# Reasons the agent needs that core/api/conditions.py does not define yet (see the issue-4 report).
-FETCHING = "Fetching"
-INVALID_DATA = "InvalidData"
-
+FINISHED = "finished"  # the Progressing message once a run is over
 MAX_KEEP_FAILED = 5  # failed trials kept in the summary even when better ones would fill it
 CLOSEST_SHOWN = 5
 _ENGINE_MAX_TRIALS = 2000  # AdaptSettings.budget_trials upper bound
@@ -159,32 +163,32 @@ def rank_trials(trials: list[Trial], constraints: Constraints) -> list[Trial]:
     """Feasible by score (best first), then infeasible by how close they came, then failed by index."""
     feasible = sorted((t for t in trials if t.score is not None), key=lambda t: (-(t.score or 0.0), t.index))
     infeasible = sorted(
-        (t for t in trials if t.score is None and t.status != "failed"),
+        (t for t in trials if t.score is None and t.status != TrialState.FAILED),
         key=lambda t: (miss_distance(t.violations, t.metrics, constraints), t.index),
     )
-    failed = sorted((t for t in trials if t.score is None and t.status == "failed"), key=lambda t: t.index)
+    failed = sorted((t for t in trials if t.score is None and t.status == TrialState.FAILED), key=lambda t: t.index)
     return [*feasible, *infeasible, *failed]
 
 
 def trial_summaries(trials: list[Trial], constraints: Constraints, limit: int = MAX_TRIALS) -> list[TrialSummary]:
     """At most ``limit`` summaries, best first; a few failed trials always stay so their errors are seen."""
     ranked = rank_trials(trials, constraints)
-    measured = [t for t in ranked if t.status != "failed"]
-    failed = [t for t in ranked if t.status == "failed"]
+    measured = [t for t in ranked if t.status != TrialState.FAILED]
+    failed = [t for t in ranked if t.status == TrialState.FAILED]
     keep_failed = min(len(failed), max(MAX_KEEP_FAILED, limit - len(measured)), limit)
     chosen = measured[: limit - keep_failed] + failed[:keep_failed]
     return [_summary(t) for t in chosen]
 
 
 def trial_counts(trials: list[Trial]) -> dict[str, int]:
-    return {s: sum(t.status == s for t in trials) for s in ("feasible", "infeasible", "failed")}
+    return {s.value: sum(t.status == s for t in trials) for s in TrialState}
 
 
 def closest_misses(trials: list[Trial], constraints: Constraints) -> list[tuple[str, list[str]]]:
     """The candidates nearest to feasible and what each missed, then a few failures with their error."""
     ranked = rank_trials(trials, constraints)
-    rows = [(t.recipe.describe(), t.violations) for t in ranked if t.status == "infeasible"][:CLOSEST_SHOWN]
-    rows += [(t.recipe.describe(), [f"failed: {t.error}"]) for t in ranked if t.status == "failed"][:3]
+    rows = [(t.recipe.describe(), t.violations) for t in ranked if t.status == TrialState.INFEASIBLE][:CLOSEST_SHOWN]
+    rows += [(t.recipe.describe(), [f"failed: {t.error}"]) for t in ranked if t.status == TrialState.FAILED][:3]
     return rows
 
 
@@ -216,7 +220,7 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
     text = _first_line(exc)
     if any(marker in str(exc) for marker in _UNSUPPORTED_MARKERS):
         return Reason.UNSUPPORTED_OPERATORS, text
-    if isinstance(exc, InputError) and exc.reason == "InvalidInput":
+    if isinstance(exc, InputError) and exc.reason == FailureReason.INVALID_INPUT:
         if exc.field == "model":
             return Reason.INVALID_MODEL, text
         return Reason.INVALID_SPEC, text.replace("--batch", "spec.batchSize", 1)  # the engine names CLI flags
@@ -243,16 +247,28 @@ def _first_line(exc: BaseException) -> str:
 # -- conditions and phase ------------------------------------------------------------------
 
 
-def _conditions(
+def _run_conditions(
     status: AdaptationRunStatus,
     generation: int | None,
     now: dt.datetime | None,
-    entries: list[tuple[str, ConditionStatus, str, str]],
+    *,
+    succeeded: ConditionStatus,
+    reason: str,
+    message: str,
+    progressing_message: str | None = None,
+    set_ready: bool = True,
 ) -> AdaptationRunStatus:
+    """Succeeded, Ready (True only with Succeeded) and Progressing (True while unfinished) with one reason."""
+    finished = succeeded != "Unknown"
+    entries: list[tuple[ConditionType, ConditionStatus, str]] = [(ConditionType.SUCCEEDED, succeeded, message)]
+    if set_ready:
+        entries.append((ConditionType.READY, "True" if succeeded == "True" else "False", message))
+    progressing_status: ConditionStatus = "False" if finished else "True"
+    entries.append((ConditionType.PROGRESSING, progressing_status, progressing_message or message))
     conditions = list(status.conditions)
-    for type_, value, reason, message in entries:
+    for type_, value, text in entries:
         conditions = set_condition(
-            conditions, type_, value, reason, message[:32768], observed_generation=generation, now=now
+            conditions, type_, value, reason, text[:32768], observed_generation=generation, now=now
         )
     return status.model_copy(update={"conditions": conditions, "observed_generation": generation})
 
@@ -267,18 +283,9 @@ def mark_running(
 ) -> AdaptationRunStatus:
     """Phase Running at ``stage``: Succeeded Unknown, Ready False, Progressing True (all with ``reason``)."""
     now = now or _now()
-    out = _conditions(
-        status,
-        generation,
-        now,
-        [
-            ("Succeeded", "Unknown", reason, message),
-            ("Ready", "False", reason, message),
-            ("Progressing", "True", reason, message),
-        ],
-    )
+    out = _run_conditions(status, generation, now, succeeded="Unknown", reason=reason, message=message)
     progress = (out.progress or _progress()).model_copy(update={"stage": stage})
-    return out.model_copy(update={"phase": "Running", "start_time": out.start_time or now, "progress": progress})
+    return out.model_copy(update={"phase": RunPhase.RUNNING, "start_time": out.start_time or now, "progress": progress})
 
 
 def with_progress(
@@ -330,15 +337,14 @@ def mark_succeeded(
         f" {counts['failed']} failed); {report.stop_reason}"
     )
     message = "; ".join(parts + notes)
-    out = _conditions(
+    out = _run_conditions(
         status,
         generation,
         now,
-        [
-            ("Succeeded", "True", Reason.SUCCEEDED, message),
-            ("Ready", "True", Reason.SUCCEEDED, message),
-            ("Progressing", "False", Reason.SUCCEEDED, "finished"),
-        ],
+        succeeded="True",
+        reason=Reason.SUCCEEDED,
+        message=message,
+        progressing_message="finished",
     )
     progress = with_progress(
         out,
@@ -346,11 +352,11 @@ def mark_succeeded(
         feasible_trials=counts["feasible"],
         elapsed_seconds=report.total_wall_s,
         trial_budget=report.settings.budget_trials,
-        stage="Done",
+        stage=RunStage.DONE,
     ).progress
     return out.model_copy(
         update={
-            "phase": "Succeeded",
+            "phase": RunPhase.SUCCEEDED,
             "completion_time": now,
             "progress": progress,
             "trials": trial_summaries(trials, report.settings.constraints),
@@ -371,18 +377,11 @@ def mark_failed(
 ) -> AdaptationRunStatus:
     """A deterministic failure: the status is the outcome (with the trials, when the search ran)."""
     now = now or _now()
-    out = _conditions(
-        status,
-        generation,
-        now,
-        [
-            ("Succeeded", "False", reason, message),
-            ("Ready", "False", reason, message),
-            ("Progressing", "False", reason, "finished"),
-        ],
+    out = _run_conditions(
+        status, generation, now, succeeded="False", reason=reason, message=message, progressing_message=FINISHED
     )
-    update: dict[str, object] = {"phase": "Failed", "completion_time": now}
-    progress = (out.progress or _progress()).model_copy(update={"stage": "Failed"})
+    update: dict[str, object] = {"phase": RunPhase.FAILED, "completion_time": now}
+    progress = (out.progress or _progress()).model_copy(update={"stage": RunStage.FAILED})
     if report is not None:
         trials = [report.baseline, *report.trials]
         update["trials"] = trial_summaries(trials, report.settings.constraints)
@@ -401,19 +400,14 @@ def mark_retrying(
     status: AdaptationRunStatus, generation: int | None, reason: str, message: str, now: dt.datetime | None = None
 ) -> AdaptationRunStatus:
     """A transient failure of this attempt: still Running, the Job retries; the message says why."""
-    return _conditions(
-        status,
-        generation,
-        now or _now(),
-        [
-            ("Succeeded", "Unknown", reason, f"attempt failed, the Job will retry: {message}"),
-            ("Progressing", "True", reason, f"attempt failed, the Job will retry: {message}"),
-        ],
+    text = f"attempt failed, the Job will retry: {message}"
+    return _run_conditions(
+        status, generation, now or _now(), succeeded="Unknown", reason=reason, message=text, set_ready=False
     )
 
 
 def is_finished(status: AdaptationRunStatus | None) -> bool:
-    return status is not None and status.phase in ("Succeeded", "Failed")
+    return status is not None and status.phase in (RunPhase.SUCCEEDED, RunPhase.FAILED)
 
 
 def status_to_api(status: AdaptationRunStatus) -> dict[str, object]:

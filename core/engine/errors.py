@@ -6,11 +6,24 @@ agent maps each to a run condition reason. Nothing here knows about either.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
+
+class FailureReason(StrEnum):
+    """Why the engine gave up; the agent writes it as the run's condition reason (core.api.vocabulary.Reason)."""
+
+    ERROR = "Error"
+    INVALID_INPUT = "InvalidInput"
+    INVALID_MODEL = "InvalidModel"
+    INVALID_DATA = "InvalidData"
+    UNSUPPORTED_OPERATORS = "UnsupportedOperators"
+    NO_FEASIBLE_CANDIDATE = "NoFeasibleCandidate"
+
 
 class MetainferError(Exception):
     """Base of every error metainfer raises on purpose."""
 
-    reason: str = "Error"
+    reason: FailureReason = FailureReason.ERROR
 
 
 class InputError(MetainferError):
@@ -20,7 +33,7 @@ class InputError(MetainferError):
     one-line message a user sees tells them where to look.
     """
 
-    reason = "InvalidInput"
+    reason = FailureReason.INVALID_INPUT
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
@@ -31,25 +44,25 @@ class InputError(MetainferError):
 class ModelError(InputError):
     """The model file is missing, corrupt, not ONNX, or cannot be loaded."""
 
-    reason = "InvalidModel"
+    reason = FailureReason.INVALID_MODEL
 
 
 class DataError(InputError):
     """Input data does not match the model's inputs."""
 
-    reason = "InvalidData"
+    reason = FailureReason.INVALID_DATA
 
 
 class UnsupportedModelError(MetainferError):
     """The model uses operators no available execution provider can run."""
 
-    reason = "UnsupportedOperators"
+    reason = FailureReason.UNSUPPORTED_OPERATORS
 
 
 class NoFeasibleCandidate(MetainferError):
     """Every evaluated candidate missed at least one hard constraint."""
 
-    reason = "NoFeasibleCandidate"
+    reason = FailureReason.NO_FEASIBLE_CANDIDATE
 
     def __init__(self, message: str, closest: list[tuple[str, list[str]]]) -> None:
         # closest: (candidate description, constraints it missed), best first

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -11,7 +12,13 @@ from metainfer.core.engine.recipe import Recipe
 # mean_pooled_cosine_similarity: sequence outputs of a model with an attention mask,
 # compared after mask-weighted mean pooling (padding excluded), see evaluate.Reference.
 QualityMetric = Literal["top1_accuracy", "cosine_similarity", "mean_pooled_cosine_similarity"]
-TrialStatus = Literal["feasible", "infeasible", "failed"]
+
+
+# Outcome of one measured candidate (core.api.vocabulary re-exports it as TrialState).
+class TrialStatus(StrEnum):
+    FEASIBLE = "feasible"
+    INFEASIBLE = "infeasible"
+    FAILED = "failed"
 
 
 class LatencyStats(BaseModel):

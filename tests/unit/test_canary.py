@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 
 from metainfer.core.api.policy import RolloutSettings, RolloutStatus, VariantSummary
+from metainfer.core.api.vocabulary import Reason
 from metainfer.core.control import canary
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -35,13 +36,13 @@ def test_waits_for_the_window_even_with_good_numbers() -> None:
 
 def test_rolls_back_on_latency() -> None:
     d = canary.decide(IN_CANARY, SETTINGS, seen(11.1), at(61))
-    assert (d.action, d.reason) == ("rollback", canary.CANARY_LATENCY)
+    assert (d.action, d.reason) == ("rollback", Reason.CANARY_LATENCY)
     assert canary.apply(IN_CANARY, d).phase == "RolledBack"
 
 
 def test_rolls_back_on_errors_even_when_fast() -> None:
     d = canary.decide(IN_CANARY, SETTINGS, seen(5.0, errors=0.02), at(61))
-    assert (d.action, d.reason) == ("rollback", canary.CANARY_ERROR_RATE)
+    assert (d.action, d.reason) == ("rollback", Reason.CANARY_ERROR_RATE)
     assert canary.decide(IN_CANARY, SETTINGS, seen(5.0, errors=0.01), at(61)).action == "promote"
 
 

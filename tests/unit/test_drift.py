@@ -7,7 +7,7 @@ import json
 
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import DriftStatus, ReadaptationSettings
-from metainfer.core.control.drift import COOLDOWN, LATENCY_BREACH, WITHIN_TOLERANCE, DriftParams, due, observe
+from metainfer.core.control.drift import DriftParams, due, observe
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 PARAMS = DriftParams(slo_p95_ms=10.0, adapted_p95_ms=4.0, tolerance=0.2, consecutive_breaches=3, cooldown_seconds=600)
@@ -26,8 +26,8 @@ def play(samples: list[float | None], params: DriftParams = PARAMS, state: Drift
 
 def test_sustained_breach_triggers_once_on_the_nth_sample() -> None:
     outcomes, state = play([4.0, 13.0, 13.0, 13.0, 13.0, 13.0])
-    assert outcomes == [WITHIN_TOLERANCE, LATENCY_BREACH, LATENCY_BREACH, Reason.LATENCY_DRIFT, LATENCY_BREACH,
-                        LATENCY_BREACH]  # fmt: skip
+    ok, breach, drift = Reason.WITHIN_TOLERANCE, Reason.LATENCY_BREACH, Reason.LATENCY_DRIFT
+    assert outcomes == [ok, breach, breach, drift, breach, breach]
     assert state is not None and state.last_readaptation_time == T0 + dt.timedelta(seconds=180)
     assert outcomes.count(Reason.LATENCY_DRIFT) == 1
 
@@ -62,7 +62,11 @@ def test_cooldown_blocks_then_a_breach_lasting_through_it_triggers() -> None:
     outcomes, _ = play([13.0] * 3 + [13.0] * 12, step_s=60)  # 600 s cooldown = 10 checks
     first = outcomes.index(Reason.LATENCY_DRIFT)
     assert first == 2
-    assert outcomes[3:6] == [LATENCY_BREACH, LATENCY_BREACH, COOLDOWN]  # counting again, held by the cooldown
+    assert outcomes[3:6] == [
+        Reason.LATENCY_BREACH,
+        Reason.LATENCY_BREACH,
+        Reason.COOLDOWN,
+    ]  # counting again, held by the cooldown
     second = outcomes.index(Reason.LATENCY_DRIFT, first + 1)
     assert second == 12  # 600 s after the first
     assert outcomes.count(Reason.LATENCY_DRIFT) == 2
@@ -81,10 +85,10 @@ def test_first_production_sample_raises_the_baseline() -> None:
     """Production pays HTTP and histogram resolution on top of the bare model: that is not drift."""
     p = DriftParams(slo_p95_ms=100.0, adapted_p95_ms=0.1, tolerance=0.2, consecutive_breaches=2, cooldown_seconds=0)
     outcomes, state = play([2.0, 2.1, 2.3, 1.9, 2.2], params=p)
-    assert set(outcomes) == {WITHIN_TOLERANCE}
+    assert set(outcomes) == {Reason.WITHIN_TOLERANCE}
     assert state is not None and state.baseline_p95_ms == 2.0 and state.baseline_variant == "run-a"
     outcomes, _ = play([3.0, 3.0], params=p, state=state)
-    assert outcomes == [LATENCY_BREACH, Reason.LATENCY_DRIFT]
+    assert outcomes == [Reason.LATENCY_BREACH, Reason.LATENCY_DRIFT]
 
 
 def test_a_new_variant_resets_baseline_and_count() -> None:
@@ -92,7 +96,7 @@ def test_a_new_variant_resets_baseline_and_count() -> None:
     _, state = play([2.0, 5.0, 5.0], params=p)
     assert state is not None and state.consecutive_breaches == 2
     v = observe(state, 5.0, p, T0 + dt.timedelta(hours=1), variant="run-b")
-    assert v.outcome == WITHIN_TOLERANCE and v.state.baseline_p95_ms == 5.0 and v.state.consecutive_breaches == 0
+    assert v.outcome == Reason.WITHIN_TOLERANCE and v.state.baseline_p95_ms == 5.0 and v.state.consecutive_breaches == 0
 
 
 def test_params_from_settings_and_due() -> None:

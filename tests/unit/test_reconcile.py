@@ -10,7 +10,6 @@ from typing import Any
 from metainfer.core.api.conditions import Reason
 from metainfer.core.control.hardware import ClassGroup, group_nodes
 from metainfer.core.control.reconcile import (
-    CONCURRENCY_LIMIT,
     Plan,
     RunLimits,
     plan_job,
@@ -208,7 +207,7 @@ def test_concurrency_limits_per_policy_and_cluster() -> None:
     plan = c.reconcile(nodes)
     assert len(plan.runs_to_create) == 2
     waiting = [s for s in plan.class_statuses if s.state == "Pending"]
-    assert len(waiting) == 1 and waiting[0].reason == CONCURRENCY_LIMIT
+    assert len(waiting) == 1 and waiting[0].reason == Reason.CONCURRENCY_LIMIT
     assert c.reconcile(nodes).runs_to_create == []  # still two in flight
     c.finish(next(iter(c.runs)))
     assert len(c.reconcile(nodes).runs_to_create) == 1
