@@ -20,7 +20,7 @@ from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.memory import track_peak_memory
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import create_session
-from metainfer.core.engine.trial import LatencyStats, Quality, TrialMetrics
+from metainfer.core.engine.trial import LatencyStats, Quality, QualityMetric, TrialMetrics
 
 
 class MeasureSettings(BaseModel):
@@ -83,7 +83,8 @@ def token_mask(data: Dataset) -> np.ndarray | None:
 
 def mean_pooled(output: np.ndarray, mask: np.ndarray) -> np.ndarray:
     weights = mask[..., None].astype(np.float64)
-    return (output.astype(np.float64) * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+    pooled: np.ndarray = (output.astype(np.float64) * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+    return pooled
 
 
 def top1_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
@@ -119,12 +120,12 @@ def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
     values = []
     for i in floats:
         if i in pooled:
-            assert mask is not None
+            assert mask is not None  # narrows the type: ``pooled`` is empty without a mask
             values.append(mean_cosine(mean_pooled(outputs[i], mask), mean_pooled(ref.outputs[i], mask)))
         else:
             values.append(mean_cosine(outputs[i], ref.outputs[i]))
     value = float(np.mean(values))
-    metric = "mean_pooled_cosine_similarity" if pooled else "cosine_similarity"
+    metric: QualityMetric = "mean_pooled_cosine_similarity" if pooled else "cosine_similarity"
     return Quality(metric=metric, value=value, reference=1.0, drop=1.0 - value, samples=n)
 
 

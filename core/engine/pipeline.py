@@ -3,15 +3,17 @@
 This is the whole co-adaptation loop for one model on one machine, used as is
 by ``metainfer adapt`` and by the agent Job. It is pure apart from running
 ONNX Runtime: no Kubernetes, no printing. Progress goes to an ``Observer`` so
-the CLI can draw bars and the agent can patch run status.
+the CLI can draw bars and the agent can patch run status; every latency and
+quality figure the decisions rest on comes from a ``Measurer`` (by default
+ONNX Runtime in this process), so the decisions can be tested on their own.
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Protocol
 
 import numpy as np
 import onnx
@@ -21,11 +23,12 @@ from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError
-from metainfer.core.engine.evaluate import MeasureSettings, Reference, evaluate, make_reference, measure_interleaved
+from metainfer.core.engine.evaluate import MeasureSettings, Reference
+from metainfer.core.engine.measurer import Measurer, OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
+from metainfer.core.engine.phases import Observer, PipelinePhase, SilentObserver
 from metainfer.core.engine.profile.types import HardwareProfile
 from metainfer.core.engine.recipe import Recipe
-from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints, Objective, score, violations
 from metainfer.core.engine.search import make_searcher
 from metainfer.core.engine.search.space import Point, Space
@@ -37,7 +40,7 @@ from metainfer.core.engine.transforms import (
     quantizable_nodes,
 )
 from metainfer.core.engine.transforms.fusion import fuse_transformer
-from metainfer.core.engine.trial import Trial, TrialMetrics
+from metainfer.core.engine.trial import Trial, TrialMetrics, TrialStatus
 from metainfer.core.engine.validate import ValidationReport, validate_variant
 
 VARIANT_CACHE_SIZE = 4
@@ -103,23 +106,6 @@ class Report(BaseModel):
     stop_reason: str
 
 
-class Observer(Protocol):
-    def phase(self, name: str, total: int | None) -> None: ...
-    def advance(self, label: str) -> None: ...
-    def trial(self, trial: Trial, best: Trial | None) -> None: ...
-
-
-class _Silent:
-    def phase(self, name: str, total: int | None) -> None:
-        return None
-
-    def advance(self, label: str) -> None:
-        return None
-
-    def trial(self, trial: Trial, best: Trial | None) -> None:
-        return None
-
-
 class Adaptation:
     """State of one adaptation; ``run()`` drives it and returns the report and variant bytes."""
 
@@ -131,9 +117,11 @@ class Adaptation:
         profile: HardwareProfile,
         settings: AdaptSettings,
         observer: Observer | None = None,
+        measurer: Measurer | None = None,
     ) -> None:
         self.base, self.model, self.data, self.profile, self.settings = base, model, data, profile, settings
-        self.observer: Observer = observer or _Silent()
+        self.observer: Observer = observer or SilentObserver()
+        self.measurer: Measurer = measurer or OnnxRuntimeMeasurer()
         _check_batch(model, settings)
         self.calibration = data.head(settings.calibration_samples)
         self.quality_data = data.head(settings.measure.quality_samples)
@@ -164,7 +152,7 @@ class Adaptation:
     def _ranked_layers(self, mode: str) -> list[str]:
         if mode not in self._sensitivity:
             assert self.reference is not None
-            self.observer.phase(f"sensitivity ({mode})", self.settings.sensitivity_layers)
+            self.observer.phase(PipelinePhase.SENSITIVITY, self.settings.sensitivity_layers, detail=mode)
             self._sensitivity[mode] = analyse(
                 self.base,
                 mode,
@@ -187,7 +175,7 @@ class Adaptation:
         assert self.reference is not None
         started = time.perf_counter()
         try:
-            metrics = evaluate(
+            metrics = self.measurer.measure(
                 self.variant(recipe), recipe, self.data, self.quality_data, self.reference, self.settings.measure
             )
         except Exception as exc:  # a candidate that cannot be built or run fails alone
@@ -195,7 +183,7 @@ class Adaptation:
                 index=index,
                 point=point,
                 recipe=recipe,
-                status="failed",
+                status=TrialStatus.FAILED,
                 error=_first_line(exc),
                 predicted_score=predicted,
                 wall_s=time.perf_counter() - started,
@@ -206,7 +194,7 @@ class Adaptation:
             index=index,
             point=point,
             recipe=recipe,
-            status="infeasible" if missed else "feasible",
+            status=TrialStatus.INFEASIBLE if missed else TrialStatus.FEASIBLE,
             metrics=metrics,
             score=value,
             violations=missed,
@@ -218,9 +206,9 @@ class Adaptation:
     def run(self) -> tuple[Report, bytes | None]:
         started_at, t0 = datetime.now(UTC), time.perf_counter()
         s = self.settings
-        self.observer.phase("baseline", 1)
+        self.observer.phase(PipelinePhase.BASELINE, 1)
         baseline_recipe = Recipe(batch=s.batch)
-        self.reference = make_reference(create_session(self.base, baseline_recipe), self.quality_data, s.batch)
+        self.reference = self.measurer.reference(self.base, baseline_recipe, self.quality_data)
         baseline = self.measure(0, {}, baseline_recipe, None)
         if baseline.metrics is None:
             raise InputError("model", f"the FP32 model does not run on this machine: {baseline.error}")
@@ -228,7 +216,7 @@ class Adaptation:
         space, notes = self._space()
         searcher = make_searcher(s.algorithm, space, s.seed, s.budget_trials, featurizer=self._featurizer(space))
         trials: list[Trial] = []
-        self.observer.phase("search", s.budget_trials)
+        self.observer.phase(PipelinePhase.SEARCH, s.budget_trials)
         search_started = time.perf_counter()
         stop_reason = "trial budget reached"
         while len(trials) < s.budget_trials:
@@ -249,7 +237,7 @@ class Adaptation:
                     index=len(trials) + 1,
                     point=point,
                     recipe=recipe,
-                    status="failed",
+                    status=TrialStatus.FAILED,
                     error=f"mixed precision: {_first_line(exc)}",
                     predicted_score=predicted,
                 )
@@ -322,7 +310,7 @@ class Adaptation:
             return f"transformer fusion failed: {_first_line(exc)}"
         return None
 
-    def _featurizer(self, space: Space):
+    def _featurizer(self, space: Space) -> Callable[[Point], np.ndarray]:
         """Hardware-aware features so the surrogate can tell a fast int8 machine from a slow one."""
         fp32 = max(self.profile.peak_gemm_gflops_fp32, 1e-6)
         int8_gain = float(np.log2(max(self.profile.peak_gemm_gflops_int8, 1e-6) / fp32))
@@ -343,8 +331,8 @@ class Adaptation:
         ranked = sorted((t for t in [baseline, *trials] if t.score is not None), key=lambda t: -(t.score or 0))
         assert self.reference is not None
         validation: ValidationReport | None = None
-        self.observer.phase("validation", min(len(ranked), MAX_VALIDATION_ATTEMPTS))
-        full_reference = make_reference(create_session(self.base, baseline.recipe), self.data, self.settings.batch)
+        self.observer.phase(PipelinePhase.VALIDATION, min(len(ranked), MAX_VALIDATION_ATTEMPTS))
+        full_reference = self.measurer.reference(self.base, baseline.recipe, self.data)
         for candidate in ranked[:MAX_VALIDATION_ATTEMPTS]:
             variant = self.variant(candidate.recipe)
             validation = validate_variant(
@@ -368,9 +356,13 @@ class Adaptation:
 
     def _final_comparison(self, baseline: Trial, best: Trial, variant: bytes) -> FinalComparison:
         assert baseline.metrics is not None and best.metrics is not None
-        self.observer.phase("final comparison", 1)
-        sessions = [create_session(self.base, baseline.recipe), create_session(variant, best.recipe)]
-        latencies = measure_interleaved(sessions, self.data, self.settings.batch, self.settings.measure)
+        self.observer.phase(PipelinePhase.FINAL_COMPARISON, 1)
+        latencies = self.measurer.compare(
+            [(self.base, baseline.recipe), (variant, best.recipe)],
+            self.data,
+            self.settings.batch,
+            self.settings.measure,
+        )
         self.observer.advance("done")
         b = baseline.metrics.model_copy(update={"latency": latencies[0]})
         w = best.metrics.model_copy(update={"latency": latencies[1]})

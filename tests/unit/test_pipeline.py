@@ -1,87 +1,326 @@
-"""The whole local pipeline on the digits model, in-process and through the CLI."""
+"""The local pipeline on the digits model.
+
+The decisions (which candidate wins, when FP32 is kept, when nothing is
+feasible) are tested against ``FakeMeasurer``, whose latency and quality are
+pure functions of the recipe, on a small space searched exhaustively, so each
+test asserts one outcome every time. The real path (ONNX Runtime timings,
+in-process and through the CLI) is tested for what holds whatever the timings.
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from metainfer.core.engine.evaluate import MeasureSettings
-from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+from metainfer.core.control.runstatus import infeasible_error
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.errors import NoFeasibleCandidate
+from metainfer.core.engine.evaluate import MeasureSettings, Reference
+from metainfer.core.engine.measurer import OnnxRuntimeMeasurer
+from metainfer.core.engine.modelinfo import ModelInfo
+from metainfer.core.engine.outputs import write_outputs
+from metainfer.core.engine.pipeline import Adaptation, AdaptSettings, Report
 from metainfer.core.engine.profile import HardwareProfile
+from metainfer.core.engine.profile.types import MachineInfo
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints
+from metainfer.core.engine.transforms import build_variant
+from metainfer.core.engine.trial import LatencyStats, Quality, TrialMetrics
+
+Digits = tuple[bytes, ModelInfo, Dataset]
 
 FAST = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=30, max_seconds=0.3)
+BATCH = 32
+FP32 = Recipe(batch=BATCH)  # the baseline: the FP32 model with ONNX Runtime's default session options
+# Validation runs the chosen variant for real on all the data: every int8 variant of the digits
+# model loses well under this, while the fake's lossy candidates lose far more.
+QUALITY_BUDGET = 0.05
+LOSSY_DROP = 0.2
+# Few enough points that the grid searcher measures them all: which candidates are measured
+# then never depends on their scores, and each test can name the one it expects.
+SMALL_SPACE: dict[str, list[str | int | float | bool]] = {
+    "quantization": ["fp32", "int8_dynamic"],
+    "keep_float": [0],
+    "graph_optimization_level": ["all"],
+    "execution_mode": ["sequential"],
+}
+INT8_MODES = ("int8_dynamic", "int8_static")
+
+OfRecipe = Callable[[Recipe], float]
 
 
-def _run(digits, profile: HardwareProfile, **kw):
+def search_latency_ms(recipe: Recipe) -> float:
+    """int8 beats fp32, per-tensor beats per-channel, int8 weights beat uint8, more threads beat fewer."""
+    q = recipe.transform.quantization
+    ms = 1.0 if q.mode in INT8_MODES else 4.0
+    ms += 0.5 * q.per_channel + 0.25 * (q.weight_type == "uint8")
+    return ms / (1 + 0.25 * recipe.session.intra_op_num_threads)
+
+
+def quality_drop(recipe: Recipe) -> float:
+    """Per-tensor int8 scales cost accuracy beyond the budget; every other candidate keeps FP32's."""
+    q = recipe.transform.quantization
+    return LOSSY_DROP if q.mode in INT8_MODES and not q.per_channel else 0.0
+
+
+def _stats(ms: float, batch: int) -> LatencyStats:
+    return LatencyStats(
+        p50_ms=ms,
+        p95_ms=1.2 * ms,
+        p99_ms=1.5 * ms,
+        mean_ms=ms,
+        runs=20,
+        warmup_runs=0,
+        throughput_per_s=batch * 1e3 / ms,
+    )
+
+
+@dataclass
+class FakeMeasurer:
+    """Latency and quality as pure functions of the recipe: no clock, no timed run."""
+
+    latency_ms: OfRecipe = search_latency_ms
+    final_latency_ms: OfRecipe | None = None  # the back-to-back re-measurement; None: as in the search
+    drop: OfRecipe = quality_drop
+    compared: list[list[Recipe]] = field(default_factory=list)
+
+    def reference(self, model: bytes, recipe: Recipe, data: Dataset) -> Reference:
+        # Validation compares the real outputs of the chosen variant with this, so it must be real too.
+        return OnnxRuntimeMeasurer().reference(model, recipe, data)
+
+    def measure(
+        self,
+        variant: bytes,
+        recipe: Recipe,
+        latency_data: Dataset,
+        quality_data: Dataset,
+        reference: Reference,
+        settings: MeasureSettings,
+    ) -> TrialMetrics:
+        drop = self.drop(recipe)
+        return TrialMetrics(
+            latency=_stats(self.latency_ms(recipe), recipe.batch),
+            quality=Quality(
+                metric="top1_accuracy", value=0.95 - drop, reference=0.95, drop=drop, samples=quality_data.n_samples
+            ),
+            peak_memory_mib=1.0,
+            model_size_mib=len(variant) / (1 << 20),
+        )
+
+    def compare(
+        self, contenders: Sequence[tuple[bytes, Recipe]], data: Dataset, batch: int, settings: MeasureSettings
+    ) -> list[LatencyStats]:
+        self.compared.append([recipe for _, recipe in contenders])
+        final = self.final_latency_ms or self.latency_ms
+        return [_stats(final(recipe), batch) for _, recipe in contenders]
+
+
+def fixed_profile() -> HardwareProfile:
+    """A two-core CPU with nothing measured: the search space does not depend on the machine running the tests."""
+    return HardwareProfile(
+        fingerprint="0123456789abcdef",
+        machine=MachineInfo(
+            cpu_model="test CPU",
+            arch="x86_64",
+            logical_cores=2,
+            physical_cores=2,
+            total_memory_bytes=8 << 30,
+            onnxruntime_version="test",
+            execution_providers=["CPUExecutionProvider"],
+        ),
+        providers_profiled=["CPUExecutionProvider"],
+        peak_gemm_gflops_fp32=100.0,
+        peak_gemm_gflops_int8=300.0,
+        memory_bandwidth_gbps=10.0,
+        measured_at=datetime(2025, 1, 1, tzinfo=UTC),
+        duration_s=0.0,
+    )
+
+
+def _adapt_fake(
+    digits: Digits, measurer: FakeMeasurer, constraints: Constraints | None = None
+) -> tuple[Report, bytes | None]:
     base, info, data = digits
-    settings = AdaptSettings(batch=32, budget_trials=6, seed=3, measure=FAST, **kw)
+    settings = AdaptSettings(
+        batch=BATCH,
+        budget_trials=64,
+        algorithm="grid",
+        overrides=SMALL_SPACE,
+        constraints=constraints or Constraints(max_quality_drop=QUALITY_BUDGET),
+    )
+    return Adaptation(base, info, data, fixed_profile(), settings, measurer=measurer).run()
+
+
+def _fastest(report: Report, admit: Callable[[Recipe], bool] = lambda r: True) -> Recipe:
+    """The fastest measured candidate by the fake's search latency, among those ``admit`` lets through."""
+    return min((t.recipe for t in report.trials if admit(t.recipe)), key=search_latency_ms)
+
+
+def _int8(per_channel: bool, weight_type: str, threads: int) -> Callable[[Recipe], bool]:
+    def matches(recipe: Recipe) -> bool:
+        q = recipe.transform.quantization
+        return (q.mode, q.per_channel, q.weight_type, recipe.session.intra_op_num_threads) == (
+            "int8_dynamic",
+            per_channel,
+            weight_type,
+            threads,
+        )
+
+    return matches
+
+
+# The candidate the fake makes fastest within the quality budget, and the fastest of all (too lossy).
+BEST_WITHIN_BUDGET = _int8(per_channel=True, weight_type="int8", threads=2)
+FASTEST_OVERALL = _int8(per_channel=False, weight_type="int8", threads=2)
+
+
+def _within_budget(recipe: Recipe) -> bool:
+    return quality_drop(recipe) <= QUALITY_BUDGET
+
+
+def test_the_fastest_candidate_within_the_quality_budget_is_chosen_and_written(digits: Digits, tmp_path: Path) -> None:
+    fake = FakeMeasurer()
+    report, variant = _adapt_fake(digits, fake)
+    assert report.stop_reason == "search space exhausted"
+    assert all(t.status != "failed" for t in report.trials)
+    fastest = _fastest(report)
+    assert FASTEST_OVERALL(fastest)
+    assert next(t for t in report.trials if t.recipe == fastest).violations[0].startswith("quality:")
+    winner = _fastest(report, _within_budget)
+    assert BEST_WITHIN_BUDGET(winner)
+    assert report.best is not None and report.best.recipe == winner
+    scores = (t.score for t in [report.baseline, *report.trials])
+    assert report.best.score == max(s for s in scores if s is not None)
+    assert report.validation is not None and report.validation.passed
+    # The winner is re-measured back to back with FP32 once, and ships: 4 ms / 1 ms.
+    assert fake.compared == [[FP32, winner]]
+    assert report.final is not None and not report.final.kept_baseline and report.final.note == ""
+    assert report.final.speedup_p50 == pytest.approx(4.0)
+    base, _, _ = digits
+    assert variant == build_variant(base, winner.transform)
+    written = write_outputs(tmp_path, report, variant)
+    assert tmp_path / "model.onnx" in written and (tmp_path / "model.onnx").read_bytes() == variant
+    assert Recipe.model_validate_json((tmp_path / "recipe.json").read_text()) == winner
+
+
+def test_a_winner_slower_than_fp32_back_to_back_is_not_shipped(digits: Digits) -> None:
+    fake = FakeMeasurer(final_latency_ms=lambda recipe: 1.0 if recipe == FP32 else 2.0)
+    report, variant = _adapt_fake(digits, fake)
+    winner = _fastest(report, _within_budget)
+    assert BEST_WITHIN_BUDGET(winner)
+    assert fake.compared == [[FP32, winner]]
+    final = report.final
+    assert final is not None and final.kept_baseline
+    assert final.speedup_p50 == pytest.approx(0.5)
+    assert final.baseline.latency.p50_ms == pytest.approx(1.0) and final.best.latency.p50_ms == pytest.approx(2.0)
+    assert "0.50x of FP32" in final.note and winner.describe() in final.note
+    assert report.best is not None and report.best.index == 0 and report.best.recipe == FP32
+    assert report.validation is not None and report.validation.passed
+    base, _, _ = digits
+    assert variant == build_variant(base, FP32.transform)
+    # The search's record is untouched: the winner is still there, feasible and scored.
+    assert any(t.recipe == winner and t.score is not None for t in report.trials)
+
+
+def test_fp32_winning_the_search_is_shipped_without_a_fallback(digits: Digits) -> None:
+    fake = FakeMeasurer(latency_ms=lambda recipe: 4.0 if recipe == FP32 else 8.0)
+    report, variant = _adapt_fake(digits, fake)
+    assert report.best is not None and report.best.index == 0 and variant is not None
+    assert fake.compared == [[FP32, FP32]]
+    assert report.final is not None and not report.final.kept_baseline and report.final.note == ""
+
+
+def test_no_feasible_candidate_reports_the_closest(digits: Digits, tmp_path: Path) -> None:
+    # p95 is 1.2x the fake's p50, at least 0.8 ms: every candidate misses a 0.5 ms SLO.
+    slo = Constraints(slo_p95_ms=0.5, max_quality_drop=QUALITY_BUDGET)
+    fake = FakeMeasurer()
+    report, variant = _adapt_fake(digits, fake, slo)
+    assert report.best is None and variant is None
+    assert report.validation is None and report.final is None and fake.compared == []
+    assert all(t.status == "infeasible" for t in [report.baseline, *report.trials])
+    assert report.baseline.violations == ["latency: p95 4.80 ms > SLO 0.5 ms"]
+    error = infeasible_error(report)
+    assert isinstance(error, NoFeasibleCandidate)
+    # The fastest candidate overall misses the quality budget too; the nearest miss is the
+    # fastest of those that only miss the SLO.
+    nearest = _fastest(report, _within_budget)
+    assert error.closest[0] == (nearest.describe(), ["latency: p95 1.20 ms > SLO 0.5 ms"])
+    fastest = _fastest(report)
+    assert fastest.describe() in [described for described, _ in error.closest[1:]]
+    # The report is still produced, with no model.
+    written = write_outputs(tmp_path, report, variant)
+    assert tmp_path / "report.json" in written and not (tmp_path / "model.onnx").exists()
+    assert json.loads((tmp_path / "report.json").read_text())["best"] is None
+
+
+def test_same_seed_same_search(digits: Digits) -> None:
+    # The default searcher over the full space: with measurements that do not vary, every ask is the same.
+    base, info, data = digits
+    settings = AdaptSettings(batch=BATCH, budget_trials=8, seed=3)
+    runs = [Adaptation(base, info, data, fixed_profile(), settings, measurer=FakeMeasurer()).run()[0] for _ in range(2)]
+    a, b = ([(t.point, t.status, t.score) for t in r.trials] for r in runs)
+    assert len(a) == 8 and a == b
+    assert runs[0].best is not None and runs[1].best is not None
+    assert runs[0].best.recipe == runs[1].best.recipe
+
+
+def test_the_default_measurer_is_onnx_runtime(digits: Digits, quick_profile: HardwareProfile) -> None:
+    base, info, data = digits
+    adaptation = Adaptation(base, info, data, quick_profile, AdaptSettings(batch=BATCH))
+    assert isinstance(adaptation.measurer, OnnxRuntimeMeasurer)
+
+
+# -- the real path: ONNX Runtime timings ---------------------------------------------------
+
+
+def _run(
+    digits: Digits, profile: HardwareProfile, constraints: Constraints | None = None
+) -> tuple[Report, bytes | None]:
+    base, info, data = digits
+    settings = AdaptSettings(
+        batch=BATCH, budget_trials=6, seed=3, measure=FAST, constraints=constraints or Constraints()
+    )
     return Adaptation(base, info, data, profile, settings).run()
 
 
-def test_adaptation_finds_a_valid_variant(digits, quick_profile: HardwareProfile) -> None:
+def test_adaptation_finds_a_valid_variant(digits: Digits, quick_profile: HardwareProfile) -> None:
     report, variant = _run(digits, quick_profile)
     assert len(report.trials) == 6
     assert report.best is not None and variant is not None
-    assert report.best.score is not None
-    assert report.final is not None and report.final.speedup_p50 > 0
-    if report.final.kept_baseline:
-        # FAST timing on a 0.05 ms model: the winner can re-measure slower than FP32, which then stays.
-        assert report.best.recipe == report.baseline.recipe and report.final.speedup_p50 < 1.0
-    else:
-        assert all(report.best.score >= t.score for t in report.trials if t.score is not None)
+    assert report.best.score is not None and report.best.metrics is not None
     assert report.validation is not None and report.validation.passed
-    assert report.best.metrics is not None
     assert report.best.metrics.quality.drop <= report.settings.constraints.max_quality_drop
-    # The variant written is runnable as is with the recipe's session settings.
+    assert report.baseline.metrics is not None
+    lat = report.baseline.metrics.latency
+    assert 0 < lat.p50_ms <= lat.p95_ms <= lat.p99_ms and FAST.min_runs <= lat.runs <= FAST.max_runs
+    final = report.final
+    assert final is not None and final.speedup_p50 > 0
+    assert final.baseline.quality == report.baseline.metrics.quality  # re-measured for latency only
+    # Whatever the timings: what ships is FP32, or a variant at least as fast as FP32 back to back;
+    # FP32 is kept only for a winner that re-measured slower.
+    assert report.best.index == 0 or final.speedup_p50 >= 1.0
+    assert not final.kept_baseline or (report.best.recipe == FP32 and final.speedup_p50 < 1.0)
+    # The variant returned is runnable as is with the recipe's session settings.
     _, _, data = digits
     out = create_session(variant, report.best.recipe).run(None, data.batch(0, 4))
     assert out[0].shape == (4, 10)
 
 
-def test_same_seed_starts_with_the_same_candidate(digits, quick_profile: HardwareProfile) -> None:
-    # Later asks depend on measured scores (timing noise); the first depends on the seed alone.
-    a, _ = _run(digits, quick_profile)
-    b, _ = _run(digits, quick_profile)
-    assert a.trials[0].point == b.trials[0].point
-
-
-def test_impossible_slo_yields_no_best(digits, quick_profile: HardwareProfile) -> None:
-    report, variant = _run(digits, quick_profile, constraints=Constraints(slo_p95_ms=1e-6))
+def test_impossible_slo_yields_no_best(digits: Digits, quick_profile: HardwareProfile) -> None:
+    report, variant = _run(digits, quick_profile, Constraints(slo_p95_ms=1e-6))
     assert report.best is None and variant is None
     assert all(t.status in ("infeasible", "failed") for t in report.trials)
     assert report.baseline.violations
-
-
-def test_a_winner_slower_than_fp32_back_to_back_is_not_shipped(
-    digits, quick_profile: HardwareProfile, monkeypatch
-) -> None:
-    real = Adaptation._final_comparison
-    compared: list[int] = []
-
-    def slower(self, baseline, best, variant):  # type: ignore[no-untyped-def]
-        compared.append(best.index)
-        return real(self, baseline, best, variant).model_copy(update={"speedup_p50": 0.5})
-
-    monkeypatch.setattr(Adaptation, "_final_comparison", slower)
-    report, variant = _run(digits, quick_profile)
-    assert compared, "the final comparison always runs when a candidate validates"
-    if compared[0] == 0:  # the search's own winner was FP32: nothing to fall back from
-        assert report.final is not None and not report.final.kept_baseline
-        return
-    assert report.final is not None and report.final.kept_baseline
-    assert "0.50x of FP32" in report.final.note
-    assert report.best is not None and report.best.index == 0 and report.best.recipe == Recipe(batch=32)
-    assert report.validation is not None and report.validation.passed
-    assert variant is not None
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
