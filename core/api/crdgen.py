@@ -64,7 +64,8 @@ _KEY_ORDER = (
 def structural(schema: Schema, defs: dict[str, Schema] | None = None, path: str = "") -> Schema:
     """Convert one pydantic JSON schema node (with its ``$defs``) into a structural schema node."""
     defs = schema.get("$defs", {}) if defs is None else defs
-    return _ordered(_convert(schema, defs, path or "<root>", ()))
+    out: Schema = _ordered(_convert(schema, defs, path or "<root>", ()))
+    return out
 
 
 def _ordered(node: Any) -> Any:

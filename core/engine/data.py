@@ -27,7 +27,7 @@ class Dataset:
 
     @property
     def n_samples(self) -> int:
-        return next(iter(self.inputs.values())).shape[0]
+        return int(next(iter(self.inputs.values())).shape[0])
 
     def batch(self, start: int, size: int) -> dict[str, np.ndarray]:
         """``size`` samples starting at ``start``, wrapping around so any batch size works."""

@@ -11,7 +11,7 @@ matplotlib.use("Agg")  # files only; never open a window
 import matplotlib.pyplot as plt
 
 from metainfer.core.engine.pipeline import Report
-from metainfer.core.engine.trial import Trial
+from metainfer.core.engine.trial import Trial, TrialStatus
 
 
 def _xy(trials: list[Trial]) -> tuple[list[float], list[float]]:
@@ -21,15 +21,15 @@ def _xy(trials: list[Trial]) -> tuple[list[float], list[float]]:
 
 def pareto_plot(report: Report, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
-    feasible = [t for t in report.trials if t.status == "feasible"]
-    infeasible = [t for t in report.trials if t.status == "infeasible"]
-    for trials, style, label in (
-        (infeasible, {"marker": "x", "color": "tab:red", "alpha": 0.7}, "infeasible"),
-        (feasible, {"marker": "o", "color": "tab:blue", "alpha": 0.7}, "feasible"),
+    feasible = [t for t in report.trials if t.status == TrialStatus.FEASIBLE]
+    infeasible = [t for t in report.trials if t.status == TrialStatus.INFEASIBLE]
+    for trials, marker, color, label in (
+        (infeasible, "x", "tab:red", "infeasible"),
+        (feasible, "o", "tab:blue", "feasible"),
     ):
         if trials:
             x, y = _xy(trials)
-            ax.scatter(x, y, label=f"{label} ({len(trials)})", **style)
+            ax.scatter(x, y, marker=marker, color=color, alpha=0.7, label=f"{label} ({len(trials)})")
     x, y = _xy([report.baseline])
     ax.scatter(x, y, marker="s", s=90, color="black", label="FP32 baseline (ORT defaults)", zorder=5)
     if report.best is not None:

@@ -25,7 +25,7 @@ import onnxruntime as ort
 
 from metainfer.core.engine.profile.opcases import OpCase
 from metainfer.core.engine.profile.opmodels import Built, add_model, gemm_model
-from metainfer.core.engine.profile.types import CPU_PROVIDER, BenchConfig, OpSupport
+from metainfer.core.engine.profile.types import CPU_PROVIDER, BenchConfig, OpSupport, SupportStatus
 
 INSERTED_CAST_PREFIX = "InsertedPrecisionFreeCast_"
 # EPs that do not compute locally (Azure forwards requests to a remote endpoint):
@@ -61,7 +61,7 @@ def first_line(exc: BaseException) -> str:
 
 def probe(case: OpCase, provider: str, config: BenchConfig, workdir: Path, rng: np.random.Generator) -> OpSupport:
     """Classify and time one op case on one provider."""
-    base = {"op_type": case.op_type, "dtype": case.dtype, "variant": case.variant, "provider": provider}
+    base: dict[str, Any] = {"op_type": case.op_type, "dtype": case.dtype, "variant": case.variant, "provider": provider}
     built = case.build(rng)
     prefix = workdir / f"{case.op_type}_{case.dtype}_{case.variant}_{provider}"
     try:
@@ -95,7 +95,7 @@ def _kernels(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in events if e.get("cat") == "Node" and str(e.get("name", "")).endswith("_kernel_time")]
 
 
-def classify(events: list[dict[str, Any]], op_type: str, dtype: str, provider: str) -> tuple[str, str | None]:
+def classify(events: list[dict[str, Any]], op_type: str, dtype: str, provider: str) -> tuple[SupportStatus, str | None]:
     """native/fallback from the executed nodes' providers and inserted precision Casts."""
     kernels = _kernels(events)
     ran = sorted({str(k.get("args", {}).get("op_name", "?")) for k in kernels})

@@ -7,6 +7,8 @@ as it does in real models. Values come from the caller's seeded generator.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -23,16 +25,16 @@ def single_op_model(
     feeds: Feeds,
     consts: Feeds,
     order: list[str],
-    outs: list[tuple[str, type]],
+    outs: Sequence[tuple[str, type]],
     domain: str = "",
-    **attrs,
+    **attrs: object,
 ) -> Built:
     """One node named ``target``; ``order`` lists its inputs ("" for an omitted optional one)."""
     inputs = [
         helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in feeds.items()
     ]
     outputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(t)), None) for n, t in outs]
-    node = helper.make_node(op_type, order, [n for n, _ in outs], name="target", domain=domain, **attrs)
+    node = helper.make_node(op_type, order, [n for n, _ in outs], name="target", domain=domain, **attrs)  # type: ignore[arg-type]  # onnx types attribute kwargs as str | None
     inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
     graph = helper.make_graph([node], f"probe_{op_type}", inputs, outputs, initializer=inits)
     opsets = [helper.make_opsetid("", OPSET)] + ([helper.make_opsetid(domain, 1)] if domain else [])
@@ -67,7 +69,7 @@ def gemm_model(n: int, dtype: Dtype, rng: np.random.Generator) -> Built:
     )
 
 
-def _matmulinteger_n(r, n):
+def _matmulinteger_n(r: np.random.Generator, n: int) -> Built:
     consts = {"b": ints(r, (n, n), np.int8), "az": scalar(3, np.uint8)}
     return single_op_model(
         "MatMulInteger", {"a": ints(r, (n, n), np.uint8)}, consts, ["a", "b", "az"], [("y", np.int32)]

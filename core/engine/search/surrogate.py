@@ -83,7 +83,8 @@ class Surrogate:
             p = self._clf.predict_proba(x)[:, 1]
             doubt = np.clip(2 * (0.5 - p), 0.0, 1.0)
             t = (1 - doubt) * t + doubt * self._penalty
-        return np.exp(t) if self._log else t
+        out: np.ndarray = np.exp(t) if self._log else t
+        return out
 
     def predict(self, points: Sequence[Point]) -> np.ndarray:
         return self.predict_keys([self.space.key(p) for p in points])

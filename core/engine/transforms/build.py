@@ -41,7 +41,8 @@ def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None 
     elif q.mode in ("int8_dynamic", "int8_static"):
         model = to_int8(model, q, calibration)
     _stamp(model, base, spec)
-    return model.SerializeToString(deterministic=True)
+    serialized: bytes = model.SerializeToString(deterministic=True)
+    return serialized
 
 
 def quantizable_nodes(model: onnx.ModelProto, mode: str) -> list[str]:

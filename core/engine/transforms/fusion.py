@@ -24,7 +24,7 @@ def fuse_transformer(model: onnx.ModelProto) -> onnx.ModelProto:
     # opt_level=0: Python fusions only, so the result does not depend on this
     # machine's ORT graph optimizations and stays portable and deterministic.
     optimized = optimize_model(model, model_type="bert", num_heads=0, hidden_size=0, opt_level=0)
-    fused = optimized.model
+    fused: onnx.ModelProto = optimized.model
     # The optimizer emits com.microsoft ops but leaves the opset import to its save path.
     domains = {n.domain for n in fused.graph.node}
     if MS_DOMAIN in domains and not any(o.domain == MS_DOMAIN for o in fused.opset_import):

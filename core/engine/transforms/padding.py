@@ -59,7 +59,7 @@ def mask_input(model: onnx.ModelProto) -> str | None:
     for value in model.graph.input:
         tensor = value.type.tensor_type
         if "mask" in value.name.lower() and tensor.elem_type in _INT_TYPES and len(tensor.shape.dim) == 2:
-            return value.name
+            return str(value.name)
     return None
 
 
@@ -191,7 +191,12 @@ def _attention_body(
         _axes_node("Unsqueeze", t["rows"], t["batched"], 0, graph),
         helper.make_node("Split", [t["batched"]], [t["q"], t["k"], t["v"]], axis=2),  # equal thirds
         helper.make_node(
-            "MultiHeadAttention", [t["q"], t["k"], t["v"]], [t["attended"]], domain=MS_DOMAIN, name=name, **attributes
+            "MultiHeadAttention",
+            [t["q"], t["k"], t["v"]],
+            [t["attended"]],
+            domain=MS_DOMAIN,
+            name=name,
+            **attributes,  # type: ignore[arg-type]  # onnx's stub types attribute kwargs as str | None
         ),
         _axes_node("Squeeze", t["attended"], t["squeezed"], 0, graph),
         helper.make_node("SequenceInsert", [seq_in, t["squeezed"]], [seq_out]),
@@ -321,7 +326,8 @@ def _per_feature(node: onnx.NodeProto, name: str, constants: dict[str, int]) -> 
 
 def _axes_node(op: str, x: str, out: str, axis: int, graph: onnx.GraphProto, **attributes: int) -> onnx.NodeProto:
     """Squeeze/Unsqueeze/ReduceSum over one axis (opset 13 form: axes as an input)."""
-    return helper.make_node(op, [x, _const(graph, f"{PREFIX}_axis_{axis}", [axis])], [out], **attributes)
+    inputs = [x, _const(graph, f"{PREFIX}_axis_{axis}", [axis])]
+    return helper.make_node(op, inputs, [out], **attributes)  # type: ignore[arg-type]  # onnx's stub: str | None
 
 
 def _const(graph: onnx.GraphProto, name: str, value: list[int] | int) -> str:
@@ -349,7 +355,7 @@ def _default_opset(model: onnx.ModelProto) -> int:
 
 
 def _elem_type(graph: onnx.GraphProto, initializer: str) -> int:
-    return next(t.data_type for t in graph.initializer if t.name == initializer)
+    return int(next(t.data_type for t in graph.initializer if t.name == initializer))
 
 
 def _zero(elem_type: int) -> np.ndarray:

@@ -48,7 +48,7 @@ CALIBRATION_STRIDE_BATCHES = 1
 EXTRA = {"MatMulConstBOnly": True, "DefaultTensorType": onnx.TensorProto.FLOAT}
 
 
-class _Reader(CalibrationDataReader):
+class _Reader(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime ships no type information
     """Full calibration batches, served one stride at a time.
 
     ORT's histogram calibrators keep every intermediate tensor of everything
@@ -74,7 +74,7 @@ class _Reader(CalibrationDataReader):
 
 
 def _full(feed: dict[str, np.ndarray], batch: int) -> bool:
-    return next(iter(feed.values())).shape[0] == batch
+    return bool(next(iter(feed.values())).shape[0] == batch)
 
 
 def calibration_batch(model: onnx.ModelProto) -> int:
@@ -83,7 +83,7 @@ def calibration_batch(model: onnx.ModelProto) -> int:
     for value in model.graph.input:
         dims = value.type.tensor_type.shape.dim
         if value.name not in initializers and dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
-            return dims[0].dim_value
+            return int(dims[0].dim_value)
     return CALIBRATION_BATCH
 
 
@@ -95,7 +95,8 @@ def to_fp16(model: onnx.ModelProto, keep_float: tuple[str, ...]) -> onnx.ModelPr
     # The converter appends its Cast nodes at the end of the node list; ONNX requires topological order.
     wrapped = OnnxModel(converted)
     wrapped.topological_sort()
-    return wrapped.model
+    sorted_model: onnx.ModelProto = wrapped.model
+    return sorted_model
 
 
 # QDQ with per-channel (1-D) scales and int8 zero points is only valid from opset 13.
