@@ -319,7 +319,7 @@ class Adaptation:
         def features(point: Point) -> np.ndarray:
             mode = point["quantization"]
             gain = int8_gain if mode in ("int8_dynamic", "int8_static") else 0.0
-            threads = float(point["intra_op_num_threads"]) / cores  # type: ignore[arg-type]
+            threads = float(point["intra_op_num_threads"] or 0) / cores
             fused = float(point["fusion"] != "none" and self.model.is_transformer)
             return np.array([gain, threads, fused, gain * threads])
 

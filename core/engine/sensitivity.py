@@ -69,7 +69,9 @@ def analyse(
         if on_step:
             on_step(i, len(probed), node)
         others = tuple(n for n in nodes if n != node)
-        spec = TransformSpec(quantization=QuantizationSpec(mode=mode, per_channel=True, keep_float=others))  # type: ignore[arg-type]
+        # ``mode`` arrives as the search point's string; validating it is what narrows it to a QuantizationMode.
+        quantization = QuantizationSpec.model_validate({"mode": mode, "per_channel": True, "keep_float": others})
+        spec = TransformSpec(quantization=quantization)
         variant = build_variant(base, spec, calibration)
         outputs = run_all(create_session(variant, probe_recipe), quality_data, batch)
         drop = quality_of(outputs, reference).drop

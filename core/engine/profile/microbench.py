@@ -25,7 +25,7 @@ import onnxruntime as ort
 
 from metainfer.core.engine.profile.opcases import OpCase
 from metainfer.core.engine.profile.opmodels import Built, add_model, gemm_model
-from metainfer.core.engine.profile.types import CPU_PROVIDER, BenchConfig, OpSupport, SupportStatus
+from metainfer.core.engine.profile.types import CPU_PROVIDER, BenchConfig, Dtype, OpSupport, SupportStatus
 
 INSERTED_CAST_PREFIX = "InsertedPrecisionFreeCast_"
 # EPs that do not compute locally (Azure forwards requests to a remote endpoint):
@@ -144,10 +144,10 @@ def best_seconds(built: Built, config: BenchConfig, repeats: int, min_seconds: f
     return best
 
 
-def peak_gemm_gflops(config: BenchConfig, dtype: str, rng: np.random.Generator) -> float:
+def peak_gemm_gflops(config: BenchConfig, dtype: Dtype, rng: np.random.Generator) -> float:
     """2 n^3 operations over the best time of an n^3 GEMM (fp32 MatMul or u8s8 MatMulInteger)."""
     n = config.gemm_n
-    built = gemm_model(n, dtype, rng)  # type: ignore[arg-type]
+    built = gemm_model(n, dtype, rng)
     seconds = best_seconds(built, config, config.gemm_repeats, config.gemm_min_seconds)
     return 2.0 * n**3 / seconds / 1e9
 
