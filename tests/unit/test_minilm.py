@@ -1,7 +1,7 @@
 """The real all-MiniLM-L6-v2 export: right numbers, right meaning, stable bytes.
 
-Why these checks: the bench that stands in for issue 2's acceptance test is only
-worth something if the ONNX graph computes what the trained checkpoint computes.
+Why these checks: the transformer benchmark on this model is only worth
+something if the ONNX graph computes what the trained checkpoint computes.
 Without torch, the oracle is an independent float64 numpy BERT; the paraphrase
 test catches a mistake both could share (e.g. a wrong tokenizer), since only a
 correct model ranks a paraphrase above an unrelated sentence.
