@@ -12,16 +12,17 @@ batch size or the selection is how a user asks for a re-adaptation.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, create_model
 
 from metainfer.core.api._base import ApiModel, cel, map_list, rule, set_list
 from metainfer.core.api.conditions import Condition
 from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, AcceleratorVendor, HardwareClass
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase
 from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
-from metainfer.core.engine.recipe import ExecutionMode, GraphFusion, GraphOptimizationLevel, Layout, QuantizationMode
+from metainfer.core.engine.knobs import KNOBS, Knob, UpTo, check_knobs, overridable
 
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
 MODEL_URI_PATTERN = r"^(https?|file|configmap)://[^\s]+$"
@@ -156,35 +157,45 @@ class HardwareSelection(ApiModel):
     )
 
 
-class SearchSpaceOverrides(ApiModel):
-    """Restrict the joint search space; each omitted dimension keeps the engine's defaults."""
+def search_space_fields(knobs: Sequence[Knob] = KNOBS) -> dict[str, Any]:
+    """pydantic field definitions of ``spec.search.searchSpace``: one optional field per knob a policy
+    may restrict, in the knobs' declared positions (the CRD keeps that order)."""
+    check_knobs(knobs)
+    fields: dict[str, Any] = {}
+    for _, override in overridable(knobs):
+        if isinstance(override, UpTo):
+            fields[override.field] = (
+                int | None,
+                Field(None, ge=0, le=override.maximum, description=override.description),
+            )
+        else:
+            # The item type is the knob's, known only at run time: mypy cannot read it as a type.
+            fields[override.field] = (
+                list[override.item] | None,  # type: ignore[name-defined]
+                Field(
+                    None,
+                    min_length=1,
+                    max_length=override.max_items,
+                    description=override.description,
+                    json_schema_extra=set_list(),
+                ),
+            )
+    return fields
 
-    quantization: list[QuantizationMode] | None = Field(
-        None, min_length=1, max_length=4, description="Numeric formats to try.", json_schema_extra=set_list()
-    )
-    graph_optimization_levels: list[GraphOptimizationLevel] | None = Field(
-        None, min_length=1, max_length=4, json_schema_extra=set_list()
-    )
-    layouts: list[Layout] | None = Field(None, min_length=1, max_length=2, json_schema_extra=set_list())
-    fusions: list[GraphFusion] | None = Field(None, min_length=1, max_length=2, json_schema_extra=set_list())
-    execution_modes: list[ExecutionMode] | None = Field(None, min_length=1, max_length=2, json_schema_extra=set_list())
-    execution_providers: list[Annotated[str, StringConstraints(min_length=1, max_length=64)]] | None = Field(
-        None,
-        min_length=1,
-        max_length=16,
-        description="ONNX Runtime execution providers to try.",
-        json_schema_extra=set_list(),
-    )
-    intra_op_threads: list[Annotated[int, Field(ge=0, le=1024)]] | None = Field(
-        None,
-        min_length=1,
-        max_length=16,
-        description="Thread counts to try (0 = ONNX Runtime decides).",
-        json_schema_extra=set_list(),
-    )
-    max_keep_float_layers: int | None = Field(
-        None, ge=0, le=1024, description="Mixed precision: at most this many layers kept in float."
-    )
+
+def search_space_model(knobs: Sequence[Knob], name: str = "SearchSpaceOverrides") -> type[ApiModel]:
+    """A model with the search-space restrictions of ``knobs`` (the real one: ``SearchSpaceOverrides``)."""
+    return create_model(name, __base__=ApiModel, __module__=__name__, **search_space_fields(knobs))
+
+
+if TYPE_CHECKING:
+    _KnobRestrictions = ApiModel
+else:
+    _KnobRestrictions = search_space_model(KNOBS, "_KnobRestrictions")
+
+
+class SearchSpaceOverrides(_KnobRestrictions):
+    """Restrict the joint search space; each omitted dimension keeps the engine's defaults."""
 
 
 class SearchSettings(ApiModel):

@@ -11,9 +11,11 @@ returns a new status; nothing here talks to the API server.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+
+from pydantic import BaseModel
 
 from metainfer.core.api.conditions import ConditionStatus, set_condition
-from metainfer.core.api.policy import SearchSpaceOverrides
 from metainfer.core.api.run import (
     MAX_TRIALS,
     AdaptationRunSpec,
@@ -31,6 +33,7 @@ from metainfer.core.engine.errors import (
     UnsupportedModelError,
 )
 from metainfer.core.engine.evaluate import MeasureSettings
+from metainfer.core.engine.knobs import KNOBS, QUANTIZATION, QUANTIZATION_MODES, Knob, overridable
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.pipeline import AdaptSettings, Report
 from metainfer.core.engine.profile.types import CPU_PROVIDER, HardwareProfile
@@ -43,30 +46,21 @@ CLOSEST_SHOWN = 5
 _ENGINE_MAX_TRIALS = 2000  # AdaptSettings.budget_trials upper bound
 _UNSUPPORTED_MARKERS = ("NOT_IMPLEMENTED", "Could not find an implementation", "is not a registered function/op")
 
-# SearchSpaceOverrides field -> the engine's search-space dimension name.
-OVERRIDE_DIMENSIONS: dict[str, str] = {
-    "quantization": "quantization",
-    "graph_optimization_levels": "graph_optimization_level",
-    "layouts": "layout",
-    "fusions": "fusion",
-    "execution_modes": "execution_mode",
-    "execution_providers": "execution_provider",
-    "intra_op_threads": "intra_op_num_threads",
-}
+# SearchSpaceOverrides field -> the engine's search-space dimension name, from the knob declarations.
+OVERRIDE_DIMENSIONS: dict[str, str] = {override.field: knob.name for knob, override in overridable(KNOBS)}
 
 
 # -- spec -> engine settings ------------------------------------------------------------
 
 
-def space_overrides(space: SearchSpaceOverrides) -> dict[str, list[str | int | float | bool]]:
-    """The policy's search-space restrictions as ``AdaptSettings.overrides`` (dimension -> allowed choices)."""
+def space_overrides(space: BaseModel, knobs: Sequence[Knob] = KNOBS) -> dict[str, list[str | int | float | bool]]:
+    """The policy's search-space restrictions (a ``SearchSpaceOverrides``) as ``AdaptSettings.overrides``:
+    dimension -> allowed choices, for each restriction the policy sets."""
     out: dict[str, list[str | int | float | bool]] = {}
-    for field, dimension in OVERRIDE_DIMENSIONS.items():
-        values = getattr(space, field)
-        if values is not None:
-            out[dimension] = list(values)
-    if space.max_keep_float_layers is not None:  # the keep_float dimension counts layers kept in float
-        out["keep_float"] = list(range(space.max_keep_float_layers + 1))
+    for knob, override in overridable(knobs):
+        value = getattr(space, override.field)
+        if value is not None:
+            out[knob.name] = override.choices(value)
     return out
 
 
@@ -109,8 +103,8 @@ def _without_static_if_no_data(
     so a static int8 winner could never be rebuilt by ``metainfer serve``: leave static out of the search."""
     if not no_data:
         return overrides
-    modes = overrides.get("quantization", ["fp32", "fp16", "int8_dynamic", "int8_static"])
-    return {**overrides, "quantization": [m for m in modes if m != "int8_static"] or ["fp32"]}
+    modes = overrides.get(QUANTIZATION.name, list(QUANTIZATION_MODES))
+    return {**overrides, QUANTIZATION.name: [m for m in modes if m != "int8_static"] or ["fp32"]}
 
 
 # -- report -> status fields ---------------------------------------------------------------

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
+import json
 from pathlib import Path
 
-from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for, unsupported_reason
-from metainfer.core.engine.modelinfo import inspect_model
-from metainfer.core.engine.profile import HardwareProfile, OpSupport
+import pytest
+
+from metainfer.core.engine.candidates import KNOBS, SpaceOptions, build_space, recipe_for, unsupported_reason
+from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
+from metainfer.core.engine.profile import HardwareProfile, MachineInfo, OpSupport
+from metainfer.core.engine.search.space import Point
 
 
 def test_space_prunes_what_the_profile_says_cannot_run(digits, quick_profile: HardwareProfile) -> None:
@@ -78,3 +84,284 @@ def test_padding_removal_only_with_fusion_and_where_it_can_build(
     ]
     assert fused_static and all(p["calibration"] == "minmax" for p in fused_static)
     assert all(recipe_for(p, lambda mode: []).transform.padding == "remove" for p in removed)
+
+
+# -- regression: the space and the recipes of fixed models on a fixed synthetic profile ---------------
+
+CPU, DNNL, CUDA = "CPUExecutionProvider", "DnnlExecutionProvider", "CUDAExecutionProvider"
+_RECIPE_LAYERS = 12
+_ALL_POINTS_LIMIT = 20_000  # larger products only pin their allowed points (keeps the test quick)
+
+
+def _op(
+    op_type: str,
+    dtype: str,
+    provider: str,
+    status: str = "native",
+    variant: str | None = None,
+    latency: float | None = None,
+) -> OpSupport:
+    return OpSupport.model_validate(
+        {
+            "op_type": op_type,
+            "dtype": dtype,
+            "provider": provider,
+            "status": status,
+            "variant": variant,
+            "latency_us": latency,
+        }
+    )
+
+
+def synthetic_profile(nhwc: bool = True) -> HardwareProfile:
+    """Two usable EPs plus one profiled but absent; fp16 emulated on CPU, int8 type variants that are
+    missing or much slower, NHWC native on CPU only: every hardware rule of the space has work to do."""
+    return HardwareProfile(
+        fingerprint="0123456789abcdef",
+        machine=MachineInfo(
+            cpu_model="synthetic",
+            arch="x86_64",
+            logical_cores=8,
+            physical_cores=4,
+            total_memory_bytes=2**34,
+            onnxruntime_version="1.0",
+            execution_providers=[DNNL, CPU],
+        ),
+        providers_profiled=[CPU, DNNL, CUDA],
+        ops=[
+            _op("MatMul", "fp16", CPU, "fallback"),
+            _op("Conv", "fp16", CPU, "fallback"),
+            _op("NhwcConv", "fp32", CPU, "native" if nhwc else "fallback"),
+            _op("MatMulInteger", "int8", CPU, variant="u8s8", latency=10),
+            _op("MatMulInteger", "int8", CPU, variant="u8u8", latency=25),
+            _op("MatMulInteger", "int8", CPU, variant="s8s8", latency=11),
+            _op("QLinearMatMul", "int8", CPU, variant="u8s8", latency=12),
+            _op("QLinearMatMul", "int8", CPU, "unsupported", variant="s8s8"),
+            _op("QLinearConv", "int8", CPU, variant="u8s8", latency=20),
+            _op("QLinearConv", "int8", CPU, "unsupported", variant="s8u8"),
+            _op("QuantizeLinear", "int8", CPU),
+            _op("MatMul", "fp16", DNNL),
+            _op("Conv", "fp16", DNNL),
+            _op("Erf", "fp16", DNNL, "unsupported"),
+            _op("MatMulInteger", "int8", DNNL, "unsupported", variant="u8s8"),
+            _op("Gemm", "fp32", CUDA, "unsupported"),
+        ],
+        peak_gemm_gflops_fp32=100,
+        peak_gemm_gflops_int8=200,
+        memory_bandwidth_gbps=10,
+        measured_at=dt.datetime(2024, 1, 1, tzinfo=dt.UTC),
+        duration_s=1,
+    )
+
+
+@pytest.fixture(scope="module")
+def bert_info(tmp_path_factory: pytest.TempPathFactory) -> ModelInfo:
+    from metainfer.agent.zoo.bert import BertConfig, build_bert_model
+
+    path = tmp_path_factory.mktemp("bert") / "encoder.onnx"
+    path.write_bytes(
+        build_bert_model(BertConfig(layers=1, hidden=32, heads=2, intermediate=64, vocab=64)).SerializeToString()
+    )
+    return inspect_model(path)
+
+
+def _digest(obj: object) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _ranked(mode: str) -> list[str]:
+    return [f"{mode}/n{i}" for i in range(_RECIPE_LAYERS)]
+
+
+def _recipe_or_error(point: Point) -> object:
+    try:
+        return recipe_for(point, _ranked).model_dump(mode="json")
+    except Exception as exc:  # recipe_for of a disallowed point may fail validation; that is pinned too
+        return type(exc).__name__
+
+
+def space_snapshot(info: ModelInfo, profile: HardwareProfile, options: SpaceOptions, layers: int) -> dict[str, object]:
+    space, notes = build_space(info, profile, options, layers)
+    keys = space.allowed_keys()
+    snapshot: dict[str, object] = {
+        "dims": [(d.name, d.choices) for d in space.dimensions],
+        "notes": notes,
+        "allowed": len(keys),
+        "allowed_keys": _digest(keys),
+        "recipes": _digest([recipe_for(space.point(k), _ranked).model_dump(mode="json") for k in keys]),
+    }
+    if space.size <= _ALL_POINTS_LIMIT:
+        snapshot["all_recipes"] = _digest([_recipe_or_error(p) for p in space.enumerate()])
+    return snapshot
+
+
+_QUANT = ("fp32", "fp16", "int8_dynamic", "int8_static")
+_INT8_DIMS = [
+    ("per_channel", (False, True)),
+    ("weight_type", ("int8", "uint8")),
+    ("activation_type", ("uint8", "int8")),
+    ("calibration", ("minmax", "percentile")),
+]
+_SESSION_DIMS = [
+    ("graph_optimization_level", ("all", "extended", "basic")),
+    ("intra_op_num_threads", (1, 2, 4, 8)),
+    ("execution_mode", ("sequential", "parallel")),
+]
+_EMULATED = "only run emulated (cast to fp32), never faster than fp32"
+_NOTE_FP16_CPU_MATMUL = f"fp16 on CPUExecutionProvider pruned: fp16 ['MatMul'] {_EMULATED}"
+_NOTE_FP16_CUDA_MATMUL = f"fp16 on CUDAExecutionProvider pruned: fp16 ['MatMul'] {_EMULATED}"
+_NOTE_DYNAMIC_DNNL = "int8_dynamic on DnnlExecutionProvider pruned: unsupported int8 ops ['MatMulInteger']"
+_CONV_NOTES = [
+    f"fp16 on CPUExecutionProvider pruned: fp16 ['Conv'] {_EMULATED}",
+    f"fp16 on CUDAExecutionProvider pruned: fp16 ['Conv', 'Gemm'] {_EMULATED}",
+    "fp32 on CUDAExecutionProvider pruned: unsupported fp32 ops ['Gemm']",
+    "int8_dynamic on CUDAExecutionProvider pruned: unsupported fp32 ops ['Gemm']",
+    "int8_static on CUDAExecutionProvider pruned: unsupported fp32 ops ['Gemm']",
+    f"fp16 on DnnlExecutionProvider pruned: fp16 ['Gemm'] {_EMULATED}",
+    _NOTE_DYNAMIC_DNNL,
+]
+_CONV_DIMS = [
+    ("quantization", _QUANT),
+    *_INT8_DIMS,
+    ("keep_float", (0, 2)),
+    ("fusion", ("none",)),
+    ("layout", ("NCHW", "NHWC")),
+    ("padding", ("keep",)),
+    ("execution_provider", (CPU, DNNL)),
+    *_SESSION_DIMS,
+    ("batch", (2,)),
+]
+SNAPSHOTS: dict[str, dict[str, object]] = {
+    "digits_batch_search": {
+        "dims": [
+            ("quantization", _QUANT),
+            *_INT8_DIMS,
+            ("keep_float", (0, 1)),
+            ("fusion", ("none",)),
+            ("layout", ("NCHW",)),
+            ("padding", ("keep",)),
+            ("execution_provider", (CPU, DNNL)),
+            *_SESSION_DIMS,
+            ("batch", (1, 2, 4, 8, 16, 32)),
+        ],
+        "notes": [_NOTE_FP16_CPU_MATMUL, _NOTE_FP16_CUDA_MATMUL, _NOTE_DYNAMIC_DNNL],
+        "allowed": 5922,
+        "allowed_keys": "1260ddc7f6784c95",
+        "recipes": "6fd3b0ffe93d2197",
+    },
+    "digits_overridden": {
+        "dims": [
+            ("quantization", ("fp32", "int8_dynamic")),
+            *_INT8_DIMS,
+            ("keep_float", (0,)),
+            ("fusion", ("none",)),
+            ("layout", ("NCHW",)),
+            ("padding", ("keep",)),
+            ("execution_provider", (CPU,)),
+            ("graph_optimization_level", ("all", "extended", "basic")),
+            ("intra_op_num_threads", (1, 4)),
+            ("execution_mode", ("sequential", "parallel")),
+            ("batch", (1,)),
+        ],
+        "notes": [
+            "int8_static left out: needs at least a few calibration samples",
+            _NOTE_FP16_CPU_MATMUL,
+            _NOTE_FP16_CUDA_MATMUL,
+            _NOTE_DYNAMIC_DNNL,
+        ],
+        "allowed": 27,
+        "allowed_keys": "e22dfb68d6ee9b94",
+        "recipes": "bf43a71cc43ce4c0",
+        "all_recipes": "599aec77c499050b",
+    },
+    "bert_padding": {
+        "dims": [
+            ("quantization", _QUANT),
+            *_INT8_DIMS,
+            ("keep_float", (0, 1, 2)),
+            ("fusion", ("none", "transformer")),
+            ("layout", ("NCHW",)),
+            ("padding", ("keep", "remove")),
+            ("execution_provider", (CPU, DNNL)),
+            *_SESSION_DIMS,
+            ("batch", (4,)),
+        ],
+        "notes": [
+            _NOTE_FP16_CPU_MATMUL,
+            _NOTE_FP16_CUDA_MATMUL,
+            "fp16 on DnnlExecutionProvider pruned: unsupported fp16 ops ['Erf']",
+            _NOTE_DYNAMIC_DNNL,
+        ],
+        "allowed": 2016,
+        "allowed_keys": "f8144085307aec93",
+        "recipes": "a51d58ebbb4ff52e",
+    },
+    "conv": {
+        "dims": _CONV_DIMS,
+        "notes": _CONV_NOTES,
+        "allowed": 1407,
+        "allowed_keys": "a8aad2d5bfbdb961",
+        "recipes": "57665b79499d3a46",
+        "all_recipes": "e2ffda046b2c94a7",
+    },
+    "conv_no_nhwc": {
+        "dims": _CONV_DIMS,
+        "notes": [*_CONV_NOTES, "NHWC layout pruned: no profiled EP runs NhwcConv natively"],
+        "allowed": 966,
+        "allowed_keys": "1320eb8eeff0b81a",
+        "recipes": "59cda5d97ed36678",
+        "all_recipes": "e2ffda046b2c94a7",
+    },
+}
+
+
+def _cases(
+    digits_info: ModelInfo, bert: ModelInfo, conv: ModelInfo
+) -> dict[str, tuple[ModelInfo, HardwareProfile, SpaceOptions, int]]:
+    profile = synthetic_profile()
+    overrides: dict[str, tuple[object, ...]] = {
+        "intra_op_num_threads": (1, 4, 3),
+        "quantization": ("int8_static", "fp32", "int8_dynamic"),
+        "execution_provider": ("Nope",),
+    }
+    return {
+        "digits_batch_search": (digits_info, profile, SpaceOptions(batch=8, search_batch=True, max_batch=32), 3),
+        "digits_overridden": (digits_info, profile, SpaceOptions(allow_static=False, overrides=overrides), 1),
+        "bert_padding": (bert, profile, SpaceOptions(batch=4, padding_removable=True), 10),
+        "conv": (conv, profile, SpaceOptions(batch=2, keep_float_fractions=(0.0, 0.5)), 3),
+        "conv_no_nhwc": (
+            conv,
+            synthetic_profile(nhwc=False),
+            SpaceOptions(batch=2, keep_float_fractions=(0.0, 0.5)),
+            3,
+        ),
+    }
+
+
+def test_space_and_recipes_match_the_pinned_snapshot(
+    digits, bert_info: ModelInfo, tiny_conv: tuple[Path, Path]
+) -> None:
+    cases = _cases(digits[1], bert_info, inspect_model(tiny_conv[0]))
+    got = {name: space_snapshot(*case) for name, case in cases.items()}
+    assert got.keys() == SNAPSHOTS.keys()
+    for name, want in SNAPSHOTS.items():
+        assert got[name] == want, name
+
+
+def test_every_knob_maps_into_the_recipe_and_reads_back(
+    digits, bert_info: ModelInfo, tiny_conv: tuple[Path, Path]
+) -> None:
+    seen: dict[str, set[object]] = {k.name: set() for k in KNOBS}
+    offered: dict[str, set[object]] = {k.name: set() for k in KNOBS}
+    for info, profile, options, layers in _cases(digits[1], bert_info, inspect_model(tiny_conv[0])).values():
+        space, _ = build_space(info, profile, options, layers)
+        assert space.names == tuple(k.name for k in KNOBS)
+        for d in space.dimensions:
+            offered[d.name].update((type(c), c) for c in d.choices)
+        for point in space.allowed_points():
+            recipe = recipe_for(point, _ranked)
+            for knob in KNOBS:
+                value = knob.read(recipe)
+                assert (type(value), value) == (type(point[knob.name]), point[knob.name]), knob.name
+                seen[knob.name].add((type(value), value))
+    assert seen == offered  # every value of every knob is reachable and lands in the recipe

@@ -181,6 +181,16 @@ def test_space_overrides_use_engine_dimension_names() -> None:
     assert runstatus.settings_from_spec(spec(search_space=overrides)).overrides["layout"] == ["NHWC"]
 
 
+def test_without_data_static_int8_leaves_the_policy_restriction() -> None:
+    only_static = SearchSpaceOverrides(quantization=["int8_static"], max_keep_float_layers=0)
+    assert runstatus.settings_from_spec(spec(search_space=only_static)).overrides == {
+        "quantization": ["fp32"],  # nothing left to search: the baseline format
+        "keep_float": [0],
+    }
+    mixed = SearchSpaceOverrides(quantization=["int8_static", "fp16"])
+    assert runstatus.settings_from_spec(spec(search_space=mixed)).overrides == {"quantization": ["fp16"]}
+
+
 # -- trial summary ---------------------------------------------------------------------------
 
 
