@@ -219,7 +219,9 @@ def point_rule(check: Predicate) -> Rule:
 
 
 def _as_int(value: Scalar) -> int:
-    return int(value)  # type: ignore[arg-type]
+    if value is None:
+        raise TypeError("a knob with integer values got None")
+    return int(value)
 
 
 def _is_int8(p: Point) -> bool:

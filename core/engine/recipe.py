@@ -102,7 +102,7 @@ class Recipe(_Frozen):
             return {k: v for k, v in data.items() if k not in DERIVED_FIELDS}
         return data
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy rejects decorators over @property; pydantic documents this
     @property
     def session_options(self) -> dict[str, Any]:
         """ONNX Runtime ``SessionOptions`` attribute names and values."""
@@ -113,7 +113,7 @@ class Recipe(_Frozen):
             "execution_mode": ORT_EXECUTION_MODES[self.session.execution_mode],
         }
 
-    @computed_field  # type: ignore[prop-decorator]
+    @computed_field  # type: ignore[prop-decorator]  # mypy rejects decorators over @property; pydantic documents this
     @property
     def providers(self) -> list[str]:
         fallback = ["CPUExecutionProvider"]
@@ -131,7 +131,7 @@ class Recipe(_Frozen):
     def describe(self) -> str:
         """One line a person can read in a table."""
         q = self.transform.quantization
-        parts = [q.mode]
+        parts: list[str] = [q.mode]
         if q.mode in ("int8_dynamic", "int8_static"):
             parts.append("per-ch" if q.per_channel else "per-tensor")
             if q.keep_float:

@@ -183,7 +183,8 @@ class Space:
         return sum(len(d.choices) + (1 if d.ordinal else 0) for d in self.dimensions)
 
     def encode(self, point: Point) -> np.ndarray:
-        return self.encode_keys([self.key(point)])[0]
+        row: np.ndarray = self.encode_keys([self.key(point)])[0]
+        return row
 
     def encode_keys(self, keys: Sequence[Key]) -> np.ndarray:
         """One-hot per dimension, plus a [0, 1]-scaled value for ordinal dimensions.
