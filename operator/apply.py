@@ -21,65 +21,59 @@ from pydantic import ValidationError
 
 from metainfer.core.api import ADAPTATION_POLICY, ADAPTATION_RUN
 from metainfer.core.api.conditions import Condition, ConditionType, set_condition
-from metainfer.core.api.policy import AdaptationPolicySpec
+from metainfer.core.api.policy import AdaptationPolicy
 from metainfer.core.api.vocabulary import ClassState, Reason
 from metainfer.core.control.events import coalesce
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.manifests import AgentJobSettings, ServingDefaults
-from metainfer.core.control.naming import job_name
-from metainfer.core.control.reconcile import Plan, RunLimits, plan_job, plan_policy, run_status_from_job
+from metainfer.core.control.objects import name_of, parse_runs, validation_message
+from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.metrics import CLASSES, RUNS_FINISHED, RUNS_STARTED
-from metainfer.operator.view import ClusterView
+from metainfer.operator.view import ClusterView, Indexes
 
 
 @dataclass(frozen=True)
 class Inputs:
-    policy: dict[str, Any]
+    body: dict[str, Any]  # the policy as read: its stored status decides whether to write one
     groups: list[ClassGroup]
-    runs: list[dict[str, Any]]
     plan: Plan
 
 
-def reconcile_inputs(
-    policy: dict[str, Any],
-    view: ClusterView,
-    nodes_index: Mapping[str, Any],
-    runs_index: Mapping[Any, Any],
-    deployments_index: Mapping[Any, Any],
-    cluster_in_flight: int,
-    config: OperatorConfig,
-) -> Inputs:
-    """Read everything the plan needs from the indexes and plan (pure apart from reading).
+def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, config: OperatorConfig) -> Inputs:
+    """Validate the policy and its own runs (never the cluster's), read the rest from the indexes, and plan.
 
-    ``cluster_in_flight``: Pending/Running runs of every policy, this one's included.
+    A policy that does not validate raises ValidationError (``invalid_spec_status`` reports it); a run that does
+    not validate is planned around and reported by the plan (core.control.runs).
     """
-    namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
-    spec = AdaptationPolicySpec.model_validate(policy["spec"])
-    groups = view.selected(spec.hardware, nodes_index)
-    runs = list(runs_index.get((namespace, name), []))
-    deployments = list(deployments_index.get((namespace, name), []))
+    policy = AdaptationPolicy.model_validate(body)
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    groups = view.selected(policy.spec.hardware, indexes.nodes)
+    runs = parse_runs(indexes.runs_of(namespace, name))
     limits = RunLimits(
         cluster_max_in_flight=config.max_concurrent_runs,
-        cluster_in_flight=cluster_in_flight,
+        cluster_in_flight=indexes.cluster_in_flight(),
         wait_for_available=config.wait_for_available,
     )
-    serving = ServingDefaults(image=config.agent_image)
-    plan = plan_policy(policy, groups, runs, deployments, dt.datetime.now(dt.UTC), limits, serving=serving)
-    return Inputs(policy, groups, runs, plan)
+    plan = plan_policy(
+        policy,
+        groups,
+        runs.valid,
+        indexes.deployments_of(namespace, name),
+        dt.datetime.now(dt.UTC),
+        limits,
+        serving=ServingDefaults(image=config.agent_image),
+        jobs=indexes.jobs_of(namespace, (name_of(r) for r in runs.valid)),
+        job_settings=AgentJobSettings(image=config.agent_image, service_account=config.agent_service_account),
+        invalid_runs=runs.invalid,
+    )
+    return Inputs(body, groups, plan)
 
 
-async def apply_plan(
-    body: kopf.Body,
-    inputs: Inputs,
-    jobs_index: Mapping[Any, Any],
-    config: OperatorConfig,
-    logger: logging.Logger,
-    now: dt.datetime,
-) -> dict[str, Any]:
+async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) -> dict[str, Any]:
     """Carry out the plan; returns the policy as stored afterwards (the next steps read it instead of a GET)."""
-    plan, policy = inputs.plan, inputs.policy
+    plan, policy = inputs.plan, inputs.body
     namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     for planned in plan.runs_to_create:
         if await kube.create_if_absent(planned.manifest):
@@ -87,7 +81,13 @@ async def apply_plan(
             logger.info("created run %s (%s)", planned.manifest["metadata"]["name"], planned.reason)
     for run_name in plan.runs_to_delete:
         await kube.delete("AdaptationRun", namespace, run_name)
-    await _jobs(inputs, jobs_index, config, now)
+    for job in plan.jobs_to_create:  # the Job first, its name in the run's status after: see plan_job
+        await kube.create_if_absent(job.manifest)
+        await kube.patch_status(
+            ADAPTATION_RUN.plural, namespace, job.run_name, {"jobName": job.manifest["metadata"]["name"]}
+        )
+    for failed in plan.runs_to_fail:
+        await kube.patch_status(ADAPTATION_RUN.plural, namespace, failed.run_name, failed.status)
     for action in plan.deployments_to_apply:
         await kube.apply(action.manifest)
     for service in plan.services:
@@ -96,7 +96,6 @@ async def apply_plan(
         await kube.delete("Deployment", namespace, workload)
         await kube.delete("Service", namespace, workload)
     CLASSES.labels(namespace, name).set(len(inputs.groups))
-    assert plan.status is not None
     new_status = plan.status.to_api()
     if _changed(policy.get("status") or {}, new_status):
         _count_finished(policy.get("status") or {}, new_status)
@@ -105,25 +104,6 @@ async def apply_plan(
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
         return stored or policy
     return policy
-
-
-async def _jobs(inputs: Inputs, jobs_index: Mapping[Any, Any], config: OperatorConfig, now: dt.datetime) -> None:
-    """Create the Job of every run that lacks one; fail runs whose Job ended without a result."""
-    by_fp = {g.fingerprint: g for g in inputs.groups}
-    settings = AgentJobSettings(image=config.agent_image, service_account=config.agent_service_account)
-    for run in inputs.runs:
-        meta = run["metadata"]
-        jname = job_name(meta["name"])
-        stores = jobs_index.get((meta["namespace"], jname))
-        job = next(iter(stores)) if stores else None
-        manifest = plan_job(run, job, by_fp.get(run["spec"]["classFingerprint"]), settings)
-        if manifest is not None:
-            await kube.create_if_absent(manifest)
-            await kube.patch_status(ADAPTATION_RUN.plural, meta["namespace"], meta["name"], {"jobName": jname})
-            continue
-        failed = run_status_from_job(run, job, now)
-        if failed is not None:
-            await kube.patch_status(ADAPTATION_RUN.plural, meta["namespace"], meta["name"], failed)
 
 
 def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
@@ -140,11 +120,14 @@ def _count_finished(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
             RUNS_FINISHED.labels(outcome, cls.get("reason") or outcome).inc()
 
 
+# Where a part of the policy validated on its own sits in the object (operator.drift and operator.rollout
+# validate spec and status separately), so the message names the field by its full path.
+_PART = {"AdaptationPolicySpec": "spec.", "AdaptationPolicyStatus": "status."}
+
+
 async def invalid_spec_status(body: kopf.Body, exc: ValidationError) -> None:
     """A policy the schema accepted but core cannot use: a Ready=False condition naming the field."""
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
-    message = f"spec.{where}: {err['msg']}"
+    message = _PART.get(exc.title, "") + validation_message(exc)
     meta = body["metadata"]
     previous = [Condition.model_validate(c) for c in (body.get("status") or {}).get("conditions", [])]
     conditions = set_condition(

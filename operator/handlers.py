@@ -20,14 +20,14 @@ from pydantic import ValidationError
 from metainfer.core.api import GROUP, VERSION
 from metainfer.core.api.vocabulary import IN_FLIGHT, Reason
 from metainfer.core.control.manifests import LABEL_POLICY, MANAGED_BY
-from metainfer.core.control.reconcile import run_phase
+from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
 from metainfer.operator.apply import apply_plan, invalid_spec_status, reconcile_inputs
 from metainfer.operator.drift import drift_step, fetch_policy
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
 from metainfer.operator.rollout import rollout_step
-from metainfer.operator.view import ClusterView, Wakeups
+from metainfer.operator.view import ClusterView, Indexes, Wakeups
 
 MANAGED = {MANAGED_BY: "metainfer"}
 VIEW = ClusterView()
@@ -57,8 +57,9 @@ def nodes_index(name: str, labels: dict[str, str], **_: Any) -> dict[str, dict[s
     return {name: dict(labels)}
 
 
-# The indexes keep only what core.control.reconcile reads (core.control.slim): full copies of 4,000 child
-# objects were most of the operator's memory at 100 policies x 20 classes.
+# The indexes keep only what the reconcile reads (core.control.slim): full copies of 4,000 child objects are
+# most of the operator's memory at 100 policies x 20 classes. They stay plain mappings: the reconcile validates
+# only the runs of the policy it plans, not every run of the cluster on every event.
 @kopf.index(GROUP, VERSION, "adaptationruns")
 def runs_index(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     return {(namespace, body.get("spec", {}).get("policyName", "")): slim_run(body)}
@@ -66,9 +67,9 @@ def runs_index(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str
 
 @kopf.index(GROUP, VERSION, "adaptationruns")
 def in_flight_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[bool, tuple[str, str]] | None:
-    """Pending and Running runs cluster-wide, so the concurrency limit is a len(), not a scan of every run per
-    reconcile (which was quadratic: 1.3 M run_phase calls while 100 policies converged)."""
-    return {True: (namespace, name)} if run_phase(body) in IN_FLIGHT else None
+    """Pending and Running runs cluster-wide, so the concurrency limit is a len(): a scan of every run per
+    reconcile is quadratic (1.3 M run_phase calls while 100 policies converge)."""
+    return {True: (namespace, name)} if run_phase_from_body(body) in IN_FLIGHT else None
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED)
@@ -118,6 +119,7 @@ async def policy_daemon(
     from metainfer.operator.config import OperatorConfig
 
     config = OperatorConfig()
+    indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index)
     wake = WAKEUPS.register(namespace, name)
     try:
         while not stopped:
@@ -127,9 +129,8 @@ async def policy_daemon(
             try:
                 # Fresh, not kopf's body: the watch may lag behind this daemon's own last status write.
                 policy = await fetch_policy(namespace, name) or _plain(body)
-                in_flight = len(in_flight_index.get(True, ()))
-                inputs = reconcile_inputs(policy, VIEW, nodes_index, runs_index, deployments_index, in_flight, config)
-                policy = await apply_plan(body, inputs, jobs_index, config, logger, dt.datetime.now(dt.UTC))
+                inputs = reconcile_inputs(policy, VIEW, indexes, config)
+                policy = await apply_plan(body, inputs, logger)
                 checked = await drift_step(body, policy, config, logger, dt.datetime.now(dt.UTC))
                 if checked.readapt:
                     continue  # reconcile at once: the salted run key creates the LatencyDrift run

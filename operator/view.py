@@ -11,15 +11,44 @@ a periodic resync covers any hint that was lost.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import ClassGroup, LabelMapping, group_nodes, select_groups
+from metainfer.core.control.naming import job_name
+
+Body = Mapping[str, Any]
 
 
 def first(store: Iterable[Any]) -> Any:
     return next(iter(store))
+
+
+@dataclass(frozen=True)
+class Indexes:
+    """kopf's indexes as a policy daemon receives them (each key maps to a store of values)."""
+
+    nodes: Mapping[str, Collection[Mapping[str, str]]]
+    runs: Mapping[tuple[str, str], Collection[Body]]  # by (namespace, policy)
+    jobs: Mapping[tuple[str, str], Collection[Body]]  # by (namespace, name)
+    deployments: Mapping[tuple[str, str], Collection[Body]]  # by (namespace, policy)
+    in_flight: Mapping[bool, Collection[tuple[str, str]]]  # True: Pending and Running runs, cluster-wide
+
+    def runs_of(self, namespace: str, policy: str) -> list[Body]:
+        return list(self.runs.get((namespace, policy), ()))
+
+    def deployments_of(self, namespace: str, policy: str) -> list[Body]:
+        return list(self.deployments.get((namespace, policy), ()))
+
+    def jobs_of(self, namespace: str, run_names: Iterable[str]) -> dict[str, Body]:
+        """The Jobs of these runs that exist, by Job name."""
+        names = (job_name(run) for run in run_names)
+        return {name: first(store) for name in names if (store := self.jobs.get((namespace, name)))}
+
+    def cluster_in_flight(self) -> int:
+        return len(self.in_flight.get(True, ()))
 
 
 class ClusterView:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
+
+EventType = Literal["Normal", "Warning"]
 
 # Event messages are free text, but kubectl and dashboards show the first line or so; keep each bounded.
 MAX_MESSAGE = 1024
@@ -17,14 +20,14 @@ MAX_MESSAGE = 1024
 
 @dataclass(frozen=True)
 class Event:
-    type: str  # Normal or Warning
+    type: EventType
     reason: str
     message: str
 
 
 def coalesce(events: Sequence[Event], max_message: int = MAX_MESSAGE) -> list[Event]:
     """One event per (type, reason), in first-seen order; messages joined with '; ', cut at ``max_message``."""
-    groups: dict[tuple[str, str], list[str]] = {}
+    groups: dict[tuple[EventType, str], list[str]] = {}
     for event in events:
         groups.setdefault((event.type, event.reason), []).append(event.message)
     return [Event(type_, reason, _join(messages, max_message)) for (type_, reason), messages in groups.items()]

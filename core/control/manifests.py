@@ -1,9 +1,10 @@
 """Pure builders of the objects the operator sends to the API server.
 
-Each builder takes plain dicts (objects as the API server returns them) and a
-ClassGroup, and returns a plain dict, so unit tests check every field without
-a cluster and the handlers stay thin. Specs go through core.api's pydantic
-types (camelCase, validated) so a builder can never emit a run the CRD rejects.
+Each builder takes the policy or run as core.api's model (or as the plain dict
+the API server returns, validated on the way in) and a ClassGroup, and returns
+a plain dict, so unit tests check every field without a cluster and the
+handlers stay thin. Specs go through core.api's pydantic types (camelCase,
+validated) so a builder can never emit a run the CRD rejects.
 
 Everything a builder emits is owned: runs and serving objects by the policy,
 Jobs by their run, so deleting a policy garbage-collects all of it. Pods run
@@ -21,12 +22,24 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from metainfer.core.api.policy import AdaptationPolicySpec, ModelVolume
+from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, ModelVolume
 from metainfer.core.api.resources import API_VERSION
-from metainfer.core.api.run import AdaptationRunSpec
+from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
+from metainfer.core.api.vocabulary import RunTrigger
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.naming import canary_name, job_name, label_value, run_name, workload_name
-from metainfer.core.engine.recipe import Recipe
+from metainfer.core.control.objects import (
+    ApiObject,
+    annotation_of,
+    as_policy,
+    as_run,
+    generation_of,
+    label_of,
+    name_of,
+    namespace_of,
+    recipe_key,
+    uid_of,
+)
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
 COMPONENT = "app.kubernetes.io/component"
@@ -82,7 +95,7 @@ def run_key(
     snapshot changes the key, and nothing else does.
 
     ``drift_epoch`` (the class's last confirmed latency drift) salts the key: re-adapting the same spec after a drift
-    needs a new run name, and an unset epoch leaves every key as it was before drift detection existed.
+    needs a new run name, and an unset epoch adds nothing, so a class that never drifted keeps its run names.
     """
     del generation  # see docstring
     spec = _policy_spec(policy_spec)
@@ -96,13 +109,12 @@ def run_key(
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
-def owner_reference(obj: Mapping[str, Any], *, api_version: str, kind: str) -> dict[str, Any]:
-    meta = obj["metadata"]
+def owner_reference(obj: ApiObject) -> dict[str, Any]:
     return {
-        "apiVersion": obj.get("apiVersion", api_version),
-        "kind": obj.get("kind", kind),
-        "name": meta["name"],
-        "uid": meta["uid"],
+        "apiVersion": obj.api_version,
+        "kind": obj.kind,
+        "name": name_of(obj),
+        "uid": uid_of(obj),
         "controller": True,
         "blockOwnerDeletion": True,
     }
@@ -114,21 +126,20 @@ def class_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
 
 
 def build_run(
-    policy: Mapping[str, Any], group: ClassGroup, reason: str, drift_epoch: str | None = None
+    policy: AdaptationPolicy | Mapping[str, Any], group: ClassGroup, reason: str, drift_epoch: str | None = None
 ) -> dict[str, Any]:
     """The AdaptationRun for (policy, class) at the policy's current spec; its name is deterministic."""
-    meta = policy["metadata"]
-    spec = _policy_spec(policy["spec"])
-    generation = int(meta.get("generation", 0))
+    policy = as_policy(policy)
+    spec, name, generation = policy.spec, name_of(policy), generation_of(policy)
     key = run_key(spec, generation, group.fingerprint, drift_epoch)
     run_spec = AdaptationRunSpec(
-        policy_name=meta["name"],
+        policy_name=name,
         policy_generation=generation,
         class_fingerprint=group.fingerprint,
         hardware_class=group.hardware_class,
         model_sha256=spec.model.sha256,
         batch_size=spec.slo.batch_size,
-        reason=reason,  # type: ignore[arg-type]  # validated against RunTrigger
+        reason=RunTrigger(reason),
         model=spec.model,
         slo=spec.slo,
         objective=spec.objective,
@@ -140,36 +151,38 @@ def build_run(
         "apiVersion": API_VERSION,
         "kind": "AdaptationRun",
         "metadata": {
-            "name": run_name(meta["name"], group.hardware_class.name(), key),
-            "namespace": meta.get("namespace", "default"),
-            "labels": {**class_labels(meta["name"], group), LABEL_RUN_KEY: key},
+            "name": run_name(name, group.hardware_class.name(), key),
+            "namespace": namespace_of(policy),
+            "labels": {**class_labels(name, group), LABEL_RUN_KEY: key},
             # Not in the run spec (core.api has no field for them yet): the Job builder reads them from here.
             "annotations": {
                 ANNOTATION_TOLERATIONS: json.dumps(tolerations, separators=(",", ":")),
                 ANNOTATION_CLASS_NAME: group.hardware_class.name(),
                 **({ANNOTATION_DRIFT_EPOCH: drift_epoch} if drift_epoch else {}),
             },
-            "ownerReferences": [owner_reference(policy, api_version=API_VERSION, kind="AdaptationPolicy")],
+            "ownerReferences": [owner_reference(policy)],
         },
         "spec": run_spec.to_api(),
     }
 
 
-def build_job(run: Mapping[str, Any], group: ClassGroup, settings: AgentJobSettings | None = None) -> dict[str, Any]:
+def build_job(
+    run: AdaptationRun | Mapping[str, Any], group: ClassGroup, settings: AgentJobSettings | None = None
+) -> dict[str, Any]:
     """The Job running ``metainfer agent run NS/RUN`` on the run's class, owned by the run."""
     settings = settings or AgentJobSettings()
-    meta = run["metadata"]
-    spec = AdaptationRunSpec.model_validate(run["spec"])
-    name, namespace = meta["name"], meta.get("namespace", "default")
+    run = as_run(run)
+    spec = run.spec
+    name, namespace = name_of(run), namespace_of(run)
     labels = {
         **class_labels(spec.policy_name, group),
         COMPONENT: "adaptation",
         LABEL_RUN: label_value(name),
-        LABEL_RUN_KEY: meta.get("labels", {}).get(LABEL_RUN_KEY, ""),
+        LABEL_RUN_KEY: label_of(run, LABEL_RUN_KEY) or "",
     }
-    tolerations = json.loads(meta.get("annotations", {}).get(ANNOTATION_TOLERATIONS, "[]"))
+    tolerations = json.loads(annotation_of(run, ANNOTATION_TOLERATIONS) or "[]")
     deadline = spec.search.active_deadline_seconds or spec.search.time_budget_seconds + DEADLINE_MARGIN_S
-    env = [
+    env: list[dict[str, Any]] = [
         {"name": "METAINFER_RUN", "value": f"{namespace}/{name}"},
         {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -188,7 +201,7 @@ def build_job(run: Mapping[str, Any], group: ClassGroup, settings: AgentJobSetti
             "name": job_name(name),
             "namespace": namespace,
             "labels": labels,
-            "ownerReferences": [owner_reference(run, api_version=API_VERSION, kind="AdaptationRun")],
+            "ownerReferences": [owner_reference(run)],
         },
         "spec": {
             "backoffLimit": spec.search.backoff_limit,
@@ -209,9 +222,9 @@ def serving_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
 
 
 def build_deployment(
-    policy: Mapping[str, Any],
+    policy: AdaptationPolicy | Mapping[str, Any],
     group: ClassGroup,
-    run: Mapping[str, Any],
+    run: AdaptationRun | Mapping[str, Any],
     settings: ServingDefaults | None = None,
     *,
     track: Literal["stable", "canary"] = "stable",
@@ -224,18 +237,19 @@ def build_deployment(
     selects both tracks.
     """
     settings = settings or ServingDefaults()
-    meta = policy["metadata"]
-    spec = _policy_spec(policy["spec"])
+    policy, run = as_policy(policy), as_run(run)
+    spec, policy_name, namespace = policy.spec, name_of(policy), namespace_of(policy)
     # The model is the one the run adapted, not the policy's current one: while a re-adaptation for a new model
     # is under way, the stable Deployment keeps serving the old model with the recipe found for it.
-    model = AdaptationRunSpec.model_validate(run["spec"]).model
-    status = run.get("status") or {}
-    recipe = Recipe.model_validate(status["bestRecipe"])
-    recipe_key = status.get("bestRecipeKey") or recipe.key()
+    model = run.spec.model
+    recipe = run.status.best_recipe if run.status else None
+    if recipe is None:
+        raise ValueError(f"run {name_of(run)} has no best recipe to serve")
+    key = recipe_key(run)
     namer = canary_name if track == "canary" else workload_name
-    name = namer(meta["name"], group.hardware_class.name())
-    selector = {**serving_labels(meta["name"], group), LABEL_TRACK: track}
-    labels = {**selector, LABEL_RECIPE_KEY: label_value(recipe_key), LABEL_RUN: label_value(run["metadata"]["name"])}
+    name = namer(policy_name, group.hardware_class.name())
+    selector = {**serving_labels(policy_name, group), LABEL_TRACK: track}
+    labels = {**selector, LABEL_RECIPE_KEY: label_value(key), LABEL_RUN: label_value(name_of(run))}
     cm_volumes: list[tuple[dict[str, Any], dict[str, Any]]] = []
     model_uri = _served_uri(model.uri, cm_volumes)
     args = [
@@ -251,10 +265,10 @@ def build_deployment(
         args += ["--data-uri", data_uri, "--calibration-samples", str(model.data.calibration_samples)]
         args += ["--data-sha256", model.data.sha256] if model.data.sha256 else []
     env = [
-        {"name": "METAINFER_POLICY", "value": meta["name"]},
-        {"name": "METAINFER_NAMESPACE", "value": meta.get("namespace", "default")},
+        {"name": "METAINFER_POLICY", "value": policy_name},
+        {"name": "METAINFER_NAMESPACE", "value": namespace},
         {"name": "METAINFER_CLASS", "value": group.fingerprint},
-        {"name": "METAINFER_RECIPE_KEY", "value": recipe_key},
+        {"name": "METAINFER_RECIPE_KEY", "value": key},
     ]
     image = spec.serving.image or settings.image
     resources = spec.serving.resources.to_api() if spec.serving.resources else settings.resources
@@ -278,13 +292,13 @@ def build_deployment(
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(HTTP_PORT),
         "prometheus.io/path": "/metrics",
-        LABEL_RECIPE_KEY: recipe_key,
+        LABEL_RECIPE_KEY: key,
     }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": meta.get("namespace", "default"), "labels": labels,
-                     "ownerReferences": [owner_reference(policy, api_version=API_VERSION, kind="AdaptationPolicy")]},
+        "metadata": {"name": name, "namespace": namespace, "labels": labels,
+                     "ownerReferences": [owner_reference(policy)]},
         "spec": {
             "replicas": spec.serving.replicas if replicas is None else replicas,
             "revisionHistoryLimit": 3,
@@ -312,21 +326,22 @@ def _served_uri(uri: str, volumes: list[tuple[dict[str, Any], dict[str, Any]]]) 
     return f"file://{mount_path}/{key}"
 
 
-def build_service(policy: Mapping[str, Any], group: ClassGroup) -> dict[str, Any]:
+def build_service(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGroup) -> dict[str, Any]:
     """ClusterIP Service on 8080 in front of the (policy, class) serving pods."""
-    meta = policy["metadata"]
+    policy = as_policy(policy)
+    name = name_of(policy)
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": workload_name(meta["name"], group.hardware_class.name()),
-            "namespace": meta.get("namespace", "default"),
-            "labels": serving_labels(meta["name"], group),
-            "ownerReferences": [owner_reference(policy, api_version=API_VERSION, kind="AdaptationPolicy")],
+            "name": workload_name(name, group.hardware_class.name()),
+            "namespace": namespace_of(policy),
+            "labels": serving_labels(name, group),
+            "ownerReferences": [owner_reference(policy)],
         },
         "spec": {
             "type": "ClusterIP",
-            "selector": serving_labels(meta["name"], group),
+            "selector": serving_labels(name, group),
             "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }

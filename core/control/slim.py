@@ -3,10 +3,11 @@
 kopf's indexes hold one copy of every AdaptationRun, Job and Deployment the
 operator manages: 4,000 objects at 100 policies x 20 classes. Full copies cost
 most of the operator's memory (server-side-apply ``managedFields``, each Job's
-pod template, each run's trial table), and none of that is read by
-``core.control.reconcile``. These functions keep only what the reconcile reads; a unit
-test plans every reconcile scenario on full and slimmed objects and requires
-the same plan.
+pod template, each run's trial table), and none of that is read by the
+reconcile. These functions keep only what it reads (runs validate into
+core.api's AdaptationRun without their trials; Jobs and Deployments are read
+in core.control.workloads); a unit test plans every reconcile scenario on full
+and slimmed objects and requires the same plan.
 """
 
 from __future__ import annotations

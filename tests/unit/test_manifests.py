@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from metainfer.core.api.run import AdaptationRunSpec
+from metainfer.core.api.policy import AdaptationPolicy
+from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.control.hardware import classify_node, group_nodes
 from metainfer.core.control.manifests import (
     LABEL_CLASS,
@@ -243,3 +244,14 @@ def test_configmap_models_are_mounted_for_serving() -> None:
     mount = next(m for m in c["volumeMounts"] if m["name"] == volume["name"])
     assert mount["readOnly"] and uri == f"file://{mount['mountPath']}/model.onnx"
     assert pod["automountServiceAccountToken"] is False
+
+
+def test_builders_take_the_models_or_the_plain_objects_alike() -> None:
+    group = gpu_group()
+    plain = policy()
+    typed = AdaptationPolicy.model_validate(plain)
+    run = succeeded(build_run(plain, group, "NewHardwareClass"))
+    assert build_run(typed, group, "NewHardwareClass") == build_run(plain, group, "NewHardwareClass")
+    assert build_job(AdaptationRun.model_validate(run), group) == build_job(run, group)
+    assert build_deployment(typed, group, AdaptationRun.model_validate(run)) == build_deployment(plain, group, run)
+    assert build_service(typed, group) == build_service(plain, group)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import group_nodes, select_groups
-from metainfer.operator.view import ClusterView
+from metainfer.core.control.naming import job_name
+from metainfer.operator.view import ClusterView, Indexes
 
 A100 = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100", "nvidia.com/cuda.driver-version.full": "550"}
 CPU = {"kubernetes.io/arch": "amd64", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}
@@ -29,3 +30,44 @@ def test_selected_classes_match_select_groups_and_follow_node_changes() -> None:
     after = view.selected(pool_a, _index(nodes))
     assert after == select_groups(group_nodes(sorted(nodes.items())), pool_a, nodes)
     assert sorted(n for g in after for n in g.node_names) == ["c1", "g1", "g2"]
+
+
+def test_indexes_read_one_policys_children() -> None:
+    job = {"metadata": {"name": job_name("run-a"), "namespace": "ns"}}
+    indexes = Indexes(
+        nodes={},
+        runs={("ns", "p"): [{"metadata": {"name": "run-a"}}]},
+        jobs={("ns", job_name("run-a")): [job]},
+        deployments={("other", "p"): [{"metadata": {"name": "d"}}]},
+        in_flight={True: [("ns", "run-a"), ("ns2", "run-b")]},
+    )
+    assert indexes.runs_of("ns", "p") == [{"metadata": {"name": "run-a"}}] and indexes.runs_of("ns", "q") == []
+    assert indexes.deployments_of("ns", "p") == []
+    assert indexes.jobs_of("ns", ["run-a", "run-b"]) == {job_name("run-a"): job}
+    assert indexes.cluster_in_flight() == 2
+
+
+def test_reconcile_inputs_validate_the_policys_runs_and_plan_around_one_that_does_not() -> None:
+    from metainfer.core.api.vocabulary import ClassState, Reason
+    from metainfer.operator.apply import reconcile_inputs
+    from metainfer.operator.config import OperatorConfig
+
+    policy = {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": "digits", "namespace": "ns", "uid": "uid-p", "generation": 1},
+        "spec": {"model": {"uri": "https://m/x.onnx", "sha256": "a" * 64}, "slo": {"latencyP95Ms": 10}},
+    }
+    nodes = {"c1": CPU}
+    (group,) = group_nodes(sorted(nodes.items())).values()
+    broken = {
+        "metadata": {"name": "digits-by-hand", "namespace": "ns"},
+        "spec": {"policyName": "digits", "classFingerprint": group.fingerprint},
+    }
+    indexes = Indexes(nodes=_index(nodes), runs={("ns", "digits"): [broken]}, jobs={}, deployments={}, in_flight={})
+    inputs = reconcile_inputs(policy, ClusterView(), indexes, OperatorConfig())
+    (cls,) = inputs.plan.class_statuses
+    assert (cls.state, cls.reason) == (ClassState.DEGRADED, Reason.INVALID_SPEC)
+    assert "digits-by-hand" in (cls.message or "") and inputs.plan.runs_to_create == []
+    healthy = reconcile_inputs(policy, ClusterView(), Indexes(_index(nodes), {}, {}, {}, {}), OperatorConfig())
+    assert [p.reason for p in healthy.plan.runs_to_create] == [Reason.NEW_HARDWARE_CLASS]

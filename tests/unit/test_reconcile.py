@@ -8,10 +8,18 @@ import itertools
 from typing import Any
 
 from metainfer.core.api.conditions import Reason
+from metainfer.core.api.policy import AdaptationPolicy
+from metainfer.core.api.run import AdaptationRun
+from metainfer.core.control.decisions import ClassContext, ClassPlan, Decisions
+from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup, group_nodes
+from metainfer.core.control.naming import job_name
+from metainfer.core.control.objects import parse_runs
 from metainfer.core.control.reconcile import (
     Plan,
     RunLimits,
+    plan_class,
+    plan_classes,
     plan_job,
     plan_policy,
     run_phase,
@@ -43,15 +51,20 @@ class Cluster:
 
     def reconcile(self, nodes: dict[str, dict[str, str]], limits: RunLimits | None = None) -> Plan:
         groups = list(group_nodes(nodes.items()).values())
-        plan = plan_policy(self.policy, groups, list(self.runs.values()), list(self.deployments.values()), NOW, limits)
+        policy = AdaptationPolicy.model_validate(self.policy)
+        runs = parse_runs(self.runs.values())
+        deployments = list(self.deployments.values())
+        plan = plan_policy(policy, groups, runs.valid, deployments, NOW, limits, invalid_runs=runs.invalid)
         # The operator plans on slimmed copies (core.control.slim): every scenario must plan the same on them.
+        slim_runs = parse_runs(slim_run(r) for r in self.runs.values())
         slimmed = plan_policy(
-            self.policy,
+            policy,
             groups,
-            [slim_run(r) for r in self.runs.values()],
-            [slim_deployment(d) for d in self.deployments.values()],
+            slim_runs.valid,
+            [slim_deployment(d) for d in deployments],
             NOW,
             limits,
+            invalid_runs=slim_runs.invalid,
         )
         assert slimmed == plan, "core.control.slim dropped a field the reconcile reads"
         for planned in plan.runs_to_create:
@@ -105,6 +118,10 @@ class Cluster:
     def edit(self, **spec: Any) -> None:
         self.policy["spec"] = {**self.policy["spec"], **spec}
         self.policy["metadata"]["generation"] += 1
+
+
+def model(run: dict[str, Any]) -> AdaptationRun:
+    return AdaptationRun.model_validate(run)
 
 
 def ready(plan: Plan) -> tuple[str, str]:
@@ -245,25 +262,25 @@ def test_plan_job_and_job_outcome() -> None:
     c.reconcile({"c1": CPU})
     (run,) = c.runs.values()
     group: ClassGroup = next(iter(group_nodes([("c1", CPU)]).values()))
-    assert run_phase(run) == "Pending"
-    job = plan_job(run, None, group)
+    assert run_phase(model(run)) == "Pending"
+    job = plan_job(model(run), None, group)
     assert job is not None and job["metadata"]["name"] == run["metadata"]["name"]
-    assert plan_job(slim_run(run), None, group) == job
-    assert plan_job(run, job, group) is None
-    assert plan_job(run, None, None) is None
+    assert plan_job(model(slim_run(run)), None, group) == job
+    assert plan_job(model(run), job, group) is None
+    assert plan_job(model(run), None, None) is None
     run["status"] = {"jobName": job["metadata"]["name"]}
-    assert run_phase(run) == "Running"
-    assert plan_job(run, None, group) is None, "a recorded Job is never recreated"
-    assert run_status_from_job(run, job, NOW) is None
+    assert run_phase(model(run)) == "Running"
+    assert plan_job(model(run), None, group) is None, "a recorded Job is never recreated"
+    assert run_status_from_job(model(run), job, NOW) is None
     failed = {**job, "status": {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]}}
-    patch = run_status_from_job(run, failed, NOW)
+    patch = run_status_from_job(model(run), failed, NOW)
     assert patch is not None and patch["phase"] == "Failed"
-    assert run_status_from_job(slim_run(run), slim_job(failed), NOW) == patch
+    assert run_status_from_job(model(slim_run(run)), slim_job(failed), NOW) == patch
     assert patch["conditions"][0]["reason"] == Reason.BACKOFF_LIMIT_EXCEEDED
-    gone = run_status_from_job(run, None, NOW)
+    gone = run_status_from_job(model(run), None, NOW)
     assert gone is not None and "deleted" in gone["conditions"][0]["message"]
     c.finish(run["metadata"]["name"])
-    assert plan_job(run, None, group) is None and run_status_from_job(run, failed, NOW) is None
+    assert plan_job(model(run), None, group) is None and run_status_from_job(model(run), failed, NOW) is None
 
 
 # --- canary rollout -------------------------------------------------------------------------------------------------
@@ -371,7 +388,7 @@ def test_slimmed_children_drop_what_the_reconcile_never_reads() -> None:
     c.reconcile({"c1": CPU})
     (run,) = c.runs.values()
     group: ClassGroup = next(iter(group_nodes([("c1", CPU)]).values()))
-    job = plan_job(run, None, group)
+    job = plan_job(model(run), None, group)
     assert job is not None
     managed = [{"manager": "kube-controller-manager", "fieldsV1": {"f:status": {}}}]
     job["metadata"]["managedFields"] = managed
@@ -396,3 +413,163 @@ def test_slimmed_children_drop_what_the_reconcile_never_reads() -> None:
     }
     slim["status"]["conditions"][0]["status"] = "False"
     assert job["status"]["conditions"][0]["status"] == "True", "a slimmed copy is detached from its source"
+
+
+# --- Jobs in the plan -----------------------------------------------------------------------------------------------
+
+
+def _fingerprint(labels: dict[str, str]) -> str:
+    return next(iter(group_nodes([("n", labels)]).values())).fingerprint
+
+
+def _plan(c: Cluster, nodes: dict[str, dict[str, str]], **kwargs: Any) -> Plan:
+    """A plan for the cluster as it is, without applying it."""
+    runs = parse_runs(c.runs.values())
+    groups = list(group_nodes(nodes.items()).values())
+    policy = AdaptationPolicy.model_validate(c.policy)
+    return plan_policy(
+        policy, groups, runs.valid, list(c.deployments.values()), NOW, invalid_runs=runs.invalid, **kwargs
+    )
+
+
+def test_a_run_without_a_job_gets_one_and_an_ended_job_fails_its_run() -> None:
+    c = Cluster()
+    nodes = {"c1": CPU}
+    c.reconcile(nodes)
+    (name,) = c.runs
+    (job,) = c.reconcile(nodes).jobs_to_create
+    assert job.run_name == name and job.manifest["metadata"]["name"] == job_name(name)
+    assert _plan(c, nodes, jobs={job_name(name): job.manifest}).jobs_to_create == []
+    c.runs[name]["status"] = {"jobName": job_name(name)}
+    conditions = [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]
+    ended = {**job.manifest, "status": {"conditions": conditions}}
+    plan = _plan(c, nodes, jobs={job_name(name): slim_job(ended)})
+    (failed,) = plan.runs_to_fail
+    assert failed.run_name == name and failed.status["conditions"][0]["reason"] == Reason.DEADLINE_EXCEEDED
+    assert plan.jobs_to_create == []
+
+
+# --- runs that do not validate --------------------------------------------------------------------------------------
+
+
+def test_an_unreadable_run_holds_its_class_and_only_its_class() -> None:
+    nodes = {"g1": A100, "c1": CPU}
+    c = Cluster()
+    c.reconcile(nodes)
+    for name in c.runs:
+        c.finish(name)
+    c.reconcile(nodes)
+    c.reconcile(nodes)
+    cpu, gpu = _fingerprint(CPU), _fingerprint(A100)
+    (bad,) = [n for n, r in c.runs.items() if r["spec"]["classFingerprint"] == cpu]
+    c.runs[bad]["status"]["surprise"] = "a field this operator does not know"
+    deployments = copy.deepcopy(c.deployments)
+    plan = c.reconcile(nodes)
+    held = next(s for s in plan.class_statuses if s.fingerprint == cpu)
+    assert (held.state, held.reason) == ("Degraded", Reason.INVALID_SPEC)
+    assert bad in (held.message or "") and "status.surprise" in (held.message or "")
+    assert held.current is not None and held.current.run_name == bad, "what it serves stays in the status"
+    assert plan.runs_to_create == [] and plan.runs_to_delete == []
+    assert plan.deployments_to_apply == [] and plan.deployments_to_delete == [] and c.deployments == deployments
+    assert [e.type for e in plan.events if e.reason == Reason.INVALID_SPEC] == ["Warning"]
+    assert next(s for s in plan.class_statuses if s.fingerprint == gpu).state == "Ready"
+    degraded = next(cond for cond in plan.conditions if cond.type == "Degraded")
+    assert degraded.status == "True" and Reason.INVALID_SPEC in degraded.message
+    assert not any(e.reason == Reason.INVALID_SPEC for e in c.reconcile(nodes).events), "said once"
+    c.edit(search={"trialBudget": 64})  # while held, only the readable class re-adapts
+    assert [p.manifest["spec"]["classFingerprint"] for p in c.reconcile(nodes).runs_to_create] == [gpu]
+    del c.runs[bad]["status"]["surprise"]  # readable again: the class catches up
+    plan = c.reconcile(nodes)
+    assert [(p.manifest["spec"]["classFingerprint"], p.reason) for p in plan.runs_to_create] == [
+        (cpu, Reason.SPEC_CHANGE)
+    ]
+
+
+def test_a_held_class_still_gets_the_jobs_of_its_readable_runs() -> None:
+    c = Cluster()
+    nodes = {"c1": CPU}
+    c.reconcile(nodes)
+    (name,) = c.runs
+    broken = copy.deepcopy(c.runs[name])
+    broken["metadata"]["name"] = "digits-by-hand"
+    broken["spec"]["reason"] = "Because"
+    c.runs["digits-by-hand"] = broken
+    plan = c.reconcile(nodes)
+    (cls,) = plan.class_statuses
+    assert (cls.state, cls.reason) == ("Degraded", Reason.INVALID_SPEC) and "spec.reason" in (cls.message or "")
+    assert plan.runs_to_create == [] and plan.runs_to_delete == []
+    assert [j.run_name for j in plan.jobs_to_create] == [name]
+
+
+def test_an_unreadable_run_of_no_selected_class_is_reported_and_changes_nothing_else() -> None:
+    c = Cluster()
+    nodes = {"c1": CPU}
+    c.reconcile(nodes)
+    expected = _plan(c, nodes)
+    c.runs["stray"] = {"metadata": {"name": "stray", "namespace": "ns"}, "spec": {"classFingerprint": "xyz"}}
+    plan = c.reconcile(nodes)
+    (warning,) = [e for e in plan.events if e.reason == Reason.INVALID_SPEC]
+    assert warning.type == "Warning" and "stray" in warning.message and "spec.policyName" in warning.message
+    assert plan == Plan(**{**vars(expected), "events": [*expected.events, warning]})
+
+
+# --- per-class plans and their merge --------------------------------------------------------------------------------
+
+
+def _contexts(c: Cluster, nodes: dict[str, dict[str, str]]) -> list[ClassContext]:
+    policy = AdaptationPolicy.model_validate(c.policy)
+    before = {s.fingerprint: s for s in (policy.status.classes if policy.status else [])}
+    runs = parse_runs(c.runs.values()).valid
+    return [
+        ClassContext(
+            policy=policy,
+            group=group,
+            runs=tuple(r for r in runs if r.spec.class_fingerprint == group.fingerprint),
+            invalid_runs=(),
+            previous_classes=before,
+            deployments={},
+            jobs={},
+            job_settings=None,
+            serving=None,
+            wait_for_available=True,
+            now=NOW,
+        )
+        for group in group_nodes(nodes.items()).values()
+    ]
+
+
+def test_the_plan_is_the_class_plans_merged_in_class_order() -> None:
+    c = Cluster(search={"maxConcurrentRuns": 2})
+    nodes = {"g1": A100, "c1": CPU, "a1": ARM}
+    class_plans = plan_classes(_contexts(c, nodes), slots=2)
+    assert [p.status.state for p in class_plans] == ["Adapting", "Adapting", "Pending"], "slots go in class order"
+    merged = sum((p.decisions for p in class_plans), Decisions())
+    plan = c.reconcile(nodes)
+    assert plan.class_statuses == [p.status for p in class_plans]
+    assert plan.runs_to_create == list(merged.runs_to_create) and plan.events == list(merged.events)
+    assert plan.jobs_to_create == list(merged.jobs_to_create) == []
+
+
+def test_planning_a_class_is_pure() -> None:
+    c = Cluster()
+    nodes = {"c1": CPU}
+    c.reconcile(nodes)
+    c.finish(next(iter(c.runs)))
+    (context,) = _contexts(c, nodes)
+    untouched = copy.deepcopy(context)
+    first = plan_class(context, slot_free=True)
+    assert plan_class(context, slot_free=True) == first and context == untouched
+    assert first.status.state == "RollingOut" and len(first.decisions.deployments_to_apply) == 1
+    assert plan_class(context, slot_free=False) == first, "a class with a current run needs no slot"
+
+
+def test_decisions_concatenate_field_by_field_and_the_later_status_wins() -> None:
+    first = Decisions(runs_to_delete=("r1",), events=(Event("Normal", Reason.ADAPTING, "one"),))
+    later = Decisions(runs_to_delete=("r2",), deployments_to_delete=("d",), events=(Event("Warning", "X", "two"),))
+    both = first + later
+    assert both.runs_to_delete == ("r1", "r2") and both.deployments_to_delete == ("d",)
+    assert [e.message for e in both.events] == ["one", "two"] and both.runs_to_create == ()
+    (context,) = _contexts(Cluster(), {"c1": CPU})
+    pending = plan_class(context, slot_free=False).status
+    adapting = plan_class(context, slot_free=True).status
+    assert ClassPlan(pending, first).then(ClassPlan(adapting, later)) == ClassPlan(adapting, both)

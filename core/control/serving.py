@@ -1,0 +1,156 @@
+"""A class's serving: which succeeded run its Deployment serves, its canary, and when the class is Ready.
+
+The newest succeeded run is served; the class is Ready once its Deployment
+serves it and is available. A new recipe for a class that already serves one
+goes through a canary first (``plan_canary``); operator.rollout decides from
+Prometheus and writes Promoted or RolledBack into the status, which is all
+the next plan reads, so a restarted operator continues the same canary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from metainfer.core.api.conditions import Reason
+from metainfer.core.api.policy import ClassStatus, RolloutStatus, VariantSummary
+from metainfer.core.api.run import AdaptationRun
+from metainfer.core.api.vocabulary import ClassState, RolloutPhase, RunPhase
+from metainfer.core.control.decisions import ClassContext, ClassPlan, Decisions, DeploymentAction, updated
+from metainfer.core.control.events import Event
+from metainfer.core.control.manifests import build_deployment, build_service
+from metainfer.core.control.naming import canary_name, workload_name
+from metainfer.core.control.objects import latest, name_of, recipe_key, run_phase
+from metainfer.core.control.workloads import SPEC_HASH, DeploymentState
+
+
+def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
+    """Apply the Deployment of the run the class should serve; Ready once it is current and available."""
+    servable = [r for r in context.runs if run_phase(r) == RunPhase.SUCCEEDED and r.status and r.status.best_recipe]
+    current = context.current
+    best = current if any(r is current for r in servable) else latest(servable)
+    if best is None:
+        return ClassPlan(status)
+    served, canary = plan_canary(context, servable, best, status)
+    status = canary.status
+    desired = build_deployment(context.policy, context.group, served, context.serving)
+    name = desired["metadata"]["name"]
+    existing = context.deployments.get(name)
+    action = deployment_action(desired, existing)
+    events: tuple[Event, ...] = ()
+    if action is not None and served is current:
+        events = (Event("Normal", Reason.ROLLING_OUT, f"{name}: serving run {name_of(served)}"),)
+    status = updated(
+        status,
+        current=variant_summary(served),
+        deployment_name=name,
+        last_adaptation_time=served.status.completion_time if served.status else None,
+        last_adaptation_reason=served.spec.reason,
+    )
+    in_canary = status.rollout is not None and status.rollout.phase == RolloutPhase.CANARY
+    up_to_date = existing is not None and action is None
+    if status.state == ClassState.ROLLING_OUT and not in_canary and up_to_date:
+        assert existing is not None
+        if not context.wait_for_available or existing.available:
+            status = ready(status)
+    stable = Decisions(
+        deployments_to_apply=(action,) if action else (),
+        services=(build_service(context.policy, context.group),),
+        events=events,
+    )
+    return ClassPlan(status, canary.decisions + stable)
+
+
+def ready(status: ClassStatus) -> ClassStatus:
+    rollout = status.rollout
+    if rollout is not None and rollout.phase == RolloutPhase.ROLLED_BACK:
+        message = f"serving the stable variant, canary rolled back: {rollout.reason}"
+    else:
+        message = "serving the best variant"
+    return updated(status, state=ClassState.READY, reason=Reason.SUCCEEDED, message=message)
+
+
+def plan_canary(
+    context: ClassContext, servable: list[AdaptationRun], best: AdaptationRun, status: ClassStatus
+) -> tuple[AdaptationRun, ClassPlan]:
+    """The run the stable Deployment serves, and the canary Deployment and rollout status that go with it.
+
+    A class that serves a stable variant keeps it while a succeeded run with a different recipe key runs as a
+    canary beside it (phase Canary, ``startedAt`` now). Promoted: the new run becomes stable; RolledBack: the
+    stable run stays and the canary goes. No stable variant yet, or ``canaryReplicas`` 0: the new run is served
+    directly.
+    """
+    spec, was = context.spec, context.previous
+    canary_deployment = canary_name(context.policy_name, context.class_name)
+    stable_name = was.current.run_name if was is not None and was.current is not None else None
+    stable = next((r for r in servable if name_of(r) == stable_name), None)
+    rollout = status.rollout
+    serve, canary_run = best, None
+    events: tuple[Event, ...] = ()
+    if (
+        stable is not None
+        and stable is not best
+        and recipe_key(stable) != recipe_key(best)
+        and spec.rollout.canary_replicas > 0
+        and workload_name(context.policy_name, context.class_name) in context.deployments
+    ):
+        same = rollout is not None and rollout.canary is not None and rollout.canary.run_name == name_of(best)
+        phase = rollout.phase if same and rollout is not None else None
+        if phase == RolloutPhase.ROLLED_BACK:
+            serve = stable
+        elif phase != RolloutPhase.PROMOTED:
+            serve, canary_run = stable, best
+            if phase != RolloutPhase.CANARY:
+                rollout = RolloutStatus(
+                    phase=RolloutPhase.CANARY,
+                    canary=variant_summary(best),
+                    started_at=context.now,
+                    reason=Reason.CANARY_PROGRESSING,
+                    message=f"canary {canary_deployment} serving run {name_of(best)}",
+                )
+                message = f"{canary_deployment}: canary of run {name_of(best)}"
+                events = (Event("Normal", Reason.CANARY_PROGRESSING, message),)
+    elif rollout is not None and rollout.phase == RolloutPhase.CANARY:  # superseded: the stable variant is the canary's
+        rollout = rollout.model_copy(update={"phase": RolloutPhase.STABLE, "message": "canary superseded"})
+    if canary_run is None:
+        gone = (canary_deployment,) if canary_deployment in context.deployments else ()
+        return serve, ClassPlan(updated(status, rollout=rollout), Decisions(deployments_to_delete=gone, events=events))
+    assert rollout is not None
+    desired = build_deployment(
+        context.policy,
+        context.group,
+        canary_run,
+        context.serving,
+        track="canary",
+        replicas=spec.rollout.canary_replicas,
+    )
+    action = deployment_action(desired, context.deployments.get(canary_deployment))
+    status = updated(status, rollout=rollout, reason=Reason.CANARY_PROGRESSING, message=rollout.message)
+    return serve, ClassPlan(status, Decisions(deployments_to_apply=(action,) if action else (), events=events))
+
+
+def variant_summary(run: AdaptationRun) -> VariantSummary:
+    """The variant a succeeded run found, as the class status shows it (served or canary)."""
+    metrics = run.status.best_metrics if run.status else None
+    return VariantSummary(
+        recipe_key=recipe_key(run),
+        run_name=name_of(run),
+        p95_ms=metrics.p95_ms if metrics else None,
+        quality_drop=metrics.quality_drop if metrics else None,
+    )
+
+
+def deployment_action(desired: dict[str, Any], existing: DeploymentState | None) -> DeploymentAction | None:
+    """Stamp ``desired`` with its spec hash; an action unless a Deployment of that name already has that hash."""
+    # The digest covers the manifest as built, before the stamp adds metadata.annotations: that is the digest the
+    # stamped Deployments in the cluster carry, so hashing after the stamp would re-apply every one of them.
+    digest = spec_hash(desired)
+    desired["metadata"].setdefault("annotations", {})[SPEC_HASH] = digest
+    if existing is not None and existing.spec_hash == digest:
+        return None
+    return DeploymentAction("create" if existing is None else "update", desired)
+
+
+def spec_hash(manifest: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, default=str).encode()).hexdigest()[:16]

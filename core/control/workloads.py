@@ -1,0 +1,61 @@
+"""The Deployments and Jobs the operator made, as the reconcile reads them.
+
+They are Kubernetes built-ins with no model in core.api, and the operator's
+indexes hold them as slimmed mappings (core.control.slim). Every field the
+reconcile reads from them is read here, once per object and reconcile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from metainfer.core.control.manifests import LABEL_CLASS
+
+# On each Deployment the operator applies: a digest of the manifest it applied, so an unchanged desired
+# Deployment costs no write, and a changed one (new recipe, replicas, image) is applied again.
+SPEC_HASH = "metainfer.io/spec-hash"
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    name: str
+    class_fingerprint: str | None  # its class label
+    spec_hash: str | None
+    available: bool  # the controller saw its latest spec, and every replica is updated and available
+
+    @classmethod
+    def read(cls, deployment: Mapping[str, Any]) -> DeploymentState:
+        meta = deployment["metadata"]
+        want = (deployment.get("spec") or {}).get("replicas", 1)
+        status = deployment.get("status") or {}
+        fresh = status.get("observedGeneration", 0) >= meta.get("generation", 0)
+        return cls(
+            name=meta["name"],
+            class_fingerprint=(meta.get("labels") or {}).get(LABEL_CLASS),
+            spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH),
+            available=fresh and status.get("updatedReplicas", 0) >= want and status.get("availableReplicas", 0) >= want,
+        )
+
+
+@dataclass(frozen=True)
+class JobEnd:
+    """How an adaptation Job ended: failed (with the Job controller's reason and message) or complete."""
+
+    name: str
+    failed: bool
+    reason: str  # the Failed condition's reason; "" when complete
+    message: str
+
+
+def job_end(job: Mapping[str, Any]) -> JobEnd | None:
+    """The Job's end from its conditions; None while it runs."""
+    name = str(job["metadata"]["name"])
+    ended = {c.get("type"): c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"}
+    if "Failed" in ended:
+        failed = ended["Failed"]
+        return JobEnd(name, failed=True, reason=failed.get("reason") or "", message=failed.get("message") or "")
+    if "Complete" in ended:
+        return JobEnd(name, failed=False, reason="", message="")
+    return None
