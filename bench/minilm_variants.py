@@ -1,6 +1,6 @@
 """Real MiniLM-L6 (all-MiniLM-L6-v2): FP32 vs the project's own int8/fusion variants.
 
-Why: issue 2's acceptance check runs on a real sentence-embedding transformer at
+Why: the transformer target is judged on a real sentence-embedding transformer at
 batch 8, seq 128 on a 2-core CPU, with quality as the cosine of mean-pooled
 embeddings against FP32 (naive dynamic int8 per-channel: about 1.7x at 0.993;
 target >= 2x at >= 0.99). This script reproduces that measurement locally on

@@ -1,6 +1,6 @@
 """Peer comparison: Microsoft Olive vs metainfer on the same ONNX model, same data, same candidate budget.
 
-Why: issue 7 asks whether metainfer's search finds a variant at least as fast
+Why: to answer whether metainfer's search finds a variant at least as fast
 as what Olive (olive-ai, installed from the package registry) finds with its
 ONNX quantization pass and its session-parameter tuning pass, at equal or
 better quality, and how long each search takes.
@@ -25,7 +25,7 @@ How:
    rounds so background load hits all three alike; quality against FP32 on all
    samples (top-1 with labels, mean-pooled cosine for a transformer).
 
-    PYTHONSAFEPATH=1 PYTHONPATH=bench .venv/bin/python bench/olive_peer.py [--quick]
+    PYTHONSAFEPATH=1 .venv/bin/python bench/olive_peer.py [--quick]
 
 ``--quick``: bert_mini only, K=4, fewer timing rounds (about 5 minutes on an
 idle 2-core machine once the Olive environment exists; 10 under heavy load).
@@ -52,10 +52,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import benchlib
 import numpy as np
 import onnxruntime as ort
 
+from bench import benchlib
 from metainfer.agent.zoo.build import ExampleModel, build_examples
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import (

@@ -39,15 +39,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import benchlib
-import scale_lib as sl
 from kubernetes import client, config, watch
 
+from bench import benchlib
+from bench import scale_lib as sl
+from hack.controlplane import assets, cluster, crds
 from metainfer.core.api import GROUP, VERSION
 from metainfer.core.control.hardware import classify_node
-
-sys.path.insert(0, str(benchlib.ROOT / "hack"))
-from controlplane import assets, cluster, crds
 
 NAMESPACE = "scale"
 QUIET_S = 3.0  # the operator is done with a change once it made no write for this long

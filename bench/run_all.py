@@ -1,6 +1,6 @@
 """Run every benchmark, one after another, so none disturbs another's timings.
 
-    PYTHONSAFEPATH=1 PYTHONPATH=bench .venv/bin/python bench/run_all.py [--quick] [--only NAME ...]
+    PYTHONSAFEPATH=1 .venv/bin/python bench/run_all.py [--quick] [--only NAME ...]
 
 ``--quick`` passes each benchmark its own quick mode (fewer models, seeds and
 repetitions; minutes instead of an hour). Each one still writes its results and
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="each benchmark's quick mode")
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run just these")
     args = parser.parse_args(argv)
-    env = {**os.environ, "PYTHONSAFEPATH": "1", "PYTHONPATH": str(BENCH_DIR)}
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
     failed = []
     for name in args.only or BENCHMARKS:
         command = [sys.executable, str(BENCH_DIR / f"{name}.py"), *(["--quick"] if args.quick else [])]

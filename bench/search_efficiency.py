@@ -1,6 +1,6 @@
 """Search efficiency: how close each algorithm gets to the exhaustive optimum on a real landscape.
 
-    PYTHONSAFEPATH=1 PYTHONPATH=bench .venv/bin/python bench/search_efficiency.py [--quick]
+    PYTHONSAFEPATH=1 .venv/bin/python bench/search_efficiency.py [--quick]
 
 Step 1, the landscape: for each model, every allowed point of the space the
 engine would search (``Adaptation``'s own space for that model, batch and this
@@ -41,10 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import benchlib
 import numpy as np
-import search_replay as sr
 
+from bench import benchlib
+from bench import search_replay as sr
 from metainfer.agent.zoo import build_examples
 from metainfer.core.engine.candidates import recipe_for
 from metainfer.core.engine.data import load_npz

@@ -5,7 +5,8 @@
     export KUBECONFIG=$PWD/.cluster/kubeconfig
     PYTHONSAFEPATH=1 .venv/bin/python hack/cluster.py down    # stops everything, removes .cluster/
 
-Run it with the project's virtualenv Python: it needs `kubernetes`, `pyyaml` and
+Run it with the project's virtualenv Python (`make venv`): it imports the
+development package `hack` installed there, needs `kubernetes`, `pyyaml` and
 `cryptography`, and installs the pinned kubectl next to that Python.
 """
 
@@ -16,15 +17,12 @@ import sys
 import time
 from pathlib import Path
 
-HACK = Path(__file__).resolve().parent
-REPO = HACK.parent
-sys.path.insert(0, str(HACK))  # PYTHONSAFEPATH=1 keeps the script's folder off sys.path
+from hack.controlplane import assets as assets_mod
+from hack.controlplane import cluster, crds
+from hack.controlplane.errors import ControlPlaneError
+from hack.controlplane.versions import ETCD_VERSION, KUBERNETES_VERSION
 
-from controlplane import assets as assets_mod  # noqa: E402
-from controlplane import cluster, crds  # noqa: E402
-from controlplane.errors import ControlPlaneError  # noqa: E402
-from controlplane.versions import ETCD_VERSION, KUBERNETES_VERSION  # noqa: E402
-
+REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ROOT = REPO / ".cluster"
 
 

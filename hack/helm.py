@@ -13,6 +13,9 @@ concurrent builders; module and build caches shared with the control plane).
 The binary lands in ``~/.cache/metainfer/helm/<version>/helm`` (``METAINFER_CACHE``
 moves the root) and is reused when present. ``METAINFER_HELM`` points at an
 existing helm instead (e.g. one a CI image already has); it is used as is.
+
+The chart's tests (tests/unit/test_chart.py, tests/integration/test_chart_on_cluster.py)
+import ``provide`` and ``all_optional_on`` from ``hack.helm``.
 """
 
 from __future__ import annotations
@@ -24,11 +27,8 @@ import sys
 import time
 from pathlib import Path
 
-HACK = Path(__file__).resolve().parent
-sys.path.insert(0, str(HACK))  # PYTHONSAFEPATH=1 keeps the script's folder off sys.path
-
-from controlplane import assets  # noqa: E402
-from controlplane.errors import AssetError  # noqa: E402
+from hack.controlplane import assets
+from hack.controlplane.errors import AssetError
 
 # Helm 4 is the current major line; v4.3.2 declares Go 1.26 in its go.mod, like Kubernetes v1.37.
 HELM_VERSION = "v4.3.2"
@@ -42,6 +42,23 @@ HELM = assets.GoBinary(
     package=f"{HELM_MODULE}/cmd/helm",
     ldflags=f"-s -w -X {_VERSION_PKG}.version={HELM_VERSION} -X {_VERSION_PKG}.gitTreeState=clean",
 )
+
+
+def all_optional_on(rule_namespace: str) -> list[str]:
+    """Flags for ``helm template``/``lint`` that switch on every optional feature of charts/metainfer.
+
+    The SLO-breach alert gets one policy (``digits``, p95 5 ms) in ``rule_namespace``.
+    """
+    return [
+        "--set", "metrics.serviceMonitor.enabled=true",
+        "--set", "metrics.podMonitor.enabled=true",
+        "--set", "prometheusRule.enabled=true",
+        "--set", "dashboard.enabled=true",
+        "--set", "prometheus.url=http://prometheus.monitoring:9090",
+        "--set-json", 'labelMapping={"cpuFeatures":["AVX2","AVX512VNNI"]}',
+        "--set-json",
+        f'prometheusRule.sloBreach.policies=[{{"namespace":"{rule_namespace}","policy":"digits","p95Ms":5}}]',
+    ]  # fmt: skip
 
 
 def helm_dir() -> Path:

@@ -10,7 +10,7 @@ else a clear error saying how to get one. Tests fail on that error: a drift
 test that silently skips proves nothing.
 
 Usage: ``python hack/prometheus.py`` prints the binary's path (installing it if
-needed); tests import ``find_binary`` and ``PrometheusServer``.
+needed); tests import ``hack.prometheus.find_binary`` and ``PrometheusServer``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,8 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from hack.controlplane.processes import free_port, stop_child
 
 Log = Callable[[str], None]
 
@@ -64,12 +65,6 @@ def find_binary(log: Log = lambda _: None, install: bool = True) -> Path:
     if not found:
         raise PrometheusUnavailable("apt-get installed prometheus but no `prometheus` binary is on PATH")
     return Path(found)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PrometheusServer:
@@ -130,13 +125,7 @@ class PrometheusServer:
         raise PrometheusUnavailable(f"prometheus not ready after {timeout:g}s: {self.log.read_text()[-2000:]}")
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+        stop_child(self.proc)
         self.proc = None
 
     def query(self, promql: str) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """The real sentence-transformers/all-MiniLM-L6-v2, rebuilt as ONNX without torch.
 
-Why: issue 2 is judged on a real sentence-embedding transformer (batch 8, seq 128,
+Why: adaptation is judged on a real sentence-embedding transformer (batch 8, seq 128,
 2-core CPU, cosine of mean-pooled embeddings against FP32). Random weights give
 realistic latency but not realistic quantization error: trained weights and
 activations have outliers that decide whether int8 keeps cosine >= 0.99. Model

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from controlplane.errors import AssetError
-from controlplane.versions import (
+from hack.controlplane.errors import AssetError
+from hack.controlplane.versions import (
     ETCD_VERSION,
     KUBECTL_PYPI,
     KUBERNETES_VERSION,

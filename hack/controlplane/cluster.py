@@ -18,7 +18,6 @@ import contextlib
 import json
 import re
 import shutil
-import socket
 import ssl
 import subprocess
 import time
@@ -31,10 +30,10 @@ from typing import Any
 
 import yaml
 
-from controlplane import crds, processes
-from controlplane import pki as pki_mod
-from controlplane.assets import Assets
-from controlplane.errors import ControlPlaneError, StartError
+from hack.controlplane import crds, processes
+from hack.controlplane import pki as pki_mod
+from hack.controlplane.assets import Assets
+from hack.controlplane.errors import ControlPlaneError, StartError
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
@@ -72,12 +71,6 @@ class ControlPlane:
 
     def stop(self) -> list[str]:
         return stop(self.root, popens=self.popens)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def start(
@@ -131,7 +124,7 @@ def _start(
     deadline = started + timeout_s
     logs = root / "logs"
     certs = pki_mod.generate(root / "pki")
-    etcd_port, peer_port, api_port = free_port(), free_port(), free_port()
+    etcd_port, peer_port, api_port = processes.free_port(), processes.free_port(), processes.free_port()
     server = f"https://127.0.0.1:{api_port}"
     kubeconfig = root / "kubeconfig"
     write_kubeconfig(kubeconfig, server, certs)

@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from controlplane.errors import StartError
+from hack.controlplane.errors import StartError
 
 
 def load_crds(paths: Iterable[Path]) -> list[dict[str, Any]]:

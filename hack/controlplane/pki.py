@@ -15,8 +15,8 @@ from pathlib import Path
 try:
     from cryptography import x509
 except ImportError:  # a venv made before cryptography joined the dev extra
-    from controlplane.assets import pip_install
-    from controlplane.versions import CRYPTOGRAPHY_PYPI
+    from hack.controlplane.assets import pip_install
+    from hack.controlplane.versions import CRYPTOGRAPHY_PYPI
 
     pip_install(CRYPTOGRAPHY_PYPI)
     from cryptography import x509

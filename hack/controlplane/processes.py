@@ -3,6 +3,10 @@
 Daemons run in their own session (process group), so stopping a group also
 stops anything they spawned. A pid read back from a state file is only
 signalled if /proc still shows the same executable we started: pids get reused.
+
+``free_port`` and ``stop_child`` serve every loopback process of the tests too
+(Prometheus, the operator, ``metainfer serve``): those are children of the
+calling process, so their Popen is all it takes to stop them.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -35,6 +40,25 @@ def launch(name: str, argv: list[str], log_dir: Path, *, die_with_parent: bool =
             close_fds=True,
             preexec_fn=_die_with_parent if die_with_parent else None,
         )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def stop_child(popen: subprocess.Popen[bytes] | None, grace_s: float = 15.0) -> None:
+    """SIGTERM a child process and wait for it, SIGKILL it after ``grace_s``; one already gone is left alone."""
+    if popen is None or popen.poll() is not None:
+        return
+    popen.terminate()
+    try:
+        popen.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        popen.wait(timeout=5)
 
 
 def _die_with_parent() -> None:

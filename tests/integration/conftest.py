@@ -1,10 +1,11 @@
 """A real kube-apiserver + etcd (+ kube-controller-manager) for the whole test session.
 
 One control plane per session keeps the suite fast (start ~ seconds once the
-binaries are cached); isolation comes from one namespace per test. The
-binaries come from KUBEBUILDER_ASSETS or are built and cached by
-hack/controlplane; when that fails the session fails with the reason: an
-integration test that silently skips proves nothing.
+binaries are cached); isolation comes from one namespace per test, and from
+Nodes labelled for that test (``nodes``). The binaries come from
+KUBEBUILDER_ASSETS or are built and cached by hack.controlplane; when that
+fails the session fails with the reason: an integration test that silently
+skips proves nothing. The same holds for Prometheus (``prometheus``).
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ import re
 import secrets
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from operator_harness import Nodes
+
+from hack.controlplane import assets, cluster, crds
+from hack.controlplane.errors import ControlPlaneError
+from hack.prometheus import PrometheusServer, PrometheusUnavailable, find_binary
 
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "hack"))
-
-from controlplane import assets, cluster, crds  # noqa: E402
-from controlplane.errors import ControlPlaneError  # noqa: E402
 
 
 @dataclass
@@ -111,3 +113,43 @@ def namespace(control_plane: ControlPlaneHandle, request: pytest.FixtureRequest)
         except ApiException as exc:
             if exc.status != 404:
                 raise
+
+
+@pytest.fixture
+def nodes(control_plane: ControlPlaneHandle, namespace: str) -> Iterator[Nodes]:
+    """Add Nodes with ``nodes.add(features)``; they are deleted after the test."""
+    created = Nodes(control_plane.api_client, namespace)
+    try:
+        yield created
+    finally:
+        created.delete_all()
+
+
+@pytest.fixture(scope="session")
+def prometheus_binary() -> Path:
+    try:
+        return find_binary(lambda m: print(m, file=sys.__stderr__))
+    except PrometheusUnavailable as exc:
+        pytest.fail(f"drift and canary tests need a real Prometheus: {exc}", pytrace=False)
+
+
+@pytest.fixture
+def prometheus(
+    prometheus_binary: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[list[str]], PrometheusServer]]:
+    """``prometheus(targets)`` starts a Prometheus scraping ``targets`` every second and points the operators this
+    test starts at it (METAINFER_PROMETHEUS_URL); it is stopped after the test."""
+    started: list[PrometheusServer] = []
+
+    def start(targets: list[str]) -> PrometheusServer:
+        server = PrometheusServer(prometheus_binary, tmp_path / f"prometheus-{len(started)}", targets, 1.0)
+        started.append(server)
+        server.start()
+        monkeypatch.setenv("METAINFER_PROMETHEUS_URL", server.url)
+        return server
+
+    try:
+        yield start
+    finally:
+        for server in started:
+            server.stop()

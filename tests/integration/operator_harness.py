@@ -1,4 +1,4 @@
-"""Helpers for operator tests: a real operator process, labelled Nodes, the agent run locally.
+"""Helpers for operator tests: a real operator process, labelled Nodes, policies, the agent run locally.
 
 No kubelet runs here, so Jobs never start by themselves: ``run_agent`` does what
 a Job's pod would, executing the Job's own command (``metainfer agent run``)
@@ -15,12 +15,14 @@ import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from hack.controlplane.processes import stop_child
 from metainfer.core.api import GROUP, VERSION
 
 NFD = "feature.node.kubernetes.io/"
@@ -72,12 +74,7 @@ class Operator:
             self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        stop_child(self.proc)
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""
@@ -111,6 +108,59 @@ def delete_node(api: client.ApiClient, name: str) -> None:
             raise
 
 
+@dataclass
+class Nodes:
+    """CPU Node objects labelled ``metainfer.io/test=<namespace>``: only this test's policies select them."""
+
+    api: client.ApiClient
+    namespace: str
+    names: list[str] = field(default_factory=list)
+
+    def add(self, features: tuple[str, ...]) -> str:
+        name = f"{self.namespace}-{'-'.join(f.lower() for f in features)}-{secrets.token_hex(2)}"
+        create_node(self.api, name, cpu_node_labels(self.namespace, features))
+        self.names.append(name)
+        return name
+
+    def delete_all(self) -> None:
+        for name in self.names:
+            delete_node(self.api, name)
+
+
+def make_policy(
+    namespace: str,
+    name: str,
+    model: Path,
+    sha: str,
+    *,
+    batch: int = 4,
+    latency_p95_ms: float = 1000,
+    data: dict[str, Any] | None = None,
+    **spec: Any,
+) -> dict[str, Any]:
+    """An AdaptationPolicy of a file:// model for this test's Nodes: a 2-trial random search; ``spec`` adds or
+    replaces top-level spec fields (rollout, readaptation, search...)."""
+    body: dict[str, Any] = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": {"uri": f"file://{model}", "sha256": sha, **({"data": data} if data else {})},
+            "slo": {"latencyP95Ms": latency_p95_ms, "maxQualityDrop": 0.05, "batchSize": batch},
+            "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
+            "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60},
+        },
+    }
+    body["spec"].update(spec)
+    return body
+
+
+def apply_policy(api: client.ApiClient, body: dict[str, Any]) -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(
+        GROUP, VERSION, body["metadata"]["namespace"], "adaptationpolicies", body
+    )
+
+
 def runs(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
     return client.CustomObjectsApi(api).list_namespaced_custom_object(GROUP, VERSION, namespace, "adaptationruns")[
         "items"
@@ -121,6 +171,19 @@ def policy(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     return client.CustomObjectsApi(api).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "adaptationpolicies", name
     )
+
+
+def ready_status(body: dict[str, Any]) -> dict[str, Any] | None:
+    """A policy's status once its Ready condition is True, else None (for ``wait_for``)."""
+    status = body.get("status") or {}
+    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"]
+    return status if ready else None
+
+
+def klass(api: client.ApiClient, namespace: str, name: str = "digits") -> dict[str, Any]:
+    """The first hardware class in a policy's status ({} before there is one)."""
+    classes = (policy(api, namespace, name).get("status") or {}).get("classes") or [{}]
+    return classes[0]
 
 
 def jobs(api: client.ApiClient, namespace: str) -> list[Any]:

@@ -10,8 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
-from controlplane import assets
-from controlplane.errors import AssetError
+
+from hack.controlplane import assets
+from hack.controlplane.errors import AssetError
 
 pytestmark = pytest.mark.integration
 

@@ -12,127 +12,80 @@ differs from the stable one.
 
 from __future__ import annotations
 
-import secrets
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
-from operator_harness import cpu_node_labels, create_node, delete_node, deployments, operator_process, policy, runs
-from operator_harness import wait_for as _wait_for
-from prometheus import PrometheusServer, PrometheusUnavailable, find_binary, free_port
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from operator_harness import Nodes, apply_policy, deployments, klass, make_policy, operator_process, runs, wait_for
+from prometheus_client import Counter
+from serve_harness import LABELS, ServingMetrics
 
+from hack.prometheus import PrometheusServer
 from metainfer.core.api import GROUP, VERSION
 from metainfer.core.control.manifests import LABEL_RUN, LABEL_TRACK
 from metainfer.core.engine.recipe import Recipe
 
-pytestmark = pytest.mark.integration  # hack/ is on sys.path via conftest.py
+pytestmark = pytest.mark.integration
 
 WINDOW_S = 30  # rollout.analysisWindowSeconds (the API's minimum)
 INTERVAL_S = 5  # the check cadence: readaptation.checkIntervalSeconds (the API's minimum)
-BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 SHA = "a" * 64
 
 
-def wait_for(what: str, predicate: Any, timeout: float = 60.0, interval: float = 0.25) -> Any:
-    return _wait_for(what, predicate, timeout=timeout, interval=interval)
-
-
-class Variants:
+class Variants(ServingMetrics):
     """Serving pods of several variants: per variant a latency and an error ratio, ~100 requests/s each."""
 
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
-        names = ["policy", "hardware_class", "variant"]
-        self.latency = Histogram(
-            "metainfer_inference_latency_seconds", "stand-in", names, buckets=BUCKETS, registry=self.registry
-        )
-        self.requests = Counter("metainfer_inference_requests_total", "stand-in", names, registry=self.registry)
-        self.errors = Counter("metainfer_inference_errors_total", "stand-in", [*names, "code"], registry=self.registry)
-        self.port = free_port()
-        self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        super().__init__(interval_s=0.01)
+        self.requests = Counter("metainfer_inference_requests_total", "stand-in", LABELS, registry=self.registry)
+        self.errors = Counter("metainfer_inference_errors_total", "stand-in", [*LABELS, "code"], registry=self.registry)
         self.serving: dict[tuple[str, str, str], tuple[float, float]] = {}
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        threading.Thread(target=self._feed, daemon=True).start()
-
-    @property
-    def target(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        self._ticks = 0
 
     def serve(self, labels: tuple[str, str, str], latency_s: float, error_ratio: float = 0.0) -> None:
         with self._lock:
             self.serving[labels] = (latency_s, error_ratio)
 
-    def _feed(self) -> None:
-        tick = 0
-        while not self._stop.wait(0.01):
-            tick += 1
-            with self._lock:
-                serving = dict(self.serving)
-            for labels, (latency, error_ratio) in serving.items():
-                self.requests.labels(*labels).inc()
-                if error_ratio and tick % max(1, round(1 / error_ratio)) == 0:
-                    self.errors.labels(*labels, "500").inc()
-                else:
-                    self.latency.labels(*labels).observe(latency)
-
-    def close(self) -> None:
-        self._stop.set()
-        self.server.shutdown()
+    def tick(self) -> None:
+        self._ticks += 1
+        with self._lock:
+            serving = dict(self.serving)
+        for labels, (latency, error_ratio) in serving.items():
+            self.requests.labels(*labels).inc()
+            if error_ratio and self._ticks % max(1, round(1 / error_ratio)) == 0:
+                self.errors.labels(*labels, "500").inc()
+            else:
+                self.histogram.labels(*labels).observe(latency)
 
 
 @pytest.fixture
 def variants() -> Iterator[Variants]:
-    fake = Variants()
-    yield fake
-    fake.close()
-
-
-@pytest.fixture
-def prom(variants: Variants, tmp_path: Path) -> Iterator[PrometheusServer]:
-    try:
-        binary = find_binary(lambda m: print(m, file=sys.__stderr__))
-    except PrometheusUnavailable as exc:
-        pytest.fail(f"canary tests need a real Prometheus: {exc}", pytrace=False)
-    server = PrometheusServer(binary, tmp_path / "prometheus", [variants.target], scrape_interval_s=1.0)
-    server.start()
-    yield server
-    server.stop()
+    with Variants() as fake:
+        yield fake
 
 
 def canary_policy(namespace: str) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AdaptationPolicy",
-        "metadata": {"name": "digits", "namespace": namespace},
-        "spec": {
-            "model": {"uri": "file:///nonexistent/digits.onnx", "sha256": SHA},
-            "slo": {"latencyP95Ms": 50, "maxQualityDrop": 0.05, "batchSize": 4},
-            "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
-            "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60, "seed": 0},
-            "serving": {"replicas": 2},
-            "rollout": {
-                "canaryReplicas": 1,
-                "analysisWindowSeconds": WINDOW_S,
-                "tolerance": 0.2,
-                "maxErrorRate": 0.05,
-                "deadlineSeconds": 120,
-            },
-            # Drift checks off (the canary step keeps the same cadence): the test is about the canary alone.
-            "readaptation": {"enabled": False, "checkIntervalSeconds": INTERVAL_S},
+    """The runs' results are written by the test (``succeed``), so the model is never read."""
+    return make_policy(
+        namespace, "digits", Path("/nonexistent/digits.onnx"), SHA,
+        latency_p95_ms=50,
+        search={"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60, "seed": 0},
+        serving={"replicas": 2},
+        rollout={
+            "canaryReplicas": 1,
+            "analysisWindowSeconds": WINDOW_S,
+            "tolerance": 0.2,
+            "maxErrorRate": 0.05,
+            "deadlineSeconds": 120,
         },
-    }
-
-
-def klass(api: client.ApiClient, namespace: str) -> dict[str, Any]:
-    classes = (policy(api, namespace, "digits").get("status") or {}).get("classes") or [{}]
-    return classes[0]
+        # Drift checks off (the canary step keeps the same cadence): the test is about the canary alone.
+        readaptation={"enabled": False, "checkIntervalSeconds": INTERVAL_S},
+    )  # fmt: skip
 
 
 def rollout(api: client.ApiClient, namespace: str) -> dict[str, Any]:
@@ -178,74 +131,68 @@ def events(api: client.ApiClient, namespace: str, reason: str) -> list[Any]:
 def test_canary_promoted_then_rolled_back_across_an_operator_restart(
     control_plane: Any,
     namespace: str,
+    nodes: Nodes,
     variants: Variants,
-    prom: PrometheusServer,
+    prometheus: Callable[[list[str]], PrometheusServer],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     api = control_plane.api_client
-    node = f"{namespace}-avx2-{secrets.token_hex(2)}"
-    create_node(api, node, cpu_node_labels(namespace, ("AVX2",)))
-    monkeypatch.setenv("METAINFER_PROMETHEUS_URL", prom.url)
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        GROUP, VERSION, namespace, "adaptationpolicies", canary_policy(namespace)
-    )
-    try:
-        with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
-            # The first variant goes straight to the stable Deployment: nothing to compare it with.
-            first, key_a = succeed(api, namespace, threads=1)
-            wait_for("class Ready", lambda: klass(api, namespace).get("state") == "Ready")
-            assert set(by_track(api, namespace)) == {"stable"}
-            fp = klass(api, namespace)["fingerprint"]
-            variants.serve(("digits", fp, key_a), 0.004)
+    prometheus([variants.target])  # the operator reads the canary's and the stable's series from it
+    nodes.add(("AVX2",))
+    apply_policy(api, canary_policy(namespace))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
+        # The first variant goes straight to the stable Deployment: nothing to compare it with.
+        first, key_a = succeed(api, namespace, threads=1)
+        wait_for("class Ready", lambda: klass(api, namespace).get("state") == "Ready")
+        assert set(by_track(api, namespace)) == {"stable"}
+        fp = klass(api, namespace)["fingerprint"]
+        variants.serve(("digits", fp, key_a), 0.004)
 
-            # A second variant (same speed): a canary beside the untouched stable one, then promoted.
-            readapt(api, namespace, seed=1)
-            second, key_b = succeed(api, namespace, threads=2)
-            assert key_b != key_a
-            wait_for("phase Canary", lambda: rollout(api, namespace).get("phase") == "Canary")
-            started = rollout(api, namespace)["startedAt"]
-            tracks = wait_for("canary Deployment", lambda: (t := by_track(api, namespace)) and "canary" in t and t)
-            assert tracks["stable"].metadata.labels[LABEL_RUN] == first
-            assert tracks["canary"].metadata.labels[LABEL_RUN] == second and tracks["canary"].spec.replicas == 1
-            assert klass(api, namespace)["state"] == "RollingOut"
-            variants.serve(("digits", fp, key_b), 0.0045)
+        # A second variant (same speed): a canary beside the untouched stable one, then promoted.
+        readapt(api, namespace, seed=1)
+        second, key_b = succeed(api, namespace, threads=2)
+        assert key_b != key_a
+        wait_for("phase Canary", lambda: rollout(api, namespace).get("phase") == "Canary")
+        started = rollout(api, namespace)["startedAt"]
+        tracks = wait_for("canary Deployment", lambda: (t := by_track(api, namespace)) and "canary" in t and t)
+        assert tracks["stable"].metadata.labels[LABEL_RUN] == first
+        assert tracks["canary"].metadata.labels[LABEL_RUN] == second and tracks["canary"].spec.replicas == 1
+        assert klass(api, namespace)["state"] == "RollingOut"
+        variants.serve(("digits", fp, key_b), 0.0045)
 
-            # SIGKILL mid-analysis, restart: the same analysis goes on (same start, one canary, no new run).
-            time.sleep(INTERVAL_S)
-            op.kill()
-            time.sleep(2)
-            op.start()
-            time.sleep(INTERVAL_S)
-            assert rollout(api, namespace)["phase"] == "Canary" and rollout(api, namespace)["startedAt"] == started
-            assert len(deployments(api, namespace)) == 2 and len(runs(api, namespace)) == 2
-            t0 = time.monotonic()
-            wait_for("Promoted", lambda: rollout(api, namespace).get("phase") == "Promoted", timeout=WINDOW_S + 60)
-            print(f"\n[canary] promoted {time.monotonic() - t0:.1f}s after the restart (window {WINDOW_S}s)")
-            assert rollout(api, namespace)["startedAt"] == started
-            wait_for("canary deleted", lambda: set(by_track(api, namespace)) == {"stable"}, timeout=30)
-            assert by_track(api, namespace)["stable"].metadata.labels[LABEL_RUN] == second
-            wait_for("Ready on the new variant", lambda: klass(api, namespace).get("state") == "Ready", timeout=30)
-            assert klass(api, namespace)["current"]["recipeKey"] == key_b
-            assert "CanaryPromoted" in rollout(api, namespace)["reason"]
-            wait_for("a CanaryPromoted event", lambda: events(api, namespace, "CanaryPromoted"), timeout=10)
+        # SIGKILL mid-analysis, restart: the same analysis goes on (same start, one canary, no new run).
+        time.sleep(INTERVAL_S)
+        op.kill()
+        time.sleep(2)
+        op.start()
+        time.sleep(INTERVAL_S)
+        assert rollout(api, namespace)["phase"] == "Canary" and rollout(api, namespace)["startedAt"] == started
+        assert len(deployments(api, namespace)) == 2 and len(runs(api, namespace)) == 2
+        t0 = time.monotonic()
+        wait_for("Promoted", lambda: rollout(api, namespace).get("phase") == "Promoted", timeout=WINDOW_S + 60)
+        print(f"\n[canary] promoted {time.monotonic() - t0:.1f}s after the restart (window {WINDOW_S}s)")
+        assert rollout(api, namespace)["startedAt"] == started
+        wait_for("canary deleted", lambda: set(by_track(api, namespace)) == {"stable"}, timeout=30)
+        assert by_track(api, namespace)["stable"].metadata.labels[LABEL_RUN] == second
+        wait_for("Ready on the new variant", lambda: klass(api, namespace).get("state") == "Ready", timeout=30)
+        assert klass(api, namespace)["current"]["recipeKey"] == key_b
+        assert "CanaryPromoted" in rollout(api, namespace)["reason"]
+        wait_for("a CanaryPromoted event", lambda: events(api, namespace, "CanaryPromoted"), timeout=10)
 
-            # A third variant, five times slower than the stable: rolled back with the reason, stable kept.
-            readapt(api, namespace, seed=2)
-            third, key_c = succeed(api, namespace, threads=3)
-            wait_for("phase Canary again", lambda: rollout(api, namespace).get("canary", {}).get("runName") == third)
-            variants.serve(("digits", fp, key_c), 0.02)
-            wait_for("RolledBack", lambda: rollout(api, namespace).get("phase") == "RolledBack", timeout=WINDOW_S + 60)
-            status = rollout(api, namespace)
-            assert status["reason"] == "CanaryLatency" and "canary p95" in status["message"], status
-            wait_for("canary deleted", lambda: set(by_track(api, namespace)) == {"stable"}, timeout=30)
-            assert by_track(api, namespace)["stable"].metadata.labels[LABEL_RUN] == second
-            assert klass(api, namespace)["current"]["recipeKey"] == key_b
-            warning = wait_for("a CanaryRolledBack event", lambda: events(api, namespace, "CanaryRolledBack"), 10)
-            assert warning[0].type == "Warning" and "CanaryLatency" in warning[0].message
-            time.sleep(INTERVAL_S)  # and it stays rolled back: the slow run is never retried as a canary
-            assert set(by_track(api, namespace)) == {"stable"} and rollout(api, namespace)["phase"] == "RolledBack"
-            assert len(runs(api, namespace)) == 3
-            assert "Traceback" not in op.output(), op.output()[-3000:]
-    finally:
-        delete_node(api, node)
+        # A third variant, five times slower than the stable: rolled back with the reason, stable kept.
+        readapt(api, namespace, seed=2)
+        third, key_c = succeed(api, namespace, threads=3)
+        wait_for("phase Canary again", lambda: rollout(api, namespace).get("canary", {}).get("runName") == third)
+        variants.serve(("digits", fp, key_c), 0.02)
+        wait_for("RolledBack", lambda: rollout(api, namespace).get("phase") == "RolledBack", timeout=WINDOW_S + 60)
+        status = rollout(api, namespace)
+        assert status["reason"] == "CanaryLatency" and "canary p95" in status["message"], status
+        wait_for("canary deleted", lambda: set(by_track(api, namespace)) == {"stable"}, timeout=30)
+        assert by_track(api, namespace)["stable"].metadata.labels[LABEL_RUN] == second
+        assert klass(api, namespace)["current"]["recipeKey"] == key_b
+        warning = wait_for("a CanaryRolledBack event", lambda: events(api, namespace, "CanaryRolledBack"), 10)
+        assert warning[0].type == "Warning" and "CanaryLatency" in warning[0].message
+        time.sleep(INTERVAL_S)  # and it stays rolled back: the slow run is never retried as a canary
+        assert set(by_track(api, namespace)) == {"stable"} and rollout(api, namespace)["phase"] == "RolledBack"
+        assert len(runs(api, namespace)) == 3
+        assert "Traceback" not in op.output(), op.output()[-3000:]

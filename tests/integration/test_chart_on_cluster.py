@@ -12,7 +12,6 @@ API server store those documents; the real schemas are not checked here.
 
 from __future__ import annotations
 
-import importlib.util
 import secrets
 import subprocess
 from collections.abc import Iterator
@@ -23,49 +22,39 @@ import pytest
 import yaml
 from kubernetes import client
 from operator_harness import (
-    cpu_node_labels,
-    create_node,
-    delete_node,
+    Nodes,
+    apply_policy,
     deployments,
     jobs,
+    make_policy,
     operator_process,
+    ready_status,
     run_agent,
     runs,
     wait_for,
 )
 from operator_harness import policy as get_policy
 
+from hack.controlplane.errors import AssetError
+from hack.helm import HELM_VERSION, all_optional_on, provide
 from metainfer.agent.zoo import build_examples
-from metainfer.core.api import GROUP, VERSION
 from metainfer.core.control.manifests import MANAGED_BY
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "metainfer"
-ALL_ON = [
-    "--set", "metrics.serviceMonitor.enabled=true",
-    "--set", "metrics.podMonitor.enabled=true",
-    "--set", "prometheusRule.enabled=true",
-    "--set", "dashboard.enabled=true",
-    "--set", "prometheus.url=http://prometheus.monitoring:9090",
-    "--set-json", 'labelMapping={"cpuFeatures":["AVX2","AVX512VNNI"]}',
-    "--set-json", 'prometheusRule.sloBreach.policies=[{"namespace":"default","policy":"digits","p95Ms":5}]',
-]  # fmt: skip
+ALL_ON = all_optional_on("default")
 MONITORING_KINDS = [("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"),
                     ("PrometheusRule", "prometheusrules")]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def helm() -> str:
-    spec = importlib.util.spec_from_file_location("metainfer_hack_helm", REPO / "hack" / "helm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     try:
-        return str(module.provide(print))
-    except Exception as exc:
-        pytest.fail(f"cannot provide helm {module.HELM_VERSION}: {exc}", pytrace=False)
+        return str(provide(print))
+    except AssetError as exc:
+        pytest.fail(f"cannot provide helm {HELM_VERSION}: {exc}", pytrace=False)
 
 
 def run_helm(helm: str, *args: str) -> str:
@@ -209,57 +198,31 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
 
 
 def test_operator_loop_runs_with_the_charts_service_accounts(
-    control_plane: Any, namespace: str, installed: dict, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, installed: dict, digits: tuple[Path, str], tmp_path: Path
 ) -> None:
     """Two classes -> two runs -> two Jobs -> agent results -> two Deployments, Ready; nothing as admin."""
     api = control_plane.api_client  # admin: only to set the scene (nodes, policy) and to observe
-    nodes = []
-    try:
-        for features in (("AVX2",), ("AVX2", "AVX512VNNI")):
-            name = f"{namespace}-{'-'.join(f.lower() for f in features)}"
-            create_node(api, name, cpu_node_labels(namespace, features))
-            nodes.append(name)
-        model, sha = digits
-        body = {
-            "apiVersion": f"{GROUP}/{VERSION}", "kind": "AdaptationPolicy",
-            "metadata": {"name": "digits", "namespace": namespace},
-            "spec": {
-                "model": {"uri": f"file://{model}", "sha256": sha},
-                "slo": {"latencyP95Ms": 1000, "maxQualityDrop": 0.05, "batchSize": 4},
-                "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
-                "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60},
-            },
-        }  # fmt: skip
-        client.CustomObjectsApi(api).create_namespaced_custom_object(
-            GROUP, VERSION, namespace, "adaptationpolicies", body
-        )
-        with operator_process(installed["operator"], namespace, tmp_path) as op:
-            wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2, timeout=90)
-            for run in runs(api, namespace):
-                proc = run_agent(installed["agent"], namespace, run["metadata"]["name"])
-                assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-                assert "forbidden" not in (proc.stdout + proc.stderr).lower(), proc.stderr[-2000:]
-            try:
-                wait_for("two serving Deployments", lambda: len(serving(api, namespace)) == 2, timeout=60)
-            except AssertionError as exc:
-                names = [d.metadata.name for d in deployments(api, namespace)]
-                raise AssertionError(f"{exc}: {names}\noperator log:\n{op.output()[-6000:]}") from exc
-            status = wait_for("Ready policy", lambda: _ready(get_policy(api, namespace, "digits")), timeout=60)
-            assert len(status["classes"]) == 2 and all(c["state"] == "Ready" for c in status["classes"])
-            assert all(r["status"]["phase"] == "Succeeded" for r in runs(api, namespace))
-            log = op.output()
-            assert "Traceback" not in log and "forbidden" not in log.lower(), log[-4000:]
-    finally:
-        for name in nodes:
-            delete_node(api, name)
+    nodes.add(("AVX2",))
+    nodes.add(("AVX2", "AVX512VNNI"))
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    with operator_process(installed["operator"], namespace, tmp_path) as op:
+        wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2, timeout=90)
+        for run in runs(api, namespace):
+            proc = run_agent(installed["agent"], namespace, run["metadata"]["name"])
+            assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+            assert "forbidden" not in (proc.stdout + proc.stderr).lower(), proc.stderr[-2000:]
+        try:
+            wait_for("two serving Deployments", lambda: len(serving(api, namespace)) == 2, timeout=60)
+        except AssertionError as exc:
+            names = [d.metadata.name for d in deployments(api, namespace)]
+            raise AssertionError(f"{exc}: {names}\noperator log:\n{op.output()[-6000:]}") from exc
+        status = wait_for("Ready policy", lambda: ready_status(get_policy(api, namespace, "digits")), timeout=60)
+        assert len(status["classes"]) == 2 and all(c["state"] == "Ready" for c in status["classes"])
+        assert all(r["status"]["phase"] == "Succeeded" for r in runs(api, namespace))
+        log = op.output()
+        assert "Traceback" not in log and "forbidden" not in log.lower(), log[-4000:]
 
 
 def serving(api: client.ApiClient, namespace: str) -> list[Any]:
     """The operator's Deployments (the chart's own operator Deployment lives in the same namespace here)."""
     return [d for d in deployments(api, namespace) if (d.metadata.labels or {}).get(MANAGED_BY) == "metainfer"]
-
-
-def _ready(body: dict[str, Any]) -> dict[str, Any] | None:
-    status = body.get("status") or {}
-    ready = [c for c in status.get("conditions", []) if c["type"] == "Ready" and c["status"] == "True"]
-    return status if ready else None

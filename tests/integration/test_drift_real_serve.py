@@ -21,40 +21,35 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import secrets
-import signal
-import subprocess
-import sys
 import threading
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from drift_harness import drift, drift_checks, drift_runs, metrics_condition
 from kubernetes import client
 from operator_harness import (
-    cpu_node_labels,
-    create_node,
-    delete_node,
+    Nodes,
+    apply_policy,
     deployments,
+    klass,
+    make_policy,
     operator_process,
-    policy,
     run_pending,
     runs,
+    wait_for,
 )
-from operator_harness import wait_for as _wait_for
-from prometheus import PrometheusServer, PrometheusUnavailable, find_binary, free_port
+from serve_harness import ServeProcess
 
+from hack.prometheus import PrometheusServer
 from metainfer.agent.zoo import ExampleModel, build_examples
-from metainfer.core.api import GROUP, VERSION
 from metainfer.core.control.manifests import LABEL_TRACK
 from metainfer.core.control.promql import p95_query
 
-pytestmark = pytest.mark.integration  # hack/ is on sys.path via conftest.py
+pytestmark = pytest.mark.integration
 
 POLICY = "digits"
 INTERVAL_S = 5  # readaptation.checkIntervalSeconds (the API's minimum)
@@ -74,53 +69,15 @@ LOAD_DEADLINE_S = 900  # the load generator stops by itself after this long, wha
 LOAD_MAX_REQUESTS = 400_000
 
 
-def wait_for(what: str, predicate: Any, timeout: float = 60.0, interval: float = 0.25) -> Any:
-    return _wait_for(what, predicate, timeout=timeout, interval=interval)
-
-
-class RealServe:
-    """The stable Deployment's ``metainfer serve`` container, run as a local process on 127.0.0.1:``port``."""
-
-    def __init__(self, port: int, log_dir: Path) -> None:
-        self.port, self.log_dir = port, log_dir
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log = log_dir / f"serve-{port}.log"
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, deployment: Any, timeout: float = 60.0) -> dict[str, str]:
-        container = deployment.spec.template.spec.containers[0]
-        assert container.command == ["metainfer"], container.command
-        args = list(container.args)
-        args[args.index("--port") + 1] = str(self.port)
-        labels = {e.name: e.value for e in container.env if e.name.startswith("METAINFER_")}
-        env = {**os.environ, **labels, "PYTHONSAFEPATH": "1"}
-        cmd = [sys.executable, "-m", "metainfer.agent.cli", *args, "--host", "127.0.0.1", "--drain-timeout", "5"]
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                pytest.fail(f"serve exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=1) as resp:
-                    if resp.status == 200:
-                        return labels
-            except (urllib.error.URLError, ConnectionError):
-                pass
-            time.sleep(0.2)
-        pytest.fail(f"serve not ready after {timeout:g}s:\n{self.log.read_text()[-3000:]}")
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
+def serve_stable(serve: ServeProcess, deployment: Any) -> dict[str, str]:
+    """Run the stable Deployment's ``metainfer serve`` container as a local process; returns its METAINFER_* env."""
+    container = deployment.spec.template.spec.containers[0]
+    assert container.command == ["metainfer"], container.command
+    args = list(container.args)
+    args[args.index("--port") + 1] = str(serve.port)
+    labels = {e.name: e.value for e in container.env if e.name.startswith("METAINFER_")}
+    serve.start([*args, "--host", "127.0.0.1", "--drain-timeout", "5"], labels).wait_ready(timeout=60)
+    return labels
 
 
 class Load:
@@ -180,64 +137,21 @@ class Load:
 
 
 @pytest.fixture(scope="module")
-def prometheus_binary() -> Path:
-    try:
-        return find_binary(lambda m: print(m, file=sys.__stderr__))
-    except PrometheusUnavailable as exc:
-        pytest.fail(f"drift tests need a real Prometheus: {exc}", pytrace=False)
-
-
-@pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
     built = build_examples(tmp_path_factory.mktemp("models"), ["digits"])["digits"]
     return built
 
 
 def drift_policy(namespace: str, example: ExampleModel) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AdaptationPolicy",
-        "metadata": {"name": POLICY, "namespace": namespace},
-        "spec": {
-            # With its data, as a real policy would: the search may pick int8_static, and serve rebuilds that
-            # variant from the same calibration samples (the Deployment passes --data-uri).
-            "model": {
-                "uri": example.model_path.as_uri(),
-                "sha256": example.sha256,
-                "data": {"uri": example.data_path.as_uri(), "sha256": example.data_sha256, "calibrationSamples": 64},
-            },
-            "slo": {"latencyP95Ms": SLO_MS, "maxQualityDrop": 0.05, "batchSize": 4},
-            "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
-            "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60},
-            # A re-adaptation may find another recipe: no canary here (test_canary_with_prometheus.py).
-            "rollout": {"canaryReplicas": 0},
-            "readaptation": {
-                "checkIntervalSeconds": INTERVAL_S,
-                "windowSeconds": WINDOW_S,
-                "consecutiveBreaches": BREACHES,
-                "driftTolerance": TOLERANCE,
-                "cooldownSeconds": 3600,
-            },
-        },
-    }
-
-
-def klass(api: client.ApiClient, namespace: str) -> dict[str, Any]:
-    classes = (policy(api, namespace, POLICY).get("status") or {}).get("classes") or [{}]
-    return classes[0]
-
-
-def drift(api: client.ApiClient, namespace: str) -> dict[str, Any]:
-    return klass(api, namespace).get("drift") or {}
-
-
-def metrics_condition(api: client.ApiClient, namespace: str) -> dict[str, Any]:
-    conditions = (policy(api, namespace, POLICY).get("status") or {}).get("conditions", [])
-    return next((c for c in conditions if c["type"] == "MetricsAvailable"), {})
-
-
-def drift_runs(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:
-    return [r for r in runs(api, namespace) if r["spec"]["reason"] == "LatencyDrift"]
+    return make_policy(
+        namespace, POLICY, example.model_path, example.sha256,
+        latency_p95_ms=SLO_MS,
+        # With its data, as a real policy would: the search may pick int8_static, and serve rebuilds that
+        # variant from the same calibration samples (the Deployment passes --data-uri).
+        data={"uri": example.data_path.as_uri(), "sha256": example.data_sha256, "calibrationSamples": 64},
+        # A re-adaptation may find another recipe: no canary here (test_canary_with_prometheus.py).
+        **drift_checks(INTERVAL_S, WINDOW_S, BREACHES, TOLERANCE),
+    )  # fmt: skip
 
 
 class Checks:
@@ -282,23 +196,18 @@ def prom_p95_ms(prom: PrometheusServer, namespace: str, fingerprint: str) -> flo
 def test_real_serve_under_real_load_readapts_once_spike_and_missing_metrics_never(
     control_plane: Any,
     namespace: str,
+    nodes: Nodes,
     digits: ExampleModel,
-    prometheus_binary: Path,
+    prometheus: Callable[[list[str]], PrometheusServer],
     tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     api = control_plane.api_client
     with np.load(digits.data_path) as npz:
         samples = np.ascontiguousarray(npz["input"][:HEAVY_BATCH], dtype=np.float32)
-    node = f"{namespace}-avx2-{secrets.token_hex(2)}"
-    create_node(api, node, cpu_node_labels(namespace, ("AVX2",)))
-    serve = RealServe(free_port(), tmp_path)
-    prom = PrometheusServer(prometheus_binary, tmp_path / "prometheus", [f"127.0.0.1:{serve.port}"], 1.0)
-    prom.start()
-    monkeypatch.setenv("METAINFER_PROMETHEUS_URL", prom.url)
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        GROUP, VERSION, namespace, "adaptationpolicies", drift_policy(namespace, digits)
-    )
+    nodes.add(("AVX2",))
+    serve = ServeProcess(tmp_path)
+    prom = prometheus([serve.address])
+    apply_policy(api, drift_policy(namespace, digits))
     load: Load | None = None
     try:
         with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
@@ -311,7 +220,7 @@ def test_real_serve_under_real_load_readapts_once_spike_and_missing_metrics_neve
                 "the stable Deployment",
                 lambda: [d for d in deployments(api, namespace) if d.metadata.labels.get(LABEL_TRACK) == "stable"],
             )[0]
-            labels = serve.start(stable)
+            labels = serve_stable(serve, stable)
             assert labels == {
                 "METAINFER_POLICY": POLICY,
                 "METAINFER_NAMESPACE": namespace,
@@ -389,5 +298,3 @@ def test_real_serve_under_real_load_readapts_once_spike_and_missing_metrics_neve
         if load is not None:
             load.close()
         serve.stop()
-        prom.stop()
-        delete_node(api, node)

@@ -8,22 +8,22 @@ each Job's command itself.
 
 from __future__ import annotations
 
-import secrets
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 from operator_harness import (
-    cpu_node_labels,
-    create_node,
+    Nodes,
+    apply_policy,
     delete_node,
     deployments,
     job_command,
     jobs,
+    make_policy,
     operator_process,
     policy,
+    ready_status,
     run_agent,
     runs,
     wait_for,
@@ -42,41 +42,6 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
     return built.model_path, built.sha256
 
 
-@pytest.fixture
-def nodes(control_plane: Any, namespace: str) -> Iterator[list[str]]:
-    created: list[str] = []
-    yield created
-    for name in created:
-        delete_node(control_plane.api_client, name)
-
-
-def add_node(api: client.ApiClient, nodes: list[str], namespace: str, features: tuple[str, ...]) -> str:
-    name = f"{namespace}-{'-'.join(f.lower() for f in features)}-{secrets.token_hex(2)}"
-    create_node(api, name, cpu_node_labels(namespace, features))
-    nodes.append(name)
-    return name
-
-
-def make_policy(namespace: str, name: str, model: Path, sha: str, batch: int = 4) -> dict[str, Any]:
-    return {
-        "apiVersion": f"{GROUP}/{VERSION}",
-        "kind": "AdaptationPolicy",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {
-            "model": {"uri": f"file://{model}", "sha256": sha},
-            "slo": {"latencyP95Ms": 1000, "maxQualityDrop": 0.05, "batchSize": batch},
-            "hardware": {"nodeSelector": {"metainfer.io/test": namespace}},
-            "search": {"trialBudget": 2, "algorithm": "random", "timeBudgetSeconds": 60},
-        },
-    }
-
-
-def apply_policy(api: client.ApiClient, body: dict[str, Any]) -> None:
-    client.CustomObjectsApi(api).create_namespaced_custom_object(
-        GROUP, VERSION, body["metadata"]["namespace"], "adaptationpolicies", body
-    )
-
-
 def run_all_pending(cp: Any, namespace: str) -> list[str]:
     """Execute the agent for every run that has a Job and no result yet; returns their names."""
     done = []
@@ -93,11 +58,11 @@ def run_all_pending(cp: Any, namespace: str) -> list[str]:
 
 
 def test_two_classes_are_adapted_and_rolled_out(
-    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
-    avx2 = add_node(api, nodes, namespace, ("AVX2",))
-    vnni = add_node(api, nodes, namespace, ("AVX2", "AVX512VNNI"))
+    avx2 = nodes.add(("AVX2",))
+    vnni = nodes.add(("AVX2", "AVX512VNNI"))
     apply_policy(api, make_policy(namespace, "digits", *digits))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
         js = wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2 and jobs(api, namespace), timeout=60)
@@ -120,17 +85,17 @@ def test_two_classes_are_adapted_and_rolled_out(
             args = " ".join(dep.spec.template.spec.containers[0].args or [])
             assert "serve" in " ".join(dep.spec.template.spec.containers[0].command or []) + args
             assert "--recipe-json" in args
-        status = wait_for("Ready policy", lambda: _ready(policy(api, namespace, "digits")), timeout=30)
+        status = wait_for("Ready policy", lambda: ready_status(policy(api, namespace, "digits")), timeout=30)
         assert len(status["classes"]) == 2 and all(c["state"] == "Ready" for c in status["classes"])
         assert all(c.get("current", {}).get("p95Ms") for c in status["classes"])
         assert "Traceback" not in op.output()
 
 
 def test_driver_label_change_makes_exactly_one_new_run(
-    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
-    node = add_node(api, nodes, namespace, ("AVX2",))
+    node = nodes.add(("AVX2",))
     apply_policy(api, make_policy(namespace, "digits", *digits))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path):
         wait_for("first Job", lambda: len(jobs(api, namespace)) == 1)
@@ -157,12 +122,6 @@ def test_driver_label_change_makes_exactly_one_new_run(
         assert len(runs(api, namespace)) == 2, "exactly one new run"
 
 
-def _ready(p: dict[str, Any]) -> dict[str, Any] | None:
-    status = p.get("status") or {}
-    ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
-    return status if ready and ready["status"] == "True" else None
-
-
 def _selects(api: client.ApiClient, selector: dict[str, str] | None, affinity: Any, node: str) -> bool:
     labels = client.CoreV1Api(api).read_node(node).metadata.labels or {}
     if any(labels.get(k) != v for k, v in (selector or {}).items()):
@@ -180,11 +139,11 @@ def _selects(api: client.ApiClient, selector: dict[str, str] | None, affinity: A
 
 
 def test_sigkill_between_steps_never_duplicates(
-    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
-    add_node(api, nodes, namespace, ("AVX2",))
-    add_node(api, nodes, namespace, ("AVX2", "AVX512VNNI"))
+    nodes.add(("AVX2",))
+    nodes.add(("AVX2", "AVX512VNNI"))
     apply_policy(api, make_policy(namespace, "digits", *digits))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
         # Killed as soon as the first run exists: possibly before its Job, possibly before the second run.
@@ -199,7 +158,7 @@ def test_sigkill_between_steps_never_duplicates(
         run_all_pending(control_plane, namespace)
         op.start()
         wait_for("both Deployments", lambda: len(deployments(api, namespace)) == 2)
-        wait_for("Ready policy", lambda: _ready(policy(api, namespace, "digits")), timeout=30)
+        wait_for("Ready policy", lambda: ready_status(policy(api, namespace, "digits")), timeout=30)
         op.kill()
         op.start()
         wait_for("the restarted operator to reconcile", lambda: "Handler" in op.output() or op.output(), timeout=10)
@@ -207,10 +166,10 @@ def test_sigkill_between_steps_never_duplicates(
 
 
 def test_bad_model_fails_only_its_run_and_deletion_removes_children(
-    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
-    add_node(api, nodes, namespace, ("AVX2",))
+    nodes.add(("AVX2",))
     model, sha = digits
     apply_policy(api, make_policy(namespace, "good", model, sha))
     apply_policy(api, make_policy(namespace, "wrongsha", model, "0" * 64))
@@ -222,7 +181,7 @@ def test_bad_model_fails_only_its_run_and_deletion_removes_children(
     with operator_process(control_plane.kubeconfig, namespace, tmp_path):
         wait_for("three Jobs", lambda: len(jobs(api, namespace)) == 3)
         run_all_pending(control_plane, namespace)
-        wait_for("good policy Ready", lambda: _ready(policy(api, namespace, "good")), timeout=30)
+        wait_for("good policy Ready", lambda: ready_status(policy(api, namespace, "good")), timeout=30)
         for name, reason in (("wrongsha", "ChecksumMismatch"), ("corrupt", "InvalidModel")):
             cls = wait_for(
                 f"{name} Degraded",
@@ -250,10 +209,10 @@ def test_bad_model_fails_only_its_run_and_deletion_removes_children(
 
 
 def test_two_replicas_never_both_act(
-    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
-    add_node(api, nodes, namespace, ("AVX2",))
+    nodes.add(("AVX2",))
     peering = f"metainfer-{namespace}"
     (tmp_path / "old").mkdir()
     (tmp_path / "new").mkdir()
@@ -280,16 +239,16 @@ def test_two_replicas_never_both_act(
 
 
 def test_batch_change_job_failure_and_class_removal(
-    control_plane: Any, namespace: str, nodes: list[str], digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
-    add_node(api, nodes, namespace, ("AVX2",))
-    vnni = add_node(api, nodes, namespace, ("AVX2", "AVX512VNNI"))
+    nodes.add(("AVX2",))
+    vnni = nodes.add(("AVX2", "AVX512VNNI"))
     apply_policy(api, make_policy(namespace, "digits", *digits))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path):
         wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2)
         run_all_pending(control_plane, namespace)
-        wait_for("Ready policy", lambda: _ready(policy(api, namespace, "digits")), timeout=30)
+        wait_for("Ready policy", lambda: ready_status(policy(api, namespace, "digits")), timeout=30)
         client.CustomObjectsApi(api).patch_namespaced_custom_object(
             GROUP, VERSION, namespace, "adaptationpolicies", "digits", {"spec": {"slo": {"batchSize": 8}}}
         )

@@ -8,16 +8,12 @@ compared with the same variant run directly in ONNX Runtime.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +21,10 @@ import pytest
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+from serve_harness import ServeProcess  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from metainfer.agent.zoo import build_examples  # noqa: E402
+from metainfer.agent.zoo import ExampleModel, build_examples  # noqa: E402
 from metainfer.core.engine.recipe import Recipe  # noqa: E402
 from metainfer.core.engine.runtime import create_session  # noqa: E402
 from metainfer.core.engine.transforms import build_variant  # noqa: E402
@@ -37,90 +34,46 @@ LABELS = {"policy": "digits-policy", "hardware_class": "cls-test", "variant": "r
 MODEL = LABELS["policy"]
 
 
-@dataclass
-class Served:
-    proc: subprocess.Popen[bytes]
-    url: str
-    example_dir: Path
-    log: Path
-
-    @property
-    def host(self) -> str:
-        return self.url.removeprefix("http://")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _start(tmp: Path, *extra: str) -> Served:
-    example = build_examples(tmp / "examples", ["digits"])["digits"]
-    port = _free_port()
+def _start(example: ExampleModel, log_dir: Path, *extra: str) -> ServeProcess:
+    served = ServeProcess(log_dir)
     env = {
-        **os.environ,
-        "PYTHONSAFEPATH": "1",
         "METAINFER_POLICY": LABELS["policy"],
         "METAINFER_CLASS": LABELS["hardware_class"],
         "METAINFER_RECIPE_KEY": LABELS["variant"],
     }
-    cmd = [
-        sys.executable, "-m", "metainfer.agent.cli", "serve",
+    return served.start([
+        "serve",
         "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
-        "--recipe-json", RECIPE.model_dump_json(), "--host", "127.0.0.1", "--port", str(port),
+        "--recipe-json", RECIPE.model_dump_json(), "--host", "127.0.0.1", "--port", str(served.port),
         "--drain-timeout", "10", *extra,
-    ]  # fmt: skip
-    log = tmp / f"serve-{port}.log"
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
-    return Served(proc, f"http://127.0.0.1:{port}", example.model_path.parent, log)
-
-
-def _wait_ready(served: Served, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if served.proc.poll() is not None:
-            pytest.fail(f"serve exited {served.proc.returncode}:\n{served.log.read_text()}")
-        try:
-            with urllib.request.urlopen(served.url + "/v2/health/ready", timeout=1) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError):
-            pass
-        time.sleep(0.1)
-    pytest.fail(f"serve not ready after {timeout} s:\n{served.log.read_text()}")
-
-
-def _stop(served: Served) -> None:
-    if served.proc.poll() is None:
-        served.proc.send_signal(signal.SIGTERM)
-        try:
-            served.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            served.proc.kill()
-            served.proc.wait()
+    ], env)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    served = _start(tmp_path_factory.mktemp("serve"))
+def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
+    return build_examples(tmp_path_factory.mktemp("examples"), ["digits"])["digits"]
+
+
+@pytest.fixture(scope="module")
+def server(example: ExampleModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    served = _start(example, tmp_path_factory.mktemp("serve"))
     try:
-        _wait_ready(served)
+        served.wait_ready()
         yield served
     finally:
-        _stop(served)
+        served.stop()
 
 
 @pytest.fixture(scope="module")
-def client(server: Served) -> Iterator[tritonhttp.InferenceServerClient]:
-    c = tritonhttp.InferenceServerClient(server.host)
+def client(server: ServeProcess) -> Iterator[tritonhttp.InferenceServerClient]:
+    c = tritonhttp.InferenceServerClient(server.address)
     yield c
     c.close()
 
 
 @pytest.fixture(scope="module")
-def samples(server: Served) -> np.ndarray:
-    with np.load(server.example_dir / "data.npz") as npz:
+def samples(example: ExampleModel) -> np.ndarray:
+    with np.load(example.data_path) as npz:
         return np.ascontiguousarray(npz["input"][:8], dtype=np.float32)
 
 
@@ -157,9 +110,9 @@ def test_health_and_metadata(client: tritonhttp.InferenceServerClient) -> None:
 
 
 def test_results_equal_the_variant_run_directly(
-    server: Served, client: tritonhttp.InferenceServerClient, samples: np.ndarray
+    example: ExampleModel, client: tritonhttp.InferenceServerClient, samples: np.ndarray
 ) -> None:
-    base = (server.example_dir / "model.onnx").read_bytes()
+    base = example.model_path.read_bytes()
     expected = create_session(build_variant(base, RECIPE.transform), RECIPE).run(None, {"input": samples})[0]
     # The client's defaults: binary input, binary outputs (binary_data_output).
     binary = tritonhttp.InferInput("input", list(samples.shape), "FP32")
@@ -205,20 +158,20 @@ def test_client_bad_requests_are_400(
     ],
 )
 def test_malformed_http_is_400_and_server_survives(
-    server: Served, client: tritonhttp.InferenceServerClient, body: bytes, needle: str
+    server: ServeProcess, client: tritonhttp.InferenceServerClient, body: bytes, needle: str
 ) -> None:
     status, doc = _post(f"{server.url}/v2/models/{MODEL}/infer", body)
     assert status == 400 and needle in doc["error"], doc
     assert client.is_server_live() and client.is_model_ready(MODEL)
 
 
-def test_unknown_model_is_404(server: Served) -> None:
+def test_unknown_model_is_404(server: ServeProcess) -> None:
     status, doc = _post(f"{server.url}/v2/models/other/infer", b"{}")
     assert status == 404 and "unknown model 'other'" in doc["error"]
 
 
 def test_metrics_count_requests_errors_and_latency(
-    server: Served, client: tritonhttp.InferenceServerClient, samples: np.ndarray
+    server: ServeProcess, client: tritonhttp.InferenceServerClient, samples: np.ndarray
 ) -> None:
     before = _metrics(server.url)
     tensor = tritonhttp.InferInput("input", list(samples.shape), "FP32")
@@ -240,23 +193,23 @@ def test_metrics_count_requests_errors_and_latency(
     assert len(info) == 1 and dict(info[0][1])["policy"] == LABELS["policy"] and after[info[0]] == 1
 
 
-def test_sigterm_drains_the_request_in_flight_and_exits_0(tmp_path: Path) -> None:
-    served = _start(tmp_path)
+def test_sigterm_drains_the_request_in_flight_and_exits_0(example: ExampleModel, tmp_path: Path) -> None:
+    served = _start(example, tmp_path)
     try:
-        _wait_ready(served)
-        with np.load(served.example_dir / "data.npz") as npz:
+        served.wait_ready()
+        with np.load(example.data_path) as npz:
             sample = npz["input"][:1].astype(np.float32)
         body = json.dumps(
             {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": sample.ravel().tolist()}]}
         ).encode()
-        port = int(served.url.rsplit(":", 1)[1])
-        with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        with socket.create_connection(("127.0.0.1", served.port), timeout=10) as conn:
             head = (
                 f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
             ).encode()
             conn.sendall(head + body[:10])  # the request is now in flight: its handler waits for the body
             time.sleep(0.3)
+            assert served.proc is not None
             served.proc.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             assert served.proc.poll() is None, "exited with a request in flight"
@@ -270,17 +223,16 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(tmp_path: Path) -> Non
         assert doc["outputs"][0]["shape"] == [1, 10]
         assert served.proc.wait(timeout=15) == 0
     finally:
-        _stop(served)
+        served.stop()
 
 
-def test_prebuilt_variant_must_match_the_recipe(tmp_path: Path) -> None:
-    example = build_examples(tmp_path / "examples", ["digits"])["digits"]
+def test_prebuilt_variant_must_match_the_recipe(example: ExampleModel, tmp_path: Path) -> None:
     other = Recipe.model_validate({"transform": {"quantization": {"mode": "fp16"}}})
     variant = tmp_path / "variant.onnx"
     variant.write_bytes(build_variant(example.model_path.read_bytes(), other.transform))
-    served = _start(tmp_path, "--variant", str(variant))
+    served = _start(example, tmp_path, "--variant", str(variant))
     try:
-        assert served.proc.wait(timeout=30) == 2
+        assert served.proc is not None and served.proc.wait(timeout=30) == 2
         assert "was built with transform" in served.log.read_text()
     finally:
-        _stop(served)
+        served.stop()

@@ -8,13 +8,11 @@ ORT) and its verdict rule, so those are checked on synthetic footprints.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import onnxruntime as ort
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import olive_peer as op
+from bench import olive_peer as op
 
 
 def _node(parent: str | None, latency: float | None = None, quality: float = 1.0, ok: bool = True, **cfg: object):

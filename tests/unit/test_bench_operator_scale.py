@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-
-import scale_lib as sl
-
+from bench import scale_lib as sl
 from metainfer.core.api.policy import AdaptationPolicySpec
 from metainfer.core.control.hardware import LabelMapping, classify_node, group_nodes, select_groups
 

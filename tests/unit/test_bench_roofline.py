@@ -9,8 +9,8 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from roofline import achieved_fraction, batch_input_shapes, count_model, roofline
 
+from bench.roofline import achieved_fraction, batch_input_shapes, count_model, roofline
 from metainfer.agent.zoo import digits
 
 F32 = TensorProto.FLOAT

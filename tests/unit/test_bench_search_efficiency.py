@@ -7,16 +7,11 @@ algorithm sees exactly the cached score of the point it asked for.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
+from bench import search_replay as sr
 from metainfer.core.engine.search import GridSearcher, RandomSearcher
 from metainfer.core.engine.search.space import Dimension, Space
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-import search_replay as sr
 
 
 def _space() -> Space:
@@ -109,7 +104,7 @@ def test_a_saved_summary_reads_back_as_the_same_result() -> None:
 
 
 def test_why_lines_explain_each_lost_budget_from_the_landscape() -> None:
-    import search_efficiency as se
+    from bench import search_efficiency as se
 
     land = _landscape()
     # only (3, 1) = 4.5 is within 5 % of the optimum: 5 draws of 11 points include it with probability 5/11

@@ -10,7 +10,6 @@ and operator/), and every expression must parse (promtool, when installed).
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
 import shutil
@@ -23,42 +22,30 @@ from typing import Any
 import pytest
 import yaml
 
+from hack.controlplane.errors import AssetError
+from hack.helm import HELM_VERSION, all_optional_on, provide
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "metainfer"
 DASHBOARD = CHART / "dashboards" / "metainfer-slo.json"
 
 # Every optional feature on, and every value that changes what is rendered set.
 ALL_ON = [
-    "--set", "metrics.serviceMonitor.enabled=true",
-    "--set", "metrics.podMonitor.enabled=true",
-    "--set", "prometheusRule.enabled=true",
-    "--set", "dashboard.enabled=true",
-    "--set", "prometheus.url=http://prometheus.monitoring:9090",
+    *all_optional_on("ml-a"),
     "--set", "workloadNamespaces={ml-a,ml-b}",
     "--set", "operator.watchNamespaces={ml-a,ml-b}",
-    "--set-json", 'labelMapping={"cpuFeatures":["AVX2","AVX512VNNI"]}',
-    "--set-json", 'prometheusRule.sloBreach.policies=[{"namespace":"ml-a","policy":"digits","p95Ms":5}]',
 ]  # fmt: skip
 # Prometheus's own series that alerts may use besides the project's metrics.
 PROMETHEUS_BUILTIN = {"up"}
 METRIC_CLASSES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
 
 
-def _load_hack_helm() -> Any:
-    spec = importlib.util.spec_from_file_location("metainfer_hack_helm", REPO / "hack" / "helm.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @cache
 def helm() -> str:
-    hack = _load_hack_helm()
     try:
-        return str(hack.provide(lambda message: print(f"[helm] {message}", file=sys.stderr)))
-    except Exception as exc:  # AssetError: no Go and no cached helm
-        pytest.fail(f"cannot provide helm {hack.HELM_VERSION}: {exc}", pytrace=False)
+        return str(provide(lambda message: print(f"[helm] {message}", file=sys.stderr)))
+    except AssetError as exc:  # no Go and no cached helm
+        pytest.fail(f"cannot provide helm {HELM_VERSION}: {exc}", pytrace=False)
 
 
 def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,107 @@
+"""``metainfer serve`` for the serving, drift and canary tests: the real process, or a stand-in for its metrics."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram, start_http_server
+
+from hack.controlplane.processes import free_port, stop_child
+
+LABELS = ["policy", "hardware_class", "variant"]  # serve's series labels, in its order
+BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class ServeProcess:
+    """One ``metainfer serve`` on 127.0.0.1:``port`` (a free one by default), logging to ``log_dir``."""
+
+    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.log = log_dir / f"serve-{self.port}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.address}"
+
+    def start(self, args: list[str], env: dict[str, str]) -> ServeProcess:
+        """Run ``metainfer <args>`` (``serve ...``, listening on ``port``) with ``env`` added to this one's."""
+        cmd = [sys.executable, "-m", "metainfer.agent.cli", *args]
+        with self.log.open("wb") as out:
+            self.proc = subprocess.Popen(
+                cmd, env={**os.environ, **env, "PYTHONSAFEPATH": "1"}, stdout=out, stderr=subprocess.STDOUT
+            )
+        return self
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until /v2/health/ready answers 200; fails the test with the log's tail if serve exits or stays unready."""
+        assert self.proc is not None, "start() first"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"serve exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/v2/health/ready", timeout=1) as resp:
+                    if resp.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError):
+                pass
+            time.sleep(0.1)
+        pytest.fail(f"serve not ready after {timeout:g}s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        """SIGTERM (serve drains its requests in flight), SIGKILL after 15 s."""
+        stop_child(self.proc)
+
+
+class ServingMetrics:
+    """What ``metainfer serve`` pods export, faked in this process for a real Prometheus to scrape.
+
+    The latency histogram carries serve's name and labels; a subclass adds series and says in ``tick`` what the
+    pods observed. Within ``with``, ``tick`` runs every ``interval_s`` on a daemon thread.
+    """
+
+    def __init__(self, interval_s: float) -> None:
+        self.registry = CollectorRegistry()
+        self.histogram = Histogram(
+            "metainfer_inference_latency_seconds", "stand-in", LABELS, buckets=BUCKETS, registry=self.registry
+        )
+        self.port = free_port()
+        self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def tick(self) -> None:
+        raise NotImplementedError
+
+    def _feed(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            self.tick()
+
+    def __enter__(self) -> Self:
+        threading.Thread(target=self._feed, daemon=True).start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self.server.shutdown()
