@@ -10,12 +10,34 @@ model's JSON schema; core/api/crdgen.py copies them into the CRD unchanged.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 from pydantic.alias_generators import to_camel
 
 XValidations = list[dict[str, str]]
+TRUNCATED = " …[truncated]"
+
+
+def bounded(text: str, limit: int) -> str:
+    """``text`` cut to at most ``limit`` characters, with a visible mark where it was cut."""
+    if len(text) <= limit:
+        return text
+    return text[: max(limit - len(TRUNCATED), 0)] + TRUNCATED[:limit]
+
+
+def _bound_to(limit: int) -> BeforeValidator:
+    return BeforeValidator(lambda value: bounded(value, limit) if isinstance(value, str) else value)
+
+
+# Status text copied from somewhere else (a run's condition, an exception, a server's reply) is cut to fit
+# where it lands instead of failing validation: one overlong message must never wedge a whole status write.
+# Pair with ``Field(max_length=N)`` of the same N, which keeps the CRD schema's maxLength.
+StatusText64 = Annotated[str, _bound_to(64)]
+StatusText256 = Annotated[str, _bound_to(256)]
+StatusText1024 = Annotated[str, _bound_to(1024)]
+StatusText4096 = Annotated[str, _bound_to(4096)]
+StatusText32768 = Annotated[str, _bound_to(32768)]
 
 
 class ApiModel(BaseModel):

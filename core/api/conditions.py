@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from metainfer.core.api._base import ApiModel
+from metainfer.core.api._base import ApiModel, StatusText32768
 from metainfer.core.api.vocabulary import ConditionType, Reason
 
 ConditionStatus = Literal["True", "False", "Unknown"]
@@ -39,7 +39,7 @@ class Condition(ApiModel):
         pattern=REASON_PATTERN,
         description="CamelCase, machine-readable reason for the last transition.",
     )
-    message: str = Field("", max_length=32768, description="Human-readable details.")
+    message: StatusText32768 = Field("", max_length=32768, description="Human-readable details.")
 
 
 def get_condition(conditions: list[Condition], type_: str) -> Condition | None:

@@ -17,7 +17,17 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints, create_model
 
-from metainfer.core.api._base import ApiModel, cel, map_list, rule, set_list
+from metainfer.core.api._base import (
+    ApiModel,
+    StatusText64,
+    StatusText256,
+    StatusText1024,
+    StatusText4096,
+    cel,
+    map_list,
+    rule,
+    set_list,
+)
 from metainfer.core.api.conditions import Condition
 from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, AcceleratorVendor, HardwareClass
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase
@@ -305,7 +315,7 @@ class VariantSummary(ApiModel):
     """A served (or canary) variant: the recipe key and what it measured at adaptation."""
 
     recipe_key: str = Field(max_length=64, description="Recipe.key() of the variant.")
-    description: str | None = Field(None, max_length=256, description="Recipe.describe(): readable summary.")
+    description: StatusText256 | None = Field(None, max_length=256, description="Recipe.describe(): readable summary.")
     run_name: str | None = Field(None, max_length=253, description="The AdaptationRun that found it.")
     p95_ms: float | None = Field(None, ge=0, description="p95 measured at adaptation, ms.")
     quality_drop: float | None = Field(None, description="Quality drop vs FP32 measured at adaptation.")
@@ -315,8 +325,8 @@ class RolloutStatus(ApiModel):
     phase: RolloutPhase = Field(RolloutPhase.STABLE)
     canary: VariantSummary | None = None
     started_at: dt.datetime | None = None
-    reason: str | None = Field(None, max_length=1024)
-    message: str | None = Field(None, max_length=4096)
+    reason: StatusText1024 | None = Field(None, max_length=1024)
+    message: StatusText4096 | None = Field(None, max_length=4096)
 
 
 class DriftStatus(ApiModel):
@@ -332,13 +342,13 @@ class DriftStatus(ApiModel):
         None, ge=0, description="First production p95 of the serving variant (raises the adaptation baseline)."
     )
     baseline_variant: str | None = Field(None, max_length=253, description="The run whose variant set the baseline.")
-    reason: str | None = Field(
+    reason: StatusText64 | None = Field(
         None,
         max_length=64,
         description="Outcome of the last check: WithinTolerance, LatencyBreach, Cooldown, "
         "LatencyDrift, or why metrics were unavailable (PrometheusUnreachable, PrometheusError, NoData).",
     )
-    message: str | None = Field(None, max_length=1024, description="The last check, for people.")
+    message: StatusText1024 | None = Field(None, max_length=1024, description="The last check, for people.")
 
 
 class ClassStatus(ApiModel):
@@ -352,13 +362,13 @@ class ClassStatus(ApiModel):
         default_factory=list, max_length=64, description="Some of the matching nodes (at most 64)."
     )
     state: ClassState = Field(ClassState.PENDING)
-    reason: str | None = Field(None, max_length=1024)
-    message: str | None = Field(None, max_length=4096)
+    reason: StatusText1024 | None = Field(None, max_length=1024)
+    message: StatusText4096 | None = Field(None, max_length=4096)
     current: VariantSummary | None = Field(None, description="The variant serving now.")
     run_name: str | None = Field(None, max_length=253, description="The latest AdaptationRun for this class.")
     deployment_name: str | None = Field(None, max_length=253)
     last_adaptation_time: dt.datetime | None = None
-    last_adaptation_reason: str | None = Field(None, max_length=64)
+    last_adaptation_reason: StatusText64 | None = Field(None, max_length=64)
     rollout: RolloutStatus | None = None
     drift: DriftStatus | None = None
 

@@ -17,7 +17,16 @@ from typing import Literal
 
 from pydantic import Field
 
-from metainfer.core.api._base import ApiModel, cel, immutable, map_list, rule
+from metainfer.core.api._base import (
+    ApiModel,
+    StatusText64,
+    StatusText256,
+    StatusText1024,
+    cel,
+    immutable,
+    map_list,
+    rule,
+)
 from metainfer.core.api.conditions import Condition
 from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, HardwareClass
 from metainfer.core.api.policy import (
@@ -66,7 +75,7 @@ class RunProgress(ApiModel):
     trial_budget: int | None = Field(None, ge=0)
     feasible_trials: int = Field(0, ge=0)
     elapsed_seconds: float = Field(0.0, ge=0)
-    stage: str | None = Field(None, max_length=64, description="Profiling, Searching, Validating...")
+    stage: StatusText64 | None = Field(None, max_length=64, description="Profiling, Searching, Validating...")
 
 
 class RunMetrics(ApiModel):
@@ -76,7 +85,7 @@ class RunMetrics(ApiModel):
     p95_ms: float = Field(ge=0)
     p99_ms: float | None = Field(None, ge=0)
     throughput_per_s: float | None = Field(None, ge=0, description="Samples per second.")
-    quality_metric: str | None = Field(None, max_length=64)
+    quality_metric: StatusText64 | None = Field(None, max_length=64)
     quality_drop: float | None = None
     peak_memory_mib: float | None = Field(None, ge=0, alias="peakMemoryMiB")
     model_size_mib: float | None = Field(None, ge=0, alias="modelSizeMiB")
@@ -85,12 +94,12 @@ class RunMetrics(ApiModel):
 class TrialSummary(ApiModel):
     index: int = Field(ge=0)
     recipe_key: str = Field(max_length=64)
-    description: str | None = Field(None, max_length=256)
+    description: StatusText256 | None = Field(None, max_length=256)
     status: TrialState
     p95_ms: float | None = Field(None, ge=0)
     quality_drop: float | None = None
     score: float | None = None
-    error: str | None = Field(None, max_length=1024)
+    error: StatusText1024 | None = Field(None, max_length=1024)
 
 
 class AdaptationRunStatus(ApiModel):

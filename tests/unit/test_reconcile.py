@@ -573,3 +573,20 @@ def test_decisions_concatenate_field_by_field_and_the_later_status_wins() -> Non
     pending = plan_class(context, slot_free=False).status
     adapting = plan_class(context, slot_free=True).status
     assert ClassPlan(pending, first).then(ClassPlan(adapting, later)) == ClassPlan(adapting, both)
+
+
+def test_a_failure_message_longer_than_the_class_status_allows_is_cut_not_a_wedge() -> None:
+    # A run's condition message may hold 32,768 characters (e.g. a model server's long reason phrase); the class
+    # status keeps 4,096. Copying it whole failed validation on every reconcile and froze the policy.
+    c = Cluster()
+    c.reconcile({"c1": CPU, "a1": A100})
+    cpu_run = next(name for name, run in c.runs.items() if run["spec"]["hardwareClass"]["vendor"] == "cpu")
+    c.finish(cpu_run, ok=False)
+    c.runs[cpu_run]["status"]["conditions"][0]["message"] = "HTTP 502 " + "x" * 30000
+    plan = c.reconcile({"c1": CPU, "a1": A100})
+    degraded = next(cls for cls in plan.class_statuses if cls.state == "Degraded")
+    assert degraded.message is not None and len(degraded.message) <= 4096
+    assert degraded.message.startswith("HTTP 502") and degraded.message.endswith("[truncated]")
+    assert [e.reason for e in plan.events if e.type == "Warning"] == ["ChecksumMismatch"]  # posted cut (events.py)
+    other = next(cls for cls in plan.class_statuses if cls is not degraded)
+    assert other.state == "Adapting", "the other class is planned as before"
