@@ -67,6 +67,7 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
         jobs=indexes.jobs_of(namespace, (name_of(r) for r in runs.valid)),
         job_settings=AgentJobSettings(image=config.agent_image, service_account=config.agent_service_account),
         invalid_runs=runs.invalid,
+        unclassified_nodes=view.unclassified(policy.spec.hardware, indexes.nodes),
     )
     return Inputs(body, groups, plan)
 

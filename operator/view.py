@@ -16,7 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from metainfer.core.api.policy import HardwareSelection
-from metainfer.core.control.hardware import ClassGroup, LabelMapping, group_nodes, select_groups
+from metainfer.core.control.hardware import (
+    ClassGroup,
+    LabelMapping,
+    NodeClassification,
+    classify_nodes,
+    select_groups,
+    unclassified_for,
+)
 from metainfer.core.control.naming import job_name
 
 Body = Mapping[str, Any]
@@ -55,7 +62,7 @@ class ClusterView:
     def __init__(self, mapping: LabelMapping | None = None) -> None:
         self.mapping = mapping
         self.node_version = 0
-        self._groups: tuple[int, dict[str, ClassGroup], dict[str, Mapping[str, str]]] | None = None
+        self._groups: tuple[int, NodeClassification, dict[str, Mapping[str, str]]] | None = None
         self._selected: dict[str, list[ClassGroup]] = {}
         self._selected_version = -1
 
@@ -64,7 +71,8 @@ class ClusterView:
     ) -> list[ClassGroup]:
         """A policy's classes, shared by every policy with the same selection until a node changes (100 policies
         with one nodeSelector matched it against every node of every class on each reconcile)."""
-        groups, labels = self.groups(nodes_index)
+        classification, labels = self.classification(nodes_index)
+        groups = classification.groups
         if self._selected_version != self.node_version:
             self._selected, self._selected_version = {}, self.node_version
         key = selection.model_dump_json() if selection is not None else ""
@@ -75,12 +83,21 @@ class ClusterView:
     def nodes_changed(self) -> None:
         self.node_version += 1
 
-    def groups(
+    def unclassified(
+        self, selection: HardwareSelection | None, nodes_index: Mapping[str, Iterable[Mapping[str, str]]]
+    ) -> dict[str, str]:
+        """Nodes this policy would select whose labels form no class, with why."""
+        classification, labels = self.classification(nodes_index)
+        if not classification.unclassified:
+            return {}
+        return unclassified_for(selection, classification.unclassified, labels)
+
+    def classification(
         self, nodes_index: Mapping[str, Iterable[Mapping[str, str]]]
-    ) -> tuple[dict[str, ClassGroup], dict[str, Mapping[str, str]]]:
+    ) -> tuple[NodeClassification, dict[str, Mapping[str, str]]]:
         if self._groups is None or self._groups[0] != self.node_version:
             labels = {name: first(store) for name, store in nodes_index.items()}
-            self._groups = (self.node_version, group_nodes(sorted(labels.items()), self.mapping), labels)
+            self._groups = (self.node_version, classify_nodes(sorted(labels.items()), self.mapping), labels)
         return self._groups[1], self._groups[2]
 
 

@@ -373,6 +373,16 @@ class ClassStatus(ApiModel):
     drift: DriftStatus | None = None
 
 
+class UnclassifiedNode(ApiModel):
+    """A node the policy would select whose labels form no hardware class (it gets no run)."""
+
+    name: str = Field(max_length=253)
+    reason: StatusText1024 = Field(max_length=1024, description="Which label, and what is wrong with it.")
+
+
+MAX_UNCLASSIFIED_NODES = 16
+
+
 class AdaptationPolicyStatus(ApiModel):
     """Observed state; written by the operator only."""
 
@@ -388,6 +398,12 @@ class AdaptationPolicyStatus(ApiModel):
     classes_summary: str | None = Field(None, max_length=32, description="ready/total, for kubectl get.")
     best_p95_ms: float | None = Field(
         None, ge=0, description="Worst p95 among the classes' current variants: the latency every class meets."
+    )
+    unclassified_nodes: list[UnclassifiedNode] = Field(
+        default_factory=list,
+        max_length=MAX_UNCLASSIFIED_NODES,
+        description="Nodes this policy would select whose labels form no hardware class (the first 16 by name).",
+        json_schema_extra=map_list("name"),
     )
 
 

@@ -101,6 +101,7 @@ class Reason(StrEnum):
     ADAPTING = "Adapting"
     CLASS_FAILED = "ClassFailed"
     CLASS_REMOVED = "ClassRemoved"
+    NODE_UNCLASSIFIABLE = "NodeUnclassifiable"
     CONCURRENCY_LIMIT = "ConcurrencyLimit"
     ROLLING_OUT = "RollingOut"
     # run triggers (AdaptationRun.spec.reason)

@@ -9,13 +9,14 @@ a policy adapts to, each with a selector that schedules onto exactly its nodes.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -163,7 +164,7 @@ class LabelMapping(_Config):
         return (*self.extra_vendors, *self.vendors)
 
     @cached_property
-    def class_cache(self) -> dict[tuple[tuple[str, str], ...], NodeClass]:
+    def class_cache(self) -> dict[tuple[tuple[str, str], ...], NodeClass | UnclassifiableNode]:
         """Classification memo per mapping instance: real clusters have thousands of nodes and a few classes."""
         return {}
 
@@ -235,8 +236,35 @@ def _mebibytes(value: str | None, unit: str) -> int | None:
     return int(number * 1024 ** ("KMGT".index(prefix) + 1) / 2**20)
 
 
+class UnclassifiableNode(ValueError):
+    """A node whose labels cannot form a hardware class: it is left out and reported; nothing else fails."""
+
+
+# Node labels are untrusted: a value longer than the HardwareClass field that holds it is kept recognisable and
+# distinct (its start and a hash of the whole) instead of making the class invalid. Selectors keep the real value.
+_FIELD_LIMITS = {"product": 128, "compute_capability": 32, "driver_version": 64, "runtime_version": 64, "cpu_arch": 32}
+_HASH_CHARS = 12
+# Per device; anything larger is a broken or hostile label, not hardware (and would overflow the API's int64).
+MAX_MEMORY_MIB = 2**40
+
+
+@overload
+def _fit(value: str, field: str) -> str: ...
+@overload
+def _fit(value: str | None, field: str) -> str | None: ...
+def _fit(value: str | None, field: str) -> str | None:
+    limit = _FIELD_LIMITS[field]
+    if value is None or len(value) <= limit:
+        return value
+    digest = hashlib.sha256(value.encode()).hexdigest()[:_HASH_CHARS]
+    return f"{value[: limit - _HASH_CHARS - 1]}~{digest}"
+
+
 def classify_node(labels: Mapping[str, str], mapping: LabelMapping | None = None) -> NodeClass:
-    """The class of a node from its labels (pure, cached on the labels the mapping reads)."""
+    """The class of a node from its labels (pure, cached on the labels the mapping reads).
+
+    Raises UnclassifiableNode, naming the label, when the labels cannot form a class.
+    """
     mapping = mapping or _DEFAULT_MAPPING
     keys = mapping.relevant_keys
     relevant = tuple(sorted((k, v) for k, v in labels.items() if k in keys))
@@ -245,8 +273,23 @@ def classify_node(labels: Mapping[str, str], mapping: LabelMapping | None = None
     if found is None:
         if len(cache) >= 4096:
             cache.clear()
-        found = cache[relevant] = _classify(relevant, mapping)
+        try:
+            found = _classify(relevant, mapping)
+        except UnclassifiableNode as exc:
+            found = exc
+        except (ValidationError, ValueError, OverflowError) as exc:
+            found = UnclassifiableNode(f"labels do not form a hardware class: {_first_error(exc)}")
+        cache[relevant] = found
+    if isinstance(found, UnclassifiableNode):
+        raise found
     return found
+
+
+def _first_error(exc: Exception) -> str:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}"
+    return str(exc)[:200]
 
 
 def _classify(relevant: tuple[tuple[str, str], ...], mapping: LabelMapping) -> NodeClass:
@@ -261,14 +304,15 @@ def _classify(relevant: tuple[tuple[str, str], ...], mapping: LabelMapping) -> N
             continue
         used[hit] = labels[hit]
         features = _features(labels, mapping, used) if mapping.cpu_features_on_accelerators else ()
+        product = _read(labels, v.product, used) or labels[hit].removeprefix(v.detect_prefix) or "generic"
         cls = HardwareClass(
             vendor=v.vendor,
-            product=_read(labels, v.product, used) or labels[hit].removeprefix(v.detect_prefix) or "generic",
-            memory_mib=_mebibytes(_read(labels, v.memory, used), v.memory_unit),
-            compute_capability=_read(labels, v.compute_capability, used),
-            driver_version=_read(labels, v.driver_version, used),
-            runtime_version=_read(labels, v.runtime_version, used),
-            cpu_arch=arch or mapping.default_arch,
+            product=_fit(product, "product"),
+            memory_mib=_memory(labels, v, used),
+            compute_capability=_fit(_read(labels, v.compute_capability, used), "compute_capability"),
+            driver_version=_fit(_read(labels, v.driver_version, used), "driver_version"),
+            runtime_version=_fit(_read(labels, v.runtime_version, used), "runtime_version"),
+            cpu_arch=_fit(arch or mapping.default_arch, "cpu_arch"),
             cpu_features=features,
         )
         resource = v.resource.format(value=labels[hit].removeprefix(v.detect_prefix)) if v.resource else None
@@ -279,10 +323,27 @@ def _classify(relevant: tuple[tuple[str, str], ...], mapping: LabelMapping) -> N
     product = "-".join(labels[k] for k in mapping.cpu_product if k in labels) or "generic"
     used.update((k, labels[k]) for k in mapping.cpu_product if k in labels)
     features = _features(labels, mapping, used)
-    cls = HardwareClass(vendor="cpu", product=product, cpu_arch=arch or mapping.default_arch, cpu_features=features)
+    cls = HardwareClass(
+        vendor="cpu",
+        product=_fit(product, "product"),
+        cpu_arch=_fit(arch or mapping.default_arch, "cpu_arch"),
+        cpu_features=features,
+    )
     absent = {*mapping.accelerator_keys, *(k for k in mapping.cpu_product if k not in labels)}
     absent |= {mapping.cpu_feature_prefix + f for f in mapping.cpu_features if f not in features}
     return NodeClass(cls, used, None, tuple(sorted(absent)))
+
+
+def _memory(labels: Mapping[str, str], vendor: VendorLabels, used: dict[str, str]) -> int | None:
+    text = _read(labels, vendor.memory, used)
+    try:
+        mib = _mebibytes(text, vendor.memory_unit)
+    except OverflowError:
+        mib = MAX_MEMORY_MIB + 1
+    if mib is not None and mib > MAX_MEMORY_MIB:
+        keys = ", ".join(k for source in vendor.memory for k in source if k in labels)
+        raise UnclassifiableNode(f"accelerator memory label {keys} = {(text or '')[:64]!r} is out of range")
+    return mib
 
 
 def _fields(cls: HardwareClass) -> tuple[object, ...]:
@@ -298,13 +359,37 @@ def _features(labels: Mapping[str, str], mapping: LabelMapping, used: dict[str, 
 _DEFAULT_MAPPING = LabelMapping()
 
 
+@dataclass(frozen=True)
+class NodeClassification:
+    """The classes of a node list, and the nodes that could not be classified (name -> why)."""
+
+    groups: dict[str, ClassGroup]
+    unclassified: dict[str, str]
+
+
 def group_nodes(
     nodes: Iterable[tuple[str, Mapping[str, str]]], mapping: LabelMapping | None = None
 ) -> dict[str, ClassGroup]:
-    """Nodes by class fingerprint; a group's selector/absent keys are those all its nodes share."""
+    """Nodes by class fingerprint (nodes that cannot be classified are left out: see ``classify_nodes``)."""
+    return classify_nodes(nodes, mapping).groups
+
+
+def classify_nodes(
+    nodes: Iterable[tuple[str, Mapping[str, str]]], mapping: LabelMapping | None = None
+) -> NodeClassification:
+    """Nodes by class fingerprint; a group's selector/absent keys are those all its nodes share.
+
+    A node whose labels cannot form a class is reported in ``unclassified`` and is in no group: one node's labels
+    never stop the classification of the others.
+    """
     acc: dict[str, tuple[NodeClass, dict[str, str], set[str], list[str]]] = {}
+    unclassified: dict[str, str] = {}
     for name, labels in nodes:
-        nc = classify_node(labels, mapping)
+        try:
+            nc = classify_node(labels, mapping)
+        except UnclassifiableNode as exc:
+            unclassified[name] = str(exc)
+            continue
         entry = acc.get(nc.fingerprint)
         if entry is None:
             acc[nc.fingerprint] = (nc, dict(nc.selector), set(nc.absent), [name])
@@ -315,10 +400,11 @@ def group_nodes(
             for k in [k for k, v in selector.items() if nc.selector.get(k) != v]:
                 del selector[k]
             absent.intersection_update(nc.absent)
-    return {
+    groups = {
         fp: ClassGroup(nc.hardware_class, selector, nc.resource, tuple(sorted(absent)), tuple(sorted(names)))
         for fp, (nc, selector, absent, names) in sorted(acc.items())
     }
+    return NodeClassification(groups, unclassified)
 
 
 def select_groups(
@@ -351,3 +437,14 @@ def select_groups(
 
 def _has_all(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
     return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def unclassified_for(
+    selection: HardwareSelection | None,
+    unclassified: Mapping[str, str],
+    node_labels: Mapping[str, Mapping[str, str]],
+) -> dict[str, str]:
+    """The unclassifiable nodes a policy would select (its nodeSelector matches them), by name: a policy hears
+    only of nodes it could have used."""
+    wanted = dict((selection or HardwareSelection()).node_selector or {})
+    return {n: why for n, why in sorted(unclassified.items()) if _has_all(node_labels.get(n, {}), wanted)}

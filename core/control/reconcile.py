@@ -28,7 +28,13 @@ from functools import partial
 from typing import Any
 
 from metainfer.core.api.conditions import Condition, ConditionStatus, ConditionType, Reason, set_condition
-from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicyStatus, ClassStatus
+from metainfer.core.api.policy import (
+    MAX_UNCLASSIFIED_NODES,
+    AdaptationPolicy,
+    AdaptationPolicyStatus,
+    ClassStatus,
+    UnclassifiedNode,
+)
 from metainfer.core.api.run import AdaptationRun
 from metainfer.core.api.vocabulary import IN_FLIGHT, ClassState
 from metainfer.core.control.decisions import (
@@ -108,6 +114,7 @@ def plan_policy(
     jobs: Mapping[str, Mapping[str, Any]] | None = None,
     job_settings: AgentJobSettings | None = None,
     invalid_runs: Sequence[InvalidRun] = (),
+    unclassified_nodes: Mapping[str, str] | None = None,
 ) -> Plan:
     """The Plan for ``policy`` given its selected ``groups``, its runs (``invalid_runs``: those that did not
     validate), the Jobs of its runs by name (none yet when omitted) and its Deployments."""
@@ -148,7 +155,23 @@ def plan_policy(
         + remove_deselected(existing, selected)
         + Decisions(events=tuple(skipped(r) for r in invalid_runs if r.class_fingerprint not in selected))
     )
-    return merge(class_plans, leftovers, previous.conditions, generation_of(policy), now)
+    unclassified = _unclassified(unclassified_nodes or {})
+    leftovers += _newly_unclassified(unclassified, previous.unclassified_nodes)
+    return merge(class_plans, leftovers, previous.conditions, generation_of(policy), now, unclassified)
+
+
+def _unclassified(nodes: Mapping[str, str]) -> list[UnclassifiedNode]:
+    return [UnclassifiedNode(name=n, reason=why) for n, why in sorted(nodes.items())[:MAX_UNCLASSIFIED_NODES]]
+
+
+def _newly_unclassified(nodes: list[UnclassifiedNode], before: list[UnclassifiedNode]) -> Decisions:
+    """One Warning when the set of unclassifiable nodes grows, not on every reconcile."""
+    known = {n.name for n in before}
+    new = [n for n in nodes if n.name not in known]
+    if not new:
+        return Decisions()
+    text = "; ".join(f"node {n.name}: {n.reason}" for n in new)
+    return Decisions(events=(Event("Warning", Reason.NODE_UNCLASSIFIABLE, f"left out, no hardware class: {text}"),))
 
 
 def plan_classes(contexts: Sequence[ClassContext], slots: int) -> list[ClassPlan]:
@@ -185,6 +208,7 @@ def merge(
     previous_conditions: list[Condition],
     generation: int,
     now: dt.datetime,
+    unclassified: list[UnclassifiedNode] | None = None,
 ) -> Plan:
     """The classes' plans in class order, then what the policy decided beyond them; conditions and status last."""
     decisions = sum((p.decisions for p in class_plans), Decisions()) + leftovers
@@ -201,7 +225,7 @@ def merge(
         class_statuses=classes,
         conditions=conditions,
         events=list(decisions.events),
-        status=policy_status(generation, conditions, classes),
+        status=policy_status(generation, conditions, classes, unclassified or []),
     )
 
 
@@ -252,7 +276,12 @@ def policy_conditions(
     )
 
 
-def policy_status(generation: int, conditions: list[Condition], classes: list[ClassStatus]) -> AdaptationPolicyStatus:
+def policy_status(
+    generation: int,
+    conditions: list[Condition],
+    classes: list[ClassStatus],
+    unclassified: list[UnclassifiedNode] | None = None,
+) -> AdaptationPolicyStatus:
     ready = sum(c.state == ClassState.READY for c in classes)
     p95s = [c.current.p95_ms for c in classes if c.current and c.current.p95_ms is not None]
     return AdaptationPolicyStatus(
@@ -263,4 +292,5 @@ def policy_status(generation: int, conditions: list[Condition], classes: list[Cl
         ready_classes=ready,
         classes_summary=f"{ready}/{len(classes)}",
         best_p95_ms=round(max(p95s), 3) if p95s else None,  # to the microsecond: kubectl prints it as is
+        unclassified_nodes=unclassified or [],
     )

@@ -16,6 +16,7 @@ from kubernetes import client
 from operator_harness import (
     Nodes,
     apply_policy,
+    create_node,
     delete_node,
     deployments,
     job_command,
@@ -288,3 +289,35 @@ def test_batch_change_job_failure_and_class_removal(
             ),
         )
         assert len(classes) == 1
+
+
+def test_nodes_whose_labels_form_no_class_never_stop_a_policy(
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """Node labels are untrusted: an over-long arch value and a GPU memory label beyond int64, on nodes the policy
+    does not select, used to make every policy InvalidSpec (or leave it without status). Now the policy adapts
+    as usual, and hears only of the unclassifiable nodes it would select."""
+    api = control_plane.api_client
+    nodes.add(("AVX2",))
+    arch = f"{namespace}-elsewhere-arch"[:36].ljust(36, "x")  # longer than the class's 32-character arch
+    strangers = {
+        f"{namespace}-long-arch": {"kubernetes.io/arch": arch},
+        f"{namespace}-huge-gpu": {"nvidia.com/gpu.product": "A100", "nvidia.com/gpu.memory": "9" * 30},
+    }
+    mine = {f"{namespace}-mine-huge-gpu": {"metainfer.io/test": namespace, **strangers[f"{namespace}-huge-gpu"]}}
+    for name, labels in (strangers | mine).items():
+        create_node(api, name, labels)
+        nodes.names.append(name)
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
+        wait_for("one Job", lambda: len(jobs(api, namespace)) == 1, timeout=60)
+        status = wait_for(
+            "the unclassifiable node in status",
+            lambda: (policy(api, namespace, "digits").get("status") or {}).get("unclassifiedNodes"),
+            timeout=60,
+        )
+        assert [n["name"] for n in status] == list(mine), "only the node this policy would select is reported"
+        assert "nvidia.com/gpu.memory" in status[0]["reason"]
+        body = policy(api, namespace, "digits")
+        assert body["status"]["classCount"] == 1
+        assert not any(c["reason"] == "InvalidSpec" for c in body["status"]["conditions"]), op.output()[-2000:]

@@ -11,10 +11,13 @@ import pytest
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import (
     LabelMapping,
+    UnclassifiableNode,
     VendorLabels,
     classify_node,
+    classify_nodes,
     group_nodes,
     select_groups,
+    unclassified_for,
 )
 from metainfer.core.engine.errors import InputError
 
@@ -231,3 +234,44 @@ def test_group_nodes_on_a_thousand_nodes_is_cheap() -> None:
     elapsed = (time.perf_counter() - start) / 10
     print(f"group_nodes over 1000 nodes: {elapsed * 1000:.1f} ms")  # a sanity figure, not an assertion
     assert len(groups) == 5 and sum(len(g.node_names) for g in groups.values()) == 1000
+
+
+# Node labels are untrusted input: one node must never stop the classification of the others.
+
+
+def test_label_values_longer_than_a_class_field_are_kept_distinct_and_scheduled_by_their_real_value() -> None:
+    long_a = "x86-64-" + "a" * 29  # 36 characters: the HardwareClass keeps 32 for the arch
+    long_b = "x86-64-" + "a" * 28 + "b"
+    nodes = {"n-a": {"kubernetes.io/arch": long_a}, "n-b": {"kubernetes.io/arch": long_b}, "n-ok": {}}
+    classification = classify_nodes(nodes.items())
+    assert classification.unclassified == {}
+    groups = classification.groups
+    assert len(groups) == 3, "values sharing a prefix stay distinct classes"
+    by_node = {name: g for g in groups.values() for name in g.node_names}
+    arch = by_node["n-a"].hardware_class.cpu_arch
+    assert len(arch) <= 32 and arch.startswith("x86-64-") and arch != by_node["n-b"].hardware_class.cpu_arch
+    assert by_node["n-a"].selector["kubernetes.io/arch"] == long_a, "the selector keeps the label's real value"
+    gpu = {**GFD_A100, "nvidia.com/gpu.product": "P" * 300, "nvidia.com/cuda.driver-version.full": "9" * 100}
+    cls = classify_node(gpu).hardware_class
+    assert len(cls.product) == 128 and len(cls.driver_version or "") == 64
+
+
+def test_a_node_whose_labels_form_no_class_is_reported_and_the_others_are_classified() -> None:
+    overflow = {**GFD_A100, "nvidia.com/gpu.memory": "9" * 30}  # beyond int64 once in MiB
+    huge = {**GFD_A100, "nvidia.com/gpu.memory": "9" * 400}  # float('9' * 400) is inf
+    nodes = {"bad-1": overflow, "bad-2": huge, "good": GFD_A100}
+    classification = classify_nodes(nodes.items())
+    assert set(classification.unclassified) == {"bad-1", "bad-2"}
+    assert "nvidia.com/gpu.memory" in classification.unclassified["bad-1"]
+    ((group),) = classification.groups.values()
+    assert group.node_names == ("good",)
+    with pytest.raises(UnclassifiableNode):
+        classify_node(overflow)
+
+
+def test_a_policy_hears_only_of_unclassifiable_nodes_it_would_select() -> None:
+    unclassified = {"gpu-bad": "memory out of range", "cpu-bad": "memory out of range"}
+    labels = {"gpu-bad": {"pool": "gpu"}, "cpu-bad": {"pool": "cpu"}}
+    assert unclassified_for(None, unclassified, labels) == unclassified
+    selection = HardwareSelection(node_selector={"pool": "gpu"})
+    assert unclassified_for(selection, unclassified, labels) == {"gpu-bad": "memory out of range"}

@@ -590,3 +590,20 @@ def test_a_failure_message_longer_than_the_class_status_allows_is_cut_not_a_wedg
     assert [e.reason for e in plan.events if e.type == "Warning"] == ["ChecksumMismatch"]  # posted cut (events.py)
     other = next(cls for cls in plan.class_statuses if cls is not degraded)
     assert other.state == "Adapting", "the other class is planned as before"
+
+
+def test_unclassifiable_nodes_are_listed_in_status_with_one_warning_and_the_classes_go_on() -> None:
+    c = Cluster()
+    policy = AdaptationPolicy.model_validate(c.policy)
+    groups = list(group_nodes({"c1": CPU}.items()).values())
+    bad = {f"gpu-{i:02d}": "accelerator memory label nvidia.com/gpu.memory = '999' is out of range" for i in range(20)}
+    plan = plan_policy(policy, groups, [], [], NOW, unclassified_nodes=bad)
+    assert plan.status is not None and len(plan.status.unclassified_nodes) == 16  # bounded, first by name
+    assert plan.status.unclassified_nodes[0].name == "gpu-00"
+    assert [e.reason for e in plan.events if e.type == "Warning"] == [Reason.NODE_UNCLASSIFIABLE]
+    assert len(plan.runs_to_create) == 1, "the classifiable class is adapted as usual"
+    c.policy["status"] = plan.status.to_api()
+    again = plan_policy(AdaptationPolicy.model_validate(c.policy), groups, [], [], NOW, unclassified_nodes=bad)
+    assert not any(e.reason == Reason.NODE_UNCLASSIFIABLE for e in again.events), "warned once, not every pass"
+    fixed = plan_policy(AdaptationPolicy.model_validate(c.policy), groups, [], [], NOW)
+    assert fixed.status is not None and fixed.status.unclassified_nodes == []
