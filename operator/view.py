@@ -24,7 +24,7 @@ from metainfer.core.control.hardware import (
     select_groups,
     unclassified_for,
 )
-from metainfer.core.control.naming import job_name
+from metainfer.core.control.naming import job_name, label_value
 
 Body = Mapping[str, Any]
 
@@ -47,7 +47,8 @@ class Indexes:
         return list(self.runs.get((namespace, policy), ()))
 
     def deployments_of(self, namespace: str, policy: str) -> list[Body]:
-        return list(self.deployments.get((namespace, policy), ()))
+        # Indexed by the children's policy label, which hashes names longer than a label value allows.
+        return list(self.deployments.get((namespace, label_value(policy)), ()))
 
     def jobs_of(self, namespace: str, run_names: Iterable[str]) -> dict[str, Body]:
         """The Jobs of these runs that exist, by Job name."""
@@ -102,19 +103,23 @@ class ClusterView:
 
 
 class Wakeups:
-    """One asyncio.Event per policy daemon; setting it makes the daemon reconcile now."""
+    """One asyncio.Event per policy daemon; setting it makes the daemon reconcile now.
+
+    Keyed by the policy's label spelling (core.control.naming.label_value): runs name their policy in full, Jobs
+    and Deployments in a label, which hashes names over 63 characters; both must reach the same daemon.
+    """
 
     def __init__(self) -> None:
         self._events: dict[tuple[str, str], asyncio.Event] = {}
 
     def register(self, namespace: str, name: str) -> asyncio.Event:
-        return self._events.setdefault((namespace, name), asyncio.Event())
+        return self._events.setdefault((namespace, label_value(name)), asyncio.Event())
 
     def unregister(self, namespace: str, name: str) -> None:
-        self._events.pop((namespace, name), None)
+        self._events.pop((namespace, label_value(name)), None)
 
     def wake(self, namespace: str | None, name: str | None) -> None:
-        event = self._events.get((namespace or "", name or ""))
+        event = self._events.get((namespace or "", label_value(name or "")))
         if event is not None:
             event.set()
 

@@ -321,3 +321,21 @@ def test_nodes_whose_labels_form_no_class_never_stop_a_policy(
         body = policy(api, namespace, "digits")
         assert body["status"]["classCount"] == 1
         assert not any(c["reason"] == "InvalidSpec" for c in body["status"]["conditions"]), op.output()[-2000:]
+
+
+def test_a_policy_with_a_name_longer_than_a_label_value_gets_ready_and_cleans_up(
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """Children label their policy with a hashed value past 63 characters; the operator used to look its
+    Deployments up by the raw name, so the class never got Ready and its Deployment was orphaned."""
+    api = control_plane.api_client
+    node = nodes.add(("AVX2",))
+    name = "digits-" + "long-" * 14 + "name"  # 81 characters
+    apply_policy(api, make_policy(namespace, name, *digits))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
+        wait_for("its Job", lambda: len(jobs(api, namespace)) == 1)
+        run_all_pending(control_plane, namespace)
+        status = wait_for("Ready policy", lambda: ready_status(policy(api, namespace, name)), timeout=60)
+        assert [c["state"] for c in status["classes"]] == ["Ready"], op.output()[-2000:]
+        delete_node(api, node)
+        wait_for("its Deployment removed with its class", lambda: deployments(api, namespace) == [], timeout=60)

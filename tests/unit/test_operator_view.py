@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import group_nodes, select_groups
-from metainfer.core.control.naming import job_name
-from metainfer.operator.view import ClusterView, Indexes
+from metainfer.core.control.manifests import LABEL_POLICY
+from metainfer.core.control.naming import job_name, label_value
+from metainfer.operator.view import ClusterView, Indexes, Wakeups
 
 A100 = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100", "nvidia.com/cuda.driver-version.full": "550"}
 CPU = {"kubernetes.io/arch": "amd64", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}
@@ -71,3 +72,21 @@ def test_reconcile_inputs_validate_the_policys_runs_and_plan_around_one_that_doe
     assert "digits-by-hand" in (cls.message or "") and inputs.plan.runs_to_create == []
     healthy = reconcile_inputs(policy, ClusterView(), Indexes(_index(nodes), {}, {}, {}, {}), OperatorConfig())
     assert [p.reason for p in healthy.plan.runs_to_create] == [Reason.NEW_HARDWARE_CLASS]
+
+
+def test_a_policy_name_longer_than_a_label_value_still_finds_and_wakes_its_children() -> None:
+    # Children carry the policy in a label, hashed when the name exceeds 63 characters; the policy's lookups and
+    # wake-ups use its real name. Compared raw, the class never saw its Deployment: never Ready, and orphaned.
+    name = "a-policy-name-that-is-much-longer-than-sixty-three-characters-allow-x"
+    label = label_value(name)
+    assert label != name
+    deployment = {"metadata": {"name": "d", "labels": {LABEL_POLICY: label}}}
+    indexes = Indexes(nodes={}, runs={}, jobs={}, deployments={("ns", label): [deployment]}, in_flight={})
+    assert indexes.deployments_of("ns", name) == [deployment]
+    wakeups = Wakeups()
+    event = wakeups.register("ns", name)
+    wakeups.wake("ns", label)  # a Job or Deployment event: the policy as its label spells it
+    assert event.is_set()
+    event.clear()
+    wakeups.wake("ns", name)  # a run event: spec.policyName, the real name
+    assert event.is_set()
