@@ -59,7 +59,12 @@ def fetch(
     what: str = "model",
 ) -> Path:
     """Copy ``uri`` to ``dest`` and verify it; returns ``dest``. Raises FetchError."""
-    scheme = urlsplit(uri).scheme
+    parts = urlsplit(uri)
+    scheme = parts.scheme
+    if "@" in parts.netloc:
+        # Credentials in a URI would be echoed into run status and logs; the CRD refuses them too.
+        shown = f"{scheme}://***@{parts.netloc.rsplit('@', 1)[1]}{parts.path}"
+        raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {shown}: a URI must not carry credentials before its host")
     dest.parent.mkdir(parents=True, exist_ok=True)
     if scheme in ("http", "https"):
         actual = _fetch_http(uri, dest, what)

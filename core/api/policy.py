@@ -35,7 +35,8 @@ from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
 from metainfer.core.engine.knobs import KNOBS, Knob, UpTo, check_knobs, overridable
 
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
-MODEL_URI_PATTERN = r"^(https?|file|configmap)://[^\s]+$"
+# No '@' before the path: credentials in a URI cannot work here and would be copied into status and logs.
+MODEL_URI_PATTERN = r"^(https?|file|configmap)://([^\s/@]+(/[^\s]*)?|/[^\s]+)$"
 TensorType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 Quantity = Annotated[int | str, Field(description="A Kubernetes quantity, e.g. 500m, 2, 4Gi.")]
 
@@ -87,7 +88,7 @@ class ModelSource(ApiModel):
         max_length=2048,
         pattern=MODEL_URI_PATTERN,
         description="http(s)://..., file:///path on a mounted volume, or configmap://NAME/KEY "
-        "(same namespace, binaryData; small models only).",
+        "(same namespace, binaryData; small models only). No user:password@: credentials would show in status.",
     )
     sha256: str = Field(pattern=SHA256_PATTERN, description="Lower-case hex sha256 of the model file.")
     version: str | None = Field(None, max_length=128, description="Free-form model version, for people.")

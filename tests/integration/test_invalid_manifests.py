@@ -46,6 +46,11 @@ CASES: list[Case] = [
     ("sha256-short", lambda: policy(model={"uri": "https://m/x.onnx", "sha256": "abc123"}), ["spec.model.sha256"]),
     ("sha256-uppercase", lambda: policy(model={"uri": "https://m/x.onnx", "sha256": "A" * 64}), ["spec.model.sha256"]),
     ("uri-scheme", lambda: policy(model={"uri": "ftp://m/x.onnx", "sha256": "a" * 64}), ["spec.model.uri"]),
+    (
+        "uri-credentials",  # they cannot work here and would be copied into status
+        lambda: policy(model={"uri": "https://user:secret@m/x.onnx", "sha256": "a" * 64}),
+        ["spec.model.uri"],
+    ),
     ("algorithm-enum", lambda: policy(search={"algorithm": "annealing"}), ["spec.search.algorithm", "annealing"]),
     ("vendor-enum", lambda: policy(hardware={"vendors": ["nvidia", "qualcomm"]}), ["spec.hardware.vendors[1]"]),
     (
