@@ -298,9 +298,12 @@ def _classify(relevant: tuple[tuple[str, str], ...], mapping: LabelMapping) -> N
     arch = labels.get(mapping.arch)
     if arch is not None:
         used[mapping.arch] = arch
+    outranked: list[str] = []  # detect keys of vendors that take precedence over the one found
     for v in mapping.all_vendors():
         hit = next((k for k in v.detect if k in labels and labels[k].startswith(v.detect_prefix)), None)
         if hit is None:
+            if not v.detect_prefix:  # a prefixed key may carry other vendors' values: it cannot be "absent"
+                outranked.extend(v.detect)
             continue
         used[hit] = labels[hit]
         features = _features(labels, mapping, used) if mapping.cpu_features_on_accelerators else ()
@@ -319,6 +322,8 @@ def _classify(relevant: tuple[tuple[str, str], ...], mapping: LabelMapping) -> N
         # A field read from no label must stay unread: any of its labels on a node would give another class.
         unread = [src for src, value in zip(v.sources(), _fields(cls), strict=True) if value is None]
         absent = {k for sources in unread for source in sources for k in source}
+        # A node labelled for two vendors belongs to the one that takes precedence: keep this class's Jobs off it.
+        absent.update(outranked)
         return NodeClass(cls, used, resource, tuple(sorted(absent)))
     product = "-".join(labels[k] for k in mapping.cpu_product if k in labels) or "generic"
     used.update((k, labels[k]) for k in mapping.cpu_product if k in labels)

@@ -275,3 +275,14 @@ def test_a_policy_hears_only_of_unclassifiable_nodes_it_would_select() -> None:
     assert unclassified_for(None, unclassified, labels) == unclassified
     selection = HardwareSelection(node_selector={"pool": "gpu"})
     assert unclassified_for(selection, unclassified, labels) == {"gpu-bad": "memory out of range"}
+
+
+def test_a_node_labelled_for_two_vendors_gets_only_the_winning_vendors_jobs() -> None:
+    # Classified NVIDIA (NVIDIA takes precedence), it also carries every label an AMD class selects on: without
+    # DoesNotExist terms for the NVIDIA labels, the AMD class's Jobs could land on it.
+    both = {**AMD_MI250, **GFD_A100}
+    groups = group_nodes([("amd-1", AMD_MI250), ("both-1", both)])
+    by_vendor = {g.hardware_class.vendor: g for g in groups.values()}
+    assert by_vendor["nvidia"].node_names == ("both-1",) and by_vendor["amd"].node_names == ("amd-1",)
+    assert not by_vendor["amd"].matches(both) and by_vendor["amd"].matches(AMD_MI250)
+    assert by_vendor["nvidia"].matches(both)
