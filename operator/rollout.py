@@ -100,7 +100,9 @@ async def _observe(
     if cls.current is None or not cls.current.recipe_key:
         return canary.Observation(unavailable=Reason.NO_DATA, message="no stable variant to compare with")
     window = spec.rollout.analysis_window_seconds
-    new, old = cls.rollout.canary.recipe_key, cls.current.recipe_key
+    # Status written before variants carried the model names them by recipe key, as their metrics do.
+    new = cls.rollout.canary.variant or cls.rollout.canary.recipe_key
+    old = cls.current.variant or cls.current.recipe_key
     texts = {
         "canary p95": canary.p95_query(name, namespace, cls.fingerprint, new, window),
         "stable p95": canary.p95_query(name, namespace, cls.fingerprint, old, window),

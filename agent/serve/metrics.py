@@ -1,7 +1,8 @@
 """Prometheus metrics of one serving process; the operator's drift and canary checks read them.
 
 Every series carries ``policy``, ``hardware_class`` (the class fingerprint) and
-``variant`` (the recipe key), so one PromQL ``histogram_quantile`` over
+``variant`` (the recipe key and the model's sha256 prefix, from the operator's
+``METAINFER_VARIANT``; the recipe key alone when run by hand), so one PromQL ``histogram_quantile`` over
 ``metainfer_inference_latency_seconds_bucket`` grouped by those labels gives
 the p95 per (policy, class, variant) — stable and canary side by side —
 without relying on pod labels the scrape config may or may not copy.
@@ -43,7 +44,7 @@ class Identity:
         return cls(
             policy=env.get("METAINFER_POLICY") or "local",
             hardware_class=env.get("METAINFER_CLASS") or "local",
-            variant=env.get("METAINFER_RECIPE_KEY") or recipe_key,
+            variant=env.get("METAINFER_VARIANT") or env.get("METAINFER_RECIPE_KEY") or recipe_key,
             namespace=env.get("METAINFER_NAMESPACE") or "local",
         )
 

@@ -316,6 +316,11 @@ class VariantSummary(ApiModel):
     """A served (or canary) variant: the recipe key and what it measured at adaptation."""
 
     recipe_key: str = Field(max_length=64, description="Recipe.key() of the variant.")
+    variant: str | None = Field(
+        None,
+        max_length=64,
+        description="The recipe key and the model's sha256 prefix: the serving metrics' variant label.",
+    )
     description: StatusText256 | None = Field(None, max_length=256, description="Recipe.describe(): readable summary.")
     run_name: str | None = Field(None, max_length=253, description="The AdaptationRun that found it.")
     p95_ms: float | None = Field(None, ge=0, description="p95 measured at adaptation, ms.")

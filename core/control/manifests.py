@@ -39,6 +39,7 @@ from metainfer.core.control.objects import (
     namespace_of,
     recipe_key,
     uid_of,
+    variant_key,
 )
 
 MANAGED_BY = "app.kubernetes.io/managed-by"
@@ -269,6 +270,7 @@ def build_deployment(
         {"name": "METAINFER_NAMESPACE", "value": namespace},
         {"name": "METAINFER_CLASS", "value": group.fingerprint},
         {"name": "METAINFER_RECIPE_KEY", "value": key},
+        {"name": "METAINFER_VARIANT", "value": variant_key(run)},
     ]
     image = spec.serving.image or settings.image
     resources = spec.serving.resources.to_api() if spec.serving.resources else settings.resources

@@ -128,6 +128,16 @@ def recipe_key(run: AdaptationRun) -> str:
     return status.best_recipe.key() if status.best_recipe is not None else ""
 
 
+def variant_key(run: AdaptationRun) -> str:
+    """What a serving pod serves: the recipe key and the model it was found for (``<recipe key>-<sha256[:8]>``).
+
+    Two runs with one recipe on two model versions serve different variants: a canary must tell them apart, in
+    the rollout decision and in the serving metrics' ``variant`` label.
+    """
+    key = recipe_key(run)
+    return f"{key}-{run.spec.model_sha256[:8]}" if key else ""
+
+
 def latest(runs: Sequence[AdaptationRun]) -> AdaptationRun | None:
     """The most recently created run (creationTimestamp, then name: deterministic on ties)."""
     return max(runs, key=lambda r: (created_of(r), name_of(r)), default=None)

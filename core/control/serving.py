@@ -21,7 +21,7 @@ from metainfer.core.control.decisions import ClassContext, ClassPlan, Decisions,
 from metainfer.core.control.events import Event
 from metainfer.core.control.manifests import build_deployment, build_service
 from metainfer.core.control.naming import canary_name, workload_name
-from metainfer.core.control.objects import latest, name_of, recipe_key, run_phase
+from metainfer.core.control.objects import latest, name_of, recipe_key, run_phase, variant_key
 from metainfer.core.control.workloads import SPEC_HASH, DeploymentState
 
 
@@ -76,10 +76,10 @@ def plan_canary(
 ) -> tuple[AdaptationRun, ClassPlan]:
     """The run the stable Deployment serves, and the canary Deployment and rollout status that go with it.
 
-    A class that serves a stable variant keeps it while a succeeded run with a different recipe key runs as a
-    canary beside it (phase Canary, ``startedAt`` now). Promoted: the new run becomes stable; RolledBack: the
-    stable run stays and the canary goes. No stable variant yet, or ``canaryReplicas`` 0: the new run is served
-    directly.
+    A class that serves a stable variant keeps it while a succeeded run with a different variant (another recipe,
+    or the same recipe for another model) runs as a canary beside it (phase Canary, ``startedAt`` now).
+    Promoted: the new run becomes stable; RolledBack: the stable run stays and the canary goes. No stable variant
+    yet, or ``canaryReplicas`` 0: the new run is served directly.
     """
     spec, was = context.spec, context.previous
     canary_deployment = canary_name(context.policy_name, context.class_name)
@@ -91,7 +91,7 @@ def plan_canary(
     if (
         stable is not None
         and stable is not best
-        and recipe_key(stable) != recipe_key(best)
+        and variant_key(stable) != variant_key(best)
         and spec.rollout.canary_replicas > 0
         and workload_name(context.policy_name, context.class_name) in context.deployments
     ):
@@ -135,6 +135,7 @@ def variant_summary(run: AdaptationRun) -> VariantSummary:
     metrics = run.status.best_metrics if run.status else None
     return VariantSummary(
         recipe_key=recipe_key(run),
+        variant=variant_key(run),
         run_name=name_of(run),
         p95_ms=metrics.p95_ms if metrics else None,
         quality_drop=metrics.quality_drop if metrics else None,

@@ -93,7 +93,8 @@ def rollout(api: client.ApiClient, namespace: str) -> dict[str, Any]:
 
 
 def succeed(api: client.ApiClient, namespace: str, threads: int) -> tuple[str, str]:
-    """The one unfinished run succeeds with a recipe of ``threads`` threads, written as the agent writes results."""
+    """The one unfinished run succeeds with a recipe of ``threads`` threads, written as the agent writes results;
+    returns the run's name and its variant (the serving metrics' ``variant`` label: recipe key and model)."""
     run = wait_for(
         "an unfinished run",
         lambda: next((r for r in runs(api, namespace) if (r.get("status") or {}).get("phase") != "Succeeded"), None),
@@ -110,7 +111,7 @@ def succeed(api: client.ApiClient, namespace: str, threads: int) -> tuple[str, s
     client.CustomObjectsApi(api).patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, "adaptationruns", name, {"status": status}
     )
-    return name, recipe.key()
+    return name, f"{recipe.key()}-{run['spec']['modelSha256'][:8]}"
 
 
 def readapt(api: client.ApiClient, namespace: str, seed: int) -> None:
@@ -175,7 +176,7 @@ def test_canary_promoted_then_rolled_back_across_an_operator_restart(
         wait_for("canary deleted", lambda: set(by_track(api, namespace)) == {"stable"}, timeout=30)
         assert by_track(api, namespace)["stable"].metadata.labels[LABEL_RUN] == second
         wait_for("Ready on the new variant", lambda: klass(api, namespace).get("state") == "Ready", timeout=30)
-        assert klass(api, namespace)["current"]["recipeKey"] == key_b
+        assert klass(api, namespace)["current"]["variant"] == key_b
         assert "CanaryPromoted" in rollout(api, namespace)["reason"]
         wait_for("a CanaryPromoted event", lambda: events(api, namespace, "CanaryPromoted"), timeout=10)
 
@@ -189,7 +190,7 @@ def test_canary_promoted_then_rolled_back_across_an_operator_restart(
         assert status["reason"] == "CanaryLatency" and "canary p95" in status["message"], status
         wait_for("canary deleted", lambda: set(by_track(api, namespace)) == {"stable"}, timeout=30)
         assert by_track(api, namespace)["stable"].metadata.labels[LABEL_RUN] == second
-        assert klass(api, namespace)["current"]["recipeKey"] == key_b
+        assert klass(api, namespace)["current"]["variant"] == key_b
         warning = wait_for("a CanaryRolledBack event", lambda: events(api, namespace, "CanaryRolledBack"), 10)
         assert warning[0].type == "Warning" and "CanaryLatency" in warning[0].message
         time.sleep(INTERVAL_S)  # and it stays rolled back: the slow run is never retried as a canary

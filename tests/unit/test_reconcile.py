@@ -607,3 +607,29 @@ def test_unclassifiable_nodes_are_listed_in_status_with_one_warning_and_the_clas
     assert not any(e.reason == Reason.NODE_UNCLASSIFIABLE for e in again.events), "warned once, not every pass"
     fixed = plan_policy(AdaptationPolicy.model_validate(c.policy), groups, [], [], NOW)
     assert fixed.status is not None and fixed.status.unclassified_nodes == []
+
+
+def test_a_new_model_with_the_same_recipe_still_goes_through_a_canary() -> None:
+    # The variant served is (model, recipe): a new model whose best recipe equals the served one used to switch
+    # every stable replica to the new model at once, untested.
+    c = Cluster()
+    nodes = {"c1": CPU}
+    c.reconcile(nodes)
+    (first,) = c.runs
+    c.finish(first)
+    c.reconcile(nodes)
+    c.reconcile(nodes)
+    c.edit(model={"uri": "https://m/x2.onnx", "sha256": "b" * 64})
+    c.reconcile(nodes)
+    (second,) = set(c.runs) - {first}
+    c.finish(second)  # the same (default) recipe as the first run
+    assert c.runs[second]["status"]["bestRecipeKey"] == c.runs[first]["status"]["bestRecipeKey"]
+    plan = c.reconcile(nodes)
+    (cls,) = plan.class_statuses
+    assert cls.rollout is not None and cls.rollout.phase == "Canary"
+    assert cls.rollout.canary is not None and cls.rollout.canary.run_name == second
+    assert cls.current is not None and cls.rollout.canary.variant != cls.current.variant
+    assert cls.current.recipe_key == cls.rollout.canary.recipe_key
+    (canary,) = [a.manifest for a in plan.deployments_to_apply]
+    env = {e["name"]: e["value"] for e in canary["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["METAINFER_VARIANT"] == cls.rollout.canary.variant, "its metrics are told apart from the stable's"
