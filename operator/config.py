@@ -21,7 +21,12 @@ class OperatorConfig(BaseSettings):
     label_mapping_file: Path | None = Field(None, description="YAML/JSON LabelMapping for custom node labels.")
     max_concurrent_runs: int = Field(8, ge=1, description="Adaptation runs in flight across the cluster.")
     resync_seconds: float = Field(60.0, gt=0, description="Reconcile every policy at least this often.")
-    prometheus_url: str | None = Field(None, description="Default Prometheus for drift checks.")
+    prometheus_url: str | None = Field(None, description="The platform's Prometheus for drift and canary checks.")
+    prometheus_allowed_urls: list[str] = Field(
+        default_factory=list,
+        description="Prometheus URLs a policy may name in spec.readaptation.prometheusURL (a JSON list; none by "
+        "default).",
+    )
     metrics_port: int = Field(8000, ge=0, le=65535, description="Port of the operator's own /metrics (0: off).")
     peering_name: str = Field("metainfer", description="kopf peering object shared by the operator replicas.")
     wait_for_available: bool = Field(

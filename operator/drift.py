@@ -31,6 +31,7 @@ from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
 from metainfer.core.api.vocabulary import ClassState
 from metainfer.core.control import drift, promql
+from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.prometheus import MetricsUnavailable, query
@@ -77,8 +78,8 @@ async def drift_step(
     due = [c for c in classes if drift.due(c.drift, interval, now)]
     step = DriftStep()
     if due:
-        url = settings.prometheus_url or config.prometheus_url
-        results = await asyncio.gather(*(_p95(url, spec, namespace, name, c) for c in due))
+        endpoint = prometheus_endpoint(settings.prometheus_url, config.prometheus_url, config.prometheus_allowed_urls)
+        results = await asyncio.gather(*(_p95(endpoint, spec, namespace, name, c) for c in due))
         updated = {c.fingerprint: c for c in status.classes}
         for cls, result in zip(due, results, strict=True):
             params = drift.DriftParams.from_settings(
@@ -109,14 +110,14 @@ async def drift_step(
     return step
 
 
-async def _p95(url: str | None, spec: AdaptationPolicySpec, namespace: str, name: str, cls: ClassStatus) -> Any:
+async def _p95(
+    endpoint: PrometheusEndpoint, spec: AdaptationPolicySpec, namespace: str, name: str, cls: ClassStatus
+) -> Any:
     """p95 in seconds, or MetricsUnavailable; nothing here raises."""
     settings = spec.readaptation
-    if not url:
-        return MetricsUnavailable(
-            Reason.PROMETHEUS_UNREACHABLE,
-            "no Prometheus configured: set METAINFER_PROMETHEUS_URL or spec.readaptation.prometheusURL",
-        )
+    url = endpoint.query_url
+    if url is None:
+        return MetricsUnavailable(endpoint.reason or Reason.PROMETHEUS_UNREACHABLE, endpoint.refusal or "")
     text = promql.p95_query(name, namespace, cls.fingerprint, settings.window_seconds, settings.query)
     timeout = min(QUERY_TIMEOUT_S, settings.check_interval_seconds / 2)
     try:

@@ -36,10 +36,9 @@ class MetricsUnavailable:
 
 
 async def query(
-    base_url: str, promql: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, session: aiohttp.ClientSession | None = None
+    url: str, promql: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, session: aiohttp.ClientSession | None = None
 ) -> Sample | MetricsUnavailable:
-    """Run ``promql`` at ``base_url``/api/v1/query; exactly one finite value, or why not."""
-    url = base_url.rstrip("/") + "/api/v1/query"
+    """Run ``promql`` by POSTing to ``url`` (core.control.endpoints.query_url); exactly one finite value, or why not."""
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 3.0))
     own = session is None
     session = session or aiohttp.ClientSession(timeout=timeout)
@@ -60,17 +59,26 @@ async def query(
 
 
 def parse(status: int, text: str, url: str = "") -> Sample | MetricsUnavailable:
-    """Classify one HTTP answer of /api/v1/query (pure, so unit tests cover every branch)."""
+    """Classify one HTTP answer of /api/v1/query (pure, so unit tests cover every branch).
+
+    What a server wrote never reaches the status a policy author reads: only the HTTP status, the size of an
+    answer that is not Prometheus', and Prometheus' own error type.
+    """
     try:
         body = json.loads(text)
     except ValueError:
         body = None
     if not isinstance(body, dict):
-        snippet = " ".join(text.split())[:200]
-        return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"{url}: HTTP {status}, not a Prometheus answer: {snippet}")
+        return MetricsUnavailable(
+            Reason.PROMETHEUS_ERROR, f"{url}: HTTP {status}, not a Prometheus answer ({len(text)} characters)"
+        )
     if body.get("status") != "success":
-        kind, error = body.get("errorType", "error"), body.get("error", "unknown error")
-        return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"{url}: HTTP {status}, {kind}: {error}")
+        kind = body.get("errorType")
+        kind = kind if isinstance(kind, str) and kind.replace("_", "").isalnum() and len(kind) <= 32 else "error"
+        return MetricsUnavailable(
+            Reason.PROMETHEUS_ERROR,
+            f"{url}: HTTP {status}, Prometheus {kind}; run the query in Prometheus to see its message",
+        )
     data = body.get("data") or {}
     kind, result = data.get("resultType"), data.get("result")
     if kind == "scalar":

@@ -28,6 +28,7 @@ from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
 from metainfer.core.api.vocabulary import RolloutPhase
 from metainfer.core.control import canary
+from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.drift import QUERY_TIMEOUT_S
@@ -58,7 +59,9 @@ async def rollout_step(
     if not in_canary:
         return step
     interval = float(spec.readaptation.check_interval_seconds)
-    url = spec.readaptation.prometheus_url or config.prometheus_url
+    endpoint = prometheus_endpoint(
+        spec.readaptation.prometheus_url, config.prometheus_url, config.prometheus_allowed_urls
+    )
     changed = False
     updated = {c.fingerprint: c for c in status.classes}
     waits: list[float] = []
@@ -66,7 +69,7 @@ async def rollout_step(
         assert cls.rollout is not None
         observation = None
         if canary.needs_metrics(cls.rollout, settings, now):
-            observation = await _observe(url, spec, namespace, name, cls)
+            observation = await _observe(endpoint, spec, namespace, name, cls)
         decision = canary.decide(cls.rollout, settings, observation, now)
         rollout = canary.apply(cls.rollout, decision)
         if decision.action in ("promote", "rollback"):
@@ -88,14 +91,14 @@ async def rollout_step(
 
 
 async def _observe(
-    url: str | None, spec: AdaptationPolicySpec, namespace: str, name: str, cls: ClassStatus
+    endpoint: PrometheusEndpoint, spec: AdaptationPolicySpec, namespace: str, name: str, cls: ClassStatus
 ) -> canary.Observation:
     """Canary p95, stable p95 and canary error ratio over the analysis window, or why one is missing."""
     assert cls.rollout is not None and cls.rollout.canary is not None
-    if not url:
+    url = endpoint.query_url
+    if url is None:
         return canary.Observation(
-            unavailable=Reason.PROMETHEUS_UNREACHABLE,
-            message="no Prometheus configured: set METAINFER_PROMETHEUS_URL or spec.readaptation.prometheusURL",
+            unavailable=endpoint.reason or Reason.PROMETHEUS_UNREACHABLE, message=endpoint.refusal or ""
         )
     if cls.current is None or not cls.current.recipe_key:
         return canary.Observation(unavailable=Reason.NO_DATA, message="no stable variant to compare with")

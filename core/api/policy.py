@@ -279,7 +279,8 @@ class ReadaptationSettings(ApiModel):
         alias="prometheusURL",
         max_length=2048,
         pattern=r"^https?://[^\s]+$",
-        description="Overrides the operator-wide Prometheus URL.",
+        description="Another Prometheus for this policy; honoured only if the platform allows it "
+        "(Helm prometheus.allowedURLs), else metrics are unavailable with reason PrometheusNotAllowed.",
     )
     query: str | None = Field(
         None,

@@ -143,6 +143,7 @@ class Reason(StrEnum):
     METRICS_UNAVAILABLE = "MetricsUnavailable"
     PROMETHEUS_UNREACHABLE = "PrometheusUnreachable"
     PROMETHEUS_ERROR = "PrometheusError"
+    PROMETHEUS_NOT_ALLOWED = "PrometheusNotAllowed"
     NO_DATA = "NoData"
     WITHIN_TOLERANCE = "WithinTolerance"
     LATENCY_BREACH = "LatencyBreach"

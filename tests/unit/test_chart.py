@@ -349,3 +349,19 @@ def test_promql_parses_with_promtool(tmp_path: Path) -> None:
     board.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": records}]}))
     result = subprocess.run(["promtool", "check", "rules", str(alerts), str(board)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_allowed_prometheus_urls_reach_the_operator_as_its_config_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    urls = ["http://team-a-prometheus.monitoring:9090", "https://prom.example/team-b"]
+    args = ["template", "mi", str(CHART), "--set-json", f"prometheus.allowedURLs={json.dumps(urls)}"]
+    (dep,) = [d for d in yaml.safe_load_all(run_helm(*args).stdout) if d and d["kind"] == "Deployment"]
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    from metainfer.operator.config import OperatorConfig
+
+    monkeypatch.setenv("METAINFER_PROMETHEUS_ALLOWED_URLS", env["METAINFER_PROMETHEUS_ALLOWED_URLS"])
+    assert OperatorConfig().prometheus_allowed_urls == urls
+    (default,) = docs_of("Deployment", False)
+    names = {e["name"] for e in default["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "METAINFER_PROMETHEUS_ALLOWED_URLS" not in names, "none by default"
+    bad = run_helm("template", "mi", str(CHART), "--set-json", 'prometheus.allowedURLs=["http://x/#"]', check=False)
+    assert bad.returncode != 0 and "allowedURLs" in bad.stderr

@@ -54,7 +54,14 @@ def test_classification() -> None:
         assert isinstance(got, MetricsUnavailable) and got.reason == reason, (text, got)
         assert got.message
     bad = parse(400, json.dumps({"status": "error", "errorType": "bad_data", "error": "parse error at char 3"}))
-    assert isinstance(bad, MetricsUnavailable) and "parse error at char 3" in bad.message
+    assert isinstance(bad, MetricsUnavailable) and "bad_data" in bad.message
+
+
+def test_what_a_server_answers_never_reaches_the_status() -> None:
+    # With the query URL under a policy author's control, the answer was copied back into status (an SSRF oracle).
+    for status, text in [(200, "root:x:0:0:secret-token"), (500, json.dumps({"status": "error", "error": "secret"}))]:
+        got = parse(status, text, "http://p")
+        assert isinstance(got, MetricsUnavailable) and "secret" not in got.message
 
 
 def test_unreachable_is_classified_not_raised() -> None:
