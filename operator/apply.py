@@ -27,6 +27,7 @@ from metainfer.core.control.events import coalesce
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.manifests import AgentJobSettings, ServingDefaults
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
+from metainfer.core.control.platform import ForbiddenByPlatform, PlatformLimits, check_platform_limits
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
@@ -48,6 +49,8 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
     not validate is planned around and reported by the plan (core.control.runs).
     """
     policy = AdaptationPolicy.model_validate(body)
+    limits = PlatformLimits(config.allowed_host_paths, config.allowed_images, default_image=config.agent_image)
+    check_platform_limits(policy.spec, limits)  # before anything is planned: nothing is created for it
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     groups = view.selected(policy.spec.hardware, indexes.nodes)
     runs = parse_runs(indexes.runs_of(namespace, name))
@@ -128,12 +131,20 @@ _PART = {"AdaptationPolicySpec": "spec.", "AdaptationPolicyStatus": "status."}
 
 async def invalid_spec_status(body: kopf.Body, exc: ValidationError) -> None:
     """A policy the schema accepted but core cannot use: a Ready=False condition naming the field."""
-    message = _PART.get(exc.title, "") + validation_message(exc)
+    await refused_status(body, Reason.INVALID_SPEC, _PART.get(exc.title, "") + validation_message(exc))
+
+
+async def forbidden_status(body: kopf.Body, exc: ForbiddenByPlatform) -> None:
+    """A policy asking for what the platform does not allow: Ready=False naming the field, and nothing created."""
+    await refused_status(body, Reason.FORBIDDEN_BY_PLATFORM, str(exc))
+
+
+async def refused_status(body: kopf.Body, reason: Reason, message: str) -> None:
     meta = body["metadata"]
     previous = [Condition.model_validate(c) for c in (body.get("status") or {}).get("conditions", [])]
     conditions = set_condition(
-        previous, ConditionType.READY, "False", Reason.INVALID_SPEC, message, observed_generation=meta.get("generation")
+        previous, ConditionType.READY, "False", reason, message, observed_generation=meta.get("generation")
     )
     status = {"observedGeneration": meta.get("generation"), "conditions": [c.to_api() for c in conditions]}
     await kube.patch_status(ADAPTATION_POLICY.plural, meta["namespace"], meta["name"], status)
-    kopf.event(body, type="Warning", reason=Reason.INVALID_SPEC, message=message)
+    kopf.event(body, type="Warning", reason=reason, message=message[:1024])

@@ -27,6 +27,14 @@ class OperatorConfig(BaseSettings):
         description="Prometheus URLs a policy may name in spec.readaptation.prometheusURL (a JSON list; none by "
         "default).",
     )
+    allowed_host_paths: list[str] = Field(
+        default_factory=list,
+        description="Node directories a policy may mount as hostPath (JSON list); none by default.",
+    )
+    allowed_images: list[str] = Field(
+        default_factory=list,
+        description="Image prefixes a policy may name in spec.serving.image (JSON list); only agent_image by default.",
+    )
     metrics_port: int = Field(8000, ge=0, le=65535, description="Port of the operator's own /metrics (0: off).")
     peering_name: str = Field("metainfer", description="kopf peering object shared by the operator replicas.")
     wait_for_available: bool = Field(

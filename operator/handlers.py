@@ -21,9 +21,10 @@ from metainfer.core.api import GROUP, VERSION
 from metainfer.core.api.vocabulary import IN_FLIGHT, Reason
 from metainfer.core.control.manifests import LABEL_POLICY, MANAGED_BY
 from metainfer.core.control.objects import run_phase_from_body
+from metainfer.core.control.platform import ForbiddenByPlatform
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
-from metainfer.operator.apply import apply_plan, invalid_spec_status, reconcile_inputs
+from metainfer.operator.apply import apply_plan, forbidden_status, invalid_spec_status, reconcile_inputs
 from metainfer.operator.drift import drift_step, fetch_policy
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
 from metainfer.operator.rollout import rollout_step
@@ -145,6 +146,9 @@ async def policy_daemon(
             except ValidationError as exc:  # schema-valid but unusable: say so on the object, keep watching
                 RECONCILE_ERRORS.labels(Reason.INVALID_SPEC).inc()
                 await invalid_spec_status(body, exc)
+            except ForbiddenByPlatform as exc:  # asks for what the platform does not allow: the same, another reason
+                RECONCILE_ERRORS.labels(Reason.FORBIDDEN_BY_PLATFORM).inc()
+                await forbidden_status(body, exc)
             except kopf.TemporaryError as exc:
                 RECONCILE_ERRORS.labels("Temporary").inc()
                 logger.warning("reconcile of %s/%s will be retried: %s", namespace, name, exc)

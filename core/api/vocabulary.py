@@ -94,6 +94,7 @@ class Reason(StrEnum):
     # generic lifecycle
     RECONCILING = "Reconciling"
     INVALID_SPEC = "InvalidSpec"
+    FORBIDDEN_BY_PLATFORM = "ForbiddenByPlatform"
     # policy
     ALL_CLASSES_READY = "AllClassesReady"
     CLASSES_PENDING = "ClassesPending"

@@ -8,6 +8,7 @@ each Job's command itself.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -339,3 +340,28 @@ def test_a_policy_with_a_name_longer_than_a_label_value_gets_ready_and_cleans_up
         assert [c["state"] for c in status["classes"]] == ["Ready"], op.output()[-2000:]
         delete_node(api, node)
         wait_for("its Deployment removed with its class", lambda: deployments(api, namespace) == [], timeout=60)
+
+
+def test_a_policy_asking_for_a_host_path_or_image_the_platform_does_not_allow_gets_nothing(
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A user who may only create policies must not get, through the operator's rights, pods mounting any node
+    directory or running any image: refused with a condition naming the field, and no run, Job or Deployment."""
+    api = control_plane.api_client
+    nodes.add(("AVX2",))
+    body = make_policy(namespace, "digits", *digits, serving={"image": "attacker.example/miner:latest"})
+    body["spec"]["model"]["volume"] = {"hostPath": "/", "mountPath": "/models"}
+    apply_policy(api, body)
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
+        ready = wait_for(
+            "the refusal",
+            lambda: next(
+                (c for c in (policy(api, namespace, "digits").get("status") or {}).get("conditions", [])
+                 if c["type"] == "Ready" and c["reason"] == "ForbiddenByPlatform"),
+                None,
+            ),
+        )  # fmt: skip
+        assert "spec.model.volume.hostPath" in ready["message"] and "spec.serving.image" in ready["message"]
+        time.sleep(2)  # a reconcile or two later: still nothing created
+        assert runs(api, namespace) == [] and jobs(api, namespace) == [] and deployments(api, namespace) == []
+        assert "Traceback" not in op.output()
