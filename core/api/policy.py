@@ -12,10 +12,11 @@ batch size or the selection is how a user asks for a re-adaptation.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints, create_model
+from pydantic import Field, StringConstraints, create_model, field_validator, model_validator
 
 from metainfer.core.api._base import (
     ApiModel,
@@ -30,6 +31,16 @@ from metainfer.core.api._base import (
 )
 from metainfer.core.api.conditions import Condition
 from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, AcceleratorVendor, HardwareClass
+from metainfer.core.api.k8s_syntax import (
+    DNS1123_SUBDOMAIN,
+    IMAGE,
+    LABEL_KEY,
+    LABEL_VALUE,
+    RESERVED_MOUNT_PATHS,
+    RESERVED_MOUNT_PREFIX,
+    is_reserved_mount_path,
+    parse_quantity,
+)
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase
 from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
 from metainfer.core.engine.knobs import KNOBS, Knob, UpTo, check_knobs, overridable
@@ -64,6 +75,14 @@ class DataReference(ApiModel):
     validation_samples: int = Field(500, ge=1, le=1000000, description="Samples used to measure quality.")
 
 
+def _cel_string(text: str) -> str:
+    """``text`` as a single-quoted CEL string literal (a regex's backslashes doubled)."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+_RESERVED_MOUNTS = ", ".join(_cel_string(p) for p in RESERVED_MOUNT_PATHS)
+
+
 class ModelVolume(ApiModel):
     """A volume mounted read-only into adaptation Jobs and serving pods; file:// URIs point into it."""
 
@@ -71,14 +90,30 @@ class ModelVolume(ApiModel):
         rule(
             "has(self.claimName) != has(self.hostPath)",
             "exactly one of claimName or hostPath must be set",
-        )
+        ),
+        rule(
+            f"!(self.mountPath in [{_RESERVED_MOUNTS}]) && self.mountPath != '{RESERVED_MOUNT_PREFIX}'"
+            f" && !self.mountPath.startsWith('{RESERVED_MOUNT_PREFIX}/')",
+            f"mountPath must not be {', '.join(RESERVED_MOUNT_PATHS)} or under {RESERVED_MOUNT_PREFIX}: "
+            "the pod uses them itself",
+            field_path=".mountPath",
+        ),
     )
 
-    claim_name: str | None = Field(None, min_length=1, max_length=253, description="A PersistentVolumeClaim.")
+    claim_name: str | None = Field(
+        None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN, description="A PersistentVolumeClaim."
+    )
     host_path: str | None = Field(
         None, max_length=4096, pattern=r"^/", description="A directory on the node (absolute path)."
     )
-    mount_path: str = Field("/models", max_length=4096, pattern=r"^/", description="Where it is mounted.")
+    mount_path: str = Field("/models", max_length=4096, pattern=r"^/[^:]*$", description="Where it is mounted.")
+
+    @field_validator("mount_path")
+    @classmethod
+    def _not_a_path_the_pod_uses(cls, value: str) -> str:
+        if is_reserved_mount_path(value):
+            raise ValueError(f"must not be {', '.join(RESERVED_MOUNT_PATHS)} or under {RESERVED_MOUNT_PREFIX}")
+        return value
 
 
 class ModelSource(ApiModel):
@@ -142,9 +177,24 @@ class ObjectiveWeights(ApiModel):
 class Toleration(ApiModel):
     """Lets adaptation Jobs and serving pods run on tainted (e.g. GPU) nodes, as in a Pod spec."""
 
-    key: str | None = Field(None, max_length=316)
+    # The rules a Pod's tolerations obey, so that a Job or Deployment built from them is never rejected.
+    model_config = cel(
+        rule("has(self.key) || self.operator == 'Exists'", "a toleration without key needs operator Exists"),
+        rule(
+            "self.operator != 'Exists' || !has(self.value) || self.value == ''",
+            "value must be empty when operator is Exists",
+            field_path=".value",
+        ),
+        rule(
+            "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+            "tolerationSeconds needs effect NoExecute",
+            field_path=".tolerationSeconds",
+        ),
+    )
+
+    key: str | None = Field(None, max_length=316, pattern=LABEL_KEY)
     operator: Literal["Exists", "Equal"] = Field("Equal")
-    value: str | None = Field(None, max_length=63)
+    value: str | None = Field(None, max_length=63, pattern=LABEL_VALUE)
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(None, ge=0)
 
@@ -152,7 +202,15 @@ class Toleration(ApiModel):
 class HardwareSelection(ApiModel):
     """Which nodes' hardware classes are adapted to."""
 
-    node_selector: dict[str, Annotated[str, StringConstraints(max_length=63)]] | None = Field(
+    model_config = cel(
+        rule(
+            f"!has(self.nodeSelector) || self.nodeSelector.all(k, k.matches({_cel_string(LABEL_KEY)}))",
+            "nodeSelector keys must be label keys ([prefix/]name, name <= 63 characters of [A-Za-z0-9-_.])",
+            field_path=".nodeSelector",
+        )
+    )
+
+    node_selector: dict[str, Annotated[str, StringConstraints(max_length=63, pattern=LABEL_VALUE)]] | None = Field(
         None, max_length=32, description="Only nodes with all these labels (like a Pod's nodeSelector)."
     )
     vendors: list[AcceleratorVendor] | None = Field(
@@ -166,6 +224,14 @@ class HardwareSelection(ApiModel):
     tolerations: list[Toleration] | None = Field(
         None, max_length=16, description="Added to adaptation Jobs and serving pods (accelerator taints)."
     )
+
+    @field_validator("node_selector")
+    @classmethod
+    def _label_keys(cls, value: dict[str, str] | None) -> dict[str, str] | None:
+        bad = [k for k in value or {} if not re.match(LABEL_KEY, k)]
+        if bad:
+            raise ValueError(f"not label keys: {', '.join(repr(k[:80]) for k in bad[:3])}")
+        return value
 
 
 def search_space_fields(knobs: Sequence[Knob] = KNOBS) -> dict[str, Any]:
@@ -234,8 +300,23 @@ class SearchSettings(ApiModel):
 class ResourceRequirements(ApiModel):
     """Container resources, as in a Pod spec."""
 
+    # Quantities are checked here, not in the CRD: CEL over int-or-string map values exceeds the API server's
+    # cost budget. A policy with a bad quantity gets an InvalidSpec condition naming it, and nothing is created.
     requests: dict[str, Quantity] | None = Field(None, max_length=16)
     limits: dict[str, Quantity] | None = Field(None, max_length=16)
+
+    @model_validator(mode="after")
+    def _requests_within_limits(self) -> ResourceRequirements:
+        # Comparing quantities needs their value: the CRD can check their syntax, this checks their order.
+        amounts = {
+            part: {name: parse_quantity(value) for name, value in (getattr(self, part) or {}).items()}
+            for part in ("requests", "limits")
+        }
+        for name, limit in amounts["limits"].items():
+            request = amounts["requests"].get(name)
+            if request is not None and request > limit:
+                raise ValueError(f"requests.{name} must not exceed limits.{name}")
+        return self
 
 
 class ServingSettings(ApiModel):
@@ -243,7 +324,7 @@ class ServingSettings(ApiModel):
 
     replicas: int = Field(2, ge=1, le=1000, description="Stable replicas per hardware class.")
     image: str | None = Field(
-        None, min_length=1, max_length=512, description="Serving image; defaults to the operator's."
+        None, min_length=1, max_length=512, pattern=IMAGE, description="Serving image; defaults to the operator's."
     )
     resources: ResourceRequirements | None = Field(None, description="Resources of the serving container.")
 

@@ -52,6 +52,36 @@ CASES: list[Case] = [
         ["spec.model.uri"],
     ),
     ("algorithm-enum", lambda: policy(search={"algorithm": "annealing"}), ["spec.search.algorithm", "annealing"]),
+    # Values Kubernetes would reject in the derived Job or Deployment are rejected here, naming the field.
+    ("image-whitespace", lambda: policy(serving={"image": "registry/ml server:1"}), ["spec.serving.image"]),
+    (
+        "node-selector-key",
+        lambda: policy(hardware={"nodeSelector": {"pool name": "gpu"}}),
+        ["spec.hardware.nodeSelector"],
+    ),
+    ("node-selector-value", lambda: policy(hardware={"nodeSelector": {"pool": "a b"}}), ["spec.hardware.nodeSelector"]),
+    (
+        "toleration-exists-with-value",
+        lambda: policy(hardware={"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}),
+        ["spec.hardware.tolerations[0].value", "must be empty"],
+    ),
+    (
+        "toleration-seconds-without-noexecute",
+        lambda: policy(hardware={"tolerations": [{"key": "k", "tolerationSeconds": 5}]}),
+        ["spec.hardware.tolerations[0].tolerationSeconds"],
+    ),
+    (
+        "claim-name-syntax",
+        lambda: policy(model={"uri": "file:///models/m.onnx", "sha256": "a" * 64, "volume": {"claimName": "Bad_Name"}}),
+        ["spec.model.volume.claimName"],
+    ),
+    (
+        "mount-path-reserved",
+        lambda: policy(
+            model={"uri": "file:///m/m.onnx", "sha256": "a" * 64, "volume": {"claimName": "m", "mountPath": "/tmp"}}
+        ),
+        ["spec.model.volume.mountPath", "the pod uses them itself"],
+    ),
     ("vendor-enum", lambda: policy(hardware={"vendors": ["nvidia", "qualcomm"]}), ["spec.hardware.vendors[1]"]),
     (
         "vendor-duplicate",
