@@ -139,6 +139,11 @@ async def forbidden_status(body: kopf.Body, exc: ForbiddenByPlatform) -> None:
     await refused_status(body, Reason.FORBIDDEN_BY_PLATFORM, str(exc))
 
 
+async def rejected_status(body: kopf.Body, exc: kube.ChildRejected) -> None:
+    """A Job, Deployment or Service the API server refused: Ready=False with the server's reason, and an event."""
+    await refused_status(body, Reason.CHILD_REJECTED, str(exc))
+
+
 async def refused_status(body: kopf.Body, reason: Reason, message: str) -> None:
     meta = body["metadata"]
     previous = [Condition.model_validate(c) for c in (body.get("status") or {}).get("conditions", [])]

@@ -24,8 +24,15 @@ from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.platform import ForbiddenByPlatform
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
-from metainfer.operator.apply import apply_plan, forbidden_status, invalid_spec_status, reconcile_inputs
+from metainfer.operator.apply import (
+    apply_plan,
+    forbidden_status,
+    invalid_spec_status,
+    reconcile_inputs,
+    rejected_status,
+)
 from metainfer.operator.drift import drift_step, fetch_policy
+from metainfer.operator.kube import ChildRejected
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
 from metainfer.operator.rollout import rollout_step
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
@@ -149,6 +156,10 @@ async def policy_daemon(
             except ForbiddenByPlatform as exc:  # asks for what the platform does not allow: the same, another reason
                 RECONCILE_ERRORS.labels(Reason.FORBIDDEN_BY_PLATFORM).inc()
                 await forbidden_status(body, exc)
+            except ChildRejected as exc:  # a retry cannot fix it: say so on the policy; the resync tries again
+                RECONCILE_ERRORS.labels(Reason.CHILD_REJECTED).inc()
+                logger.warning("reconcile of %s/%s: %s", namespace, name, exc)
+                await rejected_status(body, exc)
             except kopf.TemporaryError as exc:
                 RECONCILE_ERRORS.labels("Temporary").inc()
                 logger.warning("reconcile of %s/%s will be retried: %s", namespace, name, exc)

@@ -10,6 +10,7 @@ serving other policies while one waits on the API server.
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -34,7 +35,26 @@ def _api() -> client.ApiClient:
     return _SHARED
 
 
-def _temporary(exc: ApiException, what: str) -> kopf.TemporaryError:
+# Answers that a retry cannot change: the object as built is invalid (400, 422) or the operator may not create it
+# (403). Retrying every 5 s forever left a stale status and no event; the policy's status says why instead.
+REJECTED = {400, 403, 422}
+
+
+class ChildRejected(Exception):
+    """The API server refused a child object for good; the message is the server's own, bounded."""
+
+    def __init__(self, what: str, exc: ApiException) -> None:
+        detail = ""
+        try:
+            detail = str(json.loads(exc.body or "{}").get("message", ""))
+        except (ValueError, AttributeError):
+            detail = ""
+        super().__init__(f"the API server refused to {what}: {exc.status} {exc.reason}: {detail}"[:2048])
+
+
+def _temporary(exc: ApiException, what: str) -> kopf.TemporaryError | ChildRejected:
+    if exc.status in REJECTED:
+        return ChildRejected(what, exc)
     return kopf.TemporaryError(f"{what}: API server answered {exc.status} {exc.reason}", delay=5)
 
 

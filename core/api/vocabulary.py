@@ -95,6 +95,7 @@ class Reason(StrEnum):
     RECONCILING = "Reconciling"
     INVALID_SPEC = "InvalidSpec"
     FORBIDDEN_BY_PLATFORM = "ForbiddenByPlatform"
+    CHILD_REJECTED = "ChildRejected"
     # policy
     ALL_CLASSES_READY = "AllClassesReady"
     CLASSES_PENDING = "ClassesPending"
