@@ -4,7 +4,7 @@ Unlike test_drift_with_prometheus.py (a stand-in histogram whose latency the
 test sets), the serving side here is the ``metainfer serve`` process the
 operator's Deployment describes: its own args (the digits example, file://
 URI, the policy's best recipe) and env (METAINFER_POLICY, METAINFER_NAMESPACE,
-METAINFER_CLASS, METAINFER_RECIPE_KEY), so the series carry the labels a real
+METAINFER_CLASS, METAINFER_RECIPE_KEY, METAINFER_VARIANT), so the series carry the labels a real
 deployment's do and the operator's default PromQL matches them. No kubelet runs
 here, so the test starts that process itself on loopback.
 
@@ -226,6 +226,7 @@ def test_real_serve_under_real_load_readapts_once_spike_and_missing_metrics_neve
                 "METAINFER_NAMESPACE": namespace,
                 "METAINFER_CLASS": cls["fingerprint"],
                 "METAINFER_RECIPE_KEY": cls["current"]["recipeKey"],
+                "METAINFER_VARIANT": cls["current"]["variant"],
             }, labels
             print(f"\n[drift-real] serving recipe {cls['current']['recipeKey']} ({stable.metadata.name})", flush=True)
             load = Load(serve.port, POLICY, samples)
