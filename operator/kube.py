@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import kopf
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -52,6 +53,14 @@ class ChildRejected(Exception):
         super().__init__(f"the API server refused to {what}: {exc.status} {exc.reason}: {detail}"[:2048])
 
 
+async def _in_thread(what: str, call: Callable[..., Any], *args: Any) -> Any:
+    """``call(*args)`` in a worker thread; no answer at all (refused, reset, timed out) is a retry, not a bug."""
+    try:
+        return await asyncio.to_thread(call, *args)
+    except (urllib3.exceptions.HTTPError, OSError) as exc:
+        raise kopf.TemporaryError(f"{what}: API server unreachable ({type(exc).__name__})", delay=5) from exc
+
+
 def _temporary(exc: ApiException, what: str) -> kopf.TemporaryError | ChildRejected:
     if exc.status in REJECTED:
         return ChildRejected(what, exc)
@@ -61,7 +70,7 @@ def _temporary(exc: ApiException, what: str) -> kopf.TemporaryError | ChildRejec
 async def create_if_absent(manifest: Mapping[str, Any]) -> bool:
     """Create ``manifest``; False if it already existed."""
     try:
-        await asyncio.to_thread(_create, dict(manifest))
+        await _in_thread(f"create {manifest['kind']} {manifest['metadata']['name']}", _create, dict(manifest))
     except ApiException as exc:
         if exc.status == 409:
             return False
@@ -81,14 +90,14 @@ async def apply(manifest: Mapping[str, Any]) -> None:
         "spec": manifest["spec"],
     }
     try:
-        await asyncio.to_thread(_patch, manifest, patch)
+        await _in_thread(f"update {manifest['kind']} {manifest['metadata']['name']}", _patch, manifest, patch)
     except ApiException as exc:
         raise _temporary(exc, f"update {manifest['kind']} {manifest['metadata']['name']}") from exc
 
 
 async def delete(kind: str, namespace: str, name: str) -> None:
     try:
-        await asyncio.to_thread(_delete, kind, namespace, name)
+        await _in_thread(f"delete {kind} {name}", _delete, kind, namespace, name)
     except ApiException as exc:
         if exc.status != 404:
             raise _temporary(exc, f"delete {kind} {name}") from exc
@@ -98,8 +107,15 @@ async def patch_status(plural: str, namespace: str, name: str, status: Mapping[s
     """Merge-patch the status subresource; the object as stored after the patch (None once deleted)."""
     api = client.CustomObjectsApi(_api())
     try:
-        stored = await asyncio.to_thread(
-            api.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, plural, name, {"status": status}
+        stored = await _in_thread(
+            f"patch status of {plural}/{name}",
+            api.patch_namespaced_custom_object_status,
+            GROUP,
+            VERSION,
+            namespace,
+            plural,
+            name,
+            {"status": status},
         )
     except ApiException as exc:
         if exc.status != 404:
@@ -112,7 +128,9 @@ async def get_custom(plural: str, namespace: str, name: str) -> dict[str, Any] |
     """The object as the API server has it now (None once deleted)."""
     api = client.CustomObjectsApi(_api())
     try:
-        obj = await asyncio.to_thread(api.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name)
+        obj = await _in_thread(
+            f"get {plural}/{name}", api.get_namespaced_custom_object, GROUP, VERSION, namespace, plural, name
+        )
     except ApiException as exc:
         if exc.status == 404:
             return None

@@ -8,6 +8,7 @@ from typing import Any
 
 import kopf
 import pytest
+import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from metainfer.operator import kube
@@ -48,3 +49,13 @@ def test_a_refusal_no_retry_can_change_is_reported_with_the_servers_message(
     with pytest.raises(kube.ChildRejected) as err:
         asyncio.run(kube.create_if_absent(JOB))
     assert len(str(err.value)) <= 2048
+
+
+def test_no_answer_at_all_is_a_retry_not_an_unexpected_failure(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An API server outage used to surface as "failed unexpectedly" with a traceback per reconcile.
+    def refused(manifest: dict[str, Any]) -> None:
+        raise urllib3.exceptions.MaxRetryError(None, "/apis", ConnectionRefusedError(111, "Connection refused"))
+
+    monkeypatch.setattr(kube, "_create", refused)
+    with pytest.raises(kopf.TemporaryError, match="API server unreachable"):
+        asyncio.run(kube.create_if_absent(JOB))
