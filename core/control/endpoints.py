@@ -63,7 +63,8 @@ def prometheus_endpoint(
         base = platform_url
     else:
         return PrometheusEndpoint(
-            reason=Reason.PROMETHEUS_UNREACHABLE, refusal="no Prometheus configured: set the Helm value prometheus.url"
+            reason=Reason.PROMETHEUS_UNREACHABLE,
+            refusal="no Prometheus configured: set the Helm value prometheus.url (METAINFER_PROMETHEUS_URL)",
         )
     try:
         return PrometheusEndpoint(query_url=query_url(base))
