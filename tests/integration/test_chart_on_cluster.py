@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from _objects import run as run_object
+from kubernetes import client, config
 from operator_harness import (
     Nodes,
     apply_policy,
@@ -38,6 +39,7 @@ from operator_harness import policy as get_policy
 from hack.controlplane.errors import AssetError
 from hack.helm import HELM_VERSION, all_optional_on, provide
 from metainfer.agent.zoo import build_examples
+from metainfer.core.api import GROUP, VERSION
 from metainfer.core.control.manifests import MANAGED_BY
 
 pytestmark = pytest.mark.integration
@@ -142,6 +144,32 @@ def sa_kubeconfig(control_plane: Any, namespace: str, account: str, path: Path) 
     return path
 
 
+def agent_kubeconfig(control_plane: Any, namespace: str, run_name: str, path: Path) -> Path:
+    """What a kubelet gives the agent of run ``run_name``: a token of the agent account bound to a pod of the
+    run's Job (``<run>-<5 characters>``). No kubelet runs here, so the Pod object only exists to bind to."""
+    core = client.CoreV1Api(control_plane.api_client)
+    pod = core.create_namespaced_pod(
+        namespace,
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{run_name}-{secrets.token_hex(3)[:5]}"},
+            "spec": {"serviceAccountName": "metainfer-agent", "containers": [{"name": "agent", "image": "metainfer"}]},
+        },
+    )
+    bound = client.V1BoundObjectReference(kind="Pod", api_version="v1", name=pod.metadata.name, uid=pod.metadata.uid)
+    spec = client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600, bound_object_ref=bound)
+    token = core.create_namespaced_service_account_token(
+        "metainfer-agent", namespace, client.AuthenticationV1TokenRequest(spec=spec)
+    ).status.token
+    config = yaml.safe_load(control_plane.kubeconfig.read_text())
+    config["users"] = [{"name": "agent", "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = "agent"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def can_i(control_plane: Any, kubeconfig: Path, *args: str) -> bool:
     result = subprocess.run([str(control_plane.kubectl_path), "--kubeconfig", str(kubeconfig), "auth", "can-i", *args],
                             capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
@@ -208,7 +236,10 @@ def test_operator_loop_runs_with_the_charts_service_accounts(
     with operator_process(installed["operator"], namespace, tmp_path) as op:
         wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2, timeout=90)
         for run in runs(api, namespace):
-            proc = run_agent(installed["agent"], namespace, run["metadata"]["name"])
+            name = run["metadata"]["name"]
+            proc = run_agent(
+                agent_kubeconfig(control_plane, namespace, name, tmp_path / f"{name}.kubeconfig"), namespace, name
+            )
             assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
             assert "forbidden" not in (proc.stdout + proc.stderr).lower(), proc.stderr[-2000:]
         try:
@@ -226,3 +257,35 @@ def test_operator_loop_runs_with_the_charts_service_accounts(
 def serving(api: client.ApiClient, namespace: str) -> list[Any]:
     """The operator's Deployments (the chart's own operator Deployment lives in the same namespace here)."""
     return [d for d in deployments(api, namespace) if (d.metadata.labels or {}).get(MANAGED_BY) == "metainfer"]
+
+
+def test_an_agent_writes_only_the_status_of_its_own_run(
+    control_plane: Any, namespace: str, installed: dict, tmp_path: Path
+) -> None:
+    """RBAC lets the agent account patch any run's status in its namespace; the chart's admission policy narrows
+    that to the run whose Job's pod the token is bound to. A forged result for another run is refused."""
+    api = client.CustomObjectsApi(control_plane.api_client)
+    for name in ("run-a", "run-b", "probe"):
+        api.create_namespaced_custom_object(GROUP, VERSION, namespace, "adaptationruns", run_object(name))
+    own = agent_kubeconfig(control_plane, namespace, "run-a", tmp_path / "a.kubeconfig")
+    forged = {"status": {"phase": "Succeeded", "bestMetrics": {"p95Ms": 0.001}}}
+
+    def patch(kubeconfig: Path, name: str) -> str:
+        """'' when the write landed, else the API server's refusal (as the agent writes: a status merge-patch)."""
+        as_agent = client.CustomObjectsApi(config.new_client_from_config(config_file=str(kubeconfig)))
+        try:
+            as_agent.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, "adaptationruns", name, forged)
+        except client.exceptions.ApiException as exc:
+            return f"{exc.status} {exc.body}"
+        return ""
+
+    # The API server loads admission policies asynchronously: wait until this one is enforced.
+    wait_for("the admission policy in force", lambda: patch(own, "probe").startswith("403"), timeout=30)
+    assert patch(own, "run-a") == "", "its own run"
+    refused = patch(own, "run-b")
+    assert refused.startswith("403") and "its own run" in refused, refused
+    unbound = patch(installed["agent"], "run-a")  # a token not bound to any pod of the run's Job
+    assert unbound.startswith("403") and "its own run" in unbound, unbound
+    assert (
+        api.get_namespaced_custom_object(GROUP, VERSION, namespace, "adaptationruns", "run-b").get("status") or {}
+    ) == {}
