@@ -49,14 +49,16 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
     not validate is planned around and reported by the plan (core.control.runs).
     """
     policy = AdaptationPolicy.model_validate(body)
-    limits = PlatformLimits(config.allowed_host_paths, config.allowed_images, default_image=config.agent_image)
-    check_platform_limits(policy.spec, limits)  # before anything is planned: nothing is created for it
+    platform = PlatformLimits(config.allowed_host_paths, config.allowed_images, default_image=config.agent_image)
+    check_platform_limits(policy.spec, platform)  # before anything is planned: nothing is created for it
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     groups = view.selected(policy.spec.hardware, indexes.nodes)
     runs = parse_runs(indexes.runs_of(namespace, name))
     limits = RunLimits(
         cluster_max_in_flight=config.max_concurrent_runs,
         cluster_in_flight=indexes.cluster_in_flight(),
+        namespace_max_in_flight=config.namespace_run_limit(),
+        namespace_in_flight=indexes.namespace_in_flight(namespace),
         wait_for_available=config.wait_for_available,
     )
     plan = plan_policy(

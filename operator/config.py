@@ -20,6 +20,16 @@ class OperatorConfig(BaseSettings):
     agent_service_account: str = Field("metainfer-agent", description="Least-privilege account of agent Jobs.")
     label_mapping_file: Path | None = Field(None, description="YAML/JSON LabelMapping for custom node labels.")
     max_concurrent_runs: int = Field(8, ge=1, description="Adaptation runs in flight across the cluster.")
+    max_concurrent_runs_per_namespace: int | None = Field(
+        None, ge=1, description="Runs one namespace may have in flight; default half the cluster's (at least 1)."
+    )
+
+    def namespace_run_limit(self) -> int:
+        """No tenant can hold every cluster-wide slot: by default a namespace gets at most half of them."""
+        if self.max_concurrent_runs_per_namespace is not None:
+            return self.max_concurrent_runs_per_namespace
+        return max(1, self.max_concurrent_runs // 2)
+
     resync_seconds: float = Field(60.0, gt=0, description="Reconcile every policy at least this often.")
     prometheus_url: str | None = Field(None, description="The platform's Prometheus for drift and canary checks.")
     prometheus_allowed_urls: list[str] = Field(

@@ -74,10 +74,10 @@ def runs_index(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str
 
 
 @kopf.index(GROUP, VERSION, "adaptationruns")
-def in_flight_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[bool, tuple[str, str]] | None:
-    """Pending and Running runs cluster-wide, so the concurrency limit is a len(): a scan of every run per
-    reconcile is quadratic (1.3 M run_phase calls while 100 policies converge)."""
-    return {True: (namespace, name)} if run_phase_from_body(body) in IN_FLIGHT else None
+def in_flight_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[str, tuple[str, str]] | None:
+    """Pending and Running runs by namespace, so the cluster's and a namespace's limits are len()s: a scan of every
+    run per reconcile is quadratic (1.3 M run_phase calls while 100 policies converge)."""
+    return {namespace: (namespace, name)} if run_phase_from_body(body) in IN_FLIGHT else None
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED)
@@ -121,7 +121,7 @@ async def policy_daemon(
     runs_index: kopf.Index[tuple[str, str], dict[str, Any]],
     jobs_index: kopf.Index[tuple[str, str], dict[str, Any]],
     deployments_index: kopf.Index[Any, dict[str, Any]],
-    in_flight_index: kopf.Index[bool, tuple[str, str]],
+    in_flight_index: kopf.Index[str, tuple[str, str]],
     **_: Any,
 ) -> None:
     from metainfer.operator.config import OperatorConfig

@@ -41,7 +41,7 @@ class Indexes:
     runs: Mapping[tuple[str, str], Collection[Body]]  # by (namespace, policy)
     jobs: Mapping[tuple[str, str], Collection[Body]]  # by (namespace, name)
     deployments: Mapping[tuple[str, str], Collection[Body]]  # by (namespace, policy)
-    in_flight: Mapping[bool, Collection[tuple[str, str]]]  # True: Pending and Running runs, cluster-wide
+    in_flight: Mapping[str, Collection[tuple[str, str]]]  # Pending and Running runs by namespace
 
     def runs_of(self, namespace: str, policy: str) -> list[Body]:
         return list(self.runs.get((namespace, policy), ()))
@@ -56,7 +56,10 @@ class Indexes:
         return {name: first(store) for name in names if (store := self.jobs.get((namespace, name)))}
 
     def cluster_in_flight(self) -> int:
-        return len(self.in_flight.get(True, ()))
+        return sum(len(runs) for runs in self.in_flight.values())
+
+    def namespace_in_flight(self, namespace: str) -> int:
+        return len(self.in_flight.get(namespace, ()))
 
 
 class ClusterView:

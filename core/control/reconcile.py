@@ -82,6 +82,9 @@ class RunLimits:
 
     cluster_max_in_flight: int = 8
     cluster_in_flight: int = 0
+    # Fairness between tenants: the slots one namespace may hold, and how many its runs hold now (None: no cap).
+    namespace_max_in_flight: int | None = None
+    namespace_in_flight: int = 0
     wait_for_available: bool = True  # False where no kubelet runs (tests, the demo): applied counts as rolled out
 
 
@@ -193,13 +196,16 @@ def plan_class(context: ClassContext, *, slot_free: bool) -> ClassPlan:
 
 
 def free_slots(policy: AdaptationPolicy, contexts: Sequence[ClassContext], limits: RunLimits) -> int:
-    """Runs this reconcile may start: the policy's limit and the cluster's, less what is in flight."""
+    """Runs this reconcile may start: the policy's, its namespace's and the cluster's limits, less what is in
+    flight."""
     # Only current runs hold a slot: superseded ones and those of vanished classes are deleted by this plan.
     in_flight = sum(
         run_phase(r) in IN_FLIGHT for c in contexts for r in c.runs if label_of(r, LABEL_RUN_KEY) == c.run_key
     )
-    policy_left = policy.spec.search.max_concurrent_runs - in_flight
-    return max(0, min(policy_left, limits.cluster_max_in_flight - limits.cluster_in_flight))
+    left = [policy.spec.search.max_concurrent_runs - in_flight, limits.cluster_max_in_flight - limits.cluster_in_flight]
+    if limits.namespace_max_in_flight is not None:
+        left.append(limits.namespace_max_in_flight - limits.namespace_in_flight)
+    return max(0, min(left))
 
 
 def merge(

@@ -40,12 +40,13 @@ def test_indexes_read_one_policys_children() -> None:
         runs={("ns", "p"): [{"metadata": {"name": "run-a"}}]},
         jobs={("ns", job_name("run-a")): [job]},
         deployments={("other", "p"): [{"metadata": {"name": "d"}}]},
-        in_flight={True: [("ns", "run-a"), ("ns2", "run-b")]},
+        in_flight={"ns": [("ns", "run-a")], "ns2": [("ns2", "run-b"), ("ns2", "run-c")]},
     )
     assert indexes.runs_of("ns", "p") == [{"metadata": {"name": "run-a"}}] and indexes.runs_of("ns", "q") == []
     assert indexes.deployments_of("ns", "p") == []
     assert indexes.jobs_of("ns", ["run-a", "run-b"]) == {job_name("run-a"): job}
-    assert indexes.cluster_in_flight() == 2
+    assert indexes.cluster_in_flight() == 3 and indexes.namespace_in_flight("ns2") == 2
+    assert indexes.namespace_in_flight("other") == 0
 
 
 def test_reconcile_inputs_validate_the_policys_runs_and_plan_around_one_that_does_not() -> None:

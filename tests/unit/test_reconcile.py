@@ -633,3 +633,21 @@ def test_a_new_model_with_the_same_recipe_still_goes_through_a_canary() -> None:
     (canary,) = [a.manifest for a in plan.deployments_to_apply]
     env = {e["name"]: e["value"] for e in canary["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["METAINFER_VARIANT"] == cls.rollout.canary.variant, "its metrics are told apart from the stable's"
+
+
+def test_one_namespace_cannot_hold_every_cluster_wide_slot() -> None:
+    # One tenant's long runs used to take all cluster-wide slots for up to their 7-day deadline.
+    nodes = {"g1": A100, "c1": CPU, "a1": ARM}
+    limits = RunLimits(cluster_max_in_flight=8, cluster_in_flight=3, namespace_max_in_flight=4, namespace_in_flight=3)
+    assert len(Cluster(search={"maxConcurrentRuns": 5}).reconcile(nodes, limits).runs_to_create) == 1
+    full = RunLimits(cluster_max_in_flight=8, cluster_in_flight=4, namespace_max_in_flight=4, namespace_in_flight=4)
+    plan = Cluster(search={"maxConcurrentRuns": 5}).reconcile(nodes, full)
+    assert plan.runs_to_create == [] and all(s.reason == Reason.CONCURRENCY_LIMIT for s in plan.class_statuses)
+
+
+def test_the_operators_default_gives_a_namespace_half_the_cluster() -> None:
+    from metainfer.operator.config import OperatorConfig
+
+    assert OperatorConfig(max_concurrent_runs=8).namespace_run_limit() == 4
+    assert OperatorConfig(max_concurrent_runs=1).namespace_run_limit() == 1
+    assert OperatorConfig(max_concurrent_runs=8, max_concurrent_runs_per_namespace=8).namespace_run_limit() == 8
