@@ -177,6 +177,8 @@ def start_operator(kubeconfig: Path, logfile: Path, max_runs: int, mapping: Path
         "METAINFER_WAIT_FOR_AVAILABLE": "false",
         "METAINFER_METRICS_PORT": "0",
         "METAINFER_MAX_CONCURRENT_RUNS": str(max_runs),
+        # Every policy lives in one namespace here: its share must not hold creation back either.
+        "METAINFER_MAX_CONCURRENT_RUNS_PER_NAMESPACE": str(max_runs),
         "METAINFER_PEERING_NAME": "metainfer-scale",
     }
     if mapping is not None:
