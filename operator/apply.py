@@ -45,8 +45,8 @@ class Inputs:
 def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, config: OperatorConfig) -> Inputs:
     """Validate the policy and its own runs (never the cluster's), read the rest from the indexes, and plan.
 
-    A policy that does not validate raises ValidationError (``invalid_spec_status`` reports it); a run that does
-    not validate is planned around and reported by the plan (core.control.runs).
+    A policy that does not validate raises ValidationError (``refusal`` and ``refused_status`` report it); a run
+    that does not validate is planned around and reported by the plan (core.control.runs).
     """
     policy = AdaptationPolicy.model_validate(body)
     platform = PlatformLimits(config.allowed_host_paths, config.allowed_images, default_image=config.agent_image)
@@ -131,19 +131,18 @@ def _count_finished(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
 _PART = {"AdaptationPolicySpec": "spec.", "AdaptationPolicyStatus": "status."}
 
 
-async def invalid_spec_status(body: kopf.Body, exc: ValidationError) -> None:
-    """A policy the schema accepted but core cannot use: a Ready=False condition naming the field."""
-    await refused_status(body, Reason.INVALID_SPEC, _PART.get(exc.title, "") + validation_message(exc))
+# What a retry cannot fix: the policy says so (Ready=False, a warning event) and the next resync tries again.
+Refusal = ValidationError | ForbiddenByPlatform | kube.ChildRejected
 
 
-async def forbidden_status(body: kopf.Body, exc: ForbiddenByPlatform) -> None:
-    """A policy asking for what the platform does not allow: Ready=False naming the field, and nothing created."""
-    await refused_status(body, Reason.FORBIDDEN_BY_PLATFORM, str(exc))
-
-
-async def rejected_status(body: kopf.Body, exc: kube.ChildRejected) -> None:
-    """A Job, Deployment or Service the API server refused: Ready=False with the server's reason, and an event."""
-    await refused_status(body, Reason.CHILD_REJECTED, str(exc))
+def refusal(exc: Refusal) -> tuple[Reason, str]:
+    """The reason and message of a refused reconcile: a policy the schema accepted but core cannot use (naming
+    the field), one asking for what the platform does not allow, or a child the API server refused."""
+    if isinstance(exc, ValidationError):
+        return Reason.INVALID_SPEC, _PART.get(exc.title, "") + validation_message(exc)
+    if isinstance(exc, ForbiddenByPlatform):
+        return Reason.FORBIDDEN_BY_PLATFORM, str(exc)
+    return Reason.CHILD_REJECTED, str(exc)
 
 
 async def refused_status(body: kopf.Body, reason: Reason, message: str) -> None:

@@ -12,6 +12,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
+
 
 class OperatorConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="METAINFER_", extra="ignore")
@@ -23,6 +25,10 @@ class OperatorConfig(BaseSettings):
     max_concurrent_runs_per_namespace: int | None = Field(
         None, ge=1, description="Runs one namespace may have in flight; default half the cluster's (at least 1)."
     )
+
+    def prometheus_endpoint(self, policy_url: str | None) -> PrometheusEndpoint:
+        """Where a policy's drift and canary checks query: its own URL only if the platform allows it."""
+        return prometheus_endpoint(policy_url, self.prometheus_url, self.prometheus_allowed_urls)
 
     def namespace_run_limit(self) -> int:
         """No tenant can hold every cluster-wide slot: by default a namespace gets at most half of them."""

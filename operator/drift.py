@@ -31,7 +31,7 @@ from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
 from metainfer.core.api.vocabulary import ClassState
 from metainfer.core.control import drift, promql
-from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
+from metainfer.core.control.endpoints import PrometheusEndpoint
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.prometheus import MetricsUnavailable, query
@@ -78,7 +78,7 @@ async def drift_step(
     due = [c for c in classes if drift.due(c.drift, interval, now)]
     step = DriftStep()
     if due:
-        endpoint = prometheus_endpoint(settings.prometheus_url, config.prometheus_url, config.prometheus_allowed_urls)
+        endpoint = config.prometheus_endpoint(settings.prometheus_url)
         results = await asyncio.gather(*(_p95(endpoint, spec, namespace, name, c) for c in due))
         updated = {c.fingerprint: c for c in status.classes}
         for cls, result in zip(due, results, strict=True):

@@ -18,19 +18,13 @@ import kopf
 from pydantic import ValidationError
 
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.api.vocabulary import IN_FLIGHT, Reason
+from metainfer.core.api.vocabulary import IN_FLIGHT
 from metainfer.core.control.manifests import LABEL_POLICY, MANAGED_BY
 from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.platform import ForbiddenByPlatform
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
-from metainfer.operator.apply import (
-    apply_plan,
-    forbidden_status,
-    invalid_spec_status,
-    reconcile_inputs,
-    rejected_status,
-)
+from metainfer.operator.apply import apply_plan, reconcile_inputs, refusal, refused_status
 from metainfer.operator.drift import drift_step, fetch_policy
 from metainfer.operator.kube import ChildRejected
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
@@ -150,16 +144,12 @@ async def policy_daemon(
                     continue  # reconcile at once: promote (new stable) or roll back (delete the canary)
                 if canary.next_check_s is not None:
                     sleep = min(sleep, max(canary.next_check_s, 0.5))
-            except ValidationError as exc:  # schema-valid but unusable: say so on the object, keep watching
-                RECONCILE_ERRORS.labels(Reason.INVALID_SPEC).inc()
-                await invalid_spec_status(body, exc)
-            except ForbiddenByPlatform as exc:  # asks for what the platform does not allow: the same, another reason
-                RECONCILE_ERRORS.labels(Reason.FORBIDDEN_BY_PLATFORM).inc()
-                await forbidden_status(body, exc)
-            except ChildRejected as exc:  # a retry cannot fix it: say so on the policy; the resync tries again
-                RECONCILE_ERRORS.labels(Reason.CHILD_REJECTED).inc()
-                logger.warning("reconcile of %s/%s: %s", namespace, name, exc)
-                await rejected_status(body, exc)
+            except (ValidationError, ForbiddenByPlatform, ChildRejected) as exc:  # no retry fixes it: say so on it
+                reason, message = refusal(exc)
+                RECONCILE_ERRORS.labels(reason).inc()
+                if isinstance(exc, ChildRejected):
+                    logger.warning("reconcile of %s/%s: %s", namespace, name, message)
+                await refused_status(body, reason, message)
             except kopf.TemporaryError as exc:
                 RECONCILE_ERRORS.labels("Temporary").inc()
                 logger.warning("reconcile of %s/%s will be retried: %s", namespace, name, exc)

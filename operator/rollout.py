@@ -28,7 +28,7 @@ from metainfer.core.api.conditions import Reason
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
 from metainfer.core.api.vocabulary import RolloutPhase
 from metainfer.core.control import canary
-from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
+from metainfer.core.control.endpoints import PrometheusEndpoint
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.drift import QUERY_TIMEOUT_S
@@ -59,9 +59,7 @@ async def rollout_step(
     if not in_canary:
         return step
     interval = float(spec.readaptation.check_interval_seconds)
-    endpoint = prometheus_endpoint(
-        spec.readaptation.prometheus_url, config.prometheus_url, config.prometheus_allowed_urls
-    )
+    endpoint = config.prometheus_endpoint(spec.readaptation.prometheus_url)
     changed = False
     updated = {c.fingerprint: c for c in status.classes}
     waits: list[float] = []

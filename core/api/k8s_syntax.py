@@ -38,11 +38,10 @@ _QUANTITY = re.compile(QUANTITY)
 def parse_quantity(value: int | str) -> Decimal:
     """The amount a Kubernetes quantity stands for (``500m`` -> 0.5, ``4Gi`` -> 4294967296); ValueError if none."""
     text = str(value).strip()
-    if not _QUANTITY.match(text):
+    match = _QUANTITY.match(text)
+    if not match:
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")
-    number = re.match(r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)", text)
-    assert number is not None  # the full pattern matched
-    digits, rest = number.group(0).lstrip("+"), text[number.end() :]
+    digits, rest = match.group(1), match.group(3) or ""
     try:
         if rest[:1] in ("e", "E"):
             return Decimal(digits) * Decimal(10) ** int(rest[1:])
