@@ -1,8 +1,10 @@
-"""The class's HardwareProfile: reuse the cluster's copy while fresh, else measure and publish one.
+"""The class's HardwareProfile: reuse this namespace's copy while fresh, else measure and publish one.
 
-A profile is shared by every policy adapting to the same hardware class, so it
-lives in a cluster-scoped HardwareProfile named after the class fingerprint
-(one GET finds it). It is reused when it is younger than ``spec.maxAgeSeconds``
+A profile is shared by every policy of one namespace adapting to the same
+hardware class. It lives in a cluster-scoped HardwareProfile named
+``<class fingerprint>.<namespace>`` (one GET finds it): a profile another
+tenant's agent measured is never read, because that agent could have forged
+it (see docs/tenancy.md). It is reused when it is younger than ``spec.maxAgeSeconds``
 and was measured on a machine with this node's fingerprint (same CPU, ISA
 features, cores, ONNX Runtime version and providers); a new ORT in the agent
 image therefore re-measures. Two Jobs of one class may race to create it: the
@@ -26,7 +28,12 @@ from pydantic import ValidationError
 
 from metainfer.agent.kube import Kube, KubeError
 from metainfer.core.api.conditions import ConditionType, Reason, set_condition
-from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, HardwareProfileStatus
+from metainfer.core.api.hardwareprofile import (
+    HardwareProfileResource,
+    HardwareProfileSpec,
+    HardwareProfileStatus,
+    profile_name,
+)
 from metainfer.core.api.run import AdaptationRunSpec
 from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.profile import BenchConfig, HardwareProfile, detect_machine, fingerprint, measure_profile
@@ -57,19 +64,16 @@ class ProfileOutcome:
     reused: bool
 
 
-def profile_name(spec: AdaptationRunSpec) -> str:
-    """The HardwareProfile object's name: the class fingerprint (16 hex digits, a valid object name)."""
-    return spec.class_fingerprint
-
-
-def usable(obj: dict[str, Any] | None, machine_fp: str, now: dt.datetime) -> HardwareProfile | None:
-    """The stored profile if it is measured, of this schema, from this machine type and fresh enough."""
+def usable(obj: dict[str, Any] | None, namespace: str, machine_fp: str, now: dt.datetime) -> HardwareProfile | None:
+    """The stored profile if it is this namespace's, measured, of this schema, from this machine type, fresh."""
     if obj is None:
         return None
     try:
         resource = HardwareProfileResource.model_validate(obj)
     except ValidationError:
         return None  # a hand-edited or older object: measure again and overwrite its status
+    if resource.spec.namespace != namespace:
+        return None
     status = resource.status
     if status is None or status.profile is None or status.measured_at is None:
         return None
@@ -81,18 +85,28 @@ def usable(obj: dict[str, Any] | None, machine_fp: str, now: dt.datetime) -> Har
     return profile
 
 
-def ensure_profile(kube: Kube, spec: AdaptationRunSpec, node: str | None, log: Callable[[str], None]) -> ProfileOutcome:
-    name = profile_name(spec)
+def ensure_profile(
+    kube: Kube, spec: AdaptationRunSpec, namespace: str, node: str | None, log: Callable[[str], None]
+) -> ProfileOutcome:
+    name = profile_name(spec.class_fingerprint, namespace)
     machine_fp = fingerprint(detect_machine())
     now = dt.datetime.now(dt.UTC)
     current = kube.get_profile(name)
-    found = usable(current, machine_fp, now)
+    found = usable(current, namespace, machine_fp, now)
     if found is not None:
         return ProfileOutcome(found, name, reused=True)
     if current is None:
         body = HardwareProfileResource(
-            metadata={"name": name, "labels": {"metainfer.io/class-fingerprint": spec.class_fingerprint}},
-            spec=HardwareProfileSpec(fingerprint=spec.class_fingerprint, hardware_class=spec.hardware_class),
+            metadata={
+                "name": name,
+                "labels": {
+                    "metainfer.io/class-fingerprint": spec.class_fingerprint,
+                    "metainfer.io/namespace": namespace,
+                },
+            },
+            spec=HardwareProfileSpec(
+                fingerprint=spec.class_fingerprint, hardware_class=spec.hardware_class, namespace=namespace
+            ),
         ).to_api()
         try:
             current = kube.create_profile(body)
@@ -100,7 +114,7 @@ def ensure_profile(kube: Kube, spec: AdaptationRunSpec, node: str | None, log: C
             if exc.status != 409:
                 raise
             current = kube.get_profile(name)  # another Job of this class created it first
-            found = usable(current, machine_fp, now)
+            found = usable(current, namespace, machine_fp, now)
             if found is not None:
                 return ProfileOutcome(found, name, reused=True)
     log(f"measuring the hardware profile of class {spec.class_fingerprint} (machine {machine_fp})")

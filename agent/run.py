@@ -128,7 +128,7 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         notes = [note] if note else []
         log(f"model ok: {info.size_bytes} bytes, {len(info.op_counts)} op types; {data.n_samples} samples")
         writer.stage(RunStage.PROFILING, Reason.PROFILING, f"hardware profile of class {spec.class_fingerprint}")
-        outcome = ensure_profile(kube, spec, os.environ.get("NODE_NAME"), log)
+        outcome = ensure_profile(kube, spec, namespace, os.environ.get("NODE_NAME"), log)
         log(f"hardware profile {outcome.name} {'reused' if outcome.reused else 'measured and published'}")
         writer.status = writer.status.model_copy(update={"hardware_profile_name": outcome.name})
         unsupported = runstatus.unsupported_operators(info, outcome.profile)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # A qualified name: an optional DNS subdomain prefix and '/', then a name of at most 63 characters.
 LABEL_KEY = (

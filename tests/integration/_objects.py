@@ -54,6 +54,7 @@ def hardware_profile(name: str) -> dict[str, Any]:
         "metadata": {"name": name},
         "spec": {
             "fingerprint": CPU_CLASS.fingerprint(),
+            "namespace": "ml-team",
             "hardwareClass": CPU_CLASS.model_dump(mode="json", by_alias=True, exclude_none=True),
         },
     }

@@ -31,6 +31,7 @@ from kubernetes.client.exceptions import ApiException
 from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION, AdaptationRun, AdaptationRunSpec, AdaptationRunStatus
 from metainfer.core.api.hardwareclass import HardwareClass
+from metainfer.core.api.hardwareprofile import profile_name
 from metainfer.core.api.policy import DataReference, ModelSource, SearchSettings, Slo
 from metainfer.core.api.run import MAX_TRIALS
 from metainfer.core.engine.modelinfo import sha256_file
@@ -46,13 +47,13 @@ def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 @pytest.fixture
-def hw_class(control_plane: Any) -> Iterator[HardwareClass]:
+def hw_class(control_plane: Any, namespace: str) -> Iterator[HardwareClass]:
     """A hardware class of its own per test, so profile reuse is observed in isolation; its profile is removed."""
     cls = HardwareClass(vendor="cpu", product=f"Agent-Test-{secrets.token_hex(3)}", cpu_features=("AVX2",))
     yield cls
     try:
         client.CustomObjectsApi(control_plane.api_client).delete_cluster_custom_object(
-            GROUP, VERSION, "hardwareprofiles", cls.fingerprint()
+            GROUP, VERSION, "hardwareprofiles", profile_name(cls.fingerprint(), namespace)
         )
     except ApiException as exc:
         if exc.status != 404:
@@ -143,14 +144,16 @@ def test_run_succeeds_and_profile_is_reused(control_plane: Any, namespace: str, 
     assert 1 <= len(status["trials"]) <= min(MAX_TRIALS, 3 + 1)  # the budget plus the FP32 baseline
     assert status["progress"]["trialsCompleted"] == 3 and status["progress"]["stage"] == "Done"
     assert status["observedGeneration"] == obj["metadata"]["generation"]
-    assert status["hardwareProfileName"] == hw_class.fingerprint()
+    assert status["hardwareProfileName"] == profile_name(hw_class.fingerprint(), namespace)
     assert status["completionTime"] and status["startTime"]
     for type_, value in (("Succeeded", "True"), ("Ready", "True"), ("Progressing", "False")):
         assert condition(status, type_)["status"] == value
     assert condition(status, "Succeeded")["reason"] == "Succeeded"
 
     profiles = client.CustomObjectsApi(control_plane.api_client)
-    profile = profiles.get_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", hw_class.fingerprint())
+    profile = profiles.get_cluster_custom_object(
+        GROUP, VERSION, "hardwareprofiles", profile_name(hw_class.fingerprint(), namespace)
+    )
     assert profile["status"]["profile"]["ops"] and profile["status"]["measuredAt"]
     assert profile["status"]["nodes"] == ["node-a"]
     assert condition(profile["status"], "Ready")["reason"] == "ProfileMeasured"
@@ -161,7 +164,9 @@ def test_run_succeeds_and_profile_is_reused(control_plane: Any, namespace: str, 
     assert again.returncode == 0, again.stdout + again.stderr
     assert "reused" in again.stdout and "measuring" not in again.stdout
     assert get(control_plane.api_client, namespace, "second")["status"]["phase"] == "Succeeded"
-    after = profiles.get_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", hw_class.fingerprint())
+    after = profiles.get_cluster_custom_object(
+        GROUP, VERSION, "hardwareprofiles", profile_name(hw_class.fingerprint(), namespace)
+    )
     assert after["metadata"]["resourceVersion"] == profile["metadata"]["resourceVersion"]
 
     # A retried Job pod on a finished run does nothing.

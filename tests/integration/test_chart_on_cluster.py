@@ -40,6 +40,8 @@ from hack.controlplane.errors import AssetError
 from hack.helm import HELM_VERSION, all_optional_on, provide
 from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
+from metainfer.core.api.hardwareclass import HardwareClass
+from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, profile_name
 from metainfer.core.control.manifests import MANAGED_BY
 
 pytestmark = pytest.mark.integration
@@ -289,3 +291,55 @@ def test_an_agent_writes_only_the_status_of_its_own_run(
     assert (
         api.get_namespaced_custom_object(GROUP, VERSION, namespace, "adaptationruns", "run-b").get("status") or {}
     ) == {}
+
+
+def test_an_agent_writes_only_its_own_namespaces_hardware_profiles(
+    control_plane: Any, namespace: str, installed: dict, tmp_path: Path
+) -> None:
+    """Profiles are cluster-scoped and the agent ClusterRole may create them and patch their status. A profile
+    is trusted only by runs of the namespace whose agent measured it, so the chart's admission policy lets an
+    agent write only ``<fingerprint>.<its namespace>``: another tenant's profile cannot be poisoned."""
+    admin = client.CustomObjectsApi(control_plane.api_client)
+    as_agent = client.CustomObjectsApi(config.new_client_from_config(config_file=str(installed["agent"])))
+    cls = HardwareClass(vendor="cpu", product=f"Tenancy-{secrets.token_hex(3)}")
+    fp = cls.fingerprint()
+    other = f"other-{secrets.token_hex(3)}"
+
+    def body(tenant: str, name: str | None = None) -> dict[str, Any]:
+        spec = HardwareProfileSpec(fingerprint=fp, hardware_class=cls, namespace=tenant)
+        return HardwareProfileResource(metadata={"name": name or profile_name(fp, tenant)}, spec=spec).to_api()
+
+    def refusal(call: Any, *args: Any) -> str:
+        try:
+            call(*args)
+        except client.exceptions.ApiException as exc:
+            return f"{exc.status} {exc.body}"
+        return ""
+
+    victims = [profile_name(fp, other), profile_name(fp, namespace), f"{fp}.x"]
+    admin.create_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", body(other))  # another tenant's
+    try:
+        poisoned = {"status": {"measuredAt": "2026-01-01T00:00:00Z"}}
+        wait_for("the admission policy in force", lambda: refusal(
+            as_agent.patch_cluster_custom_object_status, GROUP, VERSION, "hardwareprofiles", victims[0], poisoned
+        ).startswith("403"), timeout=30)  # fmt: skip
+        refused = refusal(
+            as_agent.create_cluster_custom_object, GROUP, VERSION, "hardwareprofiles", body(other, f"{fp}.x")
+        )
+        assert refused.startswith("403") and "its own namespace" in refused, refused
+        mislabelled = body(namespace, f"{fp}.x")  # its own namespace in spec, under a name another run may GET
+        refused = refusal(as_agent.create_cluster_custom_object, GROUP, VERSION, "hardwareprofiles", mislabelled)
+        assert refused.startswith("403"), refused
+        # Its own namespace's profile: create it and write its measurement.
+        assert refusal(as_agent.create_cluster_custom_object, GROUP, VERSION, "hardwareprofiles", body(namespace)) == ""
+        assert refusal(as_agent.patch_cluster_custom_object_status, GROUP, VERSION, "hardwareprofiles",
+                       victims[1], poisoned) == ""  # fmt: skip
+        untouched = admin.get_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", victims[0])
+        assert not (untouched.get("status") or {}).get("measuredAt")
+    finally:
+        for name in victims:
+            try:
+                admin.delete_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", name)
+            except client.exceptions.ApiException as exc:
+                if exc.status != 404:
+                    raise

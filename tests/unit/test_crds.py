@@ -19,6 +19,7 @@ from metainfer.core.api import (
     set_condition,
 )
 from metainfer.core.api.hardwareclass import HardwareClass
+from metainfer.core.api.hardwareprofile import profile_name
 
 REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
@@ -114,7 +115,8 @@ def test_examples_validate_against_the_types(path: Path) -> None:
     model = {"AdaptationPolicy": AdaptationPolicy, "HardwareProfile": HardwareProfileResource}[doc["kind"]]
     obj = model.model_validate(doc)
     if isinstance(obj, HardwareProfileResource):
-        assert obj.spec.hardware_class.fingerprint() == obj.spec.fingerprint == doc["metadata"]["name"]
+        assert obj.spec.hardware_class.fingerprint() == obj.spec.fingerprint
+        assert doc["metadata"]["name"] == profile_name(obj.spec.fingerprint, obj.spec.namespace)
 
 
 def test_policy_rules_also_hold_in_python_defaults() -> None:

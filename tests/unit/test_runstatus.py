@@ -339,22 +339,30 @@ def test_progress_patches_are_throttled(monkeypatch: pytest.MonkeyPatch) -> None
     }
 
 
-def test_cluster_profile_is_reused_only_when_fresh_and_from_this_machine_type() -> None:
+def test_cluster_profile_is_reused_only_when_fresh_from_this_machine_type_and_this_namespace() -> None:
     from metainfer.agent.profiles import usable
-    from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, HardwareProfileStatus
+    from metainfer.core.api.hardwareprofile import (
+        HardwareProfileResource,
+        HardwareProfileSpec,
+        HardwareProfileStatus,
+        profile_name,
+    )
 
     profile = report([], None).profile
     cls = HardwareClass(vendor="cpu", product="Unit-CPU")
     obj = HardwareProfileResource(
-        metadata={"name": cls.fingerprint()},
-        spec=HardwareProfileSpec(fingerprint=cls.fingerprint(), hardware_class=cls, max_age_seconds=3600),
+        metadata={"name": profile_name(cls.fingerprint(), "team-a")},
+        spec=HardwareProfileSpec(
+            fingerprint=cls.fingerprint(), hardware_class=cls, namespace="team-a", max_age_seconds=3600
+        ),
         status=HardwareProfileStatus(measured_at=T0, profile=profile),
     ).to_api()
-    assert usable(obj, profile.fingerprint, T0 + dt.timedelta(minutes=59)) == profile
-    assert usable(obj, profile.fingerprint, T0 + dt.timedelta(minutes=61)) is None  # stale
-    assert usable(obj, "f" * 16, T0) is None  # another CPU / ONNX Runtime version: measure again
-    assert usable({**obj, "status": {}}, profile.fingerprint, T0) is None  # created, not measured yet
-    assert usable(None, profile.fingerprint, T0) is None
+    assert usable(obj, "team-a", profile.fingerprint, T0 + dt.timedelta(minutes=59)) == profile
+    assert usable(obj, "team-a", profile.fingerprint, T0 + dt.timedelta(minutes=61)) is None  # stale
+    assert usable(obj, "team-a", "f" * 16, T0) is None  # another CPU / ONNX Runtime version: measure again
+    assert usable({**obj, "status": {}}, "team-a", profile.fingerprint, T0) is None  # created, not measured yet
+    assert usable(None, "team-a", profile.fingerprint, T0) is None
+    assert usable(obj, "team-b", profile.fingerprint, T0) is None  # another tenant's agent measured it
 
 
 def test_no_data_means_no_static_int8() -> None:
