@@ -184,8 +184,43 @@ def test_service_accounts_per_workload_namespace() -> None:
     for ns in ("ml-a", "ml-b"):
         assert (ns, "metainfer-agent") in accounts
         assert accounts[(ns, "metainfer-serving")]["automountServiceAccountToken"] is False
-    roles = {d["metadata"]["namespace"] for d in docs_of("Role")}
-    assert roles == {"ml-a", "ml-b"}
+    roles = {(d["metadata"]["namespace"], d["metadata"]["name"]) for d in docs_of("Role")}
+    assert roles == {(ns, f"mi-metainfer-{who}") for ns in ("ml-a", "ml-b") for who in ("agent", "operator")}
+
+
+def _rules(doc: dict[str, Any]) -> set[tuple[str, str, str]]:
+    return {
+        (g, r, v) for rule in doc["rules"] for g in rule["apiGroups"] for r in rule["resources"] for v in rule["verbs"]
+    }
+
+
+def _operator(kind: str, all_on: bool) -> list[dict[str, Any]]:
+    return [d for d in docs_of(kind, all_on) if d["metadata"]["name"].endswith("-operator")]
+
+
+def test_operator_writes_workloads_only_in_the_namespaces_it_watches() -> None:
+    """Watching all namespaces the ClusterRole holds every rule; with watchNamespaces, what creates Jobs,
+    Deployments, Services and runs is a Role in each watched namespace, and the ClusterRole keeps only the
+    cluster-scoped reads (nodes, CRDs, namespaces) and the peering object."""
+    (everywhere,) = _operator("ClusterRole", all_on=False)
+    assert not _operator("Role", all_on=False)
+    (cluster,) = _operator("ClusterRole", all_on=True)
+    roles = _operator("Role", all_on=True)
+    assert {r["metadata"]["namespace"] for r in roles} == {"ml-a", "ml-b"}
+    namespaced = {
+        ("batch", "jobs", "create"),
+        ("apps", "deployments", "create"),
+        ("", "services", "create"),
+        ("metainfer.io", "adaptationruns", "create"),
+        ("metainfer.io", "adaptationpolicies", "watch"),
+    }
+    assert namespaced <= _rules(everywhere)
+    assert not namespaced & _rules(cluster)
+    assert all(_rules(role) == _rules(everywhere) - _rules(cluster) for role in roles)
+    assert {g for g, _, _ in _rules(cluster)} == {"", "kopf.dev", "apiextensions.k8s.io"}
+    assert {r for g, r, _ in _rules(cluster) if g == ""} == {"nodes", "namespaces"}
+    bindings = {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in _operator("RoleBinding", all_on=True)}
+    assert bindings == {("ml-a", "mi-metainfer-operator"), ("ml-b", "mi-metainfer-operator")}
 
 
 @pytest.mark.parametrize("all_on", [False, True], ids=["defaults", "all-optional-on"])
@@ -217,7 +252,7 @@ def test_agent_rbac_is_exactly_its_run_its_status_configmaps_and_profiles() -> N
         ("metainfer.io", "hardwareprofiles", "create"),
         ("metainfer.io", "hardwareprofiles/status", "patch"),
     }
-    for role in docs_of("Role"):
+    for role in [d for d in docs_of("Role") if d["metadata"]["name"].endswith("-agent")]:
         assert rules(role) == {
             ("metainfer.io", "adaptationruns", "get"),
             ("metainfer.io", "adaptationruns/status", "patch"),
