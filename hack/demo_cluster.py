@@ -60,22 +60,13 @@ def main() -> int:
         "METAINFER_METRICS_PORT": "0",
         "METAINFER_RESYNC_SECONDS": "5",
     }
-    oplog = REPO / ".cluster" / "operator.log"
-    with oplog.open("wb") as out:
-        operator = subprocess.Popen(
-            [sys.executable, "-m", "metainfer.agent.cli", "operator", "--liveness", ""],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    log(f"operator started (pid {operator.pid}, log {oplog})")
+    operator = SupervisedOperator(env, REPO / ".cluster" / "operator.log")
     try:
         _apply_policy(digits.model_path, digits.sha256, digits.data_path)
         log("applied AdaptationPolicy digits")
-        status = _drive(env)
+        status = _drive(env, operator)
     finally:
-        operator.terminate()
-        operator.wait(timeout=30)
+        operator.stop()
     subprocess.run(
         [
             str(Path(sys.executable).parent / "kubectl"),
@@ -93,11 +84,43 @@ def main() -> int:
     return 0
 
 
-def _drive(env: dict[str, str]) -> dict[str, Any]:
+class SupervisedOperator:
+    """``metainfer operator`` restarted whenever it exits, as the chart's Deployment would (the operator exits
+    on purpose when its reactor dies, e.g. after an API server outage longer than its retries)."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.env, self.log_path = env, log_path
+        self.log_path.write_bytes(b"")
+        self.proc = self._start()
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        with self.log_path.open("ab") as out:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "metainfer.agent.cli", "operator", "--liveness", ""],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        log(f"operator started (pid {proc.pid}, log {self.log_path})")
+        return proc
+
+    def keep_running(self) -> None:
+        code = self.proc.poll()
+        if code is not None:
+            log(f"operator exited with status {code}; restarting it")
+            self.proc = self._start()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=30)
+
+
+def _drive(env: dict[str, str], operator: SupervisedOperator) -> dict[str, Any]:
     """Play the kubelet until the policy is Ready: run each Job's command once."""
     deadline, done = time.monotonic() + TIMEOUT_S, set()
     api = client.CustomObjectsApi()
     while time.monotonic() < deadline:
+        operator.keep_running()
         jobs = {j.metadata.name: j for j in client.BatchV1Api().list_namespaced_job(NAMESPACE).items}
         for name, job in sorted(jobs.items()):
             if name in done:

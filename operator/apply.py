@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,7 @@ from metainfer.core.control.manifests import AgentJobSettings, ServingDefaults
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
 from metainfer.core.control.platform import ForbiddenByPlatform, PlatformLimits, check_platform_limits
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
+from metainfer.core.control.settling import settled_groups
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.metrics import CLASSES, RUNS_FINISHED, RUNS_STARTED
@@ -40,6 +42,7 @@ class Inputs:
     body: dict[str, Any]  # the policy as read: its stored status decides whether to write one
     groups: list[ClassGroup]
     plan: Plan
+    settle_wait_s: float | None = None  # a new class is settling: reconcile again when it has
 
 
 def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, config: OperatorConfig) -> Inputs:
@@ -52,8 +55,19 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
     platform = PlatformLimits(config.allowed_host_paths, config.allowed_images, default_image=config.agent_image)
     check_platform_limits(policy.spec, platform)  # before anything is planned: nothing is created for it
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
-    groups = view.selected(policy.spec.hardware, indexes.nodes)
     runs = parse_runs(indexes.runs_of(namespace, name))
+    known = {r.spec.class_fingerprint for r in runs.valid} | {
+        r.class_fingerprint for r in runs.invalid if r.class_fingerprint
+    }
+    known |= {c.fingerprint for c in (policy.status.classes if policy.status else [])}
+    settled = settled_groups(
+        view.selected(policy.spec.hardware, indexes.nodes),
+        view.sightings,
+        known,
+        time.monotonic(),
+        config.class_settle_seconds,
+    )
+    groups = settled.groups
     limits = RunLimits(
         cluster_max_in_flight=config.max_concurrent_runs,
         cluster_in_flight=indexes.cluster_in_flight(),
@@ -74,7 +88,7 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
         invalid_runs=runs.invalid,
         unclassified_nodes=view.unclassified(policy.spec.hardware, indexes.nodes),
     )
-    return Inputs(body, groups, plan)
+    return Inputs(body, groups, plan, settled.wait_s)
 
 
 async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) -> dict[str, Any]:

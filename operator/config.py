@@ -52,6 +52,17 @@ class OperatorConfig(BaseSettings):
         description="Image prefixes a policy may name in spec.serving.image (JSON list); only agent_image by default.",
     )
     metrics_port: int = Field(8000, ge=0, le=65535, description="Port of the operator's own /metrics (0: off).")
+    class_settle_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="A hardware class new to a policy gets a run once its nodes' labels have held still this long.",
+    )
+    api_retry_seconds: float = Field(
+        600.0,
+        ge=0,
+        description="How long the operator's watches and writes retry an unreachable API server before the "
+        "process exits to be restarted.",
+    )
     peering_name: str = Field("metainfer", description="kopf peering object shared by the operator replicas.")
     wait_for_available: bool = Field(
         True, description="Roll-out waits for available replicas; off where no kubelet runs (tests, the demo)."

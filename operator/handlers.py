@@ -23,7 +23,7 @@ from metainfer.core.control.manifests import LABEL_POLICY, MANAGED_BY
 from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.platform import ForbiddenByPlatform
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
-from metainfer.operator import startup  # noqa: F401  (registers the startup handler)
+from metainfer.operator import namespaces, startup  # noqa: F401  (startup handlers; startup's runs first)
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refusal, refused_status
 from metainfer.operator.drift import drift_step, fetch_policy
 from metainfer.operator.kube import ChildRejected
@@ -132,6 +132,8 @@ async def policy_daemon(
                 # Fresh, not kopf's body: the watch may lag behind this daemon's own last status write.
                 policy = await fetch_policy(namespace, name) or _plain(body)
                 inputs = reconcile_inputs(policy, VIEW, indexes, config)
+                if inputs.settle_wait_s is not None:
+                    sleep = min(sleep, max(inputs.settle_wait_s, 0.5))
                 policy = await apply_plan(body, inputs, logger)
                 checked = await drift_step(body, policy, config, logger, dt.datetime.now(dt.UTC))
                 if checked.readapt:

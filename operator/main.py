@@ -3,28 +3,54 @@
 Equivalent to ``kopf run -m metainfer.operator.handlers --all-namespaces``
 plus metainfer's defaults (liveness endpoint, peering). Importing the
 handlers module registers every handler; settings are applied on startup.
+
+When one of kopf's root tasks ends (a stop signal, or a failure such as an
+API server outage longer than the retries), kopf stops the others. After a
+failure that stop can hang (watchers wait for credentials that the stopped
+credentials task will never bring), leaving a process with no watchers and a
+refused /healthz. So the process exits as soon as the reactor is gone: at
+once with kopf's result when the stop ends within ``STOP_GRACE_S``, else
+hard with status 1. Kubernetes (the chart) or the demo then restarts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import logging
+import os
 
 import kopf
+
+STOP_GRACE_S = 30.0
+log = logging.getLogger("metainfer.operator")
 
 
 def run(namespaces: list[str] | None, liveness: str | None, standalone: bool, verbose: bool) -> int:
     importlib.import_module("metainfer.operator.handlers")
-    if verbose:
-        kopf.configure(verbose=True)
-    else:
-        kopf.configure(verbose=False)
-    asyncio.run(
-        kopf.operator(
-            clusterwide=not namespaces,
-            namespaces=namespaces or [],
-            liveness_endpoint=liveness,
-            standalone=standalone,
-        )
+    from metainfer.operator import namespaces as watched
+
+    watched.WATCHED_PATTERNS[:] = namespaces or []
+    kopf.configure(verbose=verbose)
+    return asyncio.run(_operate(namespaces, liveness, standalone))
+
+
+async def _operate(namespaces: list[str] | None, liveness: str | None, standalone: bool) -> int:
+    existing = asyncio.all_tasks()
+    root_tasks = await kopf.spawn_tasks(
+        clusterwide=not namespaces,
+        namespaces=namespaces or [],
+        liveness_endpoint=liveness,
+        standalone=standalone,
     )
+    runner = asyncio.create_task(kopf.run_tasks(root_tasks, ignored=existing))
+    await asyncio.wait(root_tasks, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait({runner}, timeout=STOP_GRACE_S)
+    if runner not in done:
+        log.error("the operator's reactor stopped and did not finish within %gs; exiting to be restarted", STOP_GRACE_S)
+        logging.shutdown()
+        os._exit(1)  # hung tasks and threads would keep asyncio.run() from returning
+    if runner.cancelled() or runner.exception() is not None:
+        log.error("the operator's reactor stopped: %r; exiting to be restarted", runner.exception())
+        return 1
     return 0

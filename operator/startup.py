@@ -2,6 +2,9 @@
 
 - Storage keys and the finalizer carry the ``metainfer.io`` prefix, so they
   never collide with another kopf operator on the same objects.
+- API requests retry for ``api_retry_seconds`` (ten minutes by default):
+  kopf's own backoffs give up after under a minute, and a keep-alive that
+  gives up kills kopf's reactor (see ``main``: the process then exits).
 - Watches time out on both sides: kopf's watch streams can otherwise freeze
   silently behind a load balancer that drops idle connections.
 - Peering: replicas share one peering object; each takes a distinct priority
@@ -14,8 +17,10 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import kopf
@@ -25,6 +30,25 @@ from metainfer.operator.config import OperatorConfig
 from metainfer.operator.diffbase import LeanAnnotationsDiffBaseStorage
 
 PREFIX = "metainfer.io"
+
+
+class ApiRetryBackoffs:
+    """kopf's backoffs growing to 30 s, repeated until ``budget_s`` is spent; re-iterable, as kopf iterates the
+    setting afresh for every request."""
+
+    RAMP = (1.0, 1.0, 2.0, 3.0, 5.0, 8.0, 13.0, 21.0)
+    CEILING = 30.0
+
+    def __init__(self, budget_s: float) -> None:
+        self.budget_s = budget_s
+
+    def __iter__(self) -> Iterator[float]:
+        spent = 0.0
+        for delay in itertools.chain(self.RAMP, itertools.repeat(self.CEILING)):
+            if spent + delay > self.budget_s:
+                return
+            spent += delay
+            yield delay
 
 
 def start_priority(now: float | None = None) -> int:
@@ -42,6 +66,7 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.watching.client_timeout = 330
     settings.watching.connect_timeout = 30
     settings.networking.request_timeout = 60
+    settings.networking.error_backoffs = ApiRetryBackoffs(config.api_retry_seconds)
     settings.peering.name = config.peering_name
     settings.peering.clusterwide = True
     settings.peering.priority = start_priority()

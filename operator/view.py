@@ -11,6 +11,7 @@ a periodic resync covers any hint that was lost.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,7 @@ from metainfer.core.control.hardware import (
     unclassified_for,
 )
 from metainfer.core.control.naming import job_name, label_value
+from metainfer.core.control.settling import ClassSightings
 
 Body = Mapping[str, Any]
 
@@ -69,6 +71,7 @@ class ClusterView:
         self._groups: tuple[int, NodeClassification, dict[str, Mapping[str, str]]] | None = None
         self._selected: dict[str, list[ClassGroup]] = {}
         self._selected_version = -1
+        self.sightings = ClassSightings()
 
     def selected(
         self, selection: HardwareSelection | None, nodes_index: Mapping[str, Iterable[Mapping[str, str]]]
@@ -102,6 +105,7 @@ class ClusterView:
         if self._groups is None or self._groups[0] != self.node_version:
             labels = {name: first(store) for name, store in nodes_index.items()}
             self._groups = (self.node_version, classify_nodes(sorted(labels.items()), self.mapping), labels)
+            self.sightings.observe(self._groups[1].groups, time.monotonic())
         return self._groups[1], self._groups[2]
 
 

@@ -42,8 +42,17 @@ def wait_for(what: str, predicate: Callable[[], Any], timeout: float = 60.0, int
 class Operator:
     """``metainfer operator`` as a subprocess; SIGKILL-able, restartable."""
 
-    def __init__(self, kubeconfig: Path, namespace: str, log_dir: Path, peering: str | None = None) -> None:
-        self.kubeconfig, self.namespace, self.log_dir = kubeconfig, namespace, log_dir
+    def __init__(
+        self,
+        kubeconfig: Path,
+        namespace: str,
+        log_dir: Path,
+        peering: str | None = None,
+        liveness: str = "",
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.kubeconfig, self.namespace, self.log_dir, self.liveness = kubeconfig, namespace, log_dir, liveness
+        self.extra_env = env or {}
         self.peering = peering or f"metainfer-test-{secrets.token_hex(3)}"
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -62,8 +71,19 @@ class Operator:
             "METAINFER_METRICS_PORT": "0",
             "METAINFER_RESYNC_SECONDS": "5",
             "METAINFER_PEERING_NAME": self.peering,
+            "METAINFER_CLASS_SETTLE_SECONDS": "1",
+            **self.extra_env,
         }
-        cmd = [sys.executable, "-m", "metainfer.agent.cli", "operator", "-n", self.namespace, "--liveness", ""]
+        cmd = [
+            sys.executable,
+            "-m",
+            "metainfer.agent.cli",
+            "operator",
+            "-n",
+            self.namespace,
+            "--liveness",
+            self.liveness,
+        ]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
         return self
@@ -81,8 +101,15 @@ class Operator:
 
 
 @contextmanager
-def operator_process(kubeconfig: Path, namespace: str, log_dir: Path, peering: str | None = None) -> Iterator[Operator]:
-    op = Operator(kubeconfig, namespace, log_dir, peering).start()
+def operator_process(
+    kubeconfig: Path,
+    namespace: str,
+    log_dir: Path,
+    peering: str | None = None,
+    liveness: str = "",
+    env: dict[str, str] | None = None,
+) -> Iterator[Operator]:
+    op = Operator(kubeconfig, namespace, log_dir, peering, liveness, env).start()
     try:
         yield op
     finally:

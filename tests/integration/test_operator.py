@@ -365,3 +365,72 @@ def test_a_policy_asking_for_a_host_path_or_image_the_platform_does_not_allow_ge
         time.sleep(2)  # a reconcile or two later: still nothing created
         assert runs(api, namespace) == [] and jobs(api, namespace) == [] and deployments(api, namespace) == []
         assert "Traceback" not in op.output()
+
+
+def test_a_namespace_deleted_while_the_operator_is_down_is_released_after_restart(
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """Namespaced mode: kopf does not watch a namespace that is already Terminating when it starts, so the
+    finalizer on the policy in it was never removed and the namespace stayed Terminating for good."""
+    api = control_plane.api_client
+    core = client.CoreV1Api(api)
+    nodes.add(("AVX2",))
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
+        wait_for("the policy's finalizer", lambda: policy(api, namespace, "digits")["metadata"].get("finalizers"))
+        wait_for("a Job", lambda: jobs(api, namespace))
+        op.stop()
+        core.delete_namespace(namespace)
+        wait_for(
+            "the namespace to be Terminating", lambda: core.read_namespace(namespace).status.phase == "Terminating"
+        )
+        # The namespace controller deletes the policy, and is blocked by its finalizer.
+        wait_for("the policy to be marked deleted", lambda: policy(api, namespace, "digits")["metadata"].get(
+            "deletionTimestamp"), timeout=60)  # fmt: skip
+        time.sleep(2)
+        op.start()
+
+        def gone() -> bool:
+            try:
+                core.read_namespace(namespace)
+            except client.exceptions.ApiException as exc:
+                return exc.status == 404
+            return False
+
+        try:
+            wait_for("the namespace to be deleted", gone, timeout=90, interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{op.output()[-4000:]}") from exc
+
+
+def test_flapping_driver_labels_make_one_run_for_the_version_that_stays(
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """20 driver versions in 10 s on 5 GPU nodes made a run per passing version; now a class new to the policy
+    gets its run only once its labels held still for METAINFER_CLASS_SETTLE_SECONDS."""
+    api = control_plane.api_client
+    core = client.CoreV1Api(api)
+    gpu = {"metainfer.io/test": namespace, "nvidia.com/gpu.product": "A100-SXM4-80GB", "nvidia.com/gpu.count": "1"}
+    names = [f"{namespace}-gpu-{i}" for i in range(5)]
+    for name in names:
+        create_node(api, name, {**gpu, "nvidia.com/cuda.driver-version.full": "535.0.0"})
+    try:
+        apply_policy(api, make_policy(namespace, "digits", *digits))
+        with operator_process(control_plane.kubeconfig, namespace, tmp_path,
+                              env={"METAINFER_CLASS_SETTLE_SECONDS": "5"}) as op:  # fmt: skip
+            wait_for("the first run", lambda: len(runs(api, namespace)) == 1)
+            for step in range(20):  # 20 versions in about 10 s, node by node as a rolling upgrade would
+                version = f"{540 + step}.0.0"
+                for name in names:
+                    core.patch_node(name, {"metadata": {"labels": {"nvidia.com/cuda.driver-version.full": version}}})
+                time.sleep(0.5)
+            final = "559.0.0"
+            wait_for("a run for the version that stayed", lambda: any(
+                r["spec"]["hardwareClass"].get("driverVersion") == final for r in runs(api, namespace)
+            ), timeout=60)  # fmt: skip
+            time.sleep(3)
+            created = [line for line in op.output().splitlines() if "created run" in line]
+            assert len(created) == 2, "\n".join(created)  # the version at the start, and the one that stayed
+    finally:
+        for name in names:
+            delete_node(api, name)

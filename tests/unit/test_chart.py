@@ -201,7 +201,8 @@ def _operator(kind: str, all_on: bool) -> list[dict[str, Any]]:
 def test_operator_writes_workloads_only_in_the_namespaces_it_watches() -> None:
     """Watching all namespaces the ClusterRole holds every rule; with watchNamespaces, what creates Jobs,
     Deployments, Services and runs is a Role in each watched namespace, and the ClusterRole keeps only the
-    cluster-scoped reads (nodes, CRDs, namespaces) and the peering object."""
+    cluster-scoped reads (nodes, CRDs, namespaces), the peering object and the policies (whose finalizer must come
+    off while their namespace is deleted, after its RoleBindings are gone)."""
     (everywhere,) = _operator("ClusterRole", all_on=False)
     assert not _operator("Role", all_on=False)
     (cluster,) = _operator("ClusterRole", all_on=True)
@@ -212,12 +213,15 @@ def test_operator_writes_workloads_only_in_the_namespaces_it_watches() -> None:
         ("apps", "deployments", "create"),
         ("", "services", "create"),
         ("metainfer.io", "adaptationruns", "create"),
-        ("metainfer.io", "adaptationpolicies", "watch"),
+        ("metainfer.io", "adaptationpolicies/status", "patch"),
     }
     assert namespaced <= _rules(everywhere)
     assert not namespaced & _rules(cluster)
     assert all(_rules(role) == _rules(everywhere) - _rules(cluster) for role in roles)
-    assert {g for g, _, _ in _rules(cluster)} == {"", "kopf.dev", "apiextensions.k8s.io"}
+    assert {g for g, _, _ in _rules(cluster)} == {"", "kopf.dev", "apiextensions.k8s.io", "metainfer.io"}
+    assert {(r, v) for g, r, v in _rules(cluster) if g == "metainfer.io"} == {
+        ("adaptationpolicies", v) for v in ("get", "list", "watch", "patch")
+    }
     assert {r for g, r, _ in _rules(cluster) if g == ""} == {"nodes", "namespaces"}
     bindings = {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in _operator("RoleBinding", all_on=True)}
     assert bindings == {("ml-a", "mi-metainfer-operator"), ("ml-b", "mi-metainfer-operator")}

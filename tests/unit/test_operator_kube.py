@@ -59,3 +59,39 @@ def test_no_answer_at_all_is_a_retry_not_an_unexpected_failure(monkeypatch: pyte
     monkeypatch.setattr(kube, "_create", refused)
     with pytest.raises(kopf.TemporaryError, match="API server unreachable"):
         asyncio.run(kube.create_if_absent(JOB))
+
+
+def test_api_retry_backoffs_spend_the_budget_and_restart_for_every_request() -> None:
+    from metainfer.operator.startup import ApiRetryBackoffs
+
+    backoffs = ApiRetryBackoffs(600)
+    first = list(backoffs)
+    assert first[:8] == [1, 1, 2, 3, 5, 8, 13, 21] and set(first[8:]) == {30}
+    assert 570 < sum(first) <= 600
+    assert list(backoffs) == first  # kopf iterates the setting afresh for every request
+    assert list(ApiRetryBackoffs(0)) == []
+    assert sum(ApiRetryBackoffs(5)) <= 5
+
+
+def test_startup_releases_only_deleted_policies_of_terminating_watched_namespaces() -> None:
+    from types import SimpleNamespace
+
+    from metainfer.operator.namespaces import FINALIZER, terminating_watched, without_finalizer
+
+    def ns(name: str, deleted: bool) -> SimpleNamespace:
+        return SimpleNamespace(
+            metadata=SimpleNamespace(name=name, deletion_timestamp="2026-11-30T00:00:00Z" if deleted else None)
+        )
+
+    found = [ns("team-a", True), ns("team-b", False), ns("other", True), ns("team-c", True)]
+    assert terminating_watched(found, ["team-a", "team-b"]) == ["team-a"]
+    assert terminating_watched(found, ["team-*, !team-c"]) == ["team-a"]  # kopf's own pattern syntax
+    assert terminating_watched(found, []) == []
+
+    deleted = {"metadata": {"deletionTimestamp": "t", "finalizers": ["other/keep", FINALIZER]}}
+    assert without_finalizer(deleted) == [
+        {"op": "test", "path": "/metadata/finalizers", "value": ["other/keep", FINALIZER]},
+        {"op": "replace", "path": "/metadata/finalizers", "value": ["other/keep"]},
+    ]
+    assert without_finalizer({"metadata": {"finalizers": [FINALIZER]}}) is None  # not being deleted
+    assert without_finalizer({"metadata": {"deletionTimestamp": "t", "finalizers": ["other/keep"]}}) is None
