@@ -23,6 +23,7 @@ from pydantic.alias_generators import to_camel
 AcceleratorVendor = Literal["nvidia", "amd", "intel", "huawei", "cpu"]
 ACCELERATOR_VENDORS: tuple[str, ...] = ("nvidia", "amd", "intel", "huawei", "cpu")
 FINGERPRINT_PATTERN = r"^[a-f0-9]{16}$"
+DESCRIPTION_MAX = 128
 
 
 class HardwareClass(BaseModel):
@@ -62,6 +63,22 @@ class HardwareClass(BaseModel):
         """16 hex digits of sha256 over the canonical JSON of every identity field."""
         canonical = json.dumps(self.model_dump(mode="json", by_alias=False), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def description(self, limit: int = DESCRIPTION_MAX) -> str:
+        """The class in words for people (kubectl columns, metric labels, dashboard legends), e.g.
+        ``nvidia A100-SXM4-80GB 80 GiB, cc 8.0, driver 535.104.05`` or ``cpu Intel amd64 AVX2 AVX512VNNI``."""
+        head = f"{self.vendor} {self.product}"
+        if self.memory_mib:
+            head += f" {self.memory_mib / 1024:g} GiB"
+        details = [
+            *([f"cc {self.compute_capability}"] if self.compute_capability else []),
+            *([f"driver {self.driver_version}"] if self.driver_version else []),
+            *([f"runtime {self.runtime_version}"] if self.runtime_version else []),
+        ]
+        if self.vendor == "cpu" or not details:
+            details.append(" ".join([self.cpu_arch, *self.cpu_features]))
+        text = ", ".join([head, *details])
+        return text if len(text) <= limit else text[: limit - 1] + "…"
 
     def name(self) -> str:
         """A DNS-1123 label (<= 40 chars) a person can read: ``nvidia-a100-sxm4-40gb-1a2b3c4d``."""

@@ -42,7 +42,7 @@ from metainfer.core.api.k8s_syntax import (
     parse_quantity,
 )
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase
-from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
+from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
 from metainfer.core.engine.knobs import KNOBS, Knob, UpTo, check_knobs, overridable
 
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
@@ -287,7 +287,7 @@ class SearchSettings(ApiModel):
     )
 
     algorithm: Algorithm = Field(DEFAULT_ALGORITHM, description="hybrid = evolution (coarse) then bayes (fine).")
-    trial_budget: int = Field(32, ge=1, le=10000, description="Candidates measured on hardware, at most.")
+    trial_budget: int = Field(32, ge=1, le=MAX_TRIAL_BUDGET, description="Candidates measured on hardware, at most.")
     time_budget_seconds: int = Field(1800, ge=10, le=604800, description="Wall-clock budget of the search.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="Seed: same seed and trials -> same proposals.")
     max_concurrent_runs: int = Field(2, ge=1, le=64, description="Adaptation runs of this policy at once.")
@@ -484,8 +484,10 @@ class AdaptationPolicyStatus(ApiModel):
     class_count: int = Field(0, ge=0, description="Hardware classes selected.")
     ready_classes: int = Field(0, ge=0, description="Classes serving their best variant.")
     classes_summary: str | None = Field(None, max_length=32, description="ready/total, for kubectl get.")
-    best_p95_ms: float | None = Field(
-        None, ge=0, description="Worst p95 among the classes' current variants: the latency every class meets."
+    worst_class_p95_ms: float | None = Field(
+        None,
+        ge=0,
+        description="The highest p95 among the variants the classes serve: the latency every class meets, ms.",
     )
     unclassified_nodes: list[UnclassifiedNode] = Field(
         default_factory=list,

@@ -72,7 +72,9 @@ ADAPTATION_POLICY = Resource(
         PrinterColumn("SLO p95", "number", ".spec.slo.latencyP95Ms", "p95 latency SLO, ms"),
         PrinterColumn("Batch", "integer", ".spec.slo.batchSize", "Production batch size"),
         PrinterColumn("Classes", "string", ".status.classesSummary", "Ready/selected hardware classes"),
-        PrinterColumn("Best p95", "number", ".status.bestP95Ms", "Worst p95 among the served variants, ms"),
+        PrinterColumn(
+            "Worst class p95", "number", ".status.worstClassP95Ms", "The highest p95 among the served variants, ms"
+        ),
         *_ready(),
         PrinterColumn("Model", "string", ".spec.model.version", "Model version", priority=1),
         _AGE,
@@ -90,11 +92,12 @@ ADAPTATION_RUN = Resource(
     short_names=("ar", "adaptrun"),
     columns=(
         PrinterColumn("Policy", "string", ".spec.policyName"),
-        PrinterColumn("Class", "string", ".spec.classFingerprint"),
+        PrinterColumn("Class", "string", ".spec.classDescription", "The hardware class in words"),
         PrinterColumn("Trigger", "string", ".spec.reason"),
         PrinterColumn("Trials", "integer", ".status.progress.trialsCompleted"),
         PrinterColumn("Best p95", "number", ".status.bestMetrics.p95Ms", "p95 of the best variant, ms"),
         PrinterColumn("Phase", "string", ".status.phase"),
+        PrinterColumn("Fingerprint", "string", ".spec.classFingerprint", "HardwareClass.fingerprint()", priority=1),
         *_ready(ConditionType.SUCCEEDED),
         _AGE,
     ),

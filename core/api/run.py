@@ -28,7 +28,7 @@ from metainfer.core.api._base import (
     rule,
 )
 from metainfer.core.api.conditions import Condition
-from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, HardwareClass
+from metainfer.core.api.hardwareclass import DESCRIPTION_MAX, FINGERPRINT_PATTERN, HardwareClass
 from metainfer.core.api.policy import (
     SHA256_PATTERN,
     ModelSource,
@@ -60,6 +60,9 @@ class AdaptationRunSpec(ApiModel):
     policy_generation: int = Field(ge=0, description="The policy's metadata.generation the run was made from.")
     class_fingerprint: str = Field(pattern=FINGERPRINT_PATTERN, description="HardwareClass.fingerprint().")
     hardware_class: HardwareClass
+    class_description: str | None = Field(
+        None, max_length=DESCRIPTION_MAX, description="hardwareClass in words (HardwareClass.description())."
+    )
     model_sha256: str = Field(pattern=SHA256_PATTERN, description="Equal to model.sha256 (part of the key).")
     batch_size: int = Field(ge=1, le=4096, description="Equal to slo.batchSize (part of the key).")
     reason: RunTrigger = Field(description="Why this run exists.")

@@ -138,6 +138,7 @@ def build_run(
         policy_generation=generation,
         class_fingerprint=group.fingerprint,
         hardware_class=group.hardware_class,
+        class_description=group.hardware_class.description(),
         model_sha256=spec.model.sha256,
         batch_size=spec.slo.batch_size,
         reason=RunTrigger(reason),

@@ -297,6 +297,6 @@ def policy_status(
         class_count=len(classes),
         ready_classes=ready,
         classes_summary=f"{ready}/{len(classes)}",
-        best_p95_ms=round(max(p95s), 3) if p95s else None,  # to the microsecond: kubectl prints it as is
+        worst_class_p95_ms=round(max(p95s), 3) if p95s else None,  # to the microsecond: kubectl prints it as is
         unclassified_nodes=unclassified or [],
     )

@@ -43,7 +43,6 @@ from metainfer.core.engine.trial import Trial, TrialMetrics
 FINISHED = "finished"  # the Progressing message once a run is over
 MAX_KEEP_FAILED = 5  # failed trials kept in the summary even when better ones would fill it
 CLOSEST_SHOWN = 5
-_ENGINE_MAX_TRIALS = 2000  # AdaptSettings.budget_trials upper bound
 _UNSUPPORTED_MARKERS = ("NOT_IMPLEMENTED", "Could not find an implementation", "is not a registered function/op")
 
 # SearchSpaceOverrides field -> the engine's search-space dimension name, from the knob declarations.
@@ -86,7 +85,7 @@ def settings_from_spec(spec: AdaptationRunSpec, measure: MeasureSettings | None 
             max_memory_mib=float(spec.slo.max_memory_mib) if spec.slo.max_memory_mib is not None else None,
         ),
         objective=Objective(latency_weight=weights.latency + weights.throughput, quality_weight=weights.quality),
-        budget_trials=min(spec.search.trial_budget, _ENGINE_MAX_TRIALS),
+        budget_trials=spec.search.trial_budget,
         time_budget_s=float(spec.search.time_budget_seconds),
         algorithm=spec.search.algorithm,
         seed=spec.search.seed,

@@ -13,3 +13,6 @@ from typing import Literal, get_args
 Algorithm = Literal["hybrid", "bayes", "evolution", "random", "grid"]
 ALGORITHM_NAMES: tuple[Algorithm, ...] = get_args(Algorithm)
 DEFAULT_ALGORITHM: Algorithm = "hybrid"
+# The most candidates one search measures: the CLI's --budget, AdaptSettings and the CRD's spec.search.trialBudget
+# all accept exactly up to this (the CRD used to accept 10000 and silently run 2000).
+MAX_TRIAL_BUDGET = 2000

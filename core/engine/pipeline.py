@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
-from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, Algorithm
+from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError
@@ -56,7 +56,7 @@ class AdaptSettings(BaseModel):
     search_batch: bool = Field(False, description="Also search the batch size (off: the batch is fixed).")
     constraints: Constraints = Constraints()
     objective: Objective = Objective()
-    budget_trials: int = Field(24, ge=1, le=2000)
+    budget_trials: int = Field(24, ge=1, le=MAX_TRIAL_BUDGET)
     time_budget_s: float | None = Field(None, gt=0)
     algorithm: Algorithm = DEFAULT_ALGORITHM
     seed: int = 0

@@ -38,6 +38,7 @@ def run(name: str = "r", policy_name: str = "p") -> dict[str, Any]:
             "policyGeneration": 1,
             "classFingerprint": CPU_CLASS.fingerprint(),
             "hardwareClass": CPU_CLASS.model_dump(mode="json", by_alias=True, exclude_none=True),
+            "classDescription": CPU_CLASS.description(),
             "modelSha256": SHA,
             "batchSize": 1,
             "reason": "NewHardwareClass",

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 import yaml
-from _objects import create, policy, run
+from _objects import CPU_CLASS, create, policy, run
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -64,17 +64,23 @@ def test_kubectl_get_shows_the_printer_columns(control_plane: Any, namespace: st
         "classCount": 2,
         "readyClasses": 2,
         "classesSummary": "2/2",
-        "bestP95Ms": 3.25,
+        "worstClassP95Ms": 3.25,
     }
     client.CustomObjectsApi(control_plane.api_client).patch_namespaced_custom_object_status(
         GROUP, VERSION, namespace, "adaptationpolicies", "columns", {"status": status}
     )
     out = control_plane.kubectl("get", "adaptationpolicies", "-n", namespace).stdout
     header, row = out.splitlines()[:2]
-    assert header.split() == ["NAME", "SLO", "P95", "BATCH", "CLASSES", "BEST", "P95", "READY", "AGE"], header
+    assert header.split() == ["NAME", "SLO", "P95", "BATCH", "CLASSES", "WORST", "CLASS", "P95", "READY", "AGE"], header
     assert row.split()[:7] == ["columns", "7.5", "4", "2/2", "3.25", "True", row.split()[6]]
     wide = control_plane.kubectl("get", "ap", "-n", namespace, "-o", "wide").stdout
     assert "AllClassesReady" in wide
+    # A run names its class in words; the fingerprint is kept for -o wide.
+    create(control_plane.api_client, run("columns-run"), namespace)
+    runs_out = control_plane.kubectl("get", "adaptationruns", "-n", namespace).stdout
+    assert CPU_CLASS.description() in runs_out and CPU_CLASS.fingerprint() not in runs_out, runs_out
+    runs_wide = control_plane.kubectl("get", "ar", "-n", namespace, "-o", "wide").stdout
+    assert CPU_CLASS.fingerprint() in runs_wide, runs_wide
 
 
 def test_kubectl_explain_describes_the_slo(control_plane: Any) -> None:

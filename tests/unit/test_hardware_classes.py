@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from metainfer.core.api.hardwareclass import HardwareClass
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import (
     LabelMapping,
@@ -286,3 +287,17 @@ def test_a_node_labelled_for_two_vendors_gets_only_the_winning_vendors_jobs() ->
     assert by_vendor["nvidia"].node_names == ("both-1",) and by_vendor["amd"].node_names == ("amd-1",)
     assert not by_vendor["amd"].matches(both) and by_vendor["amd"].matches(AMD_MI250)
     assert by_vendor["nvidia"].matches(both)
+
+
+def test_a_class_is_described_in_words_for_people_within_bounds() -> None:
+    from metainfer.core.api.hardwareclass import DESCRIPTION_MAX
+
+    gpu = HardwareClass(
+        vendor="nvidia", product="A100-SXM4-80GB", memory_mib=81920, compute_capability="8.0",
+        driver_version="535.104.05", runtime_version="12.2",
+    )  # fmt: skip
+    assert gpu.description() == "nvidia A100-SXM4-80GB 80 GiB, cc 8.0, driver 535.104.05, runtime 12.2"
+    cpu = HardwareClass(vendor="cpu", product="Intel", cpu_features=("AVX512VNNI", "AVX2"))
+    assert cpu.description() == "cpu Intel, amd64 AVX2 AVX512VNNI"
+    long = HardwareClass(vendor="cpu", product="X" * 128, cpu_features=tuple(f"F{i}" for i in range(60)))
+    assert len(long.description()) == DESCRIPTION_MAX and long.description().endswith("…")

@@ -157,7 +157,7 @@ def test_two_classes_success_rolls_out_then_ready() -> None:
     assert plan.deployments_to_apply == [] and plan.runs_to_create == []
     assert {s.state for s in plan.class_statuses} == {"Ready"}
     assert ready(plan) == ("True", Reason.ALL_CLASSES_READY)
-    assert plan.status is not None and plan.status.classes_summary == "2/2" and plan.status.best_p95_ms == 4.0
+    assert plan.status is not None and plan.status.classes_summary == "2/2" and plan.status.worst_class_p95_ms == 4.0
     cls = plan.class_statuses[0]
     assert cls.current is not None and cls.current.p95_ms == 4.0 and cls.last_adaptation_reason == "NewHardwareClass"
 

@@ -134,13 +134,13 @@ def model_info(ops: dict[str, int] | None = None) -> ModelInfo:
 def test_settings_from_spec_maps_slo_objective_and_search() -> None:
     s = spec(
         objective=ObjectiveWeights(latency=1, throughput=2, quality=0.5),
-        search={"trialBudget": 9000, "timeBudgetSeconds": 90, "seed": 7, "algorithm": "bayes"},
+        search={"trialBudget": 900, "timeBudgetSeconds": 90, "seed": 7, "algorithm": "bayes"},
     )
     settings = runstatus.settings_from_spec(s)
     assert settings.batch == 4 and settings.search_batch is False
     assert settings.constraints == Constraints(slo_p95_ms=12.5, max_quality_drop=0.02, max_memory_mib=512.0)
     assert settings.objective.latency_weight == 3 and settings.objective.quality_weight == 0.5
-    assert settings.budget_trials == 2000  # the engine's ceiling, below the API's
+    assert settings.budget_trials == 900
     assert settings.time_budget_s == 90 and settings.seed == 7 and settings.algorithm == "bayes"
     assert settings.overrides == {"quantization": ["fp32", "fp16", "int8_dynamic"]}  # no data: no static int8
 
@@ -390,3 +390,26 @@ def test_status_latencies_are_kept_to_the_microsecond() -> None:
     assert best_metrics is not None and (best_metrics.p95_ms, best_metrics.p50_ms) == (4.123, 2.0)
     (summary,) = runstatus.trial_summaries([best], Constraints(slo_p95_ms=8))
     assert summary.p95_ms == 4.123
+
+
+def test_the_trial_budget_is_accepted_exactly_up_to_what_the_search_runs() -> None:
+    """The CRD accepted 10000 and the search silently ran 2000; now one bound, and the run gets what was asked."""
+    import pytest
+    from pydantic import ValidationError
+
+    from metainfer.core.api.hardwareclass import HardwareClass
+    from metainfer.core.api.policy import ModelSource, SearchSettings, Slo
+    from metainfer.core.api.run import AdaptationRunSpec
+    from metainfer.core.control.runstatus import settings_from_spec
+    from metainfer.core.engine.algorithms import MAX_TRIAL_BUDGET
+
+    with pytest.raises(ValidationError, match="trial_budget|trialBudget"):
+        SearchSettings(trial_budget=MAX_TRIAL_BUDGET + 1)
+    cls = HardwareClass(vendor="cpu", product="Intel")
+    spec = AdaptationRunSpec(
+        policy_name="p", policy_generation=1, class_fingerprint=cls.fingerprint(), hardware_class=cls,
+        model_sha256="a" * 64, batch_size=1, reason="NewHardwareClass",
+        model=ModelSource(uri="file:///m.onnx", sha256="a" * 64), slo=Slo(latency_p95_ms=10, batch_size=1),
+        search=SearchSettings(trial_budget=MAX_TRIAL_BUDGET, time_budget_seconds=3600),
+    )  # fmt: skip
+    assert settings_from_spec(spec).budget_trials == MAX_TRIAL_BUDGET
