@@ -332,10 +332,24 @@ class ServingSettings(ApiModel):
 class RolloutSettings(ApiModel):
     """Canary rollout: a new variant must prove itself against the stable one."""
 
-    canary_replicas: int = Field(1, ge=0, le=1000, description="Canary replicas; 0 promotes without analysis.")
-    canary_weight_percent: int | None = Field(
-        None, ge=1, le=99, description="Traffic share of the canary, where a router supports weights."
+    canary_replicas: int = Field(
+        1, ge=0, le=1000, description="Canary replicas; 0 promotes without analysis. Ignored with canaryWeightPercent."
     )
+    canary_weight_percent: int | None = Field(
+        None,
+        ge=1,
+        le=99,
+        description="Share of requests for the canary, in percent. The Service spreads requests evenly over ready "
+        "pods, so this sets the canary's replicas: round(replicas x w / (100 - w)), at least 1; the share served is "
+        "reported in status.classes[].rollout.",
+    )
+
+    def canary_replicas_for(self, stable_replicas: int) -> int:
+        """The canary Deployment's replicas: from the weight when one is set, else canaryReplicas."""
+        if self.canary_weight_percent is None:
+            return self.canary_replicas
+        weight = self.canary_weight_percent
+        return max(1, round(stable_replicas * weight / (100 - weight)))
     analysis_window_seconds: int = Field(300, ge=30, le=86400, description="How long the canary is observed.")
     tolerance: float = Field(
         0.1, ge=0, le=10, description="Accepted relative p95 increase of the canary vs stable (0.1 = 10%)."
@@ -377,7 +391,7 @@ class AdaptationPolicySpec(ApiModel):
 
     model_config = cel(
         rule(
-            "self.rollout.canaryReplicas < self.serving.replicas",
+            "has(self.rollout.canaryWeightPercent) || self.rollout.canaryReplicas < self.serving.replicas",
             "rollout.canaryReplicas must be less than serving.replicas",
             field_path=".rollout.canaryReplicas",
         )

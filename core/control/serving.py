@@ -92,7 +92,7 @@ def plan_canary(
         stable is not None
         and stable is not best
         and variant_key(stable) != variant_key(best)
-        and spec.rollout.canary_replicas > 0
+        and spec.rollout.canary_replicas_for(spec.serving.replicas) > 0
         and workload_name(context.policy_name, context.class_name) in context.deployments
     ):
         same = rollout is not None and rollout.canary is not None and rollout.canary.run_name == name_of(best)
@@ -107,7 +107,8 @@ def plan_canary(
                     canary=variant_summary(best),
                     started_at=context.now,
                     reason=Reason.CANARY_PROGRESSING,
-                    message=f"canary {canary_deployment} serving run {name_of(best)}",
+                    message=f"canary {canary_deployment} serving run {name_of(best)}"
+                    f" ({canary_share(spec.rollout.canary_replicas_for(spec.serving.replicas), spec.serving.replicas)})",
                 )
                 message = f"{canary_deployment}: canary of run {name_of(best)}"
                 events = (Event("Normal", Reason.CANARY_PROGRESSING, message),)
@@ -123,11 +124,16 @@ def plan_canary(
         canary_run,
         context.serving,
         track="canary",
-        replicas=spec.rollout.canary_replicas,
+        replicas=spec.rollout.canary_replicas_for(spec.serving.replicas),
     )
     action = deployment_action(desired, context.deployments.get(canary_deployment))
     status = updated(status, rollout=rollout, reason=Reason.CANARY_PROGRESSING, message=rollout.message)
     return serve, ClassPlan(status, Decisions(deployments_to_apply=(action,) if action else (), events=events))
+
+
+def canary_share(canary: int, stable: int) -> str:
+    """What share of requests the canary gets: the Service spreads them evenly over ready pods."""
+    return f"{canary} of {canary + stable} pods, about {100 * canary / (canary + stable):.0f}% of requests"
 
 
 def variant_summary(run: AdaptationRun) -> VariantSummary:

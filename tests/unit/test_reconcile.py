@@ -651,3 +651,24 @@ def test_the_operators_default_gives_a_namespace_half_the_cluster() -> None:
     assert OperatorConfig(max_concurrent_runs=8).namespace_run_limit() == 4
     assert OperatorConfig(max_concurrent_runs=1).namespace_run_limit() == 1
     assert OperatorConfig(max_concurrent_runs=8, max_concurrent_runs_per_namespace=8).namespace_run_limit() == 8
+
+
+def test_canary_weight_sets_the_canarys_share_of_pods() -> None:
+    """canaryWeightPercent used to be validated and ignored; it now decides the canary's replicas."""
+    c = Cluster(rollout={"canaryWeightPercent": 25}, serving={"replicas": 6})
+    nodes = {"c1": CPU}
+    _second_run_with_new_recipe(c, nodes)
+    c.reconcile(nodes)
+    (canary,) = [d for n, d in c.deployments.items() if n.endswith("-canary")]
+    assert canary["spec"]["replicas"] == 2  # 2 / (2 + 6) = 25 %
+    rollout = c.policy["status"]["classes"][0]["rollout"]
+    assert "2 of 8 pods, about 25% of requests" in rollout["message"]
+
+
+def test_canary_replicas_from_a_weight_are_rounded_and_at_least_one() -> None:
+    from metainfer.core.api.policy import RolloutSettings
+
+    assert RolloutSettings(canary_weight_percent=10).canary_replicas_for(2) == 1  # 0.22 -> at least one pod
+    assert RolloutSettings(canary_weight_percent=50).canary_replicas_for(3) == 3
+    assert RolloutSettings(canary_weight_percent=90).canary_replicas_for(1) == 9
+    assert RolloutSettings(canary_replicas=2).canary_replicas_for(10) == 2  # no weight: canaryReplicas
