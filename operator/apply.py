@@ -26,14 +26,14 @@ from metainfer.core.api.policy import AdaptationPolicy
 from metainfer.core.api.vocabulary import ClassState, Reason
 from metainfer.core.control.events import coalesce
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import AgentJobSettings, ServingDefaults
+from metainfer.core.control.manifests import LABEL_CLASS
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
 from metainfer.core.control.platform import ForbiddenByPlatform, PlatformLimits, check_platform_limits
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
 from metainfer.core.control.settling import settled_groups
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
-from metainfer.operator.metrics import CLASSES, RUNS_FINISHED, RUNS_STARTED
+from metainfer.operator.metrics import CLASSES, RUNS_FINISHED, RUNS_STARTED, SERIES, publish_policy
 from metainfer.operator.view import ClusterView, Indexes
 
 
@@ -82,9 +82,9 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
         indexes.deployments_of(namespace, name),
         dt.datetime.now(dt.UTC),
         limits,
-        serving=ServingDefaults(image=config.agent_image),
+        serving=config.serving_defaults(),
         jobs=indexes.jobs_of(namespace, (name_of(r) for r in runs.valid)),
-        job_settings=AgentJobSettings(image=config.agent_image, service_account=config.agent_service_account),
+        job_settings=config.job_settings(),
         invalid_runs=runs.invalid,
         unclassified_nodes=view.unclassified(policy.spec.hardware, indexes.nodes),
     )
@@ -97,7 +97,8 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
     namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     for planned in plan.runs_to_create:
         if await kube.create_if_absent(planned.manifest):
-            RUNS_STARTED.labels(planned.reason).inc()
+            fingerprint = planned.manifest["metadata"]["labels"].get(LABEL_CLASS, "")
+            SERIES.child(RUNS_STARTED, namespace, name, fingerprint, planned.reason).inc()
             logger.info("created run %s (%s)", planned.manifest["metadata"]["name"], planned.reason)
     for run_name in plan.runs_to_delete:
         await kube.delete("AdaptationRun", namespace, run_name)
@@ -115,10 +116,11 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
     for workload in plan.deployments_to_delete:
         await kube.delete("Deployment", namespace, workload)
         await kube.delete("Service", namespace, workload)
-    CLASSES.labels(namespace, name).set(len(inputs.groups))
+    SERIES.child(CLASSES, namespace, name).set(len(inputs.groups))
     new_status = plan.status.to_api()
+    publish_policy(namespace, name, policy.get("spec") or {}, new_status)
     if _changed(policy.get("status") or {}, new_status):
-        _count_finished(policy.get("status") or {}, new_status)
+        _count_finished(namespace, name, policy.get("status") or {}, new_status)
         stored = await kube.patch_status(ADAPTATION_POLICY.plural, namespace, name, new_status)
         for event in coalesce(plan.events):
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
@@ -130,14 +132,15 @@ def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     return any(old.get(k) != v for k, v in new.items()) or any(k not in new for k in old)
 
 
-def _count_finished(old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
+def _count_finished(namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
     """Run outcomes, counted on the durable transition of a class out of Adapting."""
     before = {c["fingerprint"]: c for c in old.get("classes", [])}
     for cls in new.get("classes", []):
         was = before.get(cls["fingerprint"], {})
         if was.get("state") == ClassState.ADAPTING and cls.get("state") != ClassState.ADAPTING:
             outcome = "failed" if cls.get("state") in (ClassState.DEGRADED, ClassState.FAILED) else "succeeded"
-            RUNS_FINISHED.labels(outcome, cls.get("reason") or outcome).inc()
+            reason = str(cls.get("reason") or outcome)[:64]  # Reason/FailureReason values: a small set
+            SERIES.child(RUNS_FINISHED, namespace, name, cls["fingerprint"], outcome, reason).inc()
 
 
 # Where a part of the policy validated on its own sits in the object (operator.drift and operator.rollout

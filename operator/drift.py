@@ -34,6 +34,7 @@ from metainfer.core.control import drift, promql
 from metainfer.core.control.endpoints import PrometheusEndpoint
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
+from metainfer.operator.metrics import DRIFT_DECISIONS, SERIES
 from metainfer.operator.prometheus import MetricsUnavailable, query
 
 UNAVAILABLE = (Reason.PROMETHEUS_UNREACHABLE, Reason.PROMETHEUS_ERROR, Reason.NO_DATA)
@@ -80,10 +81,11 @@ async def drift_step(
     if due:
         endpoint = config.prometheus_endpoint(settings.prometheus_url)
         results = await asyncio.gather(*(_p95(endpoint, spec, namespace, name, c) for c in due))
+        tails = await asyncio.gather(*(_p99(endpoint, spec, namespace, name, c) for c in due))
         updated = {c.fingerprint: c for c in status.classes}
-        for cls, result in zip(due, results, strict=True):
+        for cls, result, tail in zip(due, results, tails, strict=True):
             params = drift.DriftParams.from_settings(
-                settings, spec.slo.latency_p95_ms, cls.current.p95_ms if cls.current else None
+                settings, spec.slo.latency_p95_ms, cls.current.p95_ms if cls.current else None, spec.slo.latency_p99_ms
             )
             variant = cls.current.run_name if cls.current else None
             if isinstance(result, MetricsUnavailable):
@@ -92,7 +94,8 @@ async def drift_step(
                     unavailable_reason=result.reason, unavailable_message=result.message,
                 )  # fmt: skip
             else:
-                verdict = drift.observe(cls.drift, result * 1000.0, params, now, variant=variant)
+                p99_ms = tail * 1000.0 if isinstance(tail, float) else None
+                verdict = drift.observe(cls.drift, result * 1000.0, params, now, variant=variant, p99_ms=p99_ms)
             _events(body, cls, verdict, logger)
             if verdict.readapt:
                 step.readapt.append(cls.name)
@@ -115,10 +118,26 @@ async def _p95(
 ) -> Any:
     """p95 in seconds, or MetricsUnavailable; nothing here raises."""
     settings = spec.readaptation
+    text = promql.p95_query(name, namespace, cls.fingerprint, settings.window_seconds, settings.query)
+    return await _sample(endpoint, spec, text)
+
+
+async def _p99(
+    endpoint: PrometheusEndpoint, spec: AdaptationPolicySpec, namespace: str, name: str, cls: ClassStatus
+) -> Any:
+    """p99 in seconds where the policy bounds it (not with a query override, which returns a p95), else None."""
+    settings = spec.readaptation
+    if spec.slo.latency_p99_ms is None or settings.query:
+        return None
+    text = promql.quantile_query(0.99, name, namespace, cls.fingerprint, settings.window_seconds)
+    return await _sample(endpoint, spec, text)
+
+
+async def _sample(endpoint: PrometheusEndpoint, spec: AdaptationPolicySpec, text: str) -> Any:
+    settings = spec.readaptation
     url = endpoint.query_url
     if url is None:
         return MetricsUnavailable(endpoint.reason or Reason.PROMETHEUS_UNREACHABLE, endpoint.refusal or "")
-    text = promql.p95_query(name, namespace, cls.fingerprint, settings.window_seconds, settings.query)
     timeout = min(QUERY_TIMEOUT_S, settings.check_interval_seconds / 2)
     try:
         result = await query(url, text, timeout_s=timeout)
@@ -157,6 +176,8 @@ def _events(body: kopf.Body, cls: ClassStatus, verdict: drift.Verdict, logger: l
     """Events for what a person should notice: a confirmed drift, and metrics going missing (once, not per check)."""
     was = cls.drift.reason if cls.drift else None
     if verdict.readapt:
+        namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        SERIES.child(DRIFT_DECISIONS, namespace, name, cls.fingerprint, "readapt").inc()
         logger.info("latency drift on class %s: %s", cls.name, verdict.message)
         kopf.event(body, type="Warning", reason=Reason.LATENCY_DRIFT, message=f"class {cls.name}: {verdict.message}")
     elif verdict.outcome in UNAVAILABLE and was not in UNAVAILABLE:

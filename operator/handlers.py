@@ -27,7 +27,7 @@ from metainfer.operator import namespaces, startup  # noqa: F401  (startup handl
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refusal, refused_status
 from metainfer.operator.drift import drift_step, fetch_policy
 from metainfer.operator.kube import ChildRejected
-from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS
+from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS, SERIES
 from metainfer.operator.rollout import rollout_step
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
 
@@ -167,6 +167,7 @@ async def policy_daemon(
             await _sleep_until_woken(wake, stopped, sleep)
     finally:
         WAKEUPS.unregister(namespace, name)
+        SERIES.forget(namespace, name)
 
 
 async def _sleep_until_woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, timeout: float) -> None:

@@ -32,6 +32,7 @@ from metainfer.core.control.endpoints import PrometheusEndpoint
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.drift import QUERY_TIMEOUT_S
+from metainfer.operator.metrics import CANARY_DECISIONS, SERIES
 from metainfer.operator.prometheus import MetricsUnavailable, query
 
 
@@ -125,6 +126,9 @@ async def _observe(
 def _event(body: kopf.Body, cls: ClassStatus, decision: canary.Decision, logger: logging.Logger) -> None:
     """Promotion: Normal; rollback: Warning, with the reason and the numbers."""
     message = f"class {cls.name}: {decision.reason}: {decision.message}"
+    namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
+    outcome = "promoted" if decision.action == "promote" else "rolled_back"
+    SERIES.child(CANARY_DECISIONS, namespace, name, cls.fingerprint, outcome, str(decision.reason)).inc()
     if decision.action == "promote":
         logger.info("canary promoted: %s", message)
         kopf.event(body, type="Normal", reason=Reason.CANARY_PROMOTED, message=message)

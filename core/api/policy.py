@@ -44,6 +44,12 @@ from metainfer.core.api.k8s_syntax import (
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase
 from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
 from metainfer.core.engine.knobs import KNOBS, Knob, UpTo, check_knobs, overridable
+from metainfer.core.engine.scoring import (
+    DEFAULT_LATENCY_WEIGHT,
+    DEFAULT_MEMORY_WEIGHT,
+    DEFAULT_QUALITY_WEIGHT,
+    DEFAULT_THROUGHPUT_WEIGHT,
+)
 
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
 # No '@' before the path: credentials in a URI cannot work here and would be copied into status and logs.
@@ -159,7 +165,12 @@ class Slo(ApiModel):
 
 
 class ObjectiveWeights(ApiModel):
-    """Among feasible variants, the best maximises this weighted score (relative weights)."""
+    """Among feasible variants, the best maximises this weighted score (relative weights).
+
+    Each term is the variant against the FP32 baseline measured the same way
+    (1.0 = as FP32); latency differences inside the measured timing noise are
+    ties, decided by memory and quality (core.engine.scoring).
+    """
 
     model_config = cel(
         rule(
@@ -168,10 +179,28 @@ class ObjectiveWeights(ApiModel):
         )
     )
 
-    latency: float = Field(1.0, ge=0, le=100, description="Weight of low p95 latency.")
-    throughput: float = Field(0.0, ge=0, le=100, description="Weight of high throughput.")
-    memory: float = Field(0.0, ge=0, le=100, description="Weight of low peak memory.")
-    quality: float = Field(0.0, ge=0, le=100, description="Weight of a small quality drop.")
+    latency: float = Field(
+        DEFAULT_LATENCY_WEIGHT,
+        ge=0,
+        le=100,
+        description="Weight of low latency: FP32's median latency per batch over the variant's.",
+    )
+    throughput: float = Field(
+        DEFAULT_THROUGHPUT_WEIGHT, ge=0, le=100, description="Weight of high throughput: items/s over FP32's."
+    )
+    memory: float = Field(
+        DEFAULT_MEMORY_WEIGHT, ge=0, le=100, description="Weight of low peak memory: FP32's peak over the variant's."
+    )
+    quality: float = Field(
+        DEFAULT_QUALITY_WEIGHT, ge=0, le=100, description="Weight of high quality: the variant's metric over FP32's."
+    )
+
+    @model_validator(mode="after")
+    def _some_weight_positive(self) -> ObjectiveWeights:
+        # The CEL rule above, for objects that reach the operator without the API server's validation.
+        if self.latency + self.throughput + self.memory + self.quality <= 0:
+            raise ValueError("at least one objective weight must be positive")
+        return self
 
 
 class Toleration(ApiModel):
@@ -437,6 +466,7 @@ class DriftStatus(ApiModel):
     consecutive_breaches: int = Field(0, ge=0)
     last_check_time: dt.datetime | None = None
     last_observed_p95_ms: float | None = Field(None, ge=0)
+    last_observed_p99_ms: float | None = Field(None, ge=0, description="Checked only where slo.latencyP99Ms is set.")
     last_readaptation_time: dt.datetime | None = Field(
         None, description="Last confirmed drift; also salts the run key so a LatencyDrift run gets a new name."
     )

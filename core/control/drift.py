@@ -8,7 +8,8 @@ sequences without Prometheus or a cluster.
 Rules, per (policy, class):
 
 - A sample *breaches* when its p95 exceeds the SLO by more than the tolerance,
-  or exceeds the baseline by more than the tolerance. The baseline is the p95
+  or exceeds the baseline by more than the tolerance, or (where the policy sets
+  ``slo.latencyP99Ms``) its p99 exceeds that bound by more than the tolerance. The baseline is the p95
   measured at adaptation time, raised to the first p95 production reported for
   that variant: the agent times the bare model while production also pays HTTP,
   batching and histogram-bucket resolution, so an adaptation-only baseline
@@ -43,13 +44,19 @@ class DriftParams:
     tolerance: float
     consecutive_breaches: int
     cooldown_seconds: float
+    slo_p99_ms: float | None = None
 
     @classmethod
     def from_settings(
-        cls, settings: ReadaptationSettings, slo_p95_ms: float, adapted_p95_ms: float | None
+        cls,
+        settings: ReadaptationSettings,
+        slo_p95_ms: float,
+        adapted_p95_ms: float | None,
+        slo_p99_ms: float | None = None,
     ) -> DriftParams:
         return cls(
             slo_p95_ms=slo_p95_ms,
+            slo_p99_ms=slo_p99_ms,
             adapted_p95_ms=adapted_p95_ms,
             tolerance=settings.drift_tolerance,
             consecutive_breaches=settings.consecutive_breaches,
@@ -76,8 +83,10 @@ def observe(
     variant: str | None = None,
     unavailable_reason: str = Reason.NO_DATA,
     unavailable_message: str = "",
+    p99_ms: float | None = None,
 ) -> Verdict:
-    """Fold one check into ``state``. ``variant`` identifies the serving variant (its run name) for the baseline."""
+    """Fold one check into ``state``. ``variant`` identifies the serving variant (its run name) for the baseline;
+    ``p99_ms`` is compared with ``params.slo_p99_ms`` where both exist (the p95 alone decides otherwise)."""
     state = state or DriftStatus()
     if p95_ms is None or not math.isfinite(p95_ms):
         message = unavailable_message or "no p95 sample"
@@ -90,8 +99,14 @@ def observe(
         baseline_fields = {"baseline_variant": variant, "baseline_p95_ms": p95_ms, "consecutive_breaches": 0}
         state = _update(state, **baseline_fields)
     baseline = max((b for b in (params.adapted_p95_ms, state.baseline_p95_ms) if b is not None), default=None)
-    breaches = _breaches(p95_ms, params, baseline)
-    common: dict[str, object] = {"last_check_time": now, "last_observed_p95_ms": round(p95_ms, 6)}
+    if p99_ms is not None and not math.isfinite(p99_ms):
+        p99_ms = None
+    breaches = _breaches(p95_ms, params, baseline, p99_ms)
+    common: dict[str, object] = {
+        "last_check_time": now,
+        "last_observed_p95_ms": round(p95_ms, 6),
+        "last_observed_p99_ms": round(p99_ms, 6) if p99_ms is not None else None,
+    }
     if not breaches:
         new = _update(
             state,
@@ -137,9 +152,11 @@ def seconds_until_due(state: DriftStatus | None, interval_seconds: float, now: d
     return interval_seconds - (now - state.last_check_time).total_seconds()
 
 
-def _breaches(p95_ms: float, params: DriftParams, baseline: float | None) -> list[str]:
+def _breaches(p95_ms: float, params: DriftParams, baseline: float | None, p99_ms: float | None) -> list[str]:
     tol = params.tolerance
     out = []
+    if p99_ms is not None and params.slo_p99_ms is not None and p99_ms > params.slo_p99_ms * (1 + tol):
+        out.append(f"p99 {p99_ms:.3f} ms > SLO {params.slo_p99_ms:g} ms +{tol:.0%}")
     if p95_ms > params.slo_p95_ms * (1 + tol):
         out.append(f"p95 {p95_ms:.3f} ms > SLO {params.slo_p95_ms:g} ms +{tol:.0%}")
     if baseline is not None and p95_ms > baseline * (1 + tol):

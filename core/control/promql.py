@@ -44,12 +44,17 @@ def p95_query(
     """The instant query whose single result is the p95 latency in seconds over the last ``window_seconds``."""
     if override:
         return substitute(override, policy, namespace, class_fingerprint, window_seconds)
+    return quantile_query(QUANTILE, policy, namespace, class_fingerprint, window_seconds)
+
+
+def quantile_query(quantile: float, policy: str, namespace: str, class_fingerprint: str, window_seconds: int) -> str:
+    """The instant query whose single result is the ``quantile`` latency in seconds over ``window_seconds``."""
     matchers = (
         f'policy="{escape(policy)}",hardware_class="{escape(class_fingerprint)}",'
         f'namespace=~"{escape_regex(namespace)}|"'
     )
     return (
-        f"histogram_quantile({QUANTILE}, sum by (le) (rate({METRIC}_bucket{{{matchers}}}[{window(window_seconds)}])))"
+        f"histogram_quantile({quantile:g}, sum by (le) (rate({METRIC}_bucket{{{matchers}}}[{window(window_seconds)}])))"
     )
 
 

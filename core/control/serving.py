@@ -102,13 +102,13 @@ def plan_canary(
         elif phase != RolloutPhase.PROMOTED:
             serve, canary_run = stable, best
             if phase != RolloutPhase.CANARY:
+                share = canary_share(spec.rollout.canary_replicas_for(spec.serving.replicas), spec.serving.replicas)
                 rollout = RolloutStatus(
                     phase=RolloutPhase.CANARY,
                     canary=variant_summary(best),
                     started_at=context.now,
                     reason=Reason.CANARY_PROGRESSING,
-                    message=f"canary {canary_deployment} serving run {name_of(best)}"
-                    f" ({canary_share(spec.rollout.canary_replicas_for(spec.serving.replicas), spec.serving.replicas)})",
+                    message=f"canary {canary_deployment} serving run {name_of(best)} ({share})",
                 )
                 message = f"{canary_deployment}: canary of run {name_of(best)}"
                 events = (Event("Normal", Reason.CANARY_PROGRESSING, message),)

@@ -139,3 +139,23 @@ def test_confirmed_drift_makes_exactly_one_latency_drift_run() -> None:
     # A later spec change on a drifted class is still a SpecChange, keeping the epoch.
     c.edit(search={"trialBudget": 3})
     assert [p.reason for p in c.reconcile(nodes).runs_to_create] == [Reason.SPEC_CHANGE]
+
+
+def test_a_p99_bound_is_enforced_where_the_policy_sets_one() -> None:
+    """slo.latencyP99Ms was documented as a bound and never checked: a tail over it now breaches like p95 does."""
+    params = DriftParams(**{**PARAMS.__dict__, "slo_p99_ms": 20.0})
+    state: DriftStatus | None = None
+    outcomes = []
+    for i, p99 in enumerate([15.0, 30.0, 30.0, 30.0]):  # p95 steady at 4 ms, well inside its SLO
+        verdict = observe(state, 4.0, params, T0 + dt.timedelta(minutes=i), variant="run-a", p99_ms=p99)
+        outcomes.append(verdict.outcome)
+        state = verdict.state
+    assert outcomes == [Reason.WITHIN_TOLERANCE, Reason.LATENCY_BREACH, Reason.LATENCY_BREACH, Reason.LATENCY_DRIFT]
+    assert (
+        state is not None
+        and state.last_observed_p99_ms == 30.0
+        and "p99 30.000 ms > SLO 20 ms" in (state.message or "")
+    )
+    # Without a p99 bound (or without a p99 sample) the same tail changes nothing.
+    assert observe(None, 4.0, PARAMS, T0, variant="run-a", p99_ms=30.0).outcome == Reason.WITHIN_TOLERANCE
+    assert observe(None, 4.0, params, T0, variant="run-a", p99_ms=None).outcome == Reason.WITHIN_TOLERANCE

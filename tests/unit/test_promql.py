@@ -77,3 +77,12 @@ def test_unreachable_is_classified_not_raised() -> None:
     assert isinstance(got, MetricsUnavailable) and got.reason == Reason.PROMETHEUS_UNREACHABLE
     got = asyncio.run(query("not a url", "up", timeout_s=2))
     assert isinstance(got, MetricsUnavailable) and got.reason == Reason.PROMETHEUS_UNREACHABLE
+
+
+def test_the_p99_query_is_the_p95_query_at_another_quantile() -> None:
+    from metainfer.core.control.promql import p95_query, quantile_query
+
+    p95 = p95_query("digits", "ml", "a" * 16, 300)
+    assert quantile_query(0.99, "digits", "ml", "a" * 16, 300) == p95.replace(
+        "histogram_quantile(0.95,", "histogram_quantile(0.99,"
+    )

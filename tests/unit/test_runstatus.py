@@ -403,7 +403,7 @@ def test_the_trial_budget_is_accepted_exactly_up_to_what_the_search_runs() -> No
     from metainfer.core.control.runstatus import settings_from_spec
     from metainfer.core.engine.algorithms import MAX_TRIAL_BUDGET
 
-    with pytest.raises(ValidationError, match="trial_budget|trialBudget"):
+    with pytest.raises(ValidationError, match=r"trial_budget|trialBudget"):
         SearchSettings(trial_budget=MAX_TRIAL_BUDGET + 1)
     cls = HardwareClass(vendor="cpu", product="Intel")
     spec = AdaptationRunSpec(
