@@ -47,8 +47,12 @@ HELM = assets.GoBinary(
 def all_optional_on(rule_namespace: str) -> list[str]:
     """Flags for ``helm template``/``lint`` that switch on every optional feature of charts/metainfer.
 
-    The SLO-breach alert gets one policy (``digits``, p95 5 ms) in ``rule_namespace``.
+    The SLO-breach alert gets one policy (``digits``, p95 5 ms) in ``rule_namespace``. The monitors and the rule
+    carry kube-prometheus-stack's selector label, scrape timeouts and relabelings; the operator pod and the pods it
+    creates get a pull secret (``regcred``).
     """
+    relabel = '[{"action":"replace","sourceLabels":["__meta_kubernetes_pod_node_name"],"targetLabel":"node"}]'
+    drop = '[{"action":"drop","sourceLabels":["__name__"],"regex":"python_gc_.*"}]'
     return [
         "--set", "metrics.serviceMonitor.enabled=true",
         "--set", "metrics.podMonitor.enabled=true",
@@ -58,6 +62,15 @@ def all_optional_on(rule_namespace: str) -> list[str]:
         "--set-json", 'labelMapping={"cpuFeatures":["AVX2","AVX512VNNI"]}',
         "--set-json",
         f'prometheusRule.sloBreach.policies=[{{"namespace":"{rule_namespace}","policy":"digits","p95Ms":5}}]',
+        *(arg for monitor in ("serviceMonitor", "podMonitor") for arg in (
+            "--set", f"metrics.{monitor}.labels.release=kube-prometheus-stack",
+            "--set", f"metrics.{monitor}.scrapeTimeout=10s",
+            "--set-json", f"metrics.{monitor}.relabelings={relabel}",
+            "--set-json", f"metrics.{monitor}.metricRelabelings={drop}",
+        )),
+        "--set", "prometheusRule.labels.release=kube-prometheus-stack",
+        "--set-json", 'imagePullSecrets=[{"name":"regcred"}]',
+        "--set-json", 'workloads.imagePullSecrets=[{"name":"regcred"}]',
     ]  # fmt: skip
 
 

@@ -3,20 +3,68 @@
 Everything a platform team sets through Helm values arrives here as an
 environment variable (``METAINFER_*``), so the operator has one place where
 configuration is parsed and one error message per bad value.
+
+A bad value fails the operator's startup with a ``ConfigError`` naming the
+variable (``METAINFER_JOB_RESOURCES: requests.cpu must not exceed
+limits.cpu``), instead of every Job or Deployment being refused later. The
+settings of the pods the operator creates (security contexts, pull secrets,
+resources) are JSON, in the Kubernetes spelling of the Helm values they come
+from.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Annotated, Any
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from metainfer.core.api.k8s_syntax import DNS1123_SUBDOMAIN
+from metainfer.core.api.policy import ResourceRequirements
 from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
+from metainfer.core.control.manifests import (
+    DEFAULT_CONTAINER_SECURITY_CONTEXT,
+    DEFAULT_JOB_RESOURCES,
+    DEFAULT_POD_SECURITY_CONTEXT,
+    DEFAULT_SERVING_RESOURCES,
+    AgentJobSettings,
+    ContainerSecurityContext,
+    PodSecurityContext,
+    ServingDefaults,
+)
+
+# JSON-valued settings are decoded by OperatorConfig itself, so that bad JSON is reported like any other bad value.
+JSON_SETTINGS = (
+    "workload_image_pull_secrets",
+    "workload_pod_security_context",
+    "workload_container_security_context",
+    "job_resources",
+    "serving_resources",
+)
+
+
+class ConfigError(ValueError):
+    """A METAINFER_* value the operator cannot use; the message names each variable and what is wrong with it."""
+
+
+class ImagePullSecret(BaseModel):
+    """One entry of a pod's imagePullSecrets: a Secret in the pod's own namespace."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN)
 
 
 class OperatorConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="METAINFER_", extra="ignore")
+
+    def __init__(self, **values: Any) -> None:
+        try:
+            super().__init__(**values)
+        except ValidationError as exc:
+            raise ConfigError(_described(exc)) from exc
 
     agent_image: str = Field("metainfer:latest", description="Image of the adaptation Job and the serving pods.")
     agent_service_account: str = Field("metainfer-agent", description="Least-privilege account of agent Jobs.")
@@ -67,3 +115,74 @@ class OperatorConfig(BaseSettings):
     wait_for_available: bool = Field(
         True, description="Roll-out waits for available replicas; off where no kubelet runs (tests, the demo)."
     )
+    serving_service_account: str = Field(
+        "metainfer-serving",
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="ServiceAccount of the serving pods (no RBAC, no token mounted).",
+    )
+    workload_image_pull_secrets: Annotated[list[ImagePullSecret], NoDecode] = Field(
+        default_factory=list,
+        description='imagePullSecrets of adaptation Jobs and serving pods (JSON, [{"name": ...}]); each Secret must '
+        "exist in every workload namespace.",
+    )
+    workload_pod_security_context: Annotated[PodSecurityContext, NoDecode] = Field(
+        DEFAULT_POD_SECURITY_CONTEXT, description="Pod securityContext of adaptation Jobs and serving pods (JSON)."
+    )
+    workload_container_security_context: Annotated[ContainerSecurityContext, NoDecode] = Field(
+        DEFAULT_CONTAINER_SECURITY_CONTEXT,
+        description="Container securityContext of adaptation Jobs and serving pods (JSON).",
+    )
+    job_resources: Annotated[ResourceRequirements, NoDecode] = Field(
+        DEFAULT_JOB_RESOURCES,
+        description="Requests/limits of the adaptation Job's container (JSON); Guaranteed QoS by default.",
+    )
+    serving_resources: Annotated[ResourceRequirements, NoDecode] = Field(
+        DEFAULT_SERVING_RESOURCES,
+        description="Requests/limits of serving containers for each resource the policy's spec.serving.resources "
+        "does not name (JSON).",
+    )
+
+    @field_validator(*JSON_SETTINGS, mode="before")
+    @classmethod
+    def _json(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value  # given as an object (tests, code), not from the environment
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"not valid JSON ({exc})") from None
+
+    def job_settings(self) -> AgentJobSettings:
+        """What every adaptation Job gets from the platform."""
+        return AgentJobSettings(
+            image=self.agent_image,
+            service_account=self.agent_service_account,
+            image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
+            resources=self.job_resources,
+            pod_security_context=self.workload_pod_security_context,
+            container_security_context=self.workload_container_security_context,
+        )
+
+    def serving_defaults(self) -> ServingDefaults:
+        """What every serving pod gets from the platform where its policy says nothing."""
+        return ServingDefaults(
+            image=self.agent_image,
+            service_account=self.serving_service_account,
+            image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
+            resources=self.serving_resources,
+            pod_security_context=self.workload_pod_security_context,
+            container_security_context=self.workload_container_security_context,
+        )
+
+
+def _described(exc: ValidationError) -> str:
+    """One entry per error, naming the environment variable the platform set (a field name means nothing there)."""
+    lines = []
+    for error in exc.errors():
+        field, *path = error["loc"]
+        where = ".".join(str(part) for part in path)
+        message = error["msg"].removeprefix("Value error, ")
+        lines.append(f"METAINFER_{str(field).upper()}{f' ({where})' if where else ''}: {message}")
+    return "invalid operator configuration: " + "; ".join(lines)

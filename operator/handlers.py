@@ -41,9 +41,12 @@ def load_label_mapping(logger: logging.Logger, **_: Any) -> None:
     """A cluster with its own node labels supplies a LabelMapping file; a bad file stops the operator at once."""
     from metainfer.core.control.hardware import LabelMapping
     from metainfer.core.engine.errors import InputError
-    from metainfer.operator.config import OperatorConfig
+    from metainfer.operator.config import ConfigError, OperatorConfig
 
-    path = OperatorConfig().label_mapping_file
+    try:
+        path = OperatorConfig().label_mapping_file
+    except ConfigError as exc:  # on_startup names it too; retrying cannot fix it
+        raise kopf.PermanentError(str(exc)) from exc
     if path is None:
         return
     try:

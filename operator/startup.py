@@ -26,7 +26,7 @@ from typing import Any
 import kopf
 
 from metainfer.operator import metrics
-from metainfer.operator.config import OperatorConfig
+from metainfer.operator.config import ConfigError, OperatorConfig
 from metainfer.operator.diffbase import LeanAnnotationsDiffBaseStorage
 
 PREFIX = "metainfer.io"
@@ -102,7 +102,10 @@ def ensure_peering_object(name: str, logger: logging.Logger) -> None:
 
 @kopf.on.startup()
 def on_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
-    config = OperatorConfig()
+    try:
+        config = OperatorConfig()
+    except ConfigError as exc:  # no retry fixes a bad value: stop, naming the variable (the pod's log says it)
+        raise kopf.PermanentError(str(exc)) from exc
     configure(settings, config)
     load_client_config()
     ensure_peering_object(config.peering_name, logger)

@@ -8,9 +8,16 @@ validated) so a builder can never emit a run the CRD rejects.
 
 Everything a builder emits is owned: runs and serving objects by the policy,
 Jobs by their run, so deleting a policy garbage-collects all of it. Pods run
-hardened: non-root, read-only root filesystem, no privilege escalation, no
-capabilities, RuntimeDefault seccomp, writable emptyDirs only at /tmp and the
-cache.
+hardened by default: non-root, read-only root filesystem, no privilege
+escalation, no capabilities, RuntimeDefault seccomp, writable emptyDirs only at
+/tmp and the cache. The platform may change those security contexts (its
+operator settings, from Helm values): OpenShift's restricted SCC, for one,
+assigns each pod a UID from the namespace's range and refuses a pinned one.
+
+Resources: adaptation Jobs default to Guaranteed QoS (requests equal limits),
+so what a Job measures does not move with its neighbours' load; serving pods
+get the platform's defaults for every resource the policy's spec.serving.resources
+does not name.
 """
 
 from __future__ import annotations
@@ -18,11 +25,12 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, ModelVolume
+from metainfer.core.api._base import ApiModel
+from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, ModelVolume, ResourceRequirements
 from metainfer.core.api.resources import API_VERSION
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.api.vocabulary import RunTrigger
@@ -58,6 +66,118 @@ UID = 65532  # "nonroot" in distroless images
 CACHE_DIR = "/var/cache/metainfer"
 DEADLINE_MARGIN_S = 600
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+# The range the API server accepts for UIDs and GIDs in a security context.
+Id = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class _Frozen(ApiModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class SeccompProfile(_Frozen):
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"]
+    localhost_profile: str | None = None
+
+
+class AppArmorProfile(_Frozen):
+    type: Literal["RuntimeDefault", "Localhost", "Unconfined"]
+    localhost_profile: str | None = None
+
+
+class SELinuxOptions(_Frozen):
+    user: str | None = None
+    role: str | None = None
+    type: str | None = None
+    level: str | None = None
+
+
+class WindowsOptions(_Frozen):
+    gmsa_credential_spec_name: str | None = None
+    gmsa_credential_spec: str | None = None
+    run_as_user_name: str | None = None
+    host_process: bool | None = None
+
+
+class Capabilities(_Frozen):
+    add: tuple[str, ...] | None = None
+    drop: tuple[str, ...] | None = None
+
+
+class Sysctl(_Frozen):
+    name: str = Field(min_length=1)
+    value: str
+
+
+class _IdentityContext(_Frozen):
+    """Fields a Pod's and a container's securityContext share. Unset stays unset in the manifest: where a platform
+    assigns UIDs itself (OpenShift's restricted SCC), a pinned one gets the pod refused."""
+
+    run_as_user: Id | None = None
+    run_as_group: Id | None = None
+    run_as_non_root: bool | None = None
+    seccomp_profile: SeccompProfile | None = None
+    app_armor_profile: AppArmorProfile | None = None
+    se_linux_options: SELinuxOptions | None = None
+    windows_options: WindowsOptions | None = None
+
+    @model_validator(mode="after")
+    def _can_start(self) -> _IdentityContext:
+        # The API server stores this pod, the kubelet then refuses to start it, forever: say so at startup instead.
+        if self.run_as_non_root and self.run_as_user == 0:
+            raise ValueError("runAsNonRoot with runAsUser 0 can never start")
+        return self
+
+
+class PodSecurityContext(_IdentityContext):
+    """A Pod's securityContext, as Kubernetes spells it (camelCase, unknown keys refused)."""
+
+    fs_group: Id | None = None
+    fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = None
+    supplemental_groups: tuple[Id, ...] | None = None
+    supplemental_groups_policy: Literal["Merge", "Strict"] | None = None
+    se_linux_change_policy: Literal["MountOption", "Recursive"] | None = None
+    sysctls: tuple[Sysctl, ...] | None = None
+
+
+class ContainerSecurityContext(_IdentityContext):
+    """A container's securityContext, as Kubernetes spells it (camelCase, unknown keys refused)."""
+
+    allow_privilege_escalation: bool | None = None
+    privileged: bool | None = None
+    read_only_root_filesystem: bool | None = None
+    capabilities: Capabilities | None = None
+    proc_mount: Literal["Default", "Unmasked"] | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ContainerSecurityContext:
+        # The API server refuses this combination in every pod the operator would create.
+        if self.privileged and self.allow_privilege_escalation is False:
+            raise ValueError("privileged: true needs allowPrivilegeEscalation to be true or unset")
+        return self
+
+
+RUNTIME_DEFAULT = SeccompProfile(type="RuntimeDefault")
+DEFAULT_POD_SECURITY_CONTEXT = PodSecurityContext(
+    run_as_non_root=True, run_as_user=UID, run_as_group=UID, fs_group=UID, seccomp_profile=RUNTIME_DEFAULT
+)
+# No UID here: the pod's says it once, so a platform that assigns UIDs clears a single place.
+DEFAULT_CONTAINER_SECURITY_CONTEXT = ContainerSecurityContext(
+    run_as_non_root=True,
+    read_only_root_filesystem=True,
+    allow_privilege_escalation=False,
+    privileged=False,
+    capabilities=Capabilities(drop=("ALL",)),
+    seccomp_profile=RUNTIME_DEFAULT,
+)
+# Guaranteed QoS (requests == limits, whole CPUs): the Job measures latency, and a Burstable pod's CPU time depends
+# on its neighbours; with the kubelet's static CPU manager policy whole CPUs are also exclusive.
+DEFAULT_JOB_RESOURCES = ResourceRequirements(
+    requests={"cpu": "2", "memory": "4Gi"}, limits={"cpu": "2", "memory": "4Gi"}
+)
+# The CPUs the Job measured with, so the served latency is the measured one; less memory: serving holds one variant.
+DEFAULT_SERVING_RESOURCES = ResourceRequirements(
+    requests={"cpu": "2", "memory": "2Gi"}, limits={"cpu": "2", "memory": "2Gi"}
+)
 
 
 class _Settings(BaseModel):
@@ -65,8 +185,11 @@ class _Settings(BaseModel):
 
     image: str = "ghcr.io/metainfer/metainfer:0.1.0"
     image_pull_policy: PullPolicy = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = Field((), description="Secrets of the pod's namespace to pull images with.")
     tolerations: tuple[dict[str, Any], ...] = Field((), description="Added to the policy's tolerations.")
-    resources: dict[str, dict[str, int | str]] | None = Field(None, description="Container requests/limits.")
+    resources: ResourceRequirements | None = Field(None, description="Container requests/limits.")
+    pod_security_context: PodSecurityContext = DEFAULT_POD_SECURITY_CONTEXT
+    container_security_context: ContainerSecurityContext = DEFAULT_CONTAINER_SECURITY_CONTEXT
 
 
 class AgentJobSettings(_Settings):
@@ -74,12 +197,39 @@ class AgentJobSettings(_Settings):
 
     service_account: str = "metainfer-agent"
     ttl_seconds_after_finished: int = Field(86400, ge=0, description="Long enough for the operator to read it.")
+    resources: ResourceRequirements | None = Field(DEFAULT_JOB_RESOURCES, description="Container requests/limits.")
 
 
 class ServingDefaults(_Settings):
-    """Operator-wide defaults of serving Deployments; the policy's spec.serving overrides image and resources."""
+    """Operator-wide defaults of serving Deployments; the policy's spec.serving overrides the image, and the
+    resources it names (``merged_resources``)."""
 
     service_account: str = "metainfer-serving"
+    resources: ResourceRequirements | None = Field(
+        DEFAULT_SERVING_RESOURCES, description="Requests/limits of each resource the policy names none of."
+    )
+
+
+def merged_resources(
+    own: ResourceRequirements | None, platform: ResourceRequirements | None
+) -> dict[str, dict[str, str]]:
+    """Container resources: for each resource the policy names (as a request or a limit), the policy's request and
+    limit; for every other resource, the platform's.
+
+    Each resource's pair comes from one side only, so requests <= limits, which each side has checked on its own,
+    still holds: a policy's 8Gi memory request never meets the platform's 2Gi memory limit. Quantities are strings,
+    as the Kubernetes client requires.
+    """
+    named = set() if own is None else {*(own.requests or {}), *(own.limits or {})}
+    out: dict[str, dict[str, str]] = {}
+    for part in ("requests", "limits"):
+        theirs = (getattr(platform, part) or {}) if platform else {}
+        mine = (getattr(own, part) or {}) if own else {}
+        amounts = {name: str(q) for name, q in theirs.items() if name not in named}
+        amounts |= {name: str(q) for name, q in mine.items()}
+        if amounts:
+            out[part] = amounts
+    return out
 
 
 def run_key(
@@ -190,10 +340,16 @@ def build_job(
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
     container = _container(
-        "agent", settings, group, command=["metainfer", "agent", "run", f"{namespace}/{name}"], env=env
+        "agent",
+        settings,
+        group,
+        image=settings.image,
+        resources=merged_resources(None, settings.resources),  # the policy has no field for the Job's resources
+        command=["metainfer", "agent", "run", f"{namespace}/{name}"],
+        env=env,
     )
     pod = _pod_spec(
-        container, group, settings.service_account, [*tolerations, *settings.tolerations], spec.model.volume
+        container, group, settings, settings.service_account, [*tolerations, *settings.tolerations], spec.model.volume
     )
     pod |= {"restartPolicy": "Never", "automountServiceAccountToken": True}  # the agent writes the run's status
     return {
@@ -273,10 +429,13 @@ def build_deployment(
         {"name": "METAINFER_RECIPE_KEY", "value": key},
         {"name": "METAINFER_VARIANT", "value": variant_key(run)},
     ]
-    image = spec.serving.image or settings.image
-    resources = spec.serving.resources.to_api() if spec.serving.resources else settings.resources
     container = _container(
-        "server", settings.model_copy(update={"image": image, "resources": resources}), group, env=env
+        "server",
+        settings,
+        group,
+        image=spec.serving.image or settings.image,
+        resources=merged_resources(spec.serving.resources, settings.resources),
+        env=env,
     )
     container |= {
         "command": ["metainfer"],
@@ -286,7 +445,7 @@ def build_deployment(
         "livenessProbe": _probe("/v2/health/live", period=10, failures=6),
     }
     tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
-    pod = _pod_spec(container, group, settings.service_account, tolerations, model.volume)
+    pod = _pod_spec(container, group, settings, settings.service_account, tolerations, model.volume)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
     for volume, mount in cm_volumes:
         pod["volumes"].append(volume)
@@ -355,28 +514,26 @@ def _policy_spec(spec: AdaptationPolicySpec | Mapping[str, Any]) -> AdaptationPo
 
 
 def _container(
-    name: str, settings: _Settings, group: ClassGroup, *, env: list[dict[str, Any]], command: list[str] | None = None
+    name: str,
+    settings: _Settings,
+    group: ClassGroup,
+    *,
+    image: str,
+    resources: dict[str, dict[str, str]],
+    env: list[dict[str, Any]],
+    command: list[str] | None = None,
 ) -> dict[str, Any]:
-    resources = {k: dict(v) for k, v in (settings.resources or {}).items()}
+    resources = {k: dict(v) for k, v in resources.items()}
     if group.resource:  # extended resources: requests must equal limits
         for kind in ("requests", "limits"):
             resources.setdefault(kind, {})[group.resource] = "1"  # a quantity string: the client rejects ints
     container: dict[str, Any] = {
         "name": name,
-        "image": settings.image,
+        "image": image,
         "imagePullPolicy": settings.image_pull_policy,
         "env": [*env, {"name": "HOME", "value": "/tmp"}, {"name": "XDG_CACHE_HOME", "value": CACHE_DIR}],
         "resources": resources,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": UID,
-            "runAsGroup": UID,
-            "readOnlyRootFilesystem": True,
-            "allowPrivilegeEscalation": False,
-            "privileged": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": settings.container_security_context.to_api(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR}],
     }
     if command:
@@ -387,6 +544,7 @@ def _container(
 def _pod_spec(
     container: dict[str, Any],
     group: ClassGroup,
+    settings: _Settings,
     service_account: str,
     tolerations: list[dict[str, Any]],
     volume: ModelVolume | None,
@@ -404,16 +562,12 @@ def _pod_spec(
         "serviceAccountName": service_account,
         "enableServiceLinks": False,
         "nodeSelector": dict(group.selector),
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": UID,
-            "runAsGroup": UID,
-            "fsGroup": UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": settings.pod_security_context.to_api(),
         "containers": [container],
         "volumes": volumes,
     }
+    if settings.image_pull_secrets:
+        pod["imagePullSecrets"] = [{"name": secret} for secret in settings.image_pull_secrets]
     if affinity := group.node_affinity():
         pod["affinity"] = affinity
     if tolerations:

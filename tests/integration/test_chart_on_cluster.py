@@ -12,8 +12,10 @@ API server store those documents; the real schemas are not checked here.
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -346,3 +348,97 @@ def test_an_agent_writes_only_its_own_namespaces_hardware_profiles(
             except client.exceptions.ApiException as exc:
                 if exc.status != 404:
                     raise
+
+
+# --- platform settings: OpenShift-style security contexts, accounts the chart does not create, pull secrets ------
+
+# What an OpenShift install sets (restricted-v2 assigns UID and fsGroup), plus the other platform settings.
+PLATFORM = [
+    *(arg for part in ("operator.podSecurityContext", "workloads.podSecurityContext")
+      for key in ("runAsUser", "runAsGroup", "fsGroup") for arg in ("--set", f"{part}.{key}=null")),
+    "--set", "agent.serviceAccount.create=false", "--set", "agent.serviceAccount.name=team-agent",
+    "--set", "serving.serviceAccount.create=false", "--set", "serving.serviceAccount.name=team-serving",
+    "--set", "serving.resources.limits.cpu=null", "--set", "serving.resources.requests.cpu=500m",
+]  # fmt: skip
+
+
+def test_platform_settings_render_objects_and_pods_that_restricted_pod_security_admits(
+    control_plane: Any, namespace: str, helm: str, monitoring_crds: None, tmp_path: Path, monkeypatch: Any
+) -> None:
+    """The API server stores everything the chart renders with the platform's settings, and Pod Security
+    Admission's "restricted" level (the hardening OpenShift's restricted-v2 also demands) admits the operator's
+    pod and the Job and serving pods the operator builds from the chart's METAINFER_* variables, none of which pins
+    a UID. A pod without the hardening is refused there: the check can fail."""
+    from metainfer.core.control.hardware import group_nodes
+    from metainfer.core.control.manifests import build_deployment, build_job, build_run
+    from metainfer.core.engine.recipe import Recipe
+    from metainfer.operator.config import OperatorConfig
+
+    control_plane.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
+    manifest = run_helm(helm, "template", f"r{secrets.token_hex(3)}", str(CHART), "--namespace", namespace,
+                        "--set", f"workloadNamespaces={{{namespace}}}", *ALL_ON, *PLATFORM)  # fmt: skip
+    objects = [d for d in yaml.safe_load_all(manifest) if d]
+    accounts = [d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"]
+    assert len(accounts) == 1 and accounts[0].endswith("-operator"), "agent and serving accounts are the platform's"
+    (path := tmp_path / "chart.yaml").write_text(yaml.safe_dump_all(objects))
+    control_plane.kubectl("apply", "--server-side", "--dry-run=server", "--field-manager=helm-test", "-f", str(path))
+
+    (operator,) = [d for d in objects if d["kind"] == "Deployment"]
+    env = {e["name"]: e["value"] for e in operator["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+    for name in [n for n in os.environ if n.startswith("METAINFER_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("METAINFER_"):
+            monkeypatch.setenv(name, value)
+    config = OperatorConfig()
+    labels = {"kubernetes.io/arch": "amd64", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}
+    group = next(iter(group_nodes([("node", labels)]).values()))
+    policy = make_policy(namespace, "digits", Path("/models/digits.onnx"), "a" * 64)
+    policy["metadata"]["uid"] = "00000000-0000-0000-0000-000000000001"
+    run = build_run(policy, group, "NewHardwareClass")
+    run["metadata"]["uid"] = "00000000-0000-0000-0000-000000000002"
+    run["status"] = {
+        "phase": "Succeeded",
+        "bestRecipe": Recipe().model_dump(mode="json"),
+        "bestRecipeKey": Recipe().key(),
+    }
+    job = build_job(run, group, config.job_settings())
+    serving_deployment = build_deployment(policy, group, run, config.serving_defaults())
+
+    def pod(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+    pods = [pod("operator", operator["spec"]["template"]["spec"]), pod("job", job["spec"]["template"]["spec"]),
+            pod("serving", serving_deployment["spec"]["template"]["spec"])]  # fmt: skip
+    # A pod's account must exist even in a dry run; the platform brings the ones the chart was told not to create.
+    for account in {p["spec"]["serviceAccountName"] for p in pods}:
+        control_plane.kubectl("create", "serviceaccount", account, "-n", namespace)
+    for doc in pods:
+        assert "runAsUser" not in yaml.safe_dump(doc) and "fsGroup" not in yaml.safe_dump(doc), doc["metadata"]["name"]
+    (path := tmp_path / "pods.yaml").write_text(yaml.safe_dump_all([job, serving_deployment, *pods]))
+    control_plane.kubectl("create", "--dry-run=server", "-f", str(path))
+
+    loose = pod("loose", {**job["spec"]["template"]["spec"], "securityContext": {}})
+    loose["spec"]["containers"] = [{**c, "securityContext": {}} for c in loose["spec"]["containers"]]
+    refused = control_plane.kubectl("create", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump(loose), check=False)
+    assert refused.returncode != 0 and "PodSecurity" in refused.stderr, refused.stderr
+
+
+def test_the_platform_allow_lists_hold_under_the_charts_operator_account(
+    control_plane: Any, namespace: str, nodes: Nodes, installed: dict, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """A policy asking for a node directory and a foreign image gets a refusal naming both fields and nothing
+    else, with the operator acting under the chart's own ServiceAccount (chart defaults: nothing allowed)."""
+    api = control_plane.api_client
+    nodes.add(("AVX2",))
+    body = make_policy(namespace, "digits", *digits, serving={"image": "attacker.example/miner:latest"})
+    body["spec"]["model"]["volume"] = {"hostPath": "/", "mountPath": "/models"}
+    apply_policy(api, body)
+    with operator_process(installed["operator"], namespace, tmp_path) as op:
+        ready = wait_for("the refusal", lambda: next(
+            (c for c in (get_policy(api, namespace, "digits").get("status") or {}).get("conditions", [])
+             if c["type"] == "Ready" and c["reason"] == "ForbiddenByPlatform"), None), timeout=60)  # fmt: skip
+        assert "spec.model.volume.hostPath" in ready["message"] and "spec.serving.image" in ready["message"]
+        time.sleep(2)
+        assert runs(api, namespace) == [] and jobs(api, namespace) == [] and serving(api, namespace) == []
+        assert " 403 " not in op.output() and "Traceback" not in op.output()  # RBAC refused nothing

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -35,6 +36,14 @@ ALL_ON = [
     "--set", "workloadNamespaces={ml-a,ml-b}",
     "--set", "operator.watchNamespaces={ml-a,ml-b}",
 ]  # fmt: skip
+# OpenShift's restricted-v2 SCC assigns UID and fsGroup from the namespace's range: nothing may pin them.
+OPENSHIFT = [
+    arg
+    for part in ("operator.podSecurityContext", "workloads.podSecurityContext")
+    for key in ("runAsUser", "runAsGroup", "fsGroup")
+    for arg in ("--set", f"{part}.{key}=null")
+]
+PINNED_IDS = {"runAsUser", "runAsGroup", "fsGroup"}
 # Prometheus's own series that alerts may use besides the project's metrics.
 PROMETHEUS_BUILTIN = {"up"}
 METRIC_CLASSES = {"Counter", "Gauge", "Histogram", "Summary", "Info", "Enum"}
@@ -63,6 +72,62 @@ def rendered(all_on: bool) -> tuple[dict[str, Any], ...]:
 
 def docs_of(kind: str, all_on: bool = True) -> list[dict[str, Any]]:
     return [d for d in rendered(all_on) if d["kind"] == kind]
+
+
+def template(*args: str) -> list[dict[str, Any]]:
+    result = run_helm("template", "mi", str(CHART), "--namespace", "metainfer-system", *args)
+    return [d for d in yaml.safe_load_all(result.stdout) if d]
+
+
+def operator_env(docs: list[dict[str, Any]] | tuple[dict[str, Any], ...]) -> dict[str, str]:
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    return {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"] if "value" in e}
+
+
+def operator_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The OperatorConfig the chart's operator would read: its METAINFER_* variables and nothing else."""
+    from metainfer.operator.config import OperatorConfig
+
+    for name in [n for n in os.environ if n.startswith("METAINFER_")]:
+        monkeypatch.delenv(name)
+    for name, value in env.items():
+        if name.startswith("METAINFER_"):
+            monkeypatch.setenv(name, value)
+    return OperatorConfig()
+
+
+def workload_pods(config: Any) -> dict[str, dict[str, Any]]:
+    """The pod specs of the adaptation Job and the serving Deployment the operator builds with ``config``."""
+    from metainfer.core.control.hardware import group_nodes
+    from metainfer.core.control.manifests import build_deployment, build_job, build_run
+    from metainfer.core.engine.recipe import Recipe
+
+    labels = {"kubernetes.io/arch": "amd64", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}
+    group = next(iter(group_nodes([("node", labels)]).values()))
+    policy = {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": "digits", "namespace": "ml-a", "uid": "uid-policy", "generation": 1},
+        "spec": {"model": {"uri": "https://models.example/d.onnx", "sha256": "a" * 64}, "slo": {"latencyP95Ms": 5}},
+    }
+    run = build_run(policy, group, "NewHardwareClass")
+    run["metadata"]["uid"] = "uid-run"
+    run["status"] = {
+        "phase": "Succeeded",
+        "bestRecipe": Recipe().model_dump(mode="json"),
+        "bestRecipeKey": Recipe().key(),
+    }
+    job = build_job(run, group, config.job_settings())
+    deployment = build_deployment(policy, group, run, config.serving_defaults())
+    return {"job": job["spec"]["template"]["spec"], "serving": deployment["spec"]["template"]["spec"]}
+
+
+def keys_in(obj: Any) -> set[str]:
+    if isinstance(obj, dict):
+        return set(obj) | set().union(*(keys_in(v) for v in obj.values()))
+    if isinstance(obj, list):
+        return set().union(*(keys_in(v) for v in obj))
+    return set()
 
 
 # --- CRDs --------------------------------------------------------------------------------------------------------
@@ -94,7 +159,13 @@ def test_values_schema_covers_every_default_value() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     values = yaml.safe_load((CHART / "values.yaml").read_text())
 
+    def resolve(node: dict[str, Any]) -> dict[str, Any]:
+        while "$ref" in node:  # local references only: "#/definitions/<name>"
+            node = schema["definitions"][node["$ref"].removeprefix("#/definitions/")]
+        return node
+
     def walk(value: Any, node: dict[str, Any], where: str) -> None:
+        node = resolve(node)
         if node.get("type") != "object" or not isinstance(value, dict) or "properties" not in node:
             return
         assert node.get("additionalProperties") is False, f"{where or 'values'}: schema must forbid unknown keys"
@@ -113,6 +184,16 @@ def test_helm_enforces_the_schema() -> None:
         (["--set", "operator.maxConcurentRuns=3"], "maxConcurentRuns"),  # a typo is an error, not ignored
         (["--set", "prometheusRule.sloBreach.window=five"], "window"),
         (["--set-json", 'prometheusRule.sloBreach.policies=[{"namespace":"a"}]'], "policy"),
+        (["--set", "operator.podSecurityContext.runAsUsr=1"], "runAsUsr"),
+        (["--set", "workloads.podSecurityContext.runAsUser=-1"], "runAsUser"),
+        (["--set", "workloads.securityContext.capabilities.drop=ALL"], "drop"),
+        (["--set", "agent.resources.requests.cpu=lots"], "cpu"),
+        (["--set-json", "serving.resources.limits.cpu=1.5"], "cpu"),  # a float: the operator reads strings or integers
+        (["--set", "agent.serviceAccount.name=Agent_SA"], "name"),
+        (["--set-json", 'workloads.imagePullSecrets=[{"nam":"regcred"}]'], "nam"),
+        (["--set", "metrics.serviceMonitor.scrapeTimeout=ten"], "scrapeTimeout"),
+        (["--set-json", 'metrics.podMonitor.relabelings=[{"action":"explode"}]'], "action"),
+        (["--set", "prometheusRule.namespace=Monitoring"], "namespace"),
     ]:
         result = run_helm("template", "mi", str(CHART), *bad, check=False)
         assert result.returncode != 0, f"schema accepted {bad}"
@@ -271,6 +352,175 @@ def test_pod_monitor_selects_the_operators_serving_pods() -> None:
     assert pm["spec"]["selector"]["matchLabels"] == {MANAGED_BY: "metainfer", COMPONENT: "serving"}
     assert pm["spec"]["namespaceSelector"]["matchNames"] == ["ml-a", "ml-b"]
     assert HTTP_PORT == 8080 and pm["spec"]["podMetricsEndpoints"][0]["port"] == "http"
+
+
+# --- what a platform team sets: security contexts, accounts, pull secrets, resources, monitors ----------------------
+
+
+def test_chart_defaults_are_the_operators_own_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chart-installed operator builds the same pods as one started with no configuration at all (but for the
+    image, which the chart takes from its appVersion)."""
+    from metainfer.core.control.manifests import DEFAULT_JOB_RESOURCES
+
+    charted = operator_config(operator_env(rendered(False)), monkeypatch)
+    bare = operator_config({}, monkeypatch)
+    for settings in ("job_settings", "serving_defaults"):
+        mine, theirs = getattr(charted, settings)(), getattr(bare, settings)()
+        assert mine.model_dump(exclude={"image"}) == theirs.model_dump(exclude={"image"}), settings
+    assert charted.job_resources == DEFAULT_JOB_RESOURCES
+
+
+def test_operator_pod_security_contexts_are_values_hardened_by_default() -> None:
+    (dep,) = docs_of("Deployment", all_on=False)
+    pod = dep["spec"]["template"]["spec"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())["operator"]
+    assert pod["securityContext"] == values["podSecurityContext"]
+    assert pod["containers"][0]["securityContext"] == values["securityContext"]
+    changed = template("--set", "operator.securityContext.readOnlyRootFilesystem=false",
+                       "--set-json", 'operator.podSecurityContext.supplementalGroups=[1000]')  # fmt: skip
+    (dep,) = [d for d in changed if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["securityContext"]["supplementalGroups"] == [1000]
+    assert dep["spec"]["template"]["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"] is False
+
+
+def test_openshift_values_pin_no_uid_in_the_operator_or_the_pods_it_creates(monkeypatch: pytest.MonkeyPatch) -> None:
+    """restricted-v2 refuses a pod whose runAsUser or fsGroup is outside the namespace's range, so nothing the chart
+    renders or the operator builds may pin one; everything else stays hardened (restricted-v2 requires it too)."""
+    docs = template(*OPENSHIFT)
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    assert not PINNED_IDS & keys_in(pod)
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    sc = pod["containers"][0]["securityContext"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]} and sc["runAsNonRoot"]
+    pods = workload_pods(operator_config(operator_env(docs), monkeypatch))
+    for kind, spec in pods.items():
+        assert not PINNED_IDS & keys_in(spec), f"{kind} pins a UID or GID"
+        assert spec["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        container = spec["containers"][0]["securityContext"]
+        assert container["allowPrivilegeEscalation"] is False and container["capabilities"] == {"drop": ["ALL"]}
+    # The defaults do pin them (the image's nonroot user), in the operator and in its pods alike.
+    defaults = workload_pods(operator_config(operator_env(rendered(False)), monkeypatch))
+    assert all(spec["securityContext"]["runAsUser"] == 65532 for spec in defaults.values())
+
+
+def test_image_pull_secrets_for_the_operator_and_the_pods_it_creates(monkeypatch: pytest.MonkeyPatch) -> None:
+    (dep,) = docs_of("Deployment")
+    assert dep["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "regcred"}]
+    pods = workload_pods(operator_config(operator_env(rendered(True)), monkeypatch))
+    assert all(spec["imagePullSecrets"] == [{"name": "regcred"}] for spec in pods.values())
+    (default,) = docs_of("Deployment", all_on=False)
+    assert "imagePullSecrets" not in default["spec"]["template"]["spec"]
+    pods = workload_pods(operator_config(operator_env(rendered(False)), monkeypatch))
+    assert not any("imagePullSecrets" in spec for spec in pods.values())
+
+
+def test_jobs_get_guaranteed_qos_and_serving_its_resources_from_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    pods = workload_pods(operator_config(operator_env(rendered(False)), monkeypatch))
+    job = pods["job"]["containers"][0]["resources"]
+    assert job["requests"] == job["limits"] and {"cpu", "memory"} <= job["requests"].keys(), "Guaranteed QoS"
+    docs = template("--set", "agent.resources.requests.cpu=4", "--set", "agent.resources.limits.cpu=4",
+                    "--set", "serving.resources.requests.memory=3Gi", "--set", "serving.resources.limits.memory=3Gi",
+                    "--set", "serving.resources.limits.cpu=null",
+                    "--set", "serving.resources.requests.cpu=500m")  # fmt: skip
+    pods = workload_pods(operator_config(operator_env(docs), monkeypatch))
+    assert pods["job"]["containers"][0]["resources"]["limits"] == {"cpu": "4", "memory": "4Gi"}
+    assert pods["serving"]["containers"][0]["resources"] == {
+        "requests": {"cpu": "500m", "memory": "3Gi"},
+        "limits": {"memory": "3Gi"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("args", "variable", "why"),
+    [
+        (["--set", "agent.resources.requests.cpu=8"], "METAINFER_JOB_RESOURCES", "requests.cpu must not exceed"),
+        (["--set", "serving.resources.requests.memory=3Gi"], "METAINFER_SERVING_RESOURCES", "requests.memory"),
+        (["--set", "workloads.podSecurityContext.runAsUser=0"], "METAINFER_WORKLOAD_POD_SECURITY_CONTEXT", "never"),
+    ],
+)
+def test_values_the_schema_cannot_judge_stop_the_operator_naming_the_variable(
+    args: list[str], variable: str, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from metainfer.operator.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"{variable}.*{why}"):
+        operator_config(operator_env(template(*args)), monkeypatch)
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "why"),
+    [
+        ("METAINFER_WORKLOAD_CONTAINER_SECURITY_CONTEXT", "{readOnlyRootFilesystem: true}", "not valid JSON"),
+        ("METAINFER_WORKLOAD_POD_SECURITY_CONTEXT", '{"fsGroupp": 1}', "fsGroupp"),
+        ("METAINFER_WORKLOAD_IMAGE_PULL_SECRETS", '["regcred"]', "0"),
+        ("METAINFER_JOB_RESOURCES", '{"requests": {"cpu": "lots"}}', "quantity"),
+    ],
+)
+def test_bad_workload_settings_name_the_variable(
+    variable: str, value: str, why: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from metainfer.operator.config import ConfigError
+
+    with pytest.raises(ConfigError, match=f"^invalid operator configuration: {variable}.*{why}"):
+        operator_config({variable: value}, monkeypatch)
+
+
+def test_service_accounts_the_chart_does_not_create_are_still_the_ones_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = template("--set", "workloadNamespaces={ml-a,ml-b}",
+                    "--set", "operator.serviceAccount.create=false", "--set", "operator.serviceAccount.name=ops",
+                    "--set", "agent.serviceAccount.create=false", "--set", "agent.serviceAccount.name=team-agent",
+                    "--set", "serving.serviceAccount.create=false",
+                    "--set", "serving.serviceAccount.name=team-serving")  # fmt: skip
+    assert not [d for d in docs if d["kind"] == "ServiceAccount"]
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == "ops"
+    bindings = [d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    subjects = {(b["metadata"]["name"].rsplit("-", 1)[-1], s["name"]) for b in bindings for s in b["subjects"]}
+    assert subjects == {("operator", "ops"), ("agent", "team-agent")}
+    for vap in [d for d in docs if d["kind"] == "ValidatingAdmissionPolicy"]:
+        assert vap["spec"]["matchConditions"][0]["expression"].endswith("':team-agent')")
+    pods = workload_pods(operator_config(operator_env(docs), monkeypatch))
+    assert pods["job"]["serviceAccountName"] == "team-agent" and pods["serving"]["serviceAccountName"] == "team-serving"
+    # Created: in each workload namespace, with their annotations (e.g. a cloud workload identity).
+    docs = template("--set", "workloadNamespaces={ml-a,ml-b}",
+                    "--set", "agent.serviceAccount.annotations.iam\\.example/role=models-reader")  # fmt: skip
+    accounts = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "ServiceAccount"}
+    assert accounts.keys() == {("metainfer-system", "mi-metainfer-operator")} | {
+        (ns, name) for ns in ("ml-a", "ml-b") for name in ("metainfer-agent", "metainfer-serving")
+    }
+    assert accounts[("ml-b", "metainfer-agent")]["metadata"]["annotations"] == {"iam.example/role": "models-reader"}
+    missing = run_helm("template", "mi", str(CHART), "--set", "operator.serviceAccount.create=false", check=False)
+    assert missing.returncode != 0 and "operator.serviceAccount.name must name" in missing.stderr
+
+
+def test_monitors_and_rule_take_namespace_labels_interval_and_relabelings() -> None:
+    (sm,), (pm,), (rule,) = docs_of("ServiceMonitor"), docs_of("PodMonitor"), docs_of("PrometheusRule")
+    for doc in (sm, pm, rule):
+        assert doc["metadata"]["namespace"] == "metainfer-system", "the release namespace by default"
+        assert doc["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    (sm_endpoint,), (pm_endpoint,) = sm["spec"]["endpoints"], pm["spec"]["podMetricsEndpoints"]
+    for endpoint, interval in ((sm_endpoint, "30s"), (pm_endpoint, "15s")):
+        assert endpoint["interval"] == interval and endpoint["scrapeTimeout"] == "10s"
+        assert endpoint["relabelings"][-1]["targetLabel"] == "node"
+        assert endpoint["metricRelabelings"] == [
+            {"action": "drop", "sourceLabels": ["__name__"], "regex": "python_gc_.*"}
+        ]
+    moved = template(*ALL_ON, *(arg for what in ("metrics.serviceMonitor", "metrics.podMonitor", "prometheusRule")
+                                for arg in ("--set", f"{what}.namespace=monitoring")))  # fmt: skip
+    by_kind = {d["kind"]: d for d in moved if d["kind"] in ("ServiceMonitor", "PodMonitor", "PrometheusRule")}
+    assert {d["metadata"]["namespace"] for d in by_kind.values()} == {"monitoring"}
+    assert by_kind["ServiceMonitor"]["spec"]["namespaceSelector"] == {"matchNames": ["metainfer-system"]}
+    assert by_kind["PodMonitor"]["spec"]["namespaceSelector"] == {"matchNames": ["ml-a", "ml-b"]}
+    # The alert on unscrapable serving pods selects a job label; the PodMonitor gives its targets that job wherever
+    # it lives (Prometheus Operator's default is "<the PodMonitor's namespace>/<its name>").
+    alerts = {r["alert"]: r for g in by_kind["PrometheusRule"]["spec"]["groups"] for r in g["rules"]}
+    (job,) = re.findall(r'job="([^"]+)"', alerts["MetainferServingMetricsUnavailable"]["expr"])
+    (pin, *_) = by_kind["PodMonitor"]["spec"]["podMetricsEndpoints"][0]["relabelings"]
+    assert pin == {"action": "replace", "targetLabel": "job", "replacement": job}
+    (default_pm,) = [d for d in template("--set", "metrics.podMonitor.enabled=true") if d["kind"] == "PodMonitor"]
+    assert default_pm["spec"]["podMetricsEndpoints"][0]["relabelings"] == [pin]
+    assert "scrapeTimeout" not in default_pm["spec"]["podMetricsEndpoints"][0]
 
 
 # --- dashboard and alerts: valid, and only metrics the project exports --------------------------------------------

@@ -7,19 +7,25 @@ import re
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
-from metainfer.core.api.policy import AdaptationPolicy
+from metainfer.core.api.policy import AdaptationPolicy, ResourceRequirements
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.control.hardware import classify_node, group_nodes
 from metainfer.core.control.manifests import (
+    DEFAULT_JOB_RESOURCES,
     LABEL_CLASS,
     LABEL_POLICY,
     LABEL_RUN_KEY,
     AgentJobSettings,
+    ContainerSecurityContext,
+    PodSecurityContext,
+    ServingDefaults,
     build_deployment,
     build_job,
     build_run,
     build_service,
+    merged_resources,
     run_key,
 )
 from metainfer.core.control.naming import JOB_MAX, canary_name, job_name, label_value, run_name, workload_name
@@ -141,11 +147,11 @@ def test_build_run_validates_and_is_owned() -> None:
 
 
 def _hardened(pod: dict[str, Any]) -> None:
-    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsNonRoot"] is True and pod["securityContext"]["runAsUser"] == 65532
     assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (c,) = pod["containers"]
     sc = c["securityContext"]
-    assert sc["runAsNonRoot"] and sc["runAsUser"] == 65532 and sc["readOnlyRootFilesystem"] is True
+    assert sc["runAsNonRoot"] and "runAsUser" not in sc and sc["readOnlyRootFilesystem"] is True
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
     mounts = {m["mountPath"] for m in c["volumeMounts"]}
     assert "/tmp" in mounts and {"name": "HOME", "value": "/tmp"} in c["env"]
@@ -174,6 +180,100 @@ def test_build_job_is_pinned_hardened_and_owned() -> None:
     cpu_pod = cpu_job["spec"]["template"]["spec"]
     assert "affinity" in cpu_pod and cpu_pod["serviceAccountName"] == "metainfer-agent"
     assert "nvidia.com/gpu" not in json.dumps(cpu_pod["containers"][0]["resources"])
+
+
+def _pods(settings: tuple[AgentJobSettings, ServingDefaults], **spec: Any) -> list[dict[str, Any]]:
+    """The Job's and the Deployment's pod specs for one GPU class, built with ``settings``."""
+    group, p = gpu_group(), policy(**spec)
+    run = succeeded(build_run(p, group, "NewHardwareClass"))
+    job, dep = build_job(run, group, settings[0]), build_deployment(p, group, run, settings[1])
+    return [job["spec"]["template"]["spec"], dep["spec"]["template"]["spec"]]
+
+
+def test_jobs_are_guaranteed_qos_by_default() -> None:
+    """requests == limits for every resource (cpu and memory from the platform, the class's GPU): the kubelet gives
+    the pod Guaranteed QoS, so its latency measurements do not depend on what else runs on the node."""
+    assert DEFAULT_JOB_RESOURCES.requests == DEFAULT_JOB_RESOURCES.limits
+    cpu_group = next(iter(group_nodes([("c", CPU)]).values()))
+    for group in (gpu_group(), cpu_group):
+        run = build_run(policy(), group, "NewHardwareClass")
+        run["metadata"]["uid"] = "u"
+        (c,) = build_job(run, group)["spec"]["template"]["spec"]["containers"]
+        requests, limits = c["resources"]["requests"], c["resources"]["limits"]
+        assert requests == limits and {"cpu", "memory"} <= requests.keys()
+        assert all(isinstance(q, str) for q in requests.values()), "the Kubernetes client refuses int quantities"
+    platform = AgentJobSettings(resources=ResourceRequirements(requests={"cpu": 4}, limits={"cpu": 4}))
+    (job_pod, _) = _pods((platform, ServingDefaults()))
+    assert job_pod["containers"][0]["resources"] == {
+        "requests": {"cpu": "4", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "4", "nvidia.com/gpu": "1"},
+    }
+
+
+def test_serving_resources_the_policy_names_win_the_rest_are_the_platforms() -> None:
+    platform = ResourceRequirements(requests={"cpu": "1", "memory": "1Gi"}, limits={"cpu": "1", "memory": "2Gi"})
+    assert merged_resources(None, platform) == {
+        "requests": {"cpu": "1", "memory": "1Gi"},
+        "limits": {"cpu": "1", "memory": "2Gi"},
+    }
+    # A memory request above the platform's memory limit: the platform's limit must not come with it (the API
+    # server would refuse requests > limits), so memory is the policy's alone.
+    own = ResourceRequirements(requests={"memory": "8Gi"})
+    assert merged_resources(own, platform) == {"requests": {"cpu": "1", "memory": "8Gi"}, "limits": {"cpu": "1"}}
+    own = ResourceRequirements(limits={"cpu": "3", "ephemeral-storage": "1Gi"})
+    assert merged_resources(own, platform) == {
+        "requests": {"memory": "1Gi"},
+        "limits": {"memory": "2Gi", "cpu": "3", "ephemeral-storage": "1Gi"},
+    }
+    assert merged_resources(own, None) == {"limits": {"cpu": "3", "ephemeral-storage": "1Gi"}}
+    assert merged_resources(None, None) == {}
+    settings = (AgentJobSettings(), ServingDefaults(resources=platform))
+    (_, silent) = _pods(settings)
+    assert silent["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": "1"}
+    (_, named) = _pods(settings, serving={"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}})
+    assert named["containers"][0]["resources"] == {
+        "requests": {"memory": "1Gi", "cpu": "2", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "2Gi", "cpu": "2", "nvidia.com/gpu": "1"},
+    }
+
+
+def test_platform_security_contexts_and_pull_secrets_reach_jobs_and_serving_pods() -> None:
+    """OpenShift's restricted SCC assigns UIDs and refuses pinned ones: without runAsUser/runAsGroup/fsGroup in the
+    platform's pod securityContext, no UID is pinned anywhere in the Job or the serving pod."""
+    for pod in _pods((AgentJobSettings(), ServingDefaults())):
+        assert "imagePullSecrets" not in pod
+        assert pod["securityContext"]["fsGroup"] == 65532
+    openshift = PodSecurityContext.model_validate({"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}})
+    container = ContainerSecurityContext.model_validate(
+        {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True}
+    )
+    common = {"pod_security_context": openshift, "container_security_context": container,
+              "image_pull_secrets": ("regcred", "mirror")}  # fmt: skip
+    for pod in _pods((AgentJobSettings(**common), ServingDefaults(**common))):
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+        assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+        assert pod["containers"][0]["securityContext"] == {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "runAsNonRoot": True,
+        }
+        assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(re.findall(r'"(\w+)":', json.dumps(pod)))
+
+
+@pytest.mark.parametrize(
+    ("model", "value", "why"),
+    [
+        (PodSecurityContext, {"runAsUsr": 1000}, "runAsUsr"),  # a typo is an error, not a silent default
+        (PodSecurityContext, {"runAsUser": -1}, "runAsUser"),
+        (PodSecurityContext, {"runAsNonRoot": True, "runAsUser": 0}, "can never start"),
+        (PodSecurityContext, {"seccompProfile": {"type": "Default"}}, "seccompProfile"),
+        (ContainerSecurityContext, {"privileged": True, "allowPrivilegeEscalation": False}, "allowPrivilegeEscalation"),
+        (ContainerSecurityContext, {"capabilities": {"drop": "ALL"}}, "drop"),
+    ],
+)
+def test_security_contexts_refuse_what_kubernetes_would(model: type, value: dict[str, Any], why: str) -> None:
+    with pytest.raises(ValidationError, match=why):
+        model.model_validate(value)
 
 
 def test_job_deadline_from_spec_and_model_volume() -> None:
@@ -215,7 +315,11 @@ def test_build_deployment_serves_the_recipe_on_the_class() -> None:
     assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
-    assert c["resources"]["requests"] == {"cpu": "2", "nvidia.com/gpu": "1"}
+    # The policy names cpu: its request wins and the platform's cpu limit goes with it; memory is the platform's.
+    assert c["resources"] == {
+        "requests": {"cpu": "2", "memory": "2Gi", "nvidia.com/gpu": "1"},
+        "limits": {"memory": "2Gi", "nvidia.com/gpu": "1"},
+    }
     _hardened(pod)
     svc = build_service(p, group)
     assert svc["metadata"]["name"] == dep["metadata"]["name"] and svc["spec"]["type"] == "ClusterIP"

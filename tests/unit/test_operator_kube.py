@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -95,3 +99,19 @@ def test_startup_releases_only_deleted_policies_of_terminating_watched_namespace
     ]
     assert without_finalizer({"metadata": {"finalizers": [FINALIZER]}}) is None  # not being deleted
     assert without_finalizer({"metadata": {"deletionTimestamp": "t", "finalizers": ["other/keep"]}}) is None
+
+
+def test_a_bad_platform_setting_stops_the_operator_naming_the_variable(tmp_path: Path) -> None:
+    """kopf retries a failing startup handler forever; a value no retry can fix must stop the process instead."""
+    env = {
+        **os.environ,
+        "PYTHONSAFEPATH": "1",
+        "KUBECONFIG": str(tmp_path / "none"),
+        "METAINFER_JOB_RESOURCES": '{"requests": {"cpu": "4"}, "limits": {"cpu": "2"}}',
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "metainfer.agent.cli", "operator", "--liveness", ""],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "METAINFER_JOB_RESOURCES: requests.cpu must not exceed limits.cpu" in proc.stderr

@@ -36,13 +36,23 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end }}
 
+{{/* A ServiceAccount the chart does not create must be named: a generated name would match nothing. */}}
 {{- define "metainfer.operatorServiceAccount" -}}
-{{- default (printf "%s-operator" (include "metainfer.fullname" .)) .Values.operator.serviceAccount.name }}
+{{- $sa := .Values.operator.serviceAccount }}
+{{- if and (not $sa.create) (not $sa.name) }}
+{{- fail "operator.serviceAccount.name must name the existing ServiceAccount when operator.serviceAccount.create is false" }}
+{{- end }}
+{{- default (printf "%s-operator" (include "metainfer.fullname" .)) $sa.name }}
 {{- end }}
 
-{{/* The serving pods' ServiceAccount: fixed by the operator (core.control.manifests.ServingDefaults). */}}
+{{/* Adaptation Jobs' ServiceAccount in each workload namespace (the operator gets it as METAINFER_AGENT_SERVICE_ACCOUNT). */}}
+{{- define "metainfer.agentServiceAccount" -}}
+{{- .Values.agent.serviceAccount.name }}
+{{- end }}
+
+{{/* Serving pods' ServiceAccount in each workload namespace (METAINFER_SERVING_SERVICE_ACCOUNT). */}}
 {{- define "metainfer.servingServiceAccount" -}}
-metainfer-serving
+{{- .Values.serving.serviceAccount.name }}
 {{- end }}
 
 {{- define "metainfer.image" -}}
