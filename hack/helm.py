@@ -44,10 +44,10 @@ HELM = assets.GoBinary(
 )
 
 
-def all_optional_on(rule_namespace: str) -> list[str]:
+def all_optional_on() -> list[str]:
     """Flags for ``helm template``/``lint`` that switch on every optional feature of charts/metainfer.
 
-    The SLO-breach alert gets one policy (``digits``, p95 5 ms) in ``rule_namespace``. The monitors and the rule
+    The monitors and the rule
     carry kube-prometheus-stack's selector label, scrape timeouts and relabelings; the operator pod and the pods it
     creates get a pull secret (``regcred``).
     """
@@ -60,8 +60,6 @@ def all_optional_on(rule_namespace: str) -> list[str]:
         "--set", "dashboard.enabled=true",
         "--set", "prometheus.url=http://prometheus.monitoring:9090",
         "--set-json", 'labelMapping={"cpuFeatures":["AVX2","AVX512VNNI"]}',
-        "--set-json",
-        f'prometheusRule.sloBreach.policies=[{{"namespace":"{rule_namespace}","policy":"digits","p95Ms":5}}]',
         *(arg for monitor in ("serviceMonitor", "podMonitor") for arg in (
             "--set", f"metrics.{monitor}.labels.release=kube-prometheus-stack",
             "--set", f"metrics.{monitor}.scrapeTimeout=10s",

@@ -50,7 +50,7 @@ pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "metainfer"
-ALL_ON = all_optional_on("default")
+ALL_ON = all_optional_on()
 MONITORING_KINDS = [("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"),
                     ("PrometheusRule", "prometheusrules")]  # fmt: skip
 

@@ -32,7 +32,7 @@ DASHBOARD = CHART / "dashboards" / "metainfer-slo.json"
 
 # Every optional feature on, and every value that changes what is rendered set.
 ALL_ON = [
-    *all_optional_on("ml-a"),
+    *all_optional_on(),
     "--set", "workloadNamespaces={ml-a,ml-b}",
     "--set", "operator.watchNamespaces={ml-a,ml-b}",
 ]  # fmt: skip
@@ -183,7 +183,7 @@ def test_helm_enforces_the_schema() -> None:
         (["--set", "image.pullPolicy=Sometimes"], "pullPolicy"),
         (["--set", "operator.maxConcurentRuns=3"], "maxConcurentRuns"),  # a typo is an error, not ignored
         (["--set", "prometheusRule.sloBreach.window=five"], "window"),
-        (["--set-json", 'prometheusRule.sloBreach.policies=[{"namespace":"a"}]'], "policy"),
+        (["--set-json", 'prometheusRule.sloBreach.policies=[{"namespace":"a"}]'], "policies"),
         (["--set", "operator.podSecurityContext.runAsUsr=1"], "runAsUsr"),
         (["--set", "workloads.podSecurityContext.runAsUser=-1"], "runAsUser"),
         (["--set", "workloads.securityContext.capabilities.drop=ALL"], "drop"),
@@ -558,6 +558,7 @@ def dashboard_exprs() -> list[str]:
     board = json.loads(DASHBOARD.read_text())
     exprs = [t["expr"] for p in board["panels"] for t in p.get("targets", [])]
     exprs += [v["definition"] for v in board["templating"]["list"] if v.get("definition")]
+    exprs += [a["expr"] for a in board["annotations"]["list"]]
     return exprs
 
 
@@ -587,16 +588,39 @@ def test_dashboard_is_valid_json_with_the_required_panels() -> None:
     board = json.loads(DASHBOARD.read_text())
     assert board["uid"] and board["title"] and board["schemaVersion"] >= 30
     titles = " | ".join(p["title"] for p in board["panels"]).lower()
-    for wanted in ("p95 latency vs slo per hardware class", "adaptations over time by reason", "run outcomes",
-                   "best p95 per hardware class", "canary decisions"):  # fmt: skip
+    for wanted in ("p95 latency vs slo per hardware class", "adaptations over time by trigger", "run outcomes",
+                   "adapted p95 of the served variant", "canary decisions", "class states"):  # fmt: skip
         assert wanted in titles, f"dashboard lacks a panel for {wanted!r}"
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids)), "panel ids must be unique"
     (cm,) = [d for d in docs_of("ConfigMap") if d["metadata"]["name"].endswith("-dashboard")]
     assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
-    embedded = json.loads(cm["data"]["metainfer-slo.json"])
-    slo = next(v for v in embedded["templating"]["list"] if v["name"] == "slo_ms")
-    assert slo["query"] == "50", "the default SLO line comes from values (dashboard.defaultSloMs)"
+    assert json.loads(cm["data"]["metainfer-slo.json"]) == board
+
+
+def test_dashboard_reads_the_slo_from_prometheus_and_names_classes_in_words() -> None:
+    """No SLO typed into the chart: the SLO line per policy is the exported metric; a hardware-class variable shows
+    the classes in words (its value is the fingerprint the series carry); legends never show a fingerprint; runs,
+    promotions, rollbacks and drift re-adaptations are annotations."""
+    board = json.loads(DASHBOARD.read_text())
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert "slo_ms" not in variables
+    hw = variables["hardware_class"]
+    assert (
+        "metainfer_policy_class_info" in hw["definition"] and "(?<text>" in hw["regex"] and "(?<value>" in hw["regex"]
+    )
+    targets = [t for p in board["panels"] for t in p.get("targets", [])]
+    (latency,) = [p for p in board["panels"] if p["title"] == "p95 latency vs SLO per hardware class"]
+    assert any("metainfer_policy_slo_latency_seconds" in t["expr"] for t in latency["targets"])
+    for target in targets:
+        assert "{{hardware_class}}" not in target.get("legendFormat", ""), target
+        if "metainfer_inference_" in target["expr"]:
+            assert 'hardware_class=~"$hardware_class"' in target["expr"], target["expr"]
+    annotations = {a["name"]: a["expr"] for a in board["annotations"]["list"]}
+    assert "metainfer_operator_runs_started_total" in annotations["Adaptation runs"]
+    assert 'decision="promoted"' in annotations["Canary promotions"]
+    assert 'decision="rolled_back"' in annotations["Canary rollbacks"]
+    assert "metainfer_operator_drift_decisions_total" in annotations["Drift re-adaptations"]
 
 
 @pytest.mark.parametrize("source", ["dashboard", "alerts"])
@@ -617,7 +641,12 @@ def test_every_required_alert_exists() -> None:
     assert {"MetainferSLOBreach", "MetainferAdaptationFailed", "MetainferOperatorMetricsUnavailable",
             "MetainferServingMetricsUnavailable"} <= alerts.keys()  # fmt: skip
     slo = alerts["MetainferSLOBreach"]
-    assert "hardware_class" in slo["expr"] and "> 0.005" in slo["expr"], "p95 per class vs the 5 ms SLO"
+    assert "hardware_class" in slo["expr"] and "metainfer_policy_slo_latency_seconds" in slo["expr"]
+    assert all(r["annotations"]["runbook_url"].startswith("docs/runbooks.md#") for r in alerts.values())
+    runbooks = (REPO / "docs" / "runbooks.md").read_text()
+    for name, alert in alerts.items():
+        anchor = alert["annotations"]["runbook_url"].split("#", 1)[1]
+        assert f"## {anchor}" in runbooks.lower().replace("`", ""), f"docs/runbooks.md has no section for {name}"
     assert 'outcome="failed"' in alerts["MetainferAdaptationFailed"]["expr"]
 
 
@@ -626,11 +655,13 @@ def test_promql_parses_with_promtool(tmp_path: Path) -> None:
     (rule,) = docs_of("PrometheusRule")
     alerts = tmp_path / "alerts.yaml"
     alerts.write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
-    grafana = {"$namespace": ".*", "$policy": ".*", "$window": "5m", "$__rate_interval": "1m", "$slo_ms": "50"}
+    grafana = {"$namespace": ".*", "$policy": ".*", "$hardware_class": ".*", "$window": "5m", "$__rate_interval": "1m"}
     records = []
     for i, expr in enumerate(dashboard_exprs()):
         if expr.startswith("label_values("):
             expr = expr.removeprefix("label_values(").rsplit(",", 1)[0]
+        if expr.startswith("query_result("):
+            expr = expr.removeprefix("query_result(").removesuffix(")")
         for var, value in grafana.items():
             expr = expr.replace(var, value)
         records.append({"record": f"metainfer:dashboard_panel_{i}", "expr": expr})
@@ -654,3 +685,54 @@ def test_allowed_prometheus_urls_reach_the_operator_as_its_config_reads_them(mon
     assert "METAINFER_PROMETHEUS_ALLOWED_URLS" not in names, "none by default"
     bad = run_helm("template", "mi", str(CHART), "--set-json", 'prometheus.allowedURLs=["http://x/#"]', check=False)
     assert bad.returncode != 0 and "allowedURLs" in bad.stderr
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian: prometheus)")
+def test_slo_alerts_read_each_policys_exported_slo_and_name_the_class_in_words(tmp_path: Path) -> None:
+    """promtool plays synthetic series through the rendered rules: the policy whose serving p95 (48 ms) exceeds its
+    exported 10 ms SLO alerts, naming its class in words and the runbook; the one with a 100 ms SLO does not; a p99
+    bound alerts only for the policy that sets one."""
+    (rule,) = docs_of("PrometheusRule")
+    (tmp_path / "alerts.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    series = []
+    for policy in ("slow", "relaxed"):
+        labels = f'namespace="ml",policy="{policy}",hardware_class="aaaabbbbccccdddd"'
+        for le, per_minute in (("0.01", 0), ("0.05", 600), ("+Inf", 600)):
+            series.append({"series": f'metainfer_inference_latency_seconds_bucket{{{labels},le="{le}"}}',
+                           "values": f"0+{per_minute}x40"})  # fmt: skip
+    slo = {("slow", "0.95"): 0.01, ("slow", "0.99"): 0.02, ("relaxed", "0.95"): 0.1}
+    for (policy, quantile), seconds in slo.items():
+        name = f'metainfer_policy_slo_latency_seconds{{namespace="ml",policy="{policy}",quantile="{quantile}"}}'
+        series.append({"series": name, "values": f"{seconds}x40"})
+    info = 'namespace="ml",policy="slow",hardware_class="aaaabbbbccccdddd",description="nvidia A100, driver 535"'
+    series.append({"series": f"metainfer_policy_class_info{{{info}}}", "values": "1x40"})
+
+    def expected(quantile: str, value: str) -> dict[str, Any]:
+        return {
+            "exp_labels": {"severity": "warning", "namespace": "ml", "policy": "slow",
+                           "hardware_class": "aaaabbbbccccdddd"},
+            "exp_annotations": {
+                "summary": f"{quantile} of a metainfer policy above its SLO on a hardware class",
+                "description": f"{quantile} latency of policy ml/slow on nvidia A100, driver 535 is {value} over 5m, "
+                "above the policy's spec.slo. The operator re-adapts on sustained drift (reason LatencyDrift); see "
+                "the policy's status.",
+                "runbook_url": "docs/runbooks.md#metainferslobreach",
+            },
+        }  # fmt: skip
+
+    tests = {
+        "rule_files": ["alerts.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "alert_rule_test": [
+                {"eval_time": "20m", "alertname": "MetainferSLOBreach", "exp_alerts": [expected("p95", "48ms")]},
+                {"eval_time": "20m", "alertname": "MetainferSLOBreachP99",
+                 "exp_alerts": [expected("p99", "49.6ms")]},
+            ],
+        }],
+    }  # fmt: skip
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(["promtool", "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

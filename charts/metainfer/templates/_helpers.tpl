@@ -76,3 +76,11 @@ app.kubernetes.io/component: operator
 {{- define "metainfer.labelMappingPath" -}}
 /etc/metainfer/label-mapping/mapping.yaml
 {{- end }}
+
+{{/* runbook_url of an alert: prometheusRule.runbookBaseURL (where the team hosts docs/runbooks.md), else the
+relative reference to the runbook shipped in the project's docs. Argument: (list $ "anchor"). */}}
+{{- define "metainfer.runbook" -}}
+{{- $root := index . 0 -}}
+{{- $base := $root.Values.prometheusRule.runbookBaseURL | default "docs/runbooks.md" -}}
+{{- printf "%s#%s" $base (index . 1) -}}
+{{- end }}
