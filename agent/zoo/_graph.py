@@ -1,8 +1,9 @@
 """A small helper that names nodes and tensors while a graph is written by hand.
 
-Output names are derived from a running counter, and initializers are created in
-call order from one seeded generator, so the same calls always give the same
-bytes. Shared constants (the same name asked for twice) are stored once.
+Output names are derived from a running counter, and each random initializer is
+drawn from its own stream keyed by the seed and its name (``_exact``), so the same
+calls always give the same bytes, on any machine. Shared constants (the same name
+asked for twice) are stored once.
 """
 
 from __future__ import annotations
@@ -14,17 +15,33 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from metainfer.agent.zoo._exact import bell, bell_width, to_float32
+
+MAX_BELL_WIDTH = 1 << 16
+
+
+def _weight_exponent(init_std: float) -> int:
+    """Weights are integers times ``2**-exponent``; the largest exponent whose bell still fits 16-bit draws keeps
+    the most resolution (for std 0.02: exponent 20, width ~36k, about 15 bits per weight)."""
+    if not init_std > 0:
+        raise ValueError(f"init_std must be positive, got {init_std}")
+    exponent = 0
+    while bell_width(init_std, exponent + 1) <= MAX_BELL_WIDTH:
+        exponent += 1
+    return exponent
+
 
 class GraphBuilder:
     """Collects nodes and initializers; each ``node`` call returns its output's name."""
 
-    def __init__(self, rng: np.random.Generator, init_std: float, opset: int) -> None:
+    def __init__(self, seed: int, init_std: float, opset: int) -> None:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[onnx.TensorProto] = []
         self.value_info: list[onnx.ValueInfoProto] = []
         self._names: set[str] = set()
-        self._rng = rng
-        self._init_std = init_std
+        self._seed = seed
+        self._exponent = _weight_exponent(init_std)
+        self._width = bell_width(init_std, self._exponent)
         self._count = 0
         self.opset = opset
 
@@ -43,9 +60,13 @@ class GraphBuilder:
         return name
 
     def weight(self, name: str, shape: tuple[int, ...]) -> str:
-        """A float32 initializer drawn from N(0, init_std), BERT's initialisation."""
-        value = self._rng.standard_normal(shape, dtype=np.float32) * np.float32(self._init_std)
-        return self.const(name, value)
+        """A float32 initializer with mean 0 and standard deviation init_std (BERT's initialisation).
+
+        The distribution is a four-term Irwin-Hall rather than a normal: close to
+        one (bounded at about 3.5 standard deviations), and made of integers, so the
+        bytes do not depend on the machine's libm or on numpy's sampling algorithms.
+        """
+        return self.const(name, to_float32(bell(f"{self._seed}/{name}", shape, self._width), self._exponent))
 
     def linear(self, x: str, prefix: str, fan_in: int, fan_out: int) -> str:
         """``x @ W + b`` as MatMul then Add, the way torch exports ``nn.Linear`` on 3-D input.

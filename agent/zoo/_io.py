@@ -3,8 +3,8 @@
 Recipes are keyed by the base model's sha256, so an example model must come out
 byte-identical every time it is built. ``onnx.save`` and ``numpy.savez`` are not
 enough for that: protobuf map ordering is only fixed with ``deterministic=True``,
-and ``numpy.savez`` stamps every zip member with the current time. These helpers
-pin both.
+and ``numpy.savez`` stamps every zip member with the current time (and zipfile
+with the operating system it ran on). These helpers pin all of them.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ import onnx
 
 # Zip's epoch; any fixed value would do, this one is what reproducible-build tools use.
 _FIXED_ZIP_TIME = (1980, 1, 1, 0, 0, 0)
+# "Made by" Unix, which zipfile writes everywhere but on Windows (0 there), where the same archive would differ.
+_ZIP_CREATE_SYSTEM_UNIX = 3
 
 
 def save_model(model: onnx.ModelProto, path: Path) -> None:
@@ -41,4 +43,5 @@ def save_npz(arrays: Mapping[str, np.ndarray], path: Path) -> None:
             np.lib.format.write_array(buffer, np.ascontiguousarray(arrays[name]), allow_pickle=False)
             info = zipfile.ZipInfo(f"{name}.npy", date_time=_FIXED_ZIP_TIME)
             info.external_attr = 0o644 << 16
+            info.create_system = _ZIP_CREATE_SYSTEM_UNIX
             archive.writestr(info, buffer.getvalue())

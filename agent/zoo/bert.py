@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from metainfer.agent.zoo._exact import uniform_below
 from metainfer.agent.zoo._graph import GraphBuilder
 from metainfer.agent.zoo._onnx import ir_version_for
 
@@ -159,7 +160,7 @@ def _layer(g: GraphBuilder, cfg: BertConfig, hidden: str, mask: str, index: int,
 def build_bert_model(cfg: BertConfig | None = None, seed: int = 0) -> onnx.ModelProto:
     """The encoder with seeded weights; inputs ``[batch, sequence]`` int64, output float32."""
     cfg = cfg or BertConfig()
-    g = GraphBuilder(np.random.default_rng(seed), cfg.init_std, cfg.opset)
+    g = GraphBuilder(seed, cfg.init_std, cfg.opset)
     sequence: str | int = cfg.static_sequence or "sequence"
     hidden = _embeddings(g, cfg, sequence)
     mask = _extended_mask(g)
@@ -187,22 +188,23 @@ def build_bert_inputs(
 
     Real batches are padded, and padding is where a wrong mask shows up, so true
     lengths range from 8 tokens to the full sequence; about half the samples are
-    sentence pairs with token type 1 on the second segment.
+    sentence pairs with token type 1 on the second segment. Every draw is integer
+    arithmetic (``_exact``), so the arrays are the same on every machine.
     """
     cfg = cfg or BertConfig()
-    rng = np.random.default_rng(seed)
     input_ids = np.full((samples, seq_len), PAD_ID, np.int64)
     attention_mask = np.zeros((samples, seq_len), np.int64)
     token_type_ids = np.zeros((samples, seq_len), np.int64)
-    lengths = rng.integers(8, seq_len + 1, size=samples)
+    lengths = 8 + uniform_below(f"{seed}/lengths", samples, seq_len - 7)
     lengths[0] = seq_len  # at least one sample without padding
-    for row, length in enumerate(lengths):
-        input_ids[row, :length] = rng.integers(SEP_ID + 1, cfg.vocab, size=length)
+    pairs = uniform_below(f"{seed}/pairs", samples, 2)
+    for row, length in enumerate(lengths.tolist()):
+        input_ids[row, :length] = SEP_ID + 1 + uniform_below(f"{seed}/tokens/{row}", length, cfg.vocab - SEP_ID - 1)
         input_ids[row, 0] = CLS_ID
         input_ids[row, length - 1] = SEP_ID
         attention_mask[row, :length] = 1
-        if rng.random() < 0.5 and length >= 6:
-            split = int(rng.integers(2, length - 2))
+        if pairs[row] and length >= 6:
+            split = 2 + int(uniform_below(f"{seed}/split/{row}", 1, length - 4)[0])
             input_ids[row, split] = SEP_ID
             token_type_ids[row, split + 1 : length] = 1
     return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}

@@ -1,8 +1,10 @@
 """Write the example models and their data to disk and describe them.
 
-Every build starts from fixed seeds and writes through the byte-stable writers
-in ``_io``, so the sha256 in an ``ExampleModel`` is the same on every build on a
-given machine; recipes keyed by it stay valid. Rebuilding is cheap (digits and
+Every build starts from fixed seeds, computes its weights and data in integer
+arithmetic (``_exact``; digits is trained in fixed point) and writes through the
+byte-stable writers in ``_io``, so the sha256 in an ``ExampleModel`` is the same
+on every build on every machine: the ones pinned in ``examples/*.yaml`` hold
+anywhere, and recipes keyed by them stay valid. Rebuilding is cheap (digits and
 bert together take about two seconds), so nothing is cached.
 """
 
@@ -72,7 +74,7 @@ def _build_digits(name: str, directory: Path) -> ExampleModel:
     data = {digits.INPUT_NAME: example.inputs, "labels": example.labels}
     text = (
         f"MLP 64-256-128-10 on sklearn digits (pixels / 16), {len(example.labels)} labelled "
-        f"validation samples, FP32 top-1 {example.accuracy:.4f}"
+        f"validation samples, top-1 {example.accuracy:.4f}"
     )
     return _describe(name, directory, example.model, data, text)
 

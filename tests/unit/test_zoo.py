@@ -1,7 +1,12 @@
-"""The example models: deterministic bytes, right shapes, and ORT runs and fuses them."""
+"""The example models: deterministic bytes on any machine, right shapes, and ORT runs and fuses them."""
 
 from __future__ import annotations
 
+import json
+import os
+import platform
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -9,10 +14,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import yaml
 
 from metainfer.agent.zoo import DEFAULT_EXAMPLES, ExampleModel, build_examples, list_light_models
 from metainfer.agent.zoo.bert import BertConfig, build_bert_model
 
+ROOT = Path(__file__).resolve().parents[2]
 LIGHT_MODELS = sorted(list_light_models())
 # The three with >60 M parameters materialise hundreds of MB when ORT folds their fills.
 HEAVY_LIGHT = {"light_bvlc_alexnet", "light_vgg19", "light_zfnet512"}
@@ -61,14 +68,17 @@ def test_digits_shapes_labels_and_accuracy(examples: dict[str, ExampleModel]) ->
     assert digits.input_names == ("input",) and digits.has_labels and digits.fixed_batch is None
     with np.load(digits.data_path) as data:
         inputs, labels = data["input"], data["labels"]
-    assert inputs.dtype == np.float32 and inputs.shape == (360, 64) and 0 <= inputs.min() <= inputs.max() <= 1
-    assert labels.dtype == np.int64 and labels.shape == (360,)
+    # A stratified fifth of load_digits' 1797 images.
+    assert 350 <= digits.samples <= 370 and np.bincount(labels).min() >= 35
+    assert inputs.dtype == np.float32 and inputs.shape == (digits.samples, 64)
+    assert 0 <= inputs.min() <= inputs.max() <= 1
+    assert labels.dtype == np.int64 and labels.shape == (digits.samples,)
     model = onnx.load(digits.model_path)
     assert {node.op_type for node in model.graph.node} == {"MatMul", "Add", "Relu"}
     assert model.opset_import[0].version >= 17
     logits = _session(digits.model_path).run(["logits"], {"input": inputs})[0]
-    assert logits.shape == (360, 10)
-    assert (logits.argmax(axis=1) == labels).mean() > 0.9
+    assert logits.shape == (digits.samples, 10)
+    assert (logits.argmax(axis=1) == labels).mean() > 0.95
 
 
 @pytest.mark.parametrize("batch", [1, 8])
@@ -167,3 +177,129 @@ def test_light_model_runs_on_its_data(name: str, tmp_path: Path) -> None:
     assert outputs[0].shape[:2] == (1, 1000) and np.isfinite(outputs[0]).all()
     # "light": the weights are constant fills, so the output does not depend on the input.
     np.testing.assert_allclose(outputs[0], outputs[1])
+
+
+# Which example each policy in examples/ adapts: its model (and data) sha256 must be what `metainfer examples build`
+# writes for that example, on any machine.
+POLICY_EXAMPLES = {
+    "digits-policy.yaml": "digits",
+    "digits-cpu-policy.yaml": "digits",
+    "bert-mini-policy.yaml": "bert_mini",
+}
+_THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+_CHILD = """
+import json, sys
+from pathlib import Path
+from threadpoolctl import threadpool_info
+from metainfer.agent.zoo import build_examples
+try:
+    from numpy._core._multiarray_umath import __cpu_features__
+except ImportError:  # numpy 1.x
+    from numpy.core._multiarray_umath import __cpu_features__
+built = build_examples(Path(sys.argv[1]))
+print(json.dumps({
+    "built": {name: {"model": e.sha256, "data": e.data_sha256} for name, e in built.items()},
+    "blas": [info for info in threadpool_info() if info["user_api"] == "blas"],
+    "cpu": {name: bool(on) for name, on in __cpu_features__.items()},
+}))
+"""
+
+
+def _numpy_simd() -> tuple[list[str], dict[str, bool]]:
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # numpy 1.x
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    return list(__cpu_dispatch__), dict(__cpu_features__)
+
+
+def _pins() -> dict[tuple[str, str], str]:
+    """(example, "model" or "data") -> the sha256 the policies in examples/ pin for it."""
+    pins: dict[tuple[str, str], str] = {}
+    for path in sorted((ROOT / "examples").glob("*.yaml")):
+        for document in yaml.safe_load_all(path.read_text()):
+            model = (document or {}).get("spec", {}).get("model", {})
+            if "sha256" not in model:
+                continue
+            assert path.name in POLICY_EXAMPLES, f"{path.name} pins a model: add it to POLICY_EXAMPLES"
+            example = POLICY_EXAMPLES[path.name]
+            for kind, sha in (("model", model["sha256"]), ("data", model.get("data", {}).get("sha256"))):
+                if sha is not None:
+                    assert pins.setdefault((example, kind), sha) == sha, (
+                        f"examples/ pin two {kind} sha256 for {example}"
+                    )
+    return pins
+
+
+def _assert_pinned(built: dict[str, dict[str, str]], where: str) -> None:
+    pins = _pins()
+    assert pins, "examples/ pin no sha256"
+    wrong = {
+        f"{example} {kind}": f"built {built[example][kind]}, pinned {sha}"
+        for (example, kind), sha in pins.items()
+        if built[example][kind] != sha
+    }
+    assert not wrong, f"{where}: `metainfer examples build` does not write what examples/*.yaml pin: {wrong}"
+
+
+def test_example_policies_pin_what_the_build_writes(examples: dict[str, ExampleModel]) -> None:
+    built = {name: {"model": e.sha256, "data": e.data_sha256} for name, e in examples.items()}
+    _assert_pinned(built, "this process")
+
+
+def _condition(name: str) -> tuple[dict[str, str], str | None]:
+    """The environment of one way to change floating-point dispatch, or why this machine cannot have it."""
+    one = dict.fromkeys(_THREAD_VARIABLES, "1")
+    two = dict.fromkeys(_THREAD_VARIABLES, "2")
+    if name == "one-thread":
+        return one, None
+    if name == "two-threads-baseline-simd":
+        # Only numpy's dispatch targets can be switched off (it refuses to disable its compiled-in baseline).
+        dispatch, features = _numpy_simd()
+        enabled = [feature for feature in dispatch if features.get(feature)]
+        return {**two, "NPY_DISABLE_CPU_FEATURES": " ".join(enabled)}, (
+            None if enabled else "this CPU has none of numpy's dispatchable SIMD features"
+        )
+    if name == "openblas-nehalem":
+        # OpenBLAS's SSE4.2 kernels (no AVX, no FMA) instead of this CPU's: with the digits MLP that sklearn used to
+        # train in float, this alone changed the model's sha256 (SkylakeX, Haswell and Nehalem kernels on one
+        # machine gave three different files).
+        x86 = platform.machine().lower() in ("x86_64", "amd64")
+        return {**two, "OPENBLAS_CORETYPE": "Nehalem"}, None if x86 else "Nehalem is an x86-64 OpenBLAS kernel"
+    raise ValueError(name)
+
+
+@pytest.mark.parametrize("name", ["one-thread", "two-threads-baseline-simd", "openblas-nehalem"])
+def test_example_build_is_identical_under_other_floating_point_dispatch(name: str, tmp_path: Path) -> None:
+    """Build in a fresh process whose BLAS threads, numpy SIMD level or BLAS kernels differ from this one's.
+
+    Without OPENBLAS_CORETYPE, OpenBLAS picks the kernels of the CPU it runs on, which this process's environment
+    may have pinned otherwise.
+    """
+    overrides, unavailable = _condition(name)
+    if unavailable:
+        pytest.skip(unavailable)
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in {*_THREAD_VARIABLES, "NPY_DISABLE_CPU_FEATURES", "OPENBLAS_CORETYPE"}
+    }
+    env.update(overrides)
+    result = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    # The condition took effect in the child, else this test would check nothing new.
+    for feature in overrides.get("NPY_DISABLE_CPU_FEATURES", "").split():
+        assert report["cpu"][feature] is False, f"numpy in the child still uses {feature}"
+    # BLAS libraries cap their threads at the CPUs this process may use.
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    threads = min(int(overrides[_THREAD_VARIABLES[0]]), cpus)
+    assert report["blas"] and all(info["num_threads"] == threads for info in report["blas"]), report["blas"]
+    if "OPENBLAS_CORETYPE" in overrides:
+        openblas = [info for info in report["blas"] if info["internal_api"] == "openblas"]
+        if not openblas:
+            pytest.skip("numpy and scipy here use no OpenBLAS")
+        assert {info["architecture"] for info in openblas} == {"Nehalem"}, openblas
+    _assert_pinned(report["built"], f"a process with {overrides}")
