@@ -1,7 +1,9 @@
 """The ``metainfer`` command: one entry point for every role.
 
 Subcommands import their machinery lazily so ``metainfer --help`` stays fast
-and a node running only the agent never imports kopf.
+and a node running only the agent never imports kopf. Flags and input paths
+are checked before anything heavy (ONNX, ONNX Runtime, numpy) is imported, so
+a mistyped path fails at once.
 
 Exit codes: 0 success, 2 bad input (one line naming the problem), 3 no
 feasible candidate (the closest candidates and what each missed).
@@ -10,54 +12,130 @@ feasible candidate (the closest candidates and what each missed).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
-from metainfer.core.engine.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM
-from metainfer.core.engine.errors import InputError, MetainferError, NoFeasibleCandidate
+from metainfer.core.engine.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
+from metainfer.core.engine.errors import DataError, InputError, MetainferError, ModelError, NoFeasibleCandidate
+from metainfer.core.engine.scoring import (
+    DEFAULT_LATENCY_WEIGHT,
+    DEFAULT_MEMORY_WEIGHT,
+    DEFAULT_QUALITY_WEIGHT,
+    DEFAULT_THROUGHPUT_WEIGHT,
+)
 
 EXIT_INPUT, EXIT_INFEASIBLE = 2, 3
+MAX_SEED = 2**31 - 1  # as the policy's spec.search.seed
+
+ALGORITHM_HELP: dict[Algorithm, str] = {
+    "hybrid": "a space-filling start, evolutionary moves, then Bayesian refinement; a cheap surrogate"
+    " picks which proposals reach the hardware (default)",
+    "bayes": "Bayesian optimisation (scikit-optimize) after a space-filling start",
+    "evolution": "steady-state evolutionary search after a space-filling start",
+    "random": "uniform random candidates: the baseline the others must beat",
+    "grid": "every combination in a fixed order: exhaustive when --budget-trials covers the space,"
+    " otherwise only the first choices of the leading knobs",
+}
+WEIGHT_FLAGS = ("--latency-weight", "--throughput-weight", "--memory-weight", "--quality-weight")
+
+# argparse names the converter of a flag whose value does not parse ("invalid int value"); a user
+# typed a flag, not a Python type, so these read as what was expected.
+_BUILTIN_TYPES = {"int": "a whole number", "float": "a number"}
 
 
 class _Parser(argparse.ArgumentParser):
     """Usage errors as one line naming the flag, exit 2 (the same contract as bad input files)."""
 
     def error(self, message: str) -> NoReturn:
+        message = re.sub(
+            r"invalid (\w+) value: ('.*')",
+            lambda m: f"expected {_BUILTIN_TYPES.get(m[1], 'a valid value')}, got {m[2]}",
+            message,
+        )
         self.exit(EXIT_INPUT, f"metainfer: error: {message} (see '{self.prog} --help')\n")
+
+
+class _Version(argparse.Action):
+    """``--version``, read from the installed package's metadata only when asked for."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the installed version and exit", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> NoReturn:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            text = f"metainfer {version('metainfer')}"
+        except PackageNotFoundError:
+            text = "metainfer: not installed (no package metadata), so no version"
+        print(text)
+        parser.exit()
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="metainfer", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
     p = sub.add_parser("profile", help="measure this machine's hardware profile")
     p.add_argument("--out", type=Path, help="also write the profile JSON here")
     p.add_argument("--refresh", action="store_true", help="ignore the cached profile and measure again")
 
-    a = sub.add_parser("adapt", help="adapt an ONNX model to this machine")
-    a.add_argument("model", type=Path, help="the FP32 ONNX model")
+    a = sub.add_parser(
+        "adapt",
+        help="adapt an ONNX model to this machine",
+        description="Search quantization, graph and session settings for MODEL on this machine; write the best"
+        " variant, its recipe, a report and a plot to --out.",
+        epilog="search algorithms (--algorithm):\n"
+        + "\n".join(f"  {name:<10} {ALGORITHM_HELP[name]}" for name in ALGORITHM_NAMES)
+        + "\n\nscore of a feasible candidate: the weights times its latency speedup, throughput, memory"
+        " saving and\nquality, each relative to FP32; latencies within the measured timing noise are ties,"
+        " decided by\nmemory and quality.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    a.add_argument("model", metavar="MODEL", type=Path, help="the FP32 ONNX model")
     a.add_argument("--data", type=Path, required=True, help="NPZ: arrays named after the inputs [+ labels]")
     a.add_argument("--batch", type=_positive_int, default=1, help="production batch size (default 1)")
     a.add_argument("--search-batch", action="store_true", help="also search the batch size")
     a.add_argument("--slo-p95-ms", type=_positive_float, help="p95 latency SLO per batch, ms")
+    a.add_argument("--slo-p99-ms", type=_positive_float, help="p99 latency bound per batch, ms (optional)")
     a.add_argument(
         "--max-accuracy-drop",
         type=_fraction,
         default=0.01,
         help="largest quality drop vs FP32 (top-1 points as a fraction, or 1-cosine); default 0.01",
     )
-    a.add_argument("--max-memory-mib", type=_positive_float, help="peak memory limit, MiB")
-    a.add_argument("--budget-trials", type=_positive_int, default=24, help="candidates to measure (default 24)")
-    a.add_argument("--time-budget-s", type=_positive_float, help="stop searching after this many seconds")
-    a.add_argument("--algorithm", choices=ALGORITHM_NAMES, default=DEFAULT_ALGORITHM)
-    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--max-memory-mib", type=_positive_float, help="peak memory limit of the process, MiB")
+    a.add_argument(
+        "--budget-trials",
+        type=_budget,
+        default=24,
+        help=f"candidates to measure, 1 to {MAX_TRIAL_BUDGET} (default 24)",
+    )
+    a.add_argument("--time-budget-s", type=_time_budget, help="stop searching after this many seconds (>= 1)")
+    a.add_argument(
+        "--algorithm",
+        choices=ALGORITHM_NAMES,
+        default=DEFAULT_ALGORITHM,
+        metavar="NAME",
+        help=f"search algorithm: {', '.join(ALGORITHM_NAMES)} (default {DEFAULT_ALGORITHM}; each is described below)",
+    )
+    a.add_argument("--seed", type=_seed, default=0, help=f"seed of every random choice, 0 to {MAX_SEED} (default 0)")
+    for flag, default, what in (
+        ("--latency-weight", DEFAULT_LATENCY_WEIGHT, "speedup: FP32's median latency over the candidate's"),
+        ("--throughput-weight", DEFAULT_THROUGHPUT_WEIGHT, "items/s over FP32's"),
+        ("--memory-weight", DEFAULT_MEMORY_WEIGHT, "FP32's peak memory over the candidate's"),
+        ("--quality-weight", DEFAULT_QUALITY_WEIGHT, "quality metric over FP32's"),
+    ):
+        a.add_argument(flag, type=_weight, default=default, metavar="W", help=f"weight of {what} (default {default:g})")
     a.add_argument("--out", type=Path, required=True, help="output directory")
 
     e = sub.add_parser("examples", help="build the bundled example models")
-    e.add_argument("action", choices=["build"])
-    e.add_argument("out", type=Path)
+    e.add_argument("action", choices=["build"], metavar="ACTION")
+    e.add_argument("out", metavar="DIR", type=Path)
     e.add_argument("--only", nargs="*", help="names to build (default: digits and the transformer)")
 
     o = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
@@ -91,8 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _quiet_onnxruntime()
     try:
+        if args.command == "adapt":
+            check_adapt_args(args)
+        if args.command != "operator":  # it runs no model; ORT and numpy would add ~30 MB to its RSS
+            _quiet_onnxruntime()
         if args.command == "profile":
             from metainfer.agent.commands import profile_command
 
@@ -133,6 +214,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
+def check_adapt_args(args: argparse.Namespace) -> None:
+    """What ``adapt`` can tell about its flags and paths without loading anything: a typo fails in milliseconds,
+    not after ONNX Runtime has loaded (or, for --out, after the whole search)."""
+    weights = [getattr(args, flag[2:].replace("-", "_")) for flag in WEIGHT_FLAGS]
+    if not any(w > 0 for w in weights):
+        raise InputError(", ".join(WEIGHT_FLAGS), "at least one objective weight must be > 0")
+    _check_input_file(args.model, ModelError)
+    _check_input_file(args.data, DataError)
+    out: Path = args.out
+    if out.exists() and not out.is_dir():
+        raise InputError(f"--out {out}", "exists and is not a directory")
+    try:  # the one reliable test of "can the results be written there", before the search rather than after
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InputError(f"--out {out}", f"cannot create the directory: {exc.strerror or exc}") from None
+
+
+def _check_input_file(path: Path, error: type[InputError]) -> None:
+    # The messages modelinfo.load_model and data.load_npz give for the same problems.
+    if not path.exists():
+        raise error(str(path), "no such file")
+    if not path.is_file():
+        raise error(str(path), "not a regular file")
+    if path.stat().st_size == 0:
+        raise error(str(path), "file is empty")
+
+
 def _quiet_onnxruntime() -> None:
     """ORT's default logger warns about unused initializers in every calibration session; users see noise."""
     import onnxruntime
@@ -140,22 +248,66 @@ def _quiet_onnxruntime() -> None:
     onnxruntime.set_default_logger_severity(3)
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+# Converters for flag values; their errors are read as "argument --flag: <message>".
+
+
+def _whole(text: str, low: int, high: int | None = None) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
+    if high is not None and value > high:
+        raise argparse.ArgumentTypeError(f"must be <= {high}, got {value}")
     return value
 
 
+def _number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    return _whole(text, 1)
+
+
+def _budget(text: str) -> int:
+    return _whole(text, 1, MAX_TRIAL_BUDGET)
+
+
+def _seed(text: str) -> int:
+    return _whole(text, 0, MAX_SEED)
+
+
 def _positive_float(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
     return value
 
 
+def _time_budget(text: str) -> float:
+    value = _number(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must allow at least 1 s of search, got {text}")
+    return value
+
+
+def _weight(text: str) -> float:
+    value = _number(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _fraction(text: str) -> float:
-    value = float(text)
+    value = _number(text)
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from metainfer.agent.progress import RichObserver
+from metainfer.agent.progress import progress_for
 from metainfer.core.engine.errors import InputError, NoFeasibleCandidate
 from metainfer.core.engine.phases import PipelinePhase
 from metainfer.core.engine.trial import Trial, TrialStatus
@@ -21,7 +21,7 @@ out = Console(width=None if Console().is_terminal else 120)
 def profile_command(out_path: Path | None, refresh: bool) -> int:
     from metainfer.core.engine.profile import SUMMARY_COLUMNS, load_or_measure
 
-    with RichObserver(console) as observer:
+    with progress_for(console) as observer:
         observer.phase(PipelinePhase.PROFILING, None)
         profile = load_or_measure(on_step=observer.on_step, refresh=refresh)
     m = profile.machine
@@ -53,18 +53,31 @@ def adapt_command(args: argparse.Namespace) -> int:
     from metainfer.core.engine.outputs import write_outputs
     from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
     from metainfer.core.engine.profile import load_or_measure
-    from metainfer.core.engine.scoring import Constraints
+    from metainfer.core.engine.scoring import Constraints, Objective
 
     model = load_model(args.model)
     info = inspect_model(args.model, model)
     data = load_npz(args.data, info)
-    if args.time_budget_s is not None and args.time_budget_s < 1:
-        raise InputError("--time-budget-s", "must allow at least 1 s of search")
+    if args.batch > data.n_samples:
+        console.print(
+            f"[yellow]warning:[/] --batch {args.batch} is larger than the {data.n_samples} samples in {args.data}:"
+            f" timed batches repeat samples, and quality runs in one batch of {data.n_samples}",
+            highlight=False,
+        )
     settings = AdaptSettings(
         batch=args.batch,
         search_batch=args.search_batch,
         constraints=Constraints(
-            slo_p95_ms=args.slo_p95_ms, max_quality_drop=args.max_accuracy_drop, max_memory_mib=args.max_memory_mib
+            slo_p95_ms=args.slo_p95_ms,
+            slo_p99_ms=args.slo_p99_ms,
+            max_quality_drop=args.max_accuracy_drop,
+            max_memory_mib=args.max_memory_mib,
+        ),
+        objective=Objective(
+            latency_weight=args.latency_weight,
+            throughput_weight=args.throughput_weight,
+            memory_weight=args.memory_weight,
+            quality_weight=args.quality_weight,
         ),
         budget_trials=args.budget_trials,
         time_budget_s=args.time_budget_s,
@@ -72,7 +85,7 @@ def adapt_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         measure=MeasureSettings(),
     )
-    with RichObserver(console) as observer:
+    with progress_for(console) as observer:
         observer.phase(PipelinePhase.PROFILING, None)
         profile = load_or_measure(on_step=observer.on_step)
         report, variant = Adaptation(args.model.read_bytes(), info, data, profile, settings, observer).run()
@@ -129,11 +142,11 @@ def _print_summary(report: object) -> None:
         table.add_row(
             label,
             trial.recipe.describe(),
-            f"{m.latency.p50_ms:.2f}",
-            f"{m.latency.p95_ms:.2f}",
+            f"{m.latency.p50_ms:.3g}",
+            f"{m.latency.p95_ms:.3g}",
             f"{m.quality.metric} {m.quality.value:.4f}",
             f"{m.model_size_mib:.2f}",
-            f"{m.peak_memory_mib:.0f}",
+            f"{m.peak_memory_mib:.1f}",
         )
     out.print(table)
     counts = {s.value: sum(t.status == s for t in report.trials) for s in TrialStatus}
@@ -142,6 +155,14 @@ def _print_summary(report: object) -> None:
         f" {counts['failed']} failed) in {report.search_wall_s:.1f} s of search; {report.stop_reason};"
         f" total {report.total_wall_s:.1f} s"
     )
+    if report.latency_noise_band is not None:
+        measured = sum(t.metrics is not None for t in [report.baseline, *report.trials])
+        out.print(
+            f"timing noise band ±{report.latency_noise_band:.1%} (the median over {measured} measurements of what"
+            " each one's timed runs can resolve): candidates whose latencies differ by less count as equally"
+            " fast, and memory and quality decide between them",
+            highlight=False,
+        )
     if final is not None:
         out.print(
             f"[bold green]speedup {final.speedup_p50:.2f}x at p50, {final.speedup_p95:.2f}x at p95[/]"

@@ -14,7 +14,9 @@ Exit codes, chosen for a Job with a ``backoffLimit``:
   for a permanent fetch error such as a 404 or a missing file). These
   failures are deterministic: a retry would only fail again, so the status
   is the result and the Job completes. Also 0 when the run had already
-  finished (a retried Job pod does no work twice).
+  finished (a retried Job pod does no work twice). A retried pod of a run
+  still searching resumes from the run's ``status.checkpoint``: the trials
+  measured so far are replayed, not measured again.
 * 2 -- usage: a malformed NAMESPACE/RUN, no Kubernetes configuration, or the
   run does not exist (deleting a run deletes its Job by owner reference).
 * 75 (EX_TEMPFAIL) -- a transient failure: API server unreachable or 5xx,
@@ -46,8 +48,9 @@ from metainfer.agent.profiles import ensure_profile, measure_settings
 from metainfer.agent.status import RunStatusWriter, StatusObserver
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
 from metainfer.core.api.vocabulary import Reason, RunStage
-from metainfer.core.control import runstatus
+from metainfer.core.control import checkpoint, runstatus
 from metainfer.core.engine.errors import MetainferError, ModelError
+from metainfer.core.engine.trial import Trial
 
 EXIT_OK, EXIT_FAILED_UNEXPECTEDLY, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 75
 
@@ -135,10 +138,16 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         if unsupported is not None:
             raise unsupported
         settings = runstatus.settings_from_spec(spec, measure_settings())
+        resumed, resumed_s = _checkpointed(writer.status)
         message = f"searching up to {settings.budget_trials} candidates ({settings.algorithm})"
+        if resumed:
+            message += f", resuming after {len(resumed)} trials an earlier attempt measured"
         writer.stage(RunStage.SEARCHING, Reason.SEARCHING, "; ".join([message, *notes]))
-        observer = StatusObserver(writer, settings.budget_trials, started=started)
-        report, _variant = Adaptation(path.read_bytes(), info, data, outcome.profile, settings, observer).run()
+        observer = StatusObserver(
+            writer, settings.budget_trials, started=started, resumed=resumed, resumed_search_s=resumed_s
+        )
+        adaptation = Adaptation(path.read_bytes(), info, data, outcome.profile, settings, observer)
+        report, _variant = adaptation.run(resume=resumed, resumed_search_s=resumed_s)
     except FetchError as exc:
         if exc.transient:
             log(f"fetch failed (transient): {exc}")
@@ -162,6 +171,19 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
     writer.write(runstatus.mark_succeeded(writer.status, writer.generation, report, notes), final=True)
     log(f"succeeded: {report.best.recipe.describe()} (recipe {report.best.recipe.key()})")
     return EXIT_OK
+
+
+def _checkpointed(status: AdaptationRunStatus) -> tuple[list[Trial], float]:
+    """The trials an earlier attempt of this run measured (its Job's pod died mid-search), if any are readable."""
+    if status.checkpoint is None:
+        return [], 0.0
+    try:
+        trials = checkpoint.decode(status.checkpoint)
+    except checkpoint.CheckpointUnreadable as exc:
+        log(str(exc))
+        return [], 0.0
+    log(f"resuming: {len(trials)} trials measured by an earlier attempt, {status.checkpoint.search_seconds:.0f}s")
+    return trials, status.checkpoint.search_seconds
 
 
 def _fail(writer: RunStatusWriter, reason: str, message: str, report: Any = None) -> int:

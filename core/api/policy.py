@@ -154,7 +154,13 @@ class Slo(ApiModel):
     )
 
     latency_p95_ms: float = Field(gt=0, le=600000, description="p95 latency per batch, milliseconds.")
-    latency_p99_ms: float | None = Field(None, gt=0, le=600000, description="Optional p99 bound, ms.")
+    latency_p99_ms: float | None = Field(
+        None,
+        gt=0,
+        le=600000,
+        description="Optional p99 bound per batch, ms: candidates over it are infeasible, and a production p99 "
+        "over it counts as drift.",
+    )
     max_quality_drop: float = Field(
         0.01, ge=0, le=1, description="Largest accepted drop of the quality metric vs FP32 (0.01 = 1 point)."
     )
@@ -165,12 +171,7 @@ class Slo(ApiModel):
 
 
 class ObjectiveWeights(ApiModel):
-    """Among feasible variants, the best maximises this weighted score (relative weights).
-
-    Each term is the variant against the FP32 baseline measured the same way
-    (1.0 = as FP32); latency differences inside the measured timing noise are
-    ties, decided by memory and quality (core.engine.scoring).
-    """
+    """Feasible variants are ranked by this weighted score of terms relative to FP32 (timing noise = a tie)."""
 
     model_config = cel(
         rule(

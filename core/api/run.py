@@ -90,7 +90,9 @@ class RunMetrics(ApiModel):
     throughput_per_s: float | None = Field(None, ge=0, description="Samples per second.")
     quality_metric: StatusText64 | None = Field(None, max_length=64)
     quality_drop: float | None = None
-    peak_memory_mib: float | None = Field(None, ge=0, alias="peakMemoryMiB")
+    peak_memory_mib: float | None = Field(
+        None, ge=0, alias="peakMemoryMiB", description="Peak resident memory of the process serving the variant, MiB."
+    )
     model_size_mib: float | None = Field(None, ge=0, alias="modelSizeMiB")
 
 
@@ -103,6 +105,21 @@ class TrialSummary(ApiModel):
     quality_drop: float | None = None
     score: float | None = None
     error: StatusText1024 | None = Field(None, max_length=1024)
+
+
+CHECKPOINT_MAX_CHARS = 1_000_000  # base64 text: the run object must stay well under etcd's 1.5 MiB request limit
+
+
+class SearchCheckpoint(ApiModel):
+    """The search so far, so that a retried Job (agent killed, node drained) continues without re-measuring."""
+
+    trials: int = Field(ge=0, description="Measured trials in data.")
+    search_seconds: float = Field(ge=0, description="Search time spent so far (counts against timeBudgetSeconds).")
+    data: str = Field(
+        max_length=CHECKPOINT_MAX_CHARS,
+        pattern=r"^[A-Za-z0-9+/=]*$",
+        description="gzip + base64 of the trials as JSON (core Trial): points, recipes, measurements.",
+    )
 
 
 class AdaptationRunStatus(ApiModel):
@@ -125,6 +142,9 @@ class AdaptationRunStatus(ApiModel):
     best_recipe: Recipe | None = Field(None, description="core Recipe of the best feasible variant.")
     best_recipe_key: str | None = Field(None, max_length=64)
     best_metrics: RunMetrics | None = None
+    checkpoint: SearchCheckpoint | None = Field(
+        None, description="While searching: what a retried Job resumes from. Removed when the run ends."
+    )
 
 
 class AdaptationRun(ApiModel):

@@ -66,10 +66,10 @@ def space_overrides(space: BaseModel, knobs: Sequence[Knob] = KNOBS) -> dict[str
 def settings_from_spec(spec: AdaptationRunSpec, measure: MeasureSettings | None = None) -> AdaptSettings:
     """Engine settings for one run.
 
-    The batch is fixed (it is part of the run's key). Throughput at a fixed batch
-    is the inverse of latency, so its weight adds to the latency weight; the
-    memory weight and the p99 bound have no engine counterpart yet and are
-    ignored (memory still constrains through ``slo.maxMemoryMiB``).
+    The batch is fixed (it is part of the run's key). Each objective weight is
+    the engine's weight of the same term (scoring.Objective), so every weight
+    the API accepts ranks candidates; the p99 bound has no engine counterpart
+    yet and is ignored.
     """
     data = spec.model.data
     base = measure or MeasureSettings()
@@ -81,10 +81,16 @@ def settings_from_spec(spec: AdaptationRunSpec, measure: MeasureSettings | None 
         search_batch=False,
         constraints=Constraints(
             slo_p95_ms=spec.slo.latency_p95_ms,
+            slo_p99_ms=spec.slo.latency_p99_ms,
             max_quality_drop=spec.slo.max_quality_drop,
             max_memory_mib=float(spec.slo.max_memory_mib) if spec.slo.max_memory_mib is not None else None,
         ),
-        objective=Objective(latency_weight=weights.latency + weights.throughput, quality_weight=weights.quality),
+        objective=Objective(
+            latency_weight=weights.latency,
+            throughput_weight=weights.throughput,
+            memory_weight=weights.memory,
+            quality_weight=weights.quality,
+        ),
         budget_trials=spec.search.trial_budget,
         time_budget_s=float(spec.search.time_budget_seconds),
         algorithm=spec.search.algorithm,
@@ -356,6 +362,7 @@ def mark_succeeded(
             "best_recipe": best.recipe,
             "best_recipe_key": best.recipe.key(),
             "best_metrics": metrics,
+            "checkpoint": None,  # the trials are in the result now
         }
     )
 
@@ -373,7 +380,7 @@ def mark_failed(
     out = _run_conditions(
         status, generation, now, succeeded="False", reason=reason, message=message, progressing_message=FINISHED
     )
-    update: dict[str, object] = {"phase": RunPhase.FAILED, "completion_time": now}
+    update: dict[str, object] = {"phase": RunPhase.FAILED, "completion_time": now, "checkpoint": None}
     progress = (out.progress or _progress()).model_copy(update={"stage": RunStage.FAILED})
     if report is not None:
         trials = [report.baseline, *report.trials]

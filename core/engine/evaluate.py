@@ -5,15 +5,26 @@ the median of the newest round is within ``stable_rel`` of the running median,
 or a cap on runs or seconds is hit, so fast models get many samples and slow
 ones do not stall the search. Quality is always compared with the FP32 model's
 outputs on the same samples (``Reference``), computed once per adaptation.
+
+Peak memory is the process's: what it held before the variant (the floor) plus
+the most that loading and running the variant added. Memory that earlier work
+freed is handed back to the OS first; otherwise the allocator reuses it, the
+variant's growth reads as zero and whichever candidate ran after a larger one
+looks free.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import gc
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import onnxruntime as ort
+import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
@@ -172,6 +183,24 @@ def latency_stats(seconds: np.ndarray, batch: int, warmup_runs: int) -> LatencyS
     )
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+def resident_mib() -> float:
+    """The process's resident memory once what earlier work freed is back with the OS, MiB."""
+    gc.collect()  # sessions and arrays of earlier trials in reference cycles
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+    return float(psutil.Process().memory_info().rss) / (1 << 20)
+
+
 def evaluate(
     model_bytes: bytes,
     recipe: Recipe,
@@ -179,8 +208,15 @@ def evaluate(
     quality_data: Dataset,
     reference: Reference,
     settings: MeasureSettings,
+    floor_mib: float | None = None,
 ) -> TrialMetrics:
-    """Load the variant with the recipe's session settings and measure everything."""
+    """Load the variant with the recipe's session settings and measure everything.
+
+    ``floor_mib``: what the process holds apart from the variant (``resident_mib()`` taken once, before the
+    first candidate), so that what the search itself holds by then (cached variants) is not charged to a
+    candidate; None takes the process as it is now.
+    """
+    now_mib = resident_mib()
     with track_peak_memory() as peak:
         session = create_session(model_bytes, recipe)
         outputs = run_all(session, quality_data, recipe.batch)
@@ -188,7 +224,7 @@ def evaluate(
     return TrialMetrics(
         latency=latency,
         quality=quality_of(outputs, reference),
-        peak_memory_mib=peak.mib,
+        peak_memory_mib=(now_mib if floor_mib is None else floor_mib) + peak.mib,
         model_size_mib=len(model_bytes) / (1 << 20),
     )
 

@@ -15,7 +15,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import MeasureSettings, Reference, evaluate, make_reference, measure_interleaved
+from metainfer.core.engine.evaluate import (
+    MeasureSettings,
+    Reference,
+    evaluate,
+    make_reference,
+    measure_interleaved,
+    resident_mib,
+)
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.trial import LatencyStats, TrialMetrics
@@ -52,7 +59,14 @@ class Measurer(Protocol):
 
 
 class OnnxRuntimeMeasurer:
-    """Measures in this process with ONNX Runtime: the measurement behind every real adaptation."""
+    """Measures in this process with ONNX Runtime: the measurement behind every real adaptation.
+
+    One memory floor for all its candidates, taken before the first: the search
+    holds more as it goes (cached variants), which no candidate should be charged.
+    """
+
+    def __init__(self) -> None:
+        self._floor_mib: float | None = None
 
     def reference(self, model: bytes, recipe: Recipe, data: Dataset) -> Reference:
         return make_reference(create_session(model, recipe), data, recipe.batch)
@@ -66,7 +80,9 @@ class OnnxRuntimeMeasurer:
         reference: Reference,
         settings: MeasureSettings,
     ) -> TrialMetrics:
-        return evaluate(variant, recipe, latency_data, quality_data, reference, settings)
+        if self._floor_mib is None:
+            self._floor_mib = resident_mib()
+        return evaluate(variant, recipe, latency_data, quality_data, reference, settings, self._floor_mib)
 
     def compare(
         self, contenders: Sequence[tuple[bytes, Recipe]], data: Dataset, batch: int, settings: MeasureSettings

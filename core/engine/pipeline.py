@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 
 import numpy as np
@@ -29,9 +29,9 @@ from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.phases import Observer, PipelinePhase, SilentObserver
 from metainfer.core.engine.profile.types import HardwareProfile
 from metainfer.core.engine.recipe import Recipe
-from metainfer.core.engine.scoring import Constraints, Objective, score, violations
-from metainfer.core.engine.search import make_searcher
-from metainfer.core.engine.search.space import Point, Space
+from metainfer.core.engine.scoring import Constraints, Objective, noise_band, rank, score, violations, within_noise
+from metainfer.core.engine.search import Searcher, make_searcher
+from metainfer.core.engine.search.space import Key, Point, Space
 from metainfer.core.engine.sensitivity import SensitivityReport, analyse
 from metainfer.core.engine.transforms import (
     PaddingNotRemovable,
@@ -101,6 +101,16 @@ class Report(BaseModel):
     validation: ValidationReport | None = None
     final: FinalComparison | None = None
     sensitivity: list[SensitivityReport] = Field(default_factory=list)
+    latency_noise_band: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Relative latency difference the measurements cannot resolve: the median over the baseline and"
+            " every measured candidate of what its own runs resolve (scoring.noise_band). Candidates timing"
+            " within it of each other are ranked as ties, decided by memory and quality. None in reports"
+            " written before it was measured."
+        ),
+    )
     search_wall_s: float
     total_wall_s: float
     stop_reason: str
@@ -129,6 +139,7 @@ class Adaptation:
         self._sensitivity: dict[str, SensitivityReport] = {}
         self._sensitivity_failed: dict[str, Exception] = {}
         self.reference: Reference | None = None
+        self.band = noise_band([], settings.measure.stable_rel)  # updated with every measurement
 
     # -- building blocks ------------------------------------------------------
     def variant(self, recipe: Recipe) -> bytes:
@@ -203,7 +214,9 @@ class Adaptation:
         )
 
     # -- the loop -----------------------------------------------------------------
-    def run(self) -> tuple[Report, bytes | None]:
+    def run(self, resume: Sequence[Trial] = (), resumed_search_s: float = 0.0) -> tuple[Report, bytes | None]:
+        """Adapt; ``resume`` are trials an interrupted attempt of the same run measured (its checkpoint), replayed
+        into the searcher instead of measured again, and ``resumed_search_s`` the search time they took."""
         started_at, t0 = datetime.now(UTC), time.perf_counter()
         s = self.settings
         self.observer.phase(PipelinePhase.BASELINE, 1)
@@ -212,12 +225,16 @@ class Adaptation:
         baseline = self.measure(0, {}, baseline_recipe, None)
         if baseline.metrics is None:
             raise InputError("model", f"the FP32 model does not run on this machine: {baseline.error}")
+        self._update_band(baseline, [])
         self.observer.advance("baseline")
         space, notes = self._space()
         searcher = make_searcher(s.algorithm, space, s.seed, s.budget_trials, featurizer=self._featurizer(space))
-        trials: list[Trial] = []
+        trials = self._replay(resume, space, searcher, baseline)
+        if trials:
+            notes.append(f"resumed after {len(trials)} trials measured by an interrupted attempt")
+            self._update_band(baseline, trials)
         self.observer.phase(PipelinePhase.SEARCH, s.budget_trials)
-        search_started = time.perf_counter()
+        search_started = time.perf_counter() - resumed_search_s
         stop_reason = "trial budget reached"
         while len(trials) < s.budget_trials:
             if s.time_budget_s is not None and time.perf_counter() - search_started > s.time_budget_s:
@@ -245,17 +262,20 @@ class Adaptation:
                 trial = self.measure(len(trials) + 1, point, recipe, baseline.metrics, predicted)
             searcher.tell(point, trial.score)
             trials.append(trial)
-            self.observer.trial(trial, _best([baseline, *trials]))
+            self._update_band(baseline, trials)
+            self.observer.trial(trial, self._leader(baseline, trials))
         search_wall = time.perf_counter() - search_started
         best, validation, variant = self._choose_and_validate(baseline, trials)
         final = self._final_comparison(baseline, best, variant) if best is not None and variant else None
-        if final is not None and best is not baseline and final.speedup_p50 < 1.0:
-            # Never ship a variant that is slower than what the user already has: the search's
-            # measurements can be off (a noisy neighbour), the back-to-back re-measurement decides.
-            assert best is not None
+        if final is not None and best is not None and best is not baseline and self._fp32_wins(baseline, best, final):
+            # The search's measurements can be off (a noisy neighbour); the back-to-back re-measurement
+            # decides, with the same objective and noise band, whether the winner beats what the user has.
+            within = within_noise(final.baseline.latency, final.best.latency, self.band)
             note = (
                 f"the search's winner ({best.recipe.describe()}) re-measured at {final.speedup_p50:.2f}x of FP32"
-                " back to back; the FP32 model with default session options is kept"
+                " back to back"
+                + (f" (within the {self.band:.1%} timing noise, where quality and memory decide)" if within else "")
+                + "; the FP32 model with default session options is kept"
             )
             best, validation, variant = self._choose_and_validate(baseline, [])
             final = final.model_copy(update={"kept_baseline": True, "note": note})
@@ -275,11 +295,36 @@ class Adaptation:
             validation=validation,
             final=final,
             sensitivity=list(self._sensitivity.values()),
+            latency_noise_band=self.band,
             search_wall_s=search_wall,
             total_wall_s=time.perf_counter() - t0,
             stop_reason=stop_reason,
         )
         return report, variant
+
+    def _replay(self, resume: Sequence[Trial], space: Space, searcher: Searcher, baseline: Trial) -> list[Trial]:
+        """The checkpoint's trials, re-scored against this attempt's baseline and told to the searcher in their
+        order (its asks depend only on its history, so the search continues as if never interrupted). A trial
+        outside this attempt's space (another ORT build, other providers) is dropped: it would be measured anew."""
+        assert baseline.metrics is not None
+        replayed: list[Trial] = []
+        seen: set[Key] = set()
+        for prior in sorted(resume, key=lambda t: t.index)[: self.settings.budget_trials]:
+            if not space.is_allowed(prior.point):
+                continue
+            key = space.key(prior.point)
+            if key in seen:
+                continue
+            seen.add(key)
+            trial = prior.model_copy(update={"index": len(replayed) + 1})
+            if trial.metrics is not None:
+                missed = violations(trial.metrics, self.settings.constraints)
+                value = None if missed else score(trial.metrics, baseline.metrics, self.settings.objective)
+                status = TrialStatus.INFEASIBLE if missed else TrialStatus.FEASIBLE
+                trial = trial.model_copy(update={"violations": missed, "score": value, "status": status})
+            searcher.tell(trial.point, trial.score)
+            replayed.append(trial)
+        return replayed
 
     def _space(self) -> tuple[Space, list[str]]:
         padding_reason = self._padding_not_removable()
@@ -328,12 +373,14 @@ class Adaptation:
     def _choose_and_validate(
         self, baseline: Trial, trials: list[Trial]
     ) -> tuple[Trial | None, ValidationReport | None, bytes | None]:
-        ranked = sorted((t for t in [baseline, *trials] if t.score is not None), key=lambda t: -(t.score or 0))
-        assert self.reference is not None
+        assert self.reference is not None and baseline.metrics is not None
+        ranked = rank(
+            [baseline, *trials], baseline.metrics, self.settings.objective, self.band, limit=MAX_VALIDATION_ATTEMPTS
+        )
         validation: ValidationReport | None = None
         self.observer.phase(PipelinePhase.VALIDATION, min(len(ranked), MAX_VALIDATION_ATTEMPTS))
         full_reference = self.measurer.reference(self.base, baseline.recipe, self.data)
-        for candidate in ranked[:MAX_VALIDATION_ATTEMPTS]:
+        for candidate in ranked:
             variant = self.variant(candidate.recipe)
             validation = validate_variant(
                 variant,
@@ -354,6 +401,27 @@ class Adaptation:
             return self.settings.batch
         return max(self.settings.batch, min(64, self.data.n_samples))
 
+    def _update_band(self, baseline: Trial, trials: list[Trial]) -> None:
+        measured = [t.metrics.latency for t in [baseline, *trials] if t.metrics is not None]
+        self.band = noise_band(measured, self.settings.measure.stable_rel)
+
+    def _leader(self, baseline: Trial, trials: list[Trial]) -> Trial | None:
+        """The best trial so far, as the final choice would rank it."""
+        assert baseline.metrics is not None
+        leaders = rank([baseline, *trials], baseline.metrics, self.settings.objective, self.band, limit=1)
+        return leaders[0] if leaders else None
+
+    def _fp32_wins(self, baseline: Trial, best: Trial, final: FinalComparison) -> bool:
+        """Whether FP32, if feasible, outranks the search's winner on the back-to-back latencies."""
+        if baseline.score is None:
+            return False
+        objective = self.settings.objective
+        fp32, winner = (
+            trial.model_copy(update={"metrics": m, "score": score(m, final.baseline, objective)})
+            for trial, m in ((baseline, final.baseline), (best, final.best))
+        )
+        return rank([winner, fp32], final.baseline, objective, self.band, limit=1)[0] is fp32
+
     def _final_comparison(self, baseline: Trial, best: Trial, variant: bytes) -> FinalComparison:
         assert baseline.metrics is not None and best.metrics is not None
         self.observer.phase(PipelinePhase.FINAL_COMPARISON, 1)
@@ -372,11 +440,6 @@ class Adaptation:
             speedup_p50=b.latency.p50_ms / w.latency.p50_ms,
             speedup_p95=b.latency.p95_ms / w.latency.p95_ms,
         )
-
-
-def _best(trials: list[Trial]) -> Trial | None:
-    feasible = [t for t in trials if t.score is not None]
-    return max(feasible, key=lambda t: t.score or 0.0) if feasible else None
 
 
 def _check_batch(model: ModelInfo, settings: AdaptSettings) -> None:

@@ -129,28 +129,49 @@ class Recipe(_Frozen):
         return _short_hash(self.model_dump(mode="json", exclude={"session_options", "providers"}))
 
     def describe(self) -> str:
-        """One line a person can read in a table."""
+        """The recipe in words, for people: progress lines, tables, logs, status.
+
+        Settings left at their defaults are not named, apart from the numeric
+        format and the thread count, which every reader asks about; e.g.
+        "int8 static per-tensor, 1 thread" or "FP32, default threads".
+        """
         q = self.transform.quantization
-        parts: list[str] = [q.mode]
+        head = {"fp32": "FP32", "fp16": "FP16", "int8_dynamic": "int8 dynamic", "int8_static": "int8 static"}[q.mode]
+        parts: list[str] = []
         if q.mode in ("int8_dynamic", "int8_static"):
-            parts.append("per-ch" if q.per_channel else "per-tensor")
+            head += " per-channel" if q.per_channel else " per-tensor"
+            if q.weight_type != "int8":
+                parts.append(f"{q.weight_type} weights")
+            if q.reduce_range:
+                parts.append("7-bit weights")
+            if q.mode == "int8_static":
+                if q.activation_type != "uint8":
+                    parts.append(f"{q.activation_type} activations")
+                if q.calibration != "minmax":
+                    parts.append(f"{q.calibration} calibration")
             if q.keep_float:
-                parts.append(f"mixed:keep{len(q.keep_float)}")
+                n = len(q.keep_float)
+                parts.append(f"{n} sensitive layer{'s' if n > 1 else ''} kept in float")
         if self.transform.fusion != "none":
-            parts.append(f"fuse:{self.transform.fusion}")
+            parts.append(f"{self.transform.fusion} fusion")
         if self.transform.padding == "remove":
-            parts.append("unpadded")
+            parts.append("padding removed")
         if self.transform.layout != "NCHW":
-            parts.append(self.transform.layout)
+            parts.append(f"{self.transform.layout} layout")
         s = self.session
-        parts.append(f"opt:{s.graph_optimization_level}")
-        parts.append(f"t{s.intra_op_num_threads or 'auto'}/{s.inter_op_num_threads or 'auto'}")
+        threads = s.intra_op_num_threads
+        parts.append(f"{threads} thread{'s' if threads > 1 else ''}" if threads else "default threads")
         if s.execution_mode != "sequential":
-            parts.append(s.execution_mode)
+            inter = s.inter_op_num_threads
+            parts.append(f"{s.execution_mode} execution" + (f" on {inter} inter-op threads" if inter else ""))
+        if s.graph_optimization_level != "all":
+            level = s.graph_optimization_level
+            parts.append("no graph optimizations" if level == "disable" else f"{level} graph optimizations only")
         if s.execution_provider != "CPUExecutionProvider":
-            parts.append(s.execution_provider.removesuffix("ExecutionProvider"))
-        parts.append(f"b{self.batch}")
-        return " ".join(parts)
+            parts.append(f"on {s.execution_provider.removesuffix('ExecutionProvider')}")
+        if self.batch > 1:
+            parts.append(f"batch {self.batch}")
+        return ", ".join([head, *parts])
 
 
 def _short_hash(obj: Any) -> str:

@@ -52,7 +52,11 @@ class TrialMetrics(BaseModel):
 
     latency: LatencyStats
     quality: Quality
-    peak_memory_mib: float = Field(ge=0, description="Resident memory growth while loading and running.")
+    peak_memory_mib: float = Field(
+        ge=0,
+        description="Peak resident memory of the process with this variant: the floor before the first candidate "
+        "plus the variant's own growth while loading and running.",
+    )
     model_size_mib: float = Field(ge=0)
 
 

@@ -14,11 +14,13 @@ import contextlib
 import functools
 import http.server
 import os
+import re
 import secrets
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -336,3 +338,43 @@ def test_unreachable_api_server_is_transient(tmp_path: Path) -> None:
     result = agent(kubeconfig, "ns", "run")
     assert result.returncode == 75, result.stdout + result.stderr  # the Job retries
     assert "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_killed_agent_is_resumed_by_the_next_attempt_without_measuring_twice(
+    control_plane: Any, namespace: str, digits, hw_class
+) -> None:
+    """The Job's pod dies mid-search (SIGKILL: a drained node, the OOM killer). The next pod of the Job continues
+    from status.checkpoint: it measures only the candidates the first did not, and the run ends with the budget."""
+    model, data = digits
+    sha = sha256_file(model)
+    reference = DataReference(uri=data.as_uri(), sha256=sha256_file(data))
+    create_run(control_plane.api_client, namespace, make_run("resumed", hw_class, model.as_uri(), sha, reference, 12))
+    env = {**os.environ, "PYTHONSAFEPATH": "1", "METAINFER_FAST_MEASURE": "1", "NODE_NAME": "node-a",
+           "NO_PROXY": "127.0.0.1,localhost"}  # fmt: skip
+    argv = [sys.executable, "-m", "metainfer.agent.cli", "agent", "run", f"{namespace}/resumed",
+            "--kubeconfig", str(control_plane.kubeconfig)]  # fmt: skip
+    first = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            saved = (get(control_plane.api_client, namespace, "resumed").get("status") or {}).get("checkpoint") or {}
+            if saved.get("trials", 0) >= 3 or first.poll() is not None:
+                break
+            time.sleep(0.2)
+        assert first.poll() is None, "the first attempt finished before it could be killed"
+        assert saved.get("trials", 0) >= 3, f"no checkpoint with 3 trials in time: {saved}"
+    finally:
+        first.kill()
+        first.wait(timeout=30)
+    status = get(control_plane.api_client, namespace, "resumed")["status"]
+    assert status["phase"] == "Running" and status["checkpoint"]["trials"] >= 3
+
+    again = agent(control_plane.kubeconfig, namespace, "resumed")
+    assert again.returncode == 0, again.stdout + again.stderr
+    resumed = int(re.search(r"resuming: (\d+) trials", again.stdout).group(1))  # type: ignore[union-attr]
+    assert resumed >= 3
+    measured = re.findall(r"^metainfer agent: trial \d+/12: ", again.stdout, flags=re.MULTILINE)
+    assert len(measured) == 12 - resumed, again.stdout  # nothing measured twice
+    final = get(control_plane.api_client, namespace, "resumed")["status"]
+    assert final["phase"] == "Succeeded" and final["progress"]["trialsCompleted"] == 12
+    assert "checkpoint" not in final  # a finished run drops it

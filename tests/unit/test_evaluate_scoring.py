@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from onnx import TensorProto, helper, numpy_helper
 
+from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import (
     MeasureSettings,
     evaluate,
@@ -12,12 +14,22 @@ from metainfer.core.engine.evaluate import (
     mean_cosine,
     measure_interleaved,
     quality_of,
+    resident_mib,
     top1_accuracy,
 )
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
 from metainfer.core.engine.runtime import create_session, session_options
-from metainfer.core.engine.scoring import Constraints, Objective, score, violations
+from metainfer.core.engine.scoring import (
+    Constraints,
+    Objective,
+    measurement_noise,
+    noise_band,
+    rank,
+    score,
+    violations,
+)
 from metainfer.core.engine.transforms import build_variant
+from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics, TrialStatus
 
 FAST = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=40, max_seconds=0.5)
 
@@ -113,3 +125,191 @@ def test_sequence_outputs_are_compared_mean_pooled_over_real_tokens() -> None:
     noisy = variant.copy()
     noisy[:, :3, :] += 0.5 * rng.standard_normal((4, 3, 8))
     assert quality_of([noisy], ref).value < 0.99
+
+
+# -- the objective's terms, timing noise and ranking ------------------------------------------------
+
+
+def _metrics(
+    p50: float, value: float = 0.95, memory: float = 200.0, batch: int = 1, p95: float | None = None
+) -> TrialMetrics:
+    return TrialMetrics(
+        latency=LatencyStats(
+            p50_ms=p50,
+            p95_ms=p95 if p95 is not None else 1.1 * p50,
+            p99_ms=1.5 * p50,
+            mean_ms=p50,
+            runs=100,
+            warmup_runs=0,
+            throughput_per_s=batch * 1e3 / p50,
+        ),
+        quality=Quality(metric="top1_accuracy", value=value, reference=0.95, drop=0.95 - value, samples=100),
+        peak_memory_mib=memory,
+        model_size_mib=1.0,
+    )
+
+
+def test_every_weight_scores_its_term_relative_to_fp32() -> None:
+    fp32 = _metrics(4.0, memory=400.0, batch=8)
+    lean = _metrics(4.0, memory=200.0, batch=8)
+    assert score(lean, fp32, Objective(latency_weight=0, memory_weight=1, quality_weight=0)) == pytest.approx(2.0)
+    assert score(fp32, fp32, Objective(latency_weight=0, memory_weight=1, quality_weight=0)) == pytest.approx(1.0)
+    # Bigger batches: slower per batch, more items per second; only the throughput weight sees that.
+    batched = _metrics(8.0, batch=32)
+    throughput = Objective(latency_weight=0, throughput_weight=1, quality_weight=0)
+    assert score(batched, fp32, throughput) == pytest.approx(2.0)
+    assert score(batched, fp32, Objective(latency_weight=1, quality_weight=0)) == pytest.approx(0.5)
+    with pytest.raises(ValueError, match="at least one objective weight"):
+        Objective(latency_weight=0, quality_weight=0)
+
+
+def test_noise_band_from_the_runs_floored_by_the_stability_rule() -> None:
+    quiet = _metrics(1.0, p95=1.01).latency
+    assert measurement_noise(quiet, stable_rel=0.02) == pytest.approx(0.04)  # the stability rule's 2 x 2%
+    noisy = _metrics(1.0, p95=2.0).latency  # sigma ~ 0.61 ms over 100 runs: the medians' 95% interval
+    assert measurement_noise(noisy, stable_rel=0.02) == pytest.approx(0.2112, abs=1e-3)
+    fewer = noisy.model_copy(update={"runs": 25})
+    assert measurement_noise(fewer, stable_rel=0.02) == pytest.approx(2 * 0.2112, abs=1e-3)
+    # One noisy measurement among quiet ones does not widen the search's band.
+    assert noise_band([noisy, quiet, quiet], stable_rel=0.02) == pytest.approx(0.04)
+
+
+def _trial(index: int, metrics: TrialMetrics, baseline: TrialMetrics, objective: Objective) -> Trial:
+    return Trial(
+        index=index,
+        point={},
+        recipe=Recipe(session=SessionSpec(intra_op_num_threads=index)),
+        status=TrialStatus.FEASIBLE,
+        metrics=metrics,
+        score=score(metrics, baseline, objective),
+    )
+
+
+def test_rank_treats_timings_inside_the_band_as_ties() -> None:
+    fp32 = _metrics(4.0)
+    objective = Objective()
+    fast_lossy = _trial(1, _metrics(1.00, value=0.94), fp32, objective)
+    close_exact = _trial(2, _metrics(1.03, value=0.95), fp32, objective)
+    slow_exact = _trial(3, _metrics(1.50, value=0.95), fp32, objective)
+    trials = [fast_lossy, close_exact, slow_exact]
+    assert fast_lossy.score is not None and close_exact.score is not None and fast_lossy.score > close_exact.score
+    assert rank(trials, fp32, objective, band=0.05) == [close_exact, fast_lossy, slow_exact]
+    assert rank(trials, fp32, objective, band=0.01) == [fast_lossy, close_exact, slow_exact]
+    assert rank(trials, fp32, objective, band=0.05, limit=1) == [close_exact]
+    # With a memory weight, memory decides a tie before accuracy does.
+    lean = Objective(memory_weight=1.0)
+    lean_lossy = _trial(4, _metrics(1.01, value=0.94, memory=100.0), fp32, lean)
+    fat_exact = _trial(5, _metrics(1.00, value=0.95, memory=300.0), fp32, lean)
+    assert rank([fat_exact, lean_lossy], fp32, lean, band=0.05)[0] is lean_lossy
+    # Failed and infeasible trials are not ranked.
+    infeasible = close_exact.model_copy(update={"score": None, "status": TrialStatus.INFEASIBLE})
+    assert rank([infeasible], fp32, objective, band=0.05) == []
+
+
+def test_peak_memory_is_the_process_peak_and_sees_each_variant_in_full() -> None:
+    """16 MiB of weights. Evaluated again and again, the allocator could serve each session from what the
+    previous one freed, and the variant would read as free; memory is handed back first, so it never does."""
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((1024, 4096)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1024])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4096])],
+        [numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    data = Dataset({"x": rng.standard_normal((8, 1024)).astype(np.float32)})
+    ref = make_reference(create_session(model, Recipe(batch=8)), data, 8)
+    weights_mib = weights.nbytes / (1 << 20)
+    growth = [evaluate(model, Recipe(batch=8), data, data, ref, FAST, floor_mib=0.0).peak_memory_mib for _ in range(4)]
+    assert min(growth) >= weights_mib, growth
+    floor = resident_mib()
+    peak = evaluate(model, Recipe(batch=8), data, data, ref, FAST).peak_memory_mib
+    assert peak >= floor + weights_mib  # the process's peak: what it held plus the variant
+
+
+def test_recipes_are_described_in_words() -> None:
+    assert Recipe().describe() == "FP32, default threads"
+    static = TransformSpec(quantization=QuantizationSpec(mode="int8_static"))
+    assert Recipe(transform=static, session=SessionSpec(intra_op_num_threads=1)).describe() == (
+        "int8 static per-tensor, 1 thread"
+    )
+    mixed = TransformSpec(
+        quantization=QuantizationSpec(
+            mode="int8_dynamic", per_channel=True, weight_type="uint8", keep_float=("a", "b")
+        ),
+        fusion="transformer",
+        padding="remove",
+    )
+    session = SessionSpec(intra_op_num_threads=4, execution_mode="parallel", inter_op_num_threads=2)
+    assert Recipe(transform=mixed, session=session, batch=8).describe() == (
+        "int8 dynamic per-channel, uint8 weights, 2 sensitive layers kept in float, transformer fusion,"
+        " padding removed, 4 threads, parallel execution on 2 inter-op threads, batch 8"
+    )
+
+
+def test_pareto_latency_axis_is_logarithmic(digits) -> None:
+    """One 100x slower candidate must not squash the others into one pixel column."""
+    from metainfer.core.engine.plots import pareto_figure
+
+    report = _fake_report(digits, [0.02, 0.021, 0.025, 2.0])
+    fig = pareto_figure(report)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert labels and not any("e" in label for label in labels), labels  # 0.1, not 1e-01
+
+
+def _fake_report(digits, p50s: list[float]):  # type: ignore[no-untyped-def]
+    from datetime import UTC, datetime
+
+    from metainfer.core.engine.pipeline import AdaptSettings, Report, SpaceSummary
+    from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo
+
+    _, info, _ = digits
+    baseline = _metrics(p50s[0])
+    trials = [_trial(i + 1, _metrics(p), baseline, Objective()) for i, p in enumerate(p50s)]
+    profile = HardwareProfile(
+        fingerprint="0" * 16,
+        machine=MachineInfo(
+            cpu_model="c",
+            arch="x86_64",
+            logical_cores=1,
+            physical_cores=1,
+            total_memory_bytes=1,
+            onnxruntime_version="1",
+        ),
+        providers_profiled=["CPUExecutionProvider"],
+        peak_gemm_gflops_fp32=1,
+        peak_gemm_gflops_int8=1,
+        memory_bandwidth_gbps=1,
+        measured_at=datetime(2025, 1, 1, tzinfo=UTC),
+        duration_s=0,
+    )
+    return Report(
+        started_at=datetime(2025, 1, 1, tzinfo=UTC),
+        model=info,
+        profile=profile,
+        settings=AdaptSettings(),
+        space=SpaceSummary(dimensions={}, allowed_points=1, notes=[]),
+        baseline=trials[0].model_copy(update={"index": 0}),
+        trials=trials,
+        best=trials[0],
+        search_wall_s=1.0,
+        total_wall_s=1.0,
+        stop_reason="trial budget reached",
+    )
+
+
+def test_a_p99_bound_makes_a_candidate_with_a_long_tail_infeasible() -> None:
+    """slo.latencyP99Ms (--slo-p99-ms) was documented as a hard constraint and not checked by the search."""
+    tail = _metrics(4.0)  # p95 4.4 ms, p99 6 ms
+    assert violations(tail, Constraints(slo_p95_ms=5, max_quality_drop=0.05)) == []
+    assert violations(tail, Constraints(slo_p95_ms=5, slo_p99_ms=5.5, max_quality_drop=0.05)) == [
+        "latency: p99 6.00 ms > bound 5.5 ms"
+    ]
+    from metainfer.core.engine.scoring import miss_distance
+
+    assert miss_distance([], tail, Constraints(slo_p99_ms=5.0)) == pytest.approx(0.2)

@@ -139,7 +139,8 @@ def test_settings_from_spec_maps_slo_objective_and_search() -> None:
     settings = runstatus.settings_from_spec(s)
     assert settings.batch == 4 and settings.search_batch is False
     assert settings.constraints == Constraints(slo_p95_ms=12.5, max_quality_drop=0.02, max_memory_mib=512.0)
-    assert settings.objective.latency_weight == 3 and settings.objective.quality_weight == 0.5
+    weights = settings.objective
+    assert (weights.latency_weight, weights.throughput_weight, weights.quality_weight) == (1, 2, 0.5)
     assert settings.budget_trials == 900
     assert settings.time_budget_s == 90 and settings.seed == 7 and settings.algorithm == "bayes"
     assert settings.overrides == {"quantization": ["fp32", "fp16", "int8_dynamic"]}  # no data: no static int8
@@ -413,3 +414,9 @@ def test_the_trial_budget_is_accepted_exactly_up_to_what_the_search_runs() -> No
         search=SearchSettings(trial_budget=MAX_TRIAL_BUDGET, time_budget_seconds=3600),
     )  # fmt: skip
     assert settings_from_spec(spec).budget_trials == MAX_TRIAL_BUDGET
+
+
+def test_a_policys_p99_bound_reaches_the_search() -> None:
+    bounded = spec(slo=Slo(latency_p95_ms=12.5, latency_p99_ms=20, batch_size=4))
+    assert runstatus.settings_from_spec(bounded).constraints.slo_p99_ms == 20
+    assert runstatus.settings_from_spec(spec()).constraints.slo_p99_ms is None
