@@ -6,12 +6,31 @@ readiness probe turns green only after warm-up. Inference runs on a small
 thread pool (ONNX Runtime releases the GIL), keeping the event loop free for
 probes and /metrics while a batch runs.
 
-On SIGTERM (or SIGINT) the server reports not-ready, stops accepting, lets
-in-flight requests finish for at most ``drain_timeout_s``, then exits 0 —
-Kubernetes sends SIGTERM on every rollout. The drain is counted here rather
-than left to aiohttp's runner: its shutdown stops reading from connections at
-once, so a request whose body is still arriving would starve until the
-timeout instead of being answered.
+Every request's cost is bounded before it is paid, because any public endpoint
+meets hostile and broken clients:
+
+* the body may not exceed what the largest legal request needs (``--max-batch``
+  and the model's input shapes, dynamic axes at ``--max-dynamic-dim``): a larger
+  Content-Length is refused before a byte is read, and a compressed body is
+  refused as soon as its inflated size passes the limit;
+* the body must arrive within ``--body-timeout``, a connection that sends no
+  complete request within ``--idle-timeout`` is closed;
+* at most ``--max-queue`` inference requests are admitted at once; beyond that
+  the answer is 503 with Retry-After, and a request that waited for a worker
+  longer than ``--request-timeout`` is answered 503 without running;
+* JSON parsing and encoding run off the event loop.
+
+Latency is recorded in parts: queue wait (saturation) and compute (the variant
+on this hardware, what the operator's drift check reads), plus the total.
+
+On SIGTERM (or SIGINT) the server reports not-ready at once, stops listening,
+answers any new request on an open connection 503 with ``Connection: close``,
+closes keep-alive connections after their current response, and lets in-flight
+requests finish for at most ``drain_timeout_s``. Requests cut at the timeout
+are counted and logged, and the exit status says whether the drain was clean
+(0) or not (3). The drain is counted here rather than left to aiohttp's runner:
+its shutdown stops reading from connections at once, so a request whose body
+is still arriving would starve until the timeout instead of being answered.
 """
 
 from __future__ import annotations
@@ -19,10 +38,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import signal
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -31,10 +51,12 @@ from aiohttp import web
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from metainfer.agent.serve import model as model_loader
+from metainfer.agent.serve.batching import Batcher
 from metainfer.agent.serve.metrics import CONTENT_TYPE, Identity, ServingMetrics
 from metainfer.agent.serve.protocol import (
     ProtocolError,
     encode_infer_response,
+    max_body_bytes,
     model_metadata,
     parse_infer_request,
 )
@@ -43,8 +65,11 @@ from metainfer.core.engine.recipe import Recipe
 
 log = logging.getLogger("metainfer.serve")
 MODEL_VERSION = "1"
-MAX_BODY_BYTES = 256 << 20
+MAX_BODY_BYTES = 256 << 20  # whatever the model: the ceiling of the derived limit
 EXIT_INPUT = 2
+EXIT_DRAIN_CUT = 3  # the drain timed out with requests still in flight
+CLIENT_GONE = (ConnectionError, asyncio.IncompleteReadError)
+_ORT_NODE = re.compile(r"(node\.? ?Name:\s*'[^']*'|Name:'[^']*'|node \S+ \(\S+\))", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -59,6 +84,13 @@ class ServeConfig:
     max_batch: int | None = None
     drain_timeout_s: float = 20.0
     workers: int = 2
+    max_queue: int = 16
+    request_timeout_s: float = 30.0
+    body_timeout_s: float = 30.0
+    idle_timeout_s: float = 15.0
+    max_dynamic_dim: int = 4096
+    batch_size: int | None = None  # rows one run combines; None: the recipe's batch (what the adaptation measured)
+    max_queue_delay_s: float = 0.001
 
 
 class Server:
@@ -71,7 +103,10 @@ class Server:
         identity = Identity.from_env(config.recipe.key())
         self.metrics = ServingMetrics(identity, config.model_name, config.recipe.describe())
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="infer")
+        self.codec = ThreadPoolExecutor(max_workers=2, thread_name_prefix="codec")
         self.in_flight = 0
+        self.admitted = 0  # inference requests between admission and answer (queued or running)
+        self.batcher: Batcher | None = None
         self.idle = asyncio.Event()
         self.idle.set()
 
@@ -80,7 +115,10 @@ class Server:
         return self.model is not None and not self.draining
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._count_in_flight, _errors_as_json])
+        app = web.Application(
+            client_max_size=MAX_BODY_BYTES, middlewares=[self._count_in_flight, self._count_errors, _errors_as_json]
+        )
+        app.on_response_prepare.append(self._response_headers)
         name = "/v2/models/{name}"
         version = "/v2/models/{name}/versions/{version}"
         app.add_routes(
@@ -108,18 +146,37 @@ class Server:
             if self.in_flight == 0:
                 self.idle.set()
 
-    async def drain(self, runner: web.AppRunner, timeout: float) -> None:
-        """Stop listening, wait (bounded) for in-flight requests, then close every connection."""
+    @web.middleware
+    async def _count_errors(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        """Every inference answer >= 400 is counted by status, whatever raised it (also unhandled 500s)."""
+        response = await handler(request)
+        if request.method == "POST" and request.path.endswith("/infer") and response.status >= 400:
+            self.metrics.error(response.status)
+        return response
+
+    async def _response_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        response.headers["Server"] = "metainfer"  # no framework or version for a scanner to match
+        if self.draining:  # keep-alive ends with this response: the client reconnects elsewhere
+            response.force_close()
+            response.headers["Connection"] = "close"  # headers are prepared before this hook; say it explicitly
+
+    async def drain(self, runner: web.AppRunner, timeout: float) -> int:
+        """Stop listening, wait (bounded) for in-flight requests, then close every connection. Returns how many
+        requests the timeout cut."""
         self.draining = True
         self.metrics.ready.set(0)
         for site in list(runner.sites):
             await site.stop()
         log.info("shutting down: draining %d in-flight request(s) for up to %.0f s", self.in_flight, timeout)
+        cut = 0
         try:
             await asyncio.wait_for(self.idle.wait(), timeout)
         except TimeoutError:
-            log.warning("drain timeout: %d request(s) still in flight are cancelled", self.in_flight)
+            cut = self.in_flight
+            self.metrics.aborted("drain_timeout", cut)
+            log.warning("drain timeout after %.0f s: %d request(s) still in flight are cut", timeout, cut)
         await runner.cleanup()
+        return cut
 
     # -- health and metadata ------------------------------------------------
     async def server_metadata(self, request: web.Request) -> web.Response:
@@ -145,33 +202,116 @@ class Server:
         return web.Response(body=self.metrics.exposition(), headers={"Content-Type": CONTENT_TYPE})
 
     # -- inference ----------------------------------------------------------
-    async def infer(self, request: web.Request) -> web.Response:
+    async def infer(self, request: web.Request) -> web.StreamResponse:
         self.metrics.requests.inc()
+        received = time.perf_counter()
+        model = self._loaded(request)
         try:
-            model = self._loaded(request)
-            body = await request.read()
-            started = time.perf_counter()
-            parsed = parse_infer_request(body, request.headers.get("Inference-Header-Content-Length"), model.signature)
-            loop = asyncio.get_running_loop()
-            try:
-                results = await loop.run_in_executor(self.executor, model.infer, parsed.inputs, parsed.outputs)
-            except InvalidArgument as exc:
-                raise ProtocolError(f"ONNX Runtime rejected the inputs: {exc}") from exc
-            except Exception as exc:
-                log.exception("inference failed")
-                raise ProtocolError(f"inference failed: {type(exc).__name__}: {exc}", status=500) from exc
-            payload, header_length = encode_infer_response(self.config.model_name, MODEL_VERSION, parsed, results)
-            self.metrics.latency.observe(time.perf_counter() - started)
-        except ProtocolError as exc:
-            self.metrics.error(exc.status)
-            raise
-        except web.HTTPException as exc:
-            self.metrics.error(exc.status)
-            raise
+            with self.admission():
+                body = await self._read_body(request, model)
+                loop = asyncio.get_running_loop()
+                header = request.headers.get("Inference-Header-Content-Length")
+                parsed = await loop.run_in_executor(self.codec, parse_infer_request, body, header, model.signature)
+                del body
+                results = await self.run_model(model, parsed.inputs, parsed.outputs, received)
+                payload, header_length = await loop.run_in_executor(
+                    self.codec, encode_infer_response, self.config.model_name, MODEL_VERSION, parsed, results
+                )
+        except CLIENT_GONE:
+            self.metrics.aborted("client_disconnect")
+            log.debug("client went away during %s", request.path)
+            return web.Response(status=499)  # never delivered; keeps the error count and the log at one line
+        self.metrics.latency.observe(time.perf_counter() - received)
         if header_length is None:
             return web.Response(body=payload, content_type="application/json")
         headers = {"Inference-Header-Content-Length": str(header_length)}
         return web.Response(body=payload, headers=headers, content_type="application/octet-stream")
+
+    @contextlib.contextmanager
+    def admission(self) -> Iterator[None]:
+        """One inference request admitted (REST or another front end): refused with 503 while draining or when
+        ``max_queue`` requests are already queued or running."""
+        if self.draining:
+            raise ProtocolError(
+                "the server is shutting down; retry (another replica answers)",
+                503, headers={"Retry-After": "1", "Connection": "close"},
+            )  # fmt: skip
+        if self.admitted >= self.config.max_queue:
+            raise ProtocolError(
+                f"the server is busy ({self.admitted} requests queued or running); retry later",
+                503, headers={"Retry-After": "1"},
+            )  # fmt: skip
+        self.admitted += 1
+        try:
+            yield
+        finally:
+            self.admitted -= 1
+
+    async def _read_body(self, request: web.Request, model: model_loader.LoadedModel) -> bytes:
+        """The body, refused (413) from its Content-Length or as soon as its (inflated) size passes the limit, and
+        (408) when it does not arrive within the body timeout."""
+        limit = min(MAX_BODY_BYTES, max_body_bytes(model.signature, self.config.max_dynamic_dim))
+        too_large = (
+            f"request body larger than {limit} bytes, the most a request of batch <= {model.signature.max_batch} needs"
+        )
+        declared = request.content_length
+        if declared is not None and declared > limit and "Content-Encoding" not in request.headers:
+            raise ProtocolError(too_large + f" (Content-Length {declared})", 413, headers={"Connection": "close"})
+        chunks: list[bytes] = []
+        size = 0
+        deadline = asyncio.get_running_loop().time() + self.config.body_timeout_s
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            try:
+                chunk = await asyncio.wait_for(request.content.readany(), timeout=max(left, 0.001))
+            except TimeoutError:
+                raise ProtocolError(
+                    f"request body not received within {self.config.body_timeout_s:g} s",
+                    408, headers={"Connection": "close"},
+                ) from None  # fmt: skip
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > limit:
+                raise ProtocolError(too_large + " (once inflated)", 413, headers={"Connection": "close"})
+            chunks.append(chunk)
+
+    async def run_model(
+        self, model: model_loader.LoadedModel, inputs: dict[str, Any], outputs: list[str], received: float
+    ) -> dict[str, Any]:
+        """The model on an inference worker (``received``: perf_counter() when the request arrived, its deadline
+        counts from there); queue wait and compute time are recorded apart. Raises ProtocolError."""
+        deadline = received + self.config.request_timeout_s
+        try:
+            outcome = await self._batcher(model).submit(inputs, outputs, deadline)
+        except InvalidArgument as exc:
+            raise ProtocolError(f"the inputs do not fit the model: {_public(str(exc))}") from exc
+        except Exception as exc:
+            log.exception("inference failed")
+            raise ProtocolError(f"inference failed ({type(exc).__name__}); see the server log", status=500) from exc
+        self.metrics.queue_wait.observe(outcome.waited_s)
+        if outcome.results is None:
+            raise ProtocolError(
+                f"the request waited {outcome.waited_s:.1f} s for a worker, past its"
+                f" {self.config.request_timeout_s:g} s deadline; retry later", 503, headers={"Retry-After": "1"},
+            )  # fmt: skip
+        self.metrics.compute.observe(outcome.compute_s)
+        self.metrics.batch_rows.observe(outcome.batch_rows)
+        return outcome.results
+
+    def _batcher(self, model: model_loader.LoadedModel) -> Batcher:
+        if self.batcher is None:
+            signature = model.signature
+            batchable = all(spec.shape and spec.shape[0] < 0 for spec in (*signature.inputs, *signature.outputs))
+            self.batcher = Batcher(
+                model.infer,
+                self.executor,
+                workers=self.config.workers,
+                batch_rows=self.config.batch_size or self.config.recipe.batch,
+                max_delay_s=self.config.max_queue_delay_s,
+                batchable=batchable,
+            )
+        return self.batcher
 
     def _check_name(self, request: web.Request) -> None:
         name, version = request.match_info["name"], request.match_info.get("version")
@@ -196,14 +336,27 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
     try:
         return await handler(request)
     except ProtocolError as exc:
-        return web.json_response({"error": str(exc)}, status=exc.status)
+        response = web.json_response({"error": str(exc)}, status=exc.status, headers=exc.headers)
+        if exc.headers.get("Connection") == "close":
+            response.force_close()
+        return response
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
         return web.json_response({"error": exc.reason if exc.text is None else exc.text}, status=exc.status)
+    except CLIENT_GONE:
+        log.debug("client went away during %s %s", request.method, request.path)
+        return web.Response(status=499)
     except Exception as exc:  # the server never dies on a request
         log.exception("unhandled error in %s %s", request.method, request.path)
-        return web.json_response({"error": f"internal error: {type(exc).__name__}: {exc}"}, status=500)
+        return web.json_response({"error": f"internal error ({type(exc).__name__}); see the server log"}, status=500)
+
+
+def _public(message: str) -> str:
+    """An ONNX Runtime message without the graph's internal node names (they describe the variant, not the
+    request), cut to its first line."""
+    first = message.strip().splitlines()[0] if message.strip() else "rejected"
+    return _ORT_NODE.sub("", first).replace("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : ", "")[:300]
 
 
 def serve(config: ServeConfig) -> int:
@@ -214,7 +367,13 @@ def serve(config: ServeConfig) -> int:
 async def _serve(config: ServeConfig) -> int:
     server = Server(config)
     # After our own drain only idle connections remain, so aiohttp's own grace period can be short.
-    runner = web.AppRunner(server.app(), handle_signals=False, shutdown_timeout=1.0, access_log=None)
+    runner = web.AppRunner(
+        server.app(),
+        handle_signals=False,
+        shutdown_timeout=1.0,
+        access_log=None,
+        keepalive_timeout=config.idle_timeout_s,  # also closes connections that never complete a request
+    )
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
     log.info("listening on %s:%d, serving model %r", config.host, config.port, config.model_name)
@@ -237,8 +396,13 @@ async def _serve(config: ServeConfig) -> int:
         else:
             log.error("metainfer serve: cannot load the model: %s", error)
             code = EXIT_INPUT if isinstance(error, InputError) else 1
-    await server.drain(runner, config.drain_timeout_s)
+    cut = await server.drain(runner, config.drain_timeout_s)
+    if cut and code == 0:
+        code = EXIT_DRAIN_CUT
+    if server.batcher is not None:
+        server.batcher.close()
     server.executor.shutdown(wait=False, cancel_futures=True)
+    server.codec.shutdown(wait=False, cancel_futures=True)
     stopping.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await stopping

@@ -28,10 +28,14 @@ def serve_command(args: argparse.Namespace) -> int:
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """Check the flags and build the config; raises InputError naming the flag."""
     recipe = _recipe(args)
-    for flag in ("max_batch", "workers", "calibration_samples"):
+    for flag in ("max_batch", "workers", "calibration_samples", "max_queue", "max_dynamic_dim", "batch_size"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise InputError(f"--{flag.replace('_', '-')}", f"must be >= 1, got {value}")
+    for flag in ("request_timeout", "body_timeout", "idle_timeout", "drain_timeout"):
+        value = getattr(args, flag)
+        if not value > 0:
+            raise InputError(f"--{flag.replace('_', '-')}", f"must be > 0 seconds, got {value}")
     source = ModelSourceArgs(
         model_uri=args.model_uri,
         model_sha256=args.model_sha256,
@@ -50,7 +54,20 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_batch=args.max_batch,
         drain_timeout_s=args.drain_timeout,
         workers=args.workers,
+        max_queue=args.max_queue,
+        request_timeout_s=args.request_timeout,
+        body_timeout_s=args.body_timeout,
+        idle_timeout_s=args.idle_timeout,
+        max_dynamic_dim=args.max_dynamic_dim,
+        batch_size=args.batch_size,
+        max_queue_delay_s=_non_negative(args.max_queue_delay_ms, "--max-queue-delay-ms") / 1000,
     )
+
+
+def _non_negative(value: float, flag: str) -> float:
+    if not value >= 0:
+        raise InputError(flag, f"must be >= 0, got {value}")
+    return value
 
 
 def default_model_name(model_uri: str) -> str:

@@ -29,3 +29,34 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--drain-timeout", type=float, default=20.0, help="seconds in-flight requests get after SIGTERM (default 20)"
     )
     parser.add_argument("--workers", type=int, default=2, help="inference threads (default %(default)s)")
+    parser.add_argument(
+        "--max-queue", type=int, default=16,
+        help="inference requests admitted at once (queued or running); more get 503 + Retry-After (default 16)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--request-timeout", type=float, default=30.0,
+        help="seconds a request may wait for an inference worker before it is answered 503 (default 30)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive, else 408 (default 30)"
+    )
+    parser.add_argument(
+        "--idle-timeout", type=float, default=15.0,
+        help="seconds a connection may stay without a complete request (idle keep-alive, slow headers) (default 15)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--batch-size", type=int,
+        help="rows one ONNX Runtime run combines from concurrent requests (default: the recipe's batch, the one the"
+        " adaptation measured)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-queue-delay-ms", type=float, default=1.0,
+        help="how long a lone request waits for others to share its run (dynamic batching) (default 1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-dynamic-dim",
+        type=int,
+        default=4096,
+        help="largest size of a dynamic input axis other than the batch; with --max-batch it bounds the body size"
+        " (default 4096)",
+    )

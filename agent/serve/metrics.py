@@ -62,9 +62,29 @@ class ServingMetrics:
         labels = identity.labels()
         self.latency = Histogram(
             "metainfer_inference_latency_seconds",
-            "Server-side latency of successful inference requests (decode, run, encode), seconds.",
+            "Server-side latency of successful inference requests (read, decode, queue, run, encode), seconds.",
             LABELS, buckets=LATENCY_BUCKETS, registry=self.registry,
         ).labels(**labels)  # fmt: skip
+        self.queue_wait = Histogram(
+            "metainfer_inference_queue_seconds",
+            "Time a request waited for an inference worker (saturation, not the model), seconds.",
+            LABELS, buckets=LATENCY_BUCKETS, registry=self.registry,
+        ).labels(**labels)  # fmt: skip
+        self.compute = Histogram(
+            "metainfer_inference_compute_seconds",
+            "Time ONNX Runtime spent on a request (the variant on this hardware; what drift reads), seconds.",
+            LABELS, buckets=LATENCY_BUCKETS, registry=self.registry,
+        ).labels(**labels)  # fmt: skip
+        self.batch_rows = Histogram(
+            "metainfer_inference_batch_rows",
+            "Rows of the ONNX Runtime run a request was part of (dynamic batching combines concurrent requests).",
+            LABELS, buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256), registry=self.registry,
+        ).labels(**labels)  # fmt: skip
+        self._aborted = Counter(
+            "metainfer_inference_aborted_total",
+            "Requests that got no answer, by reason (client_disconnect, drain_timeout).",
+            (*LABELS, "reason"), registry=self.registry,
+        )  # fmt: skip
         self.requests = Counter(
             "metainfer_inference_requests_total",
             "Inference requests received, whatever their outcome.",
@@ -88,6 +108,9 @@ class ServingMetrics:
 
     def error(self, code: int) -> None:
         self._errors.labels(**self._labels, code=str(code)).inc()
+
+    def aborted(self, reason: str, count: int = 1) -> None:
+        self._aborted.labels(**self._labels, reason=reason).inc(count)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -47,9 +47,10 @@ _NAMES = {dtype: name for name, dtype in DATATYPES.items()}
 class ProtocolError(Exception):
     """A request the server refuses; ``status`` is the HTTP code (400 unless said otherwise)."""
 
-    def __init__(self, message: str, status: int = 400) -> None:
+    def __init__(self, message: str, status: int = 400, headers: Mapping[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.headers = dict(headers or {})
 
 
 def datatype_of(dtype: np.dtype[Any] | str) -> str:
@@ -110,6 +111,8 @@ def split_body(body: bytes, header_length: str | None) -> tuple[Any, bytes]:
         return json.loads(head), tail
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ProtocolError(f"request body is not valid JSON: {exc}") from None
+    except RecursionError:  # 100k nested brackets: a client error, never a 500
+        raise ProtocolError("request body nests JSON arrays or objects too deeply") from None
 
 
 def parse_infer_request(body: bytes, header_length: str | None, signature: Signature) -> InferRequest:
@@ -182,6 +185,8 @@ def _from_json(data: Any, shape: tuple[int, ...], dtype: np.dtype[Any], name: st
         flat = np.asarray(data).reshape(-1)
     except ValueError:
         raise ProtocolError(f"input {name!r}: 'data' is a ragged nested list") from None
+    except RecursionError:
+        raise ProtocolError(f"input {name!r}: 'data' nests lists too deeply") from None
     if flat.size != math.prod(shape):
         raise ProtocolError(
             f"input {name!r}: {flat.size} elements in 'data' but shape {list(shape)} needs {math.prod(shape)}"
@@ -200,6 +205,8 @@ def _shape(raw: Any, name: str) -> tuple[int, ...]:
         raise ProtocolError(f"input {name!r}: 'shape' must be a list of integers")
     if any(d < 0 for d in raw):
         raise ProtocolError(f"input {name!r}: shape {raw} has a negative dimension")
+    if any(d == 0 for d in raw):  # an empty tensor: ONNX Runtime's kernels fail on it with a 500 otherwise
+        raise ProtocolError(f"input {name!r}: shape {raw} has an empty (0) dimension")
     return tuple(raw)
 
 
@@ -231,7 +238,7 @@ def _requested_outputs(doc: Mapping[str, Any], signature: Signature) -> tuple[li
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise ProtocolError("'parameters' must be an object")
-    default_binary = bool(params.get("binary_data_output", False))
+    default_binary = _flag(params.get("binary_data_output", False), "parameters.binary_data_output")
     known = _names(signature.outputs)
     requested = doc.get("outputs")
     if requested is None:
@@ -249,10 +256,17 @@ def _requested_outputs(doc: Mapping[str, Any], signature: Signature) -> tuple[li
         out_params = raw.get("parameters") or {}
         if not isinstance(out_params, dict):
             raise ProtocolError(f"output {name!r}: 'parameters' must be an object")
-        if bool(out_params.get("binary_data", default_binary)):
+        if _flag(out_params.get("binary_data", default_binary), f"output {name!r}: parameters.binary_data"):
             binary.add(name)
         names.append(name)
     return names, binary
+
+
+def _flag(value: Any, where: str) -> bool:
+    """A boolean parameter; the string "false" used to read as true."""
+    if not isinstance(value, bool):
+        raise ProtocolError(f"{where} must be true or false, got {json.dumps(value)[:40]}")
+    return value
 
 
 def encode_infer_response(
@@ -272,12 +286,18 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
+            if array.dtype.kind == "f" and not np.isfinite(array).all():
+                raise ProtocolError(
+                    f"output {name!r} holds NaN or infinite values, which JSON cannot carry: request it as binary data"
+                    ' (parameters: {"binary_data": true})',
+                    status=422,
+                )
             entry["data"] = array.reshape(-1).tolist()
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
     if not blobs:
         return header, None
     return header + b"".join(blobs), len(header)
@@ -296,3 +316,22 @@ def model_metadata(name: str, versions: Sequence[str], signature: Signature) -> 
 
 def _names(specs: Sequence[TensorSpec]) -> list[str]:
     return [spec.name for spec in specs]
+
+
+# JSON spends at most this many characters per element: a float32 as repr ("-1.2345678e-05") and its ", ".
+JSON_CHARS_PER_ELEMENT = 24
+BODY_OVERHEAD_BYTES = 64 << 10  # names, shapes, parameters, id
+
+
+def max_body_bytes(signature: Signature, dynamic_dim_limit: int) -> int:
+    """The largest body a legal request can need: every input at the largest batch, each dynamic non-batch axis
+    at ``dynamic_dim_limit``, written as JSON (the larger of JSON and binary). Anything bigger is refused from its
+    Content-Length, before a byte of it is read."""
+    total = 0
+    for spec in signature.inputs:
+        dims = list(spec.shape)
+        if dims:
+            dims[0] = signature.max_batch
+        elements = math.prod(d if d >= 0 else dynamic_dim_limit for d in dims)
+        total += elements * max(JSON_CHARS_PER_ELEMENT, DATATYPES[spec.datatype].itemsize)
+    return total + BODY_OVERHEAD_BYTES

@@ -129,3 +129,41 @@ def test_metadata_marks_dynamic_dims() -> None:
     meta = model_metadata("m", ["1"], SIG)
     assert meta["platform"] == "onnxruntime"
     assert meta["inputs"][0] == {"name": "x", "datatype": "FP32", "shape": [-1, 4]}
+
+
+def test_client_mistakes_are_400s_not_500s() -> None:
+    """Found by a hostile client: an empty axis, 100k nested brackets, "false" read as true."""
+    empty = _good()
+    empty[0]["shape"] = [1, 0]
+    empty[0]["data"] = []
+    with pytest.raises(ProtocolError, match="empty") as info:
+        parse_infer_request(_body(empty), None, SIG)
+    assert info.value.status == 400
+    with pytest.raises(ProtocolError, match="too deeply") as info:
+        parse_infer_request(b"[" * 100_000 + b"]" * 100_000, None, SIG)
+    assert info.value.status == 400
+    for value in ("false", 0, None):
+        with pytest.raises(ProtocolError, match="binary_data_output must be true or false"):
+            parse_infer_request(_body(_good(), parameters={"binary_data_output": value}), None, SIG)
+
+
+def test_a_nan_output_is_never_written_as_invalid_json() -> None:
+    from metainfer.agent.serve.protocol import encode_infer_response
+
+    req = parse_infer_request(_body(_good()), None, SIG)
+    nan = {"y": np.full((2, 3), np.nan, dtype=np.float32), "z": np.zeros(2, dtype=np.int64)}
+    with pytest.raises(ProtocolError, match="NaN or infinite") as info:
+        encode_infer_response("m", "1", req, nan)
+    assert info.value.status == 422
+    req.binary_outputs.update(req.outputs)  # as binary data NaN is just bytes
+    body, header = encode_infer_response("m", "1", req, nan)
+    assert header is not None and json.loads(body[:header])
+
+
+def test_the_largest_legal_body_follows_the_batch_and_the_shapes() -> None:
+    from metainfer.agent.serve.protocol import BODY_OVERHEAD_BYTES, JSON_CHARS_PER_ELEMENT, max_body_bytes
+
+    per_sample = (4 + 2) * JSON_CHARS_PER_ELEMENT  # x: 4 floats, ids: 2 integers, as JSON
+    assert max_body_bytes(SIG, dynamic_dim_limit=512) == SIG.max_batch * per_sample + BODY_OVERHEAD_BYTES
+    dynamic = Signature(inputs=(TensorSpec("t", "INT64", (-1, -1)),), outputs=SIG.outputs, max_batch=4)
+    assert max_body_bytes(dynamic, dynamic_dim_limit=128) == 4 * 128 * JSON_CHARS_PER_ELEMENT + BODY_OVERHEAD_BYTES
