@@ -135,7 +135,11 @@ CASES: list[Case] = [
         ["spec.rollout.canaryReplicas", "less than serving.replicas"],
     ),
     ("cel-canary-default-replicas", lambda: policy(serving={"replicas": 1}), ["spec.rollout.canaryReplicas"]),
-    ("cel-zero-weights", lambda: policy(objective={"latency": 0}), ["spec.objective", "at least one objective weight"]),
+    (
+        "cel-zero-weights",
+        lambda: policy(objective={"latency": 0, "quality": 0}),
+        ["spec.objective", "at least one objective weight"],
+    ),
     (
         "cel-deadline-below-budget",
         lambda: policy(search={"timeBudgetSeconds": 600, "activeDeadlineSeconds": 60}),
