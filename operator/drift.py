@@ -82,8 +82,9 @@ async def drift_step(
         endpoint = config.prometheus_endpoint(settings.prometheus_url)
         results = await asyncio.gather(*(_p95(endpoint, spec, namespace, name, c) for c in due))
         tails = await asyncio.gather(*(_p99(endpoint, spec, namespace, name, c) for c in due))
+        queues = await asyncio.gather(*(_queue_p95(endpoint, spec, namespace, name, c) for c in due))
         updated = {c.fingerprint: c for c in status.classes}
-        for cls, result, tail in zip(due, results, tails, strict=True):
+        for cls, result, tail, queue in zip(due, results, tails, queues, strict=True):
             params = drift.DriftParams.from_settings(
                 settings, spec.slo.latency_p95_ms, cls.current.p95_ms if cls.current else None, spec.slo.latency_p99_ms
             )
@@ -95,13 +96,17 @@ async def drift_step(
                 )  # fmt: skip
             else:
                 p99_ms = tail * 1000.0 if isinstance(tail, float) else None
-                verdict = drift.observe(cls.drift, result * 1000.0, params, now, variant=variant, p99_ms=p99_ms)
+                queue_ms = queue * 1000.0 if isinstance(queue, float) else None
+                verdict = drift.observe(
+                    cls.drift, result * 1000.0, params, now, variant=variant, p99_ms=p99_ms, queue_p95_ms=queue_ms
+                )
             _events(body, cls, verdict, logger)
             if verdict.readapt:
                 step.readapt.append(cls.name)
             updated[cls.fingerprint] = ClassStatus.model_validate({**cls.model_dump(), "drift": verdict.state})
         status = status.model_copy(update={"classes": list(updated.values())})
         status = status.model_copy(update={"conditions": _metrics_condition(status, now)})
+        status = status.model_copy(update={"conditions": _saturation_condition(status, now)})
         patch = status.to_api()
         stored = await kube.patch_status(
             ADAPTATION_POLICY.plural, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]}
@@ -131,6 +136,35 @@ async def _p99(
         return None
     text = promql.quantile_query(0.99, name, namespace, cls.fingerprint, settings.window_seconds)
     return await _sample(endpoint, spec, text)
+
+
+async def _queue_p95(
+    endpoint: PrometheusEndpoint, spec: AdaptationPolicySpec, namespace: str, name: str, cls: ClassStatus
+) -> Any:
+    """p95 of the wait for a worker in seconds (for saturation), or None with a query override (whose meaning the
+    operator cannot know)."""
+    settings = spec.readaptation
+    if settings.query:
+        return None
+    text = promql.quantile_query(0.95, name, namespace, cls.fingerprint, settings.window_seconds, promql.QUEUE_METRIC)
+    return await _sample(endpoint, spec, text)
+
+
+def _saturation_condition(status: AdaptationPolicyStatus, now: dt.datetime) -> list[Condition]:
+    """Saturated: True while a checked class's requests wait for workers beyond the SLO with compute within it."""
+    checked = [c for c in status.classes if eligible(c) and c.drift is not None and c.drift.reason is not None]
+    if not checked:
+        return status.conditions
+    busy = [c for c in checked if c.drift and c.drift.reason == Reason.SATURATED]
+    if busy:
+        message = "; ".join(f"{c.name}: {c.drift.message}" for c in busy if c.drift)[:32768]
+        return set_condition(
+            status.conditions, ConditionType.SATURATED, "True", Reason.SATURATED, message, now=now
+        )  # fmt: skip
+    return set_condition(
+        status.conditions, ConditionType.SATURATED, "False", Reason.NOT_SATURATED,
+        "no class waits for serving workers beyond its SLO", now=now,
+    )  # fmt: skip
 
 
 async def _sample(endpoint: PrometheusEndpoint, spec: AdaptationPolicySpec, text: str) -> Any:

@@ -31,6 +31,7 @@ class ConditionType(StrEnum):
     DEGRADED = "Degraded"  # some class failed or is served by an older variant
     SUCCEEDED = "Succeeded"  # run: True when finished with a result, False when failed
     METRICS_AVAILABLE = "MetricsAvailable"  # policy: Prometheus answered the drift query
+    SATURATED = "Saturated"  # policy: requests wait for workers (scale serving); compute itself is fine
 
 
 # Why an AdaptationRun exists (its `spec.reason`); each is also a condition reason.
@@ -149,6 +150,8 @@ class Reason(StrEnum):
     NO_DATA = "NoData"
     WITHIN_TOLERANCE = "WithinTolerance"
     LATENCY_BREACH = "LatencyBreach"
+    SATURATED = "Saturated"
+    NOT_SATURATED = "NotSaturated"
     COOLDOWN = "Cooldown"
     # hardware profile
     PROFILE_MEASURED = "ProfileMeasured"

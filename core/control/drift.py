@@ -14,6 +14,10 @@ Rules, per (policy, class):
   that variant: the agent times the bare model while production also pays HTTP,
   batching and histogram-bucket resolution, so an adaptation-only baseline
   would see "drift" in a perfectly healthy deployment and re-adapt forever.
+- Saturation is not drift: when compute is within tolerance but compute plus
+  the wait for a worker (queue p95) is over the SLO, the outcome is
+  ``Saturated`` (scale ``serving.replicas``), never counted towards a
+  re-adaptation, which could not help.
 - ``consecutive_breaches`` breaches in a row confirm drift (one spike never
   does); a good sample resets the count.
 - No sample (Prometheus unreachable, erroring, no data) neither counts nor
@@ -84,6 +88,7 @@ def observe(
     unavailable_reason: str = Reason.NO_DATA,
     unavailable_message: str = "",
     p99_ms: float | None = None,
+    queue_p95_ms: float | None = None,
 ) -> Verdict:
     """Fold one check into ``state``. ``variant`` identifies the serving variant (its run name) for the baseline;
     ``p99_ms`` is compared with ``params.slo_p99_ms`` where both exist (the p95 alone decides otherwise)."""
@@ -108,6 +113,15 @@ def observe(
         "last_observed_p99_ms": round(p99_ms, 6) if p99_ms is not None else None,
     }
     if not breaches:
+        queued = queue_p95_ms if queue_p95_ms is not None and math.isfinite(queue_p95_ms) else 0.0
+        if p95_ms + queued > params.slo_p95_ms * (1 + params.tolerance):
+            message = (
+                f"requests wait {queued:.3f} ms for a worker (p95) on top of compute p95 {p95_ms:.3f} ms, over the SLO"
+                f" {params.slo_p95_ms:g} ms +{params.tolerance:.0%}: a load matter (scale serving.replicas), not"
+                " re-adapted"
+            )
+            new = _update(state, consecutive_breaches=0, reason=Reason.SATURATED, message=message, **common)
+            return Verdict(new, Reason.SATURATED, False, new.message or "")
         new = _update(
             state,
             consecutive_breaches=0,

@@ -28,8 +28,12 @@ def drift(api: client.ApiClient, namespace: str, name: str = "digits") -> dict[s
 
 
 def metrics_condition(api: client.ApiClient, namespace: str, name: str = "digits") -> dict[str, Any]:
+    return condition(api, namespace, "MetricsAvailable", name)
+
+
+def condition(api: client.ApiClient, namespace: str, type_: str, name: str = "digits") -> dict[str, Any]:
     conditions = (policy(api, namespace, name).get("status") or {}).get("conditions", [])
-    return next((c for c in conditions if c["type"] == "MetricsAvailable"), {})
+    return next((c for c in conditions if c["type"] == type_), {})
 
 
 def drift_runs(api: client.ApiClient, namespace: str) -> list[dict[str, Any]]:

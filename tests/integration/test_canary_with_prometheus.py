@@ -60,7 +60,7 @@ class Variants(ServingMetrics):
             if error_ratio and self._ticks % max(1, round(1 / error_ratio)) == 0:
                 self.errors.labels(*labels, "500").inc()
             else:
-                self.histogram.labels(*labels).observe(latency)
+                self.observe(labels, latency)
 
 
 @pytest.fixture

@@ -11,10 +11,16 @@ here, so the test starts that process itself on loopback.
 Latency changes only through real load from this process to 127.0.0.1: light
 load is one client sending batch-1 requests ~40 times a second; heavy load is
 HEAVY_CLIENTS clients sending batch-HEAVY_BATCH JSON requests back to back,
-which queues them behind serve's two inference threads and its JSON decoding
-on this small machine. The SLO and tolerance sit between the two p95s
-Prometheus reports (printed, with every check's p95). Scenarios: normal, a
-short spike, Prometheus stopped under heavy load, sustained heavy load.
+which queues them behind serve's two inference threads on this small machine.
+The drift check reads compute time, not the wait for a worker, so sustained
+heavy load on unchanged hardware is Saturated (a scaling matter, as a class
+reason and a policy condition) and never re-adapted. A slowdown of compute
+itself re-adapting exactly once is played with real Prometheus in
+test_drift_with_prometheus.py: on this machine no way was found to slow a
+sub-millisecond ONNX Runtime call the way slower hardware would (stopping
+the process on a duty cycle, as a CPU quota does, leaves such short calls
+whole). Scenarios: normal, a short spike, Prometheus stopped under heavy
+load, sustained heavy load.
 """
 
 from __future__ import annotations
@@ -57,14 +63,15 @@ WINDOW_S = 10  # readaptation.windowSeconds (the API's minimum)
 # A spike of SPIKE_S stays in the window for at most WINDOW_S + SPIKE_S + scrape lag (~13 s): <= 3 checks.
 BREACHES = 5
 SPIKE_S = 2.0
-# Measured here (2 cores, with the control plane, operator and Prometheus running), p95 Prometheus computes:
-# light load ~1-2.7 ms, heavy load ~20-30 ms (a 2 s spike: 14-20 ms for two checks). A breach is p95 >
-# SLO * (1 + tol) or > baseline * (1 + tol), the baseline being the first production p95 (light, ~1 ms):
-# SLO 3 ms, tolerance 4 -> breach above 15 ms, or above ~5 ms (5x the light baseline).
+# Measured here (2 cores, with the control plane, operator and Prometheus running), compute p95: light load
+# ~0.5 ms, heavy load ~1-1.6 ms (batch 64); heavy load's total (queue + compute) is well over 15 ms with 32
+# clients. A breach is compute p95 > SLO * (1 + tol) or > baseline * (1 + tol), the
+# baseline being the first production p95 (light, ~0.5 ms): SLO 3 ms, tolerance 4 -> breach above ~2.5 ms;
+# saturation is compute + queue p95 above 15 ms with compute within tolerance.
 SLO_MS = 3
 TOLERANCE = 4.0
 LIGHT_BATCH, LIGHT_PAUSE_S = 1, 0.025
-HEAVY_CLIENTS, HEAVY_BATCH = 16, 64  # HEAVY_BATCH <= serve's default --max-batch (64)
+HEAVY_CLIENTS, HEAVY_BATCH = 32, 64  # HEAVY_BATCH <= serve's default --max-batch (64); 33 clients < --max-queue
 LOAD_DEADLINE_S = 900  # the load generator stops by itself after this long, whatever the test does
 LOAD_MAX_REQUESTS = 400_000
 
@@ -102,8 +109,14 @@ class Load:
         return json.dumps(doc).encode()
 
     def _request(self, conn: http.client.HTTPConnection, body: bytes) -> None:
-        conn.request("POST", self.path, body, {"Content-Type": "application/json"})
-        resp = conn.getresponse()
+        try:
+            conn.request("POST", self.path, body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
+        except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+            # serve closes connections idle longer than --idle-timeout; like any pooling client, reconnect once
+            conn.close()
+            conn.request("POST", self.path, body, {"Content-Type": "application/json"})
+            resp = conn.getresponse()
         resp.read()
         with self._lock:
             self.sent += 1
@@ -185,6 +198,13 @@ class Checks:
             time.sleep(0.25)
 
 
+def policy_conditions(api: client.ApiClient, namespace: str) -> dict[str, str]:
+    from operator_harness import policy
+
+    conditions = (policy(api, namespace, POLICY).get("status") or {}).get("conditions", [])
+    return {c["type"]: c["status"] for c in conditions}
+
+
 def prom_p95_ms(prom: PrometheusServer, namespace: str, fingerprint: str) -> float | None:
     result = prom.query(p95_query(POLICY, namespace, fingerprint, WINDOW_S))["data"]["result"]  # type: ignore[index]
     if not result:
@@ -193,7 +213,7 @@ def prom_p95_ms(prom: PrometheusServer, namespace: str, fingerprint: str) -> flo
     return None if value != value else round(value * 1000, 2)
 
 
-def test_real_serve_under_real_load_readapts_once_spike_and_missing_metrics_never(
+def test_real_serve_under_real_load_is_saturation_and_never_drift(
     control_plane: Any,
     namespace: str,
     nodes: Nodes,
@@ -274,23 +294,18 @@ def test_real_serve_under_real_load_readapts_once_spike_and_missing_metrics_neve
             assert metrics_condition(api, namespace)["status"] == "True"
             assert not drift_runs(api, namespace)
 
-            # Sustained heavy load: exactly one LatencyDrift run.
+            # Sustained heavy load on unchanged hardware: requests wait for workers, compute does not change.
+            # Saturated (class and policy condition), never a re-adaptation, which could not help.
             load.mode = "heavy"
-            started = time.monotonic()
-            new = wait_for("a LatencyDrift run", lambda: checks.poll() and drift_runs(api, namespace), 150, 0.1)
-            elapsed = time.monotonic() - started
-            heavy = [p for _, r, p in checks.seen if r in ("LatencyBreach", "LatencyDrift") and p is not None]
-            print(
-                f"[drift-real] heavy load: p95 {heavy} ms (Prometheus now {prom_p95_ms(prom, namespace, fp)} ms)\n"
-                f"[drift-real] sustained heavy load -> LatencyDrift run {new[0]['metadata']['name']} in "
-                f"{elapsed:.1f}s (window {WINDOW_S}s, interval {INTERVAL_S}s, {BREACHES} breaches, scrape 1s)",
-                flush=True,
-            )
-            assert len(new) == 1
-            wait_for("class Adapting (LatencyDrift)", lambda: klass(api, namespace).get("reason") == "LatencyDrift", 10)
-            checks.watch(INTERVAL_S * (BREACHES + 1))  # still breaching: the run in flight is the answer
-            assert len(drift_runs(api, namespace)) == 1
-            assert len(runs(api, namespace)) == 2
+            checks.until("Saturated", "Saturated", timeout=60)
+            conditions = policy_conditions(api, namespace)  # written with the class's check
+            assert conditions.get("Saturated") == "True", conditions
+            checks.watch(INTERVAL_S * (BREACHES + 2))
+            saturated = [p for _, r, p in checks.seen if r == "Saturated" and p is not None]
+            print(f"[drift-real] heavy load: compute p95 {saturated} ms, Saturated, not re-adapted", flush=True)
+            assert len(saturated) >= BREACHES, checks.seen  # saturated long enough to have re-adapted, were it drift
+            assert not drift_runs(api, namespace), "a load surge re-adapted"
+
             load.mode = "off"
             print(f"[drift-real] load: {load.sent} requests, {load.failed} failed", flush=True)
             assert load.failed == 0, load.failed

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from drift_harness import drift, drift_checks, drift_runs, metrics_condition
+from drift_harness import condition, drift, drift_checks, drift_runs, metrics_condition
 from kubernetes import client
 from operator_harness import Nodes, apply_policy, klass, make_policy, operator_process, run_pending, runs, wait_for
 from serve_harness import ServingMetrics
@@ -41,12 +41,12 @@ class FakeServing(ServingMetrics):
         super().__init__(interval_s=0.02)
         self.labels: tuple[str, str, str] | None = None
         self.latency = NORMAL_S
+        self.queue_wait = 0.0
 
     def tick(self) -> None:
         if self.labels is not None:
-            child = self.histogram.labels(*self.labels)
-            child.observe(self.latency)
-            child.observe(self.latency)
+            for _ in range(2):
+                self.observe(self.labels, self.latency, self.queue_wait)
 
 
 @pytest.fixture
@@ -142,7 +142,18 @@ def test_sustained_breach_readapts_once_spike_and_missing_metrics_never(
         wait_for("good again", lambda: drift(api, namespace).get("reason") == "WithinTolerance", 40)
         assert not drift_runs(api, namespace)
 
-        # A sustained breach: exactly one LatencyDrift run.
+        # A load surge on unchanged hardware: requests wait 100 ms for a worker, compute stays at 4 ms. Saturated
+        # (a scaling matter, on the class and as a policy condition), and never a re-adaptation.
+        serving.queue_wait = SLOW_S
+        wait_for("Saturated", lambda: drift(api, namespace).get("reason") == "Saturated", 40)
+        assert condition(api, namespace, "Saturated")["status"] == "True"
+        time.sleep(INTERVAL_S * (BREACHES + 1))
+        assert drift(api, namespace)["reason"] == "Saturated" and not drift_runs(api, namespace), "load re-adapted"
+        serving.queue_wait = 0.0
+        wait_for("good again", lambda: drift(api, namespace).get("reason") == "WithinTolerance", 40)
+        assert condition(api, namespace, "Saturated")["status"] == "False"
+
+        # A sustained breach of compute (the hardware got slower): exactly one LatencyDrift run.
         serving.latency = SLOW_S
         started = time.monotonic()
         new = wait_for("a LatencyDrift run", lambda: drift_runs(api, namespace), timeout=120, interval=0.1)

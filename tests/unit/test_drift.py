@@ -159,3 +159,19 @@ def test_a_p99_bound_is_enforced_where_the_policy_sets_one() -> None:
     # Without a p99 bound (or without a p99 sample) the same tail changes nothing.
     assert observe(None, 4.0, PARAMS, T0, variant="run-a", p99_ms=30.0).outcome == Reason.WITHIN_TOLERANCE
     assert observe(None, 4.0, params, T0, variant="run-a", p99_ms=None).outcome == Reason.WITHIN_TOLERANCE
+
+
+def test_requests_waiting_for_workers_are_saturation_not_drift() -> None:
+    """Compute within tolerance but compute + queue wait over the SLO: Saturated, count reset, never re-adapted."""
+    state: DriftStatus | None = None
+    outcomes = []
+    for i in range(6):
+        verdict = observe(state, 4.0, PARAMS, T0 + dt.timedelta(minutes=i), variant="run-a", queue_p95_ms=40.0)
+        outcomes.append(verdict.outcome)
+        assert not verdict.readapt
+        state = verdict.state
+    assert outcomes == [Reason.SATURATED] * 6
+    assert state is not None and state.consecutive_breaches == 0 and "scale serving.replicas" in (state.message or "")
+    # A short queue is not saturation; a slow compute is drift whatever the queue.
+    assert observe(None, 4.0, PARAMS, T0, variant="run-a", queue_p95_ms=2.0).outcome == Reason.WITHIN_TOLERANCE
+    assert observe(None, 13.0, PARAMS, T0, variant="run-a", queue_p95_ms=40.0).outcome == Reason.LATENCY_BREACH

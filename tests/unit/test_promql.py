@@ -11,9 +11,10 @@ from metainfer.operator.prometheus import MetricsUnavailable, Sample, parse
 FP = "0123456789abcdef"
 
 
-def test_default_query() -> None:
+def test_default_query_reads_compute_time_not_queue_wait() -> None:
+    """A traffic surge queues requests on unchanged hardware: drift must not read that as the variant slowing."""
     assert p95_query("digits", "prod", FP, 300) == (
-        "histogram_quantile(0.95, sum by (le) (rate(metainfer_inference_latency_seconds_bucket"
+        "histogram_quantile(0.95, sum by (le) (rate(metainfer_inference_compute_seconds_bucket"
         '{policy="digits",hardware_class="0123456789abcdef",namespace=~"prod|"}[300s])))'
     )
 
