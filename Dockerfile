@@ -55,6 +55,6 @@ ENV HOME=/tmp \
     MPLCONFIGDIR=/tmp/matplotlib
 USER 65532:65532
 WORKDIR /tmp
-EXPOSE 8080 8000
+EXPOSE 8080 8081 8000
 ENTRYPOINT ["metainfer"]
 CMD ["--help"]

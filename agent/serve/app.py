@@ -84,7 +84,8 @@ class ServeConfig:
     max_batch: int | None = None
     drain_timeout_s: float = 20.0
     workers: int = 2
-    max_queue: int = 16
+    max_queue: int = 64
+    grpc_port: int = 0  # the KServe v2 gRPC front end (0: none); `metainfer serve` defaults to 8081
     request_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
     idle_timeout_s: float = 15.0
@@ -386,17 +387,33 @@ async def _serve(config: ServeConfig) -> int:
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait([loading, stopping], return_when=asyncio.FIRST_COMPLETED)
     code = 0
+    grpc_front = None
     if loading.done() and not stopping.done():
         error = loading.exception()
-        if error is None:
+        if error is None and config.grpc_port:
+            # Imported here: grpcio is loaded only when a gRPC port is asked for.
+            from metainfer.agent.serve.grpc_server import GrpcFrontEnd
+
+            grpc_front = GrpcFrontEnd(server)
+            try:  # before the model is set, so REST's readiness turns green only with both doors open
+                await grpc_front.start(config.host, config.grpc_port, loading.result().signature)
+            except RuntimeError as exc:  # grpc's "Failed to bind": the port is taken or not ours to use
+                log.error("metainfer serve: cannot listen for gRPC on %s:%d: %s", config.host, config.grpc_port, exc)
+                grpc_front, code = None, 1
+        if error is not None:
+            log.error("metainfer serve: cannot load the model: %s", error)
+            code = EXIT_INPUT if isinstance(error, InputError) else 1
+        elif code == 0:
             server.model = loading.result()
             server.metrics.ready.set(1)
             log.info("ready: variant sha256 %s (base %s)", server.model.variant_sha256, server.model.base_sha256)
             await stopping
-        else:
-            log.error("metainfer serve: cannot load the model: %s", error)
-            code = EXIT_INPUT if isinstance(error, InputError) else 1
-    cut = await server.drain(runner, config.drain_timeout_s)
+    # Both doors drain at once, within the one timeout; Server.drain marks the server draining before its first
+    # await, so a gRPC call arriving meanwhile is refused by admission.
+    drains = [server.drain(runner, config.drain_timeout_s)]
+    if grpc_front is not None:
+        drains.append(grpc_front.drain(config.drain_timeout_s))
+    cut = sum(await asyncio.gather(*drains))
     if cut and code == 0:
         code = EXIT_DRAIN_CUT
     if server.batcher is not None:

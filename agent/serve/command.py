@@ -25,6 +25,16 @@ def serve_command(args: argparse.Namespace) -> int:
     return serve(config_from_args(args))
 
 
+def grpc_port_from_args(args: argparse.Namespace) -> int:
+    """--grpc-port, checked: a port number, or 0 for no gRPC API, and never the REST port."""
+    port = args.grpc_port
+    if not 0 <= port <= 65535:
+        raise InputError("--grpc-port", f"must be a port number (1-65535), or 0 for no gRPC API; got {port}")
+    if port and port == args.port:
+        raise InputError("--grpc-port", f"is also --port ({port}): REST and gRPC need a port each")
+    return int(port)
+
+
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """Check the flags and build the config; raises InputError naming the flag."""
     recipe = _recipe(args)
@@ -55,6 +65,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         drain_timeout_s=args.drain_timeout,
         workers=args.workers,
         max_queue=args.max_queue,
+        grpc_port=grpc_port_from_args(args),
         request_timeout_s=args.request_timeout,
         body_timeout_s=args.body_timeout,
         idle_timeout_s=args.idle_timeout,

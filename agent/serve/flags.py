@@ -24,14 +24,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-name", help="name in /v2/models/NAME (default: $METAINFER_POLICY, else file stem)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")
+    parser.add_argument(
+        "--grpc-port", type=int, default=8081,
+        help="port of the KServe v2 gRPC API, opened once the model is loaded (default %(default)s; 0: no gRPC)",
+    )  # fmt: skip
     parser.add_argument("--max-batch", type=int, help="largest batch accepted (default: max(recipe batch, 64))")
     parser.add_argument(
         "--drain-timeout", type=float, default=20.0, help="seconds in-flight requests get after SIGTERM (default 20)"
     )
     parser.add_argument("--workers", type=int, default=2, help="inference threads (default %(default)s)")
     parser.add_argument(
-        "--max-queue", type=int, default=16,
-        help="inference requests admitted at once (queued or running); more get 503 + Retry-After (default 16)",
+        "--max-queue", type=int, default=64,
+        help="inference requests admitted at once (queued or running); more get 503 + Retry-After (default 64)",
     )  # fmt: skip
     parser.add_argument(
         "--request-timeout", type=float, default=30.0,

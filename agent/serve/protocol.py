@@ -1,11 +1,18 @@
-"""Open Inference Protocol (KServe v2) REST bodies <-> numpy, with no I/O.
+"""Open Inference Protocol (KServe v2) requests and responses <-> numpy, with no I/O.
 
-Kept pure so every malformed-request rule is unit-tested without a server: the
-HTTP layer only turns a ``ProtocolError`` into a status code and a JSON
-``{"error": ...}``. Each message names the input and the problem, because the
-caller is usually a person debugging a client.
+Kept pure so every malformed-request rule is unit-tested without a server: a
+front end only turns a ``ProtocolError`` into its answer (an HTTP status and a
+JSON ``{"error": ...}``, or a gRPC status). Each message names the input and the
+problem, because the caller is usually a person debugging a client.
 
-Two encodings are accepted, as Triton and KServe do:
+What is checked does not depend on how a request is encoded, so the checks
+live here once and both decoders call them: the model name and version
+(``check_model``), each input's name, datatype and shape (``check_input``), its
+values (``array_from_bytes``, ``array_from_values``), the set of inputs and the
+batch (``check_inputs``), the requested outputs (``check_output``). The REST
+decoder is below; the gRPC one is ``grpc_protocol``.
+
+Two REST encodings are accepted, as Triton and KServe do:
 
 * JSON: ``data`` holds the elements, flat (row-major) or nested;
 * the binary tensor extension (tritonclient's default): the JSON header is the
@@ -95,6 +102,116 @@ class InferRequest:
     id: str | None = None
 
 
+# -- the checks every encoding shares ------------------------------------------------------------------------------
+def check_model(name: str, version: str | None, served: str, served_version: str) -> None:
+    """A request addressed to the served model: 404 for another name, or a version it does not have (no version,
+    or an empty one, lets the server choose)."""
+    if name != served:
+        raise ProtocolError(f"unknown model {name!r}; this server serves {served!r}", 404)
+    if version and version != served_version:
+        raise ProtocolError(f"model {name!r} has no version {version!r}; it has {served_version!r}", 404)
+
+
+def check_input(name: str, datatype: Any, shape: Sequence[int], signature: Signature) -> TensorSpec:
+    """The model's spec of input ``name``, once the input is known and its shape and datatype fit the model."""
+    spec = signature.input(name)
+    if spec is None:
+        raise ProtocolError(f"unknown input {name!r}; the model's inputs are {_names(signature.inputs)}")
+    dims = list(shape)
+    if any(d < 0 for d in dims):
+        raise ProtocolError(f"input {name!r}: shape {dims} has a negative dimension")
+    if any(d == 0 for d in dims):  # an empty tensor: ONNX Runtime's kernels fail on it with a 500 otherwise
+        raise ProtocolError(f"input {name!r}: shape {dims} has an empty (0) dimension")
+    if datatype != spec.datatype:
+        raise ProtocolError(f"input {name!r}: datatype {datatype!r} does not match the model's {spec.datatype}")
+    _check_shape(tuple(dims), spec)
+    return spec
+
+
+def array_from_bytes(raw: bytes | memoryview, shape: tuple[int, ...], spec: TensorSpec, where: str) -> np.ndarray:
+    """An input's array from its raw little-endian bytes (``where`` names them in errors)."""
+    dtype, count = DATATYPES[spec.datatype], math.prod(shape)
+    if len(raw) != count * dtype.itemsize:
+        raise ProtocolError(
+            f"input {spec.name!r}: {where} holds {len(raw)} bytes, shape {list(shape)} of {spec.datatype} needs"
+            f" {count * dtype.itemsize}"
+        )
+    array = np.frombuffer(raw, dtype=dtype.newbyteorder("<"), count=count)
+    return array.astype(dtype).reshape(shape)
+
+
+def array_from_values(data: Any, shape: tuple[int, ...], spec: TensorSpec, where: str = "'data'") -> np.ndarray:
+    """An input's array from a (possibly nested) sequence of values: as many as the shape holds, of a kind the
+    datatype takes, each within its range (``where`` names the values in errors)."""
+    name, datatype, dtype = spec.name, spec.datatype, DATATYPES[spec.datatype]
+    try:
+        flat = np.asarray(data).reshape(-1)
+    except ValueError:
+        raise ProtocolError(f"input {name!r}: {where} is a ragged nested list") from None
+    except RecursionError:
+        raise ProtocolError(f"input {name!r}: {where} nests lists too deeply") from None
+    if flat.size != math.prod(shape):
+        raise ProtocolError(
+            f"input {name!r}: {flat.size} elements in {where} but shape {list(shape)} needs {math.prod(shape)}"
+        )
+    kind = flat.dtype.kind if flat.size else dtype.kind
+    allowed = {"b": "b", "u": "biu", "i": "biu", "f": "biuf"}[dtype.kind]
+    if kind not in allowed:
+        raise ProtocolError(f"input {name!r}: {where} holds {flat.dtype} values, not {datatype}")
+    if dtype.kind in "iu" and flat.size and (flat.min() < np.iinfo(dtype).min or flat.max() > np.iinfo(dtype).max):
+        raise ProtocolError(f"input {name!r}: a value in {where} does not fit {datatype}")
+    return flat.astype(dtype).reshape(shape)
+
+
+def check_inputs(arrays: Sequence[tuple[str, np.ndarray]], signature: Signature) -> dict[str, np.ndarray]:
+    """The decoded inputs by name: each given once, none missing, one batch size within the allowed one."""
+    inputs: dict[str, np.ndarray] = {}
+    for name, array in arrays:
+        if name in inputs:
+            raise ProtocolError(f"input {name!r} is given twice")
+        inputs[name] = array
+    missing = [spec.name for spec in signature.inputs if spec.name not in inputs]
+    if missing:
+        raise ProtocolError(f"missing input(s) {missing}; the model's inputs are {_names(signature.inputs)}")
+    batches = {name: array.shape[0] for name, array in inputs.items() if array.ndim}
+    if len(set(batches.values())) > 1:
+        raise ProtocolError(f"inputs disagree on the batch size (first axis): {batches}")
+    for name, batch in batches.items():
+        if batch > signature.max_batch:
+            raise ProtocolError(f"input {name!r}: batch {batch} is larger than the allowed {signature.max_batch}")
+        if batch == 0:
+            raise ProtocolError(f"input {name!r}: batch size is 0")
+    return inputs
+
+
+def check_output(name: str, signature: Signature) -> str:
+    """A requested output the model has."""
+    known = _names(signature.outputs)
+    if name not in known:
+        raise ProtocolError(f"unknown output {name!r}; the model's outputs are {known}")
+    return name
+
+
+def tensor_bytes(array: np.ndarray) -> bytes:
+    """An output's elements, row-major and little-endian, as both binary encodings carry them."""
+    array = np.ascontiguousarray(array)
+    return array.astype(array.dtype.newbyteorder("<")).tobytes()
+
+
+def _check_shape(shape: tuple[int, ...], spec: TensorSpec) -> None:
+    if len(shape) != len(spec.shape):
+        raise ProtocolError(
+            f"input {spec.name!r}: shape {list(shape)} has {len(shape)} dims, the model expects"
+            f" {len(spec.shape)} {list(spec.shape)}"
+        )
+    for axis, (have, want) in enumerate(zip(shape, spec.shape, strict=True)):
+        if want >= 0 and have != want:
+            raise ProtocolError(
+                f"input {spec.name!r}: axis {axis} has size {have}, the model expects {want} (shape {list(spec.shape)})"
+            )
+
+
+# -- REST: JSON and the binary tensor extension ----------------------------------------------------------------------
 def split_body(body: bytes, header_length: str | None) -> tuple[Any, bytes]:
     """The parsed JSON header and the binary tail (empty for a pure JSON request)."""
     if header_length is None:
@@ -126,21 +243,15 @@ def parse_infer_request(body: bytes, header_length: str | None, signature: Signa
     request_id = doc.get("id")
     if request_id is not None and not isinstance(request_id, str):
         raise ProtocolError("'id' must be a string")
-    inputs: dict[str, np.ndarray] = {}
+    arrays: list[tuple[str, np.ndarray]] = []
     offset = 0
     for index, raw in enumerate(raw_inputs):
         array, used = _decode_input(raw, index, tail, offset, signature)
         offset += used
-        name = raw["name"]
-        if name in inputs:
-            raise ProtocolError(f"input {name!r} is given twice")
-        inputs[name] = array
+        arrays.append((raw["name"], array))
     if offset != len(tail):
         raise ProtocolError(f"request carries {len(tail) - offset} binary bytes that no input claims")
-    missing = [spec.name for spec in signature.inputs if spec.name not in inputs]
-    if missing:
-        raise ProtocolError(f"missing input(s) {missing}; the model's inputs are {_names(signature.inputs)}")
-    _check_batch(inputs, signature)
+    inputs = check_inputs(arrays, signature)
     outputs, binary = _requested_outputs(doc, signature)
     return InferRequest(inputs=inputs, outputs=outputs, binary_outputs=binary, id=request_id)
 
@@ -150,88 +261,30 @@ def _decode_input(raw: Any, index: int, tail: bytes, offset: int, signature: Sig
     if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
         raise ProtocolError(f"inputs[{index}] must be an object with a string 'name'")
     name = raw["name"]
-    spec = signature.input(name)
-    if spec is None:
-        raise ProtocolError(f"unknown input {name!r}; the model's inputs are {_names(signature.inputs)}")
-    shape = _shape(raw.get("shape"), name)
-    datatype = raw.get("datatype")
-    if datatype != spec.datatype:
-        raise ProtocolError(f"input {name!r}: datatype {datatype!r} does not match the model's {spec.datatype}")
-    _check_shape(shape, spec)
-    dtype, count = DATATYPES[spec.datatype], math.prod(shape)
+    shape = raw.get("shape")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in shape):
+        raise ProtocolError(f"input {name!r}: 'shape' must be a list of integers")
+    spec = check_input(name, raw.get("datatype"), shape, signature)
+    shape = tuple(shape)
     params = raw.get("parameters") or {}
     if not isinstance(params, dict):
         raise ProtocolError(f"input {name!r}: 'parameters' must be an object")
     size = params.get("binary_data_size")
     if size is not None:
+        needed = math.prod(shape) * DATATYPES[spec.datatype].itemsize
         if not isinstance(size, int) or size < 0:
             raise ProtocolError(f"input {name!r}: binary_data_size must be a non-negative integer")
-        if size != count * dtype.itemsize:
+        if size != needed:
             raise ProtocolError(
-                f"input {name!r}: binary_data_size {size} bytes does not hold shape {list(shape)} of {datatype}"
-                f" ({count * dtype.itemsize} bytes)"
+                f"input {name!r}: binary_data_size {size} bytes does not hold shape {list(shape)} of {spec.datatype}"
+                f" ({needed} bytes)"
             )
         if offset + size > len(tail):
             raise ProtocolError(f"input {name!r}: binary data is truncated ({len(tail) - offset} of {size} bytes)")
-        array = np.frombuffer(tail, dtype=dtype.newbyteorder("<"), count=count, offset=offset)
-        return array.astype(dtype).reshape(shape), size
+        return array_from_bytes(memoryview(tail)[offset : offset + size], shape, spec, "binary data"), size
     if "data" not in raw:
         raise ProtocolError(f"input {name!r}: no 'data' and no binary_data_size parameter")
-    return _from_json(raw["data"], shape, dtype, name, datatype), 0
-
-
-def _from_json(data: Any, shape: tuple[int, ...], dtype: np.dtype[Any], name: str, datatype: str) -> np.ndarray:
-    try:
-        flat = np.asarray(data).reshape(-1)
-    except ValueError:
-        raise ProtocolError(f"input {name!r}: 'data' is a ragged nested list") from None
-    except RecursionError:
-        raise ProtocolError(f"input {name!r}: 'data' nests lists too deeply") from None
-    if flat.size != math.prod(shape):
-        raise ProtocolError(
-            f"input {name!r}: {flat.size} elements in 'data' but shape {list(shape)} needs {math.prod(shape)}"
-        )
-    kind = flat.dtype.kind if flat.size else dtype.kind
-    allowed = {"b": "b", "u": "biu", "i": "biu", "f": "biuf"}[dtype.kind]
-    if kind not in allowed:
-        raise ProtocolError(f"input {name!r}: 'data' holds {flat.dtype} values, not {datatype}")
-    if dtype.kind in "iu" and flat.size and (flat.min() < np.iinfo(dtype).min or flat.max() > np.iinfo(dtype).max):
-        raise ProtocolError(f"input {name!r}: a value in 'data' does not fit {datatype}")
-    return flat.astype(dtype).reshape(shape)
-
-
-def _shape(raw: Any, name: str) -> tuple[int, ...]:
-    if not isinstance(raw, list) or not all(isinstance(d, int) and not isinstance(d, bool) for d in raw):
-        raise ProtocolError(f"input {name!r}: 'shape' must be a list of integers")
-    if any(d < 0 for d in raw):
-        raise ProtocolError(f"input {name!r}: shape {raw} has a negative dimension")
-    if any(d == 0 for d in raw):  # an empty tensor: ONNX Runtime's kernels fail on it with a 500 otherwise
-        raise ProtocolError(f"input {name!r}: shape {raw} has an empty (0) dimension")
-    return tuple(raw)
-
-
-def _check_shape(shape: tuple[int, ...], spec: TensorSpec) -> None:
-    if len(shape) != len(spec.shape):
-        raise ProtocolError(
-            f"input {spec.name!r}: shape {list(shape)} has {len(shape)} dims, the model expects"
-            f" {len(spec.shape)} {list(spec.shape)}"
-        )
-    for axis, (have, want) in enumerate(zip(shape, spec.shape, strict=True)):
-        if want >= 0 and have != want:
-            raise ProtocolError(
-                f"input {spec.name!r}: axis {axis} has size {have}, the model expects {want} (shape {list(spec.shape)})"
-            )
-
-
-def _check_batch(inputs: Mapping[str, np.ndarray], signature: Signature) -> None:
-    batches = {name: array.shape[0] for name, array in inputs.items() if array.ndim}
-    if len(set(batches.values())) > 1:
-        raise ProtocolError(f"inputs disagree on the batch size (first axis): {batches}")
-    for name, batch in batches.items():
-        if batch > signature.max_batch:
-            raise ProtocolError(f"input {name!r}: batch {batch} is larger than the allowed {signature.max_batch}")
-        if batch == 0:
-            raise ProtocolError(f"input {name!r}: batch size is 0")
+    return array_from_values(raw["data"], shape, spec), 0
 
 
 def _requested_outputs(doc: Mapping[str, Any], signature: Signature) -> tuple[list[str], set[str]]:
@@ -239,9 +292,9 @@ def _requested_outputs(doc: Mapping[str, Any], signature: Signature) -> tuple[li
     if not isinstance(params, dict):
         raise ProtocolError("'parameters' must be an object")
     default_binary = _flag(params.get("binary_data_output", False), "parameters.binary_data_output")
-    known = _names(signature.outputs)
     requested = doc.get("outputs")
     if requested is None:
+        known = _names(signature.outputs)
         return known, set(known) if default_binary else set()
     if not isinstance(requested, list):
         raise ProtocolError("'outputs' must be a list")
@@ -250,9 +303,7 @@ def _requested_outputs(doc: Mapping[str, Any], signature: Signature) -> tuple[li
     for index, raw in enumerate(requested):
         if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
             raise ProtocolError(f"outputs[{index}] must be an object with a string 'name'")
-        name = raw["name"]
-        if name not in known:
-            raise ProtocolError(f"unknown output {name!r}; the model's outputs are {known}")
+        name = check_output(raw["name"], signature)
         out_params = raw.get("parameters") or {}
         if not isinstance(out_params, dict):
             raise ProtocolError(f"output {name!r}: 'parameters' must be an object")
@@ -282,7 +333,7 @@ def encode_infer_response(
         array = np.ascontiguousarray(results[name])
         entry: dict[str, Any] = {"name": name, "shape": list(array.shape), "datatype": datatype_of(array.dtype)}
         if name in request.binary_outputs:
-            raw = array.astype(array.dtype.newbyteorder("<")).tobytes()
+            raw = tensor_bytes(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
@@ -319,6 +370,7 @@ def _names(specs: Sequence[TensorSpec]) -> list[str]:
 
 
 # JSON spends at most this many characters per element: a float32 as repr ("-1.2345678e-05") and its ", ".
+# Protobuf spends at most 10 bytes (a varint) on one, so the bound holds for a gRPC message too.
 JSON_CHARS_PER_ELEMENT = 24
 BODY_OVERHEAD_BYTES = 64 << 10  # names, shapes, parameters, id
 

@@ -62,6 +62,7 @@ ANNOTATION_TOLERATIONS = "metainfer.io/tolerations"
 ANNOTATION_CLASS_NAME = "metainfer.io/class-name"
 ANNOTATION_DRIFT_EPOCH = "metainfer.io/drift-epoch"
 HTTP_PORT = 8080
+GRPC_PORT = 8081  # metainfer serve's KServe v2 gRPC API
 UID = 65532  # "nonroot" in distroless images
 CACHE_DIR = "/var/cache/metainfer"
 DEADLINE_MARGIN_S = 600
@@ -416,6 +417,7 @@ def build_deployment(
         "--model-sha256", model.sha256,
         "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
         "--port", str(HTTP_PORT),
+        "--grpc-port", str(GRPC_PORT),
     ]  # fmt: skip
     if recipe.transform.quantization.mode == "int8_static" and model.data is not None:
         # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
@@ -440,7 +442,10 @@ def build_deployment(
     container |= {
         "command": ["metainfer"],
         "args": args,
-        "ports": [{"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
+            {"name": "grpc", "containerPort": GRPC_PORT, "protocol": "TCP"},
+        ],
         "readinessProbe": _probe("/v2/health/ready", period=5),
         "livenessProbe": _probe("/v2/health/live", period=10, failures=6),
     }
@@ -489,7 +494,8 @@ def _served_uri(uri: str, volumes: list[tuple[dict[str, Any], dict[str, Any]]]) 
 
 
 def build_service(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGroup) -> dict[str, Any]:
-    """ClusterIP Service on 8080 in front of the (policy, class) serving pods."""
+    """ClusterIP Service in front of the (policy, class) serving pods: REST on 8080, gRPC on 8081 (the port named
+    ``grpc``, which is how meshes such as Istio tell that it speaks HTTP/2)."""
     policy = as_policy(policy)
     name = name_of(policy)
     return {
@@ -504,7 +510,10 @@ def build_service(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGrou
         "spec": {
             "type": "ClusterIP",
             "selector": serving_labels(name, group),
-            "ports": [{"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+            ],
         },
     }
 

@@ -23,10 +23,15 @@ BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.
 
 
 class ServeProcess:
-    """One ``metainfer serve`` on 127.0.0.1:``port`` (a free one by default), logging to ``log_dir``."""
+    """One ``metainfer serve`` on 127.0.0.1:``port`` (a free one by default), logging to ``log_dir``.
 
-    def __init__(self, log_dir: Path, port: int | None = None) -> None:
+    With ``grpc`` its KServe v2 gRPC API listens on a free port too (``grpc_address``); without, it is off, so that
+    servers started side by side never contend for the default gRPC port.
+    """
+
+    def __init__(self, log_dir: Path, port: int | None = None, *, grpc: bool = False) -> None:
         self.port = port or free_port()
+        self.grpc_port = free_port() if grpc else 0
         self.log = log_dir / f"serve-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -38,9 +43,15 @@ class ServeProcess:
     def url(self) -> str:
         return f"http://{self.address}"
 
+    @property
+    def grpc_address(self) -> str:
+        assert self.grpc_port, "started without grpc=True"
+        return f"127.0.0.1:{self.grpc_port}"
+
     def start(self, args: list[str], env: dict[str, str]) -> ServeProcess:
-        """Run ``metainfer <args>`` (``serve ...``, listening on ``port``) with ``env`` added to this one's."""
-        cmd = [sys.executable, "-m", "metainfer.agent.cli", *args]
+        """Run ``metainfer <args>`` (``serve ...``, listening on ``port``) with ``env`` added to this one's; the gRPC
+        port is appended (the last --grpc-port wins, also over one in ``args``)."""
+        cmd = [sys.executable, "-m", "metainfer.agent.cli", *args, "--grpc-port", str(self.grpc_port)]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 cmd, env={**os.environ, **env, "PYTHONSAFEPATH": "1"}, stdout=out, stderr=subprocess.STDOUT
@@ -71,14 +82,21 @@ class ServeProcess:
 class ServingMetrics:
     """What ``metainfer serve`` pods export, faked in this process for a real Prometheus to scrape.
 
-    The latency histogram carries serve's name and labels; a subclass adds series and says in ``tick`` what the
-    pods observed. Within ``with``, ``tick`` runs every ``interval_s`` on a daemon thread.
+    The latency histograms carry serve's names and labels (the total, and its parts compute and queue wait); a
+    subclass adds series and says in ``tick`` what the pods observed (``observe``). Within ``with``, ``tick`` runs
+    every ``interval_s`` on a daemon thread.
     """
 
     def __init__(self, interval_s: float) -> None:
         self.registry = CollectorRegistry()
         self.histogram = Histogram(
             "metainfer_inference_latency_seconds", "stand-in", LABELS, buckets=BUCKETS, registry=self.registry
+        )
+        self.compute = Histogram(
+            "metainfer_inference_compute_seconds", "stand-in", LABELS, buckets=BUCKETS, registry=self.registry
+        )
+        self.queue = Histogram(
+            "metainfer_inference_queue_seconds", "stand-in", LABELS, buckets=BUCKETS, registry=self.registry
         )
         self.port = free_port()
         self.server, _ = start_http_server(self.port, addr="127.0.0.1", registry=self.registry)
@@ -88,6 +106,12 @@ class ServingMetrics:
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def observe(self, labels: tuple[str, ...], compute_s: float, queue_s: float = 0.0) -> None:
+        """One request as serve records it: its compute time, its wait for a worker, and their total."""
+        self.compute.labels(*labels).observe(compute_s)
+        self.queue.labels(*labels).observe(queue_s)
+        self.histogram.labels(*labels).observe(compute_s + queue_s)
 
     def tick(self) -> None:
         raise NotImplementedError

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 from typing import Any
@@ -312,7 +313,10 @@ def test_build_deployment_serves_the_recipe_on_the_class() -> None:
     recipe = Recipe.model_validate_json(args[args.index("--recipe-json") + 1])
     assert recipe.key() == run["status"]["bestRecipeKey"]
     assert args[args.index("--model-sha256") + 1] == "a" * 64
-    assert c["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert c["ports"] == [
+        {"name": "http", "containerPort": 8080, "protocol": "TCP"},
+        {"name": "grpc", "containerPort": 8081, "protocol": "TCP"},
+    ]
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     # The policy names cpu: its request wins and the platform's cpu limit goes with it; memory is the platform's.
@@ -324,7 +328,29 @@ def test_build_deployment_serves_the_recipe_on_the_class() -> None:
     svc = build_service(p, group)
     assert svc["metadata"]["name"] == dep["metadata"]["name"] and svc["spec"]["type"] == "ClusterIP"
     assert set(svc["spec"]["selector"].items()) <= set(tmpl["metadata"]["labels"].items())
-    assert svc["spec"]["ports"][0]["port"] == 8080
+    assert svc["spec"]["ports"] == [
+        {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"},
+        {"name": "grpc", "port": 8081, "targetPort": "grpc", "protocol": "TCP"},
+    ]
+
+
+def test_the_serving_container_listens_where_its_ports_say() -> None:
+    """The args are what `metainfer serve` parses: REST on the port named http, KServe v2 gRPC on the one named
+    grpc, which the Service exposes under the same names."""
+    from metainfer.agent.serve.flags import add_arguments
+
+    group = gpu_group()
+    p = policy()
+    deployment = build_deployment(p, group, succeeded(build_run(p, group, "NewHardwareClass")))
+    (c,) = deployment["spec"]["template"]["spec"]["containers"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    assert c["args"][0] == "serve"
+    args = parser.parse_args(c["args"][1:])
+    ports = {port["name"]: port["containerPort"] for port in c["ports"]}
+    assert ports == {"http": args.port, "grpc": args.grpc_port} and args.grpc_port != args.port
+    service_ports = {port["name"]: port["targetPort"] for port in build_service(p, group)["spec"]["ports"]}
+    assert service_ports == {"http": "http", "grpc": "grpc"}
 
 
 def test_deployment_serves_the_runs_model_not_the_policys_new_one() -> None:

@@ -167,3 +167,16 @@ def test_the_largest_legal_body_follows_the_batch_and_the_shapes() -> None:
     assert max_body_bytes(SIG, dynamic_dim_limit=512) == SIG.max_batch * per_sample + BODY_OVERHEAD_BYTES
     dynamic = Signature(inputs=(TensorSpec("t", "INT64", (-1, -1)),), outputs=SIG.outputs, max_batch=4)
     assert max_body_bytes(dynamic, dynamic_dim_limit=128) == 4 * 128 * JSON_CHARS_PER_ELEMENT + BODY_OVERHEAD_BYTES
+
+
+def test_model_name_and_version_checks() -> None:
+    from metainfer.agent.serve.protocol import check_model
+
+    for version in (None, "", "1"):
+        check_model("m", version, "m", "1")
+    with pytest.raises(ProtocolError, match="unknown model 'other'; this server serves 'm'") as info:
+        check_model("other", None, "m", "1")
+    assert info.value.status == 404
+    with pytest.raises(ProtocolError, match="model 'm' has no version '2'; it has '1'") as info:
+        check_model("m", "2", "m", "1")
+    assert info.value.status == 404

@@ -1,0 +1,374 @@
+"""`metainfer serve`'s KServe v2 gRPC API as a real process, driven by a real client (tritonclient's gRPC client).
+
+The same server answers REST and gRPC in one process: results must be the same bytes, errors the same messages,
+and every gRPC request must land in the same Prometheus series as a REST one. No cluster: the digits example on
+free loopback ports, as in test_serve.py.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import socket
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as tritongrpc
+import tritonclient.http as tritonhttp
+from prometheus_client.parser import text_string_to_metric_families
+from serve_harness import ServeProcess
+from tritonclient.grpc import service_pb2
+from tritonclient.utils import InferenceServerException
+
+from metainfer.agent.zoo import ExampleModel, build_examples
+from metainfer.core.engine.recipe import Recipe
+
+pytestmark = pytest.mark.integration
+
+RECIPE = Recipe.model_validate({"transform": {"quantization": {"mode": "int8_dynamic"}}, "batch": 4})
+MODEL = "digits"
+INFER = "/inference.GRPCInferenceService/ModelInfer"
+
+
+def _start(example: ExampleModel, log_dir: Path, *extra: str) -> ServeProcess:
+    served = ServeProcess(log_dir, grpc=True)
+    served.start([
+        "serve", "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
+        "--recipe-json", RECIPE.model_dump_json(), "--model-name", MODEL, "--host", "127.0.0.1",
+        "--port", str(served.port), *extra,
+    ], {})  # fmt: skip
+    served.wait_ready()
+    return served
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
+    return build_examples(tmp_path_factory.mktemp("examples"), ["digits"])["digits"]
+
+
+@pytest.fixture(scope="module")
+def server(example: ExampleModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
+    served = _start(example, tmp_path_factory.mktemp("serve"))
+    try:
+        yield served
+    finally:
+        served.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: ServeProcess) -> Iterator[tritongrpc.InferenceServerClient]:
+    c = tritongrpc.InferenceServerClient(server.grpc_address)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def samples(example: ExampleModel) -> np.ndarray:
+    with np.load(example.data_path) as npz:
+        return np.ascontiguousarray(npz["input"][:8], dtype=np.float32)
+
+
+def _tensor(array: np.ndarray, datatype: str = "FP32") -> tritongrpc.InferInput:
+    tensor = tritongrpc.InferInput("input", list(array.shape), datatype)
+    tensor.set_data_from_numpy(array)
+    return tensor
+
+
+def _metrics(url: str) -> dict[tuple[str, str], float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as response:
+        text = response.read().decode()
+    out: dict[tuple[str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name.startswith("metainfer_"):
+                key = (s.name, s.labels.get("code") or s.labels.get("reason") or s.labels.get("le") or "")
+                out[key] = out.get(key, 0.0) + s.value
+    return out
+
+
+def _delta(
+    before: dict[tuple[str, str], float], after: dict[tuple[str, str], float], name: str, label: str = ""
+) -> float:
+    return after.get((name, label), 0.0) - before.get((name, label), 0.0)
+
+
+def test_health_and_metadata(client: tritongrpc.InferenceServerClient) -> None:
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready(MODEL)
+    assert client.is_model_ready(MODEL, model_version="1")
+    assert client.get_server_metadata().name == "metainfer"
+    meta = client.get_model_metadata(MODEL, as_json=True)
+    assert meta["name"] == MODEL and meta["platform"] == "onnxruntime" and meta["versions"] == ["1"]
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": ["-1", "64"]}]  # int64 as JSON strings
+    assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": ["-1", "10"]}]
+    for call in (lambda: client.is_model_ready("other"), lambda: client.get_model_metadata(MODEL, "2")):
+        with pytest.raises(InferenceServerException) as info:
+            call()
+        assert info.value.status() == "StatusCode.NOT_FOUND"
+    with pytest.raises(InferenceServerException) as info:  # the model repository extension: one variant, fixed
+        client.load_model(MODEL)
+    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+
+
+def test_results_are_bit_identical_to_rest(
+    server: ServeProcess, client: tritongrpc.InferenceServerClient, samples: np.ndarray
+) -> None:
+    rest = tritonhttp.InferenceServerClient(server.address)
+    try:
+        binary = tritonhttp.InferInput("input", list(samples.shape), "FP32")
+        binary.set_data_from_numpy(samples)
+        expected = rest.infer(MODEL, [binary]).as_numpy("logits")
+    finally:
+        rest.close()
+    result = client.infer(MODEL, [_tensor(samples)], request_id="req-7")  # raw_input_contents, the client's way
+    assert result.get_response().id == "req-7" and result.get_response().model_version == "1"
+    logits = result.as_numpy("logits")
+    assert logits.dtype == expected.dtype and logits.tobytes() == expected.tobytes()
+
+    # Typed contents instead of raw bytes, and an explicitly requested output: the same bytes back.
+    request = service_pb2.ModelInferRequest(model_name=MODEL, outputs=[{"name": "logits"}])
+    tensor = request.inputs.add(name="input", datatype="FP32", shape=samples.shape)
+    tensor.contents.fp32_contents.extend(samples.ravel().tolist())
+    with grpc.insecure_channel(server.grpc_address) as channel:
+        infer = channel.unary_unary(
+            INFER,
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelInferResponse.FromString,
+        )
+        response = infer(request, timeout=10)
+    assert [o.name for o in response.outputs] == ["logits"] and list(response.outputs[0].shape) == [8, 10]
+    assert response.raw_output_contents[0] == expected.tobytes()
+
+
+@pytest.mark.parametrize(
+    ("model", "datatype", "shape", "code", "needle"),
+    [
+        ("other", "FP32", [2, 64], "NOT_FOUND", "unknown model 'other'"),
+        (MODEL, "FP32", [2, 63], "INVALID_ARGUMENT", "input 'input': axis 1 has size 63, the model expects 64"),
+        (MODEL, "FP64", [2, 64], "INVALID_ARGUMENT", "input 'input': datatype 'FP64' does not match the model's FP32"),
+        (MODEL, "FP32", [65, 64], "INVALID_ARGUMENT", "input 'input': batch 65 is larger than the allowed 64"),
+    ],
+)
+def test_errors_have_the_protocols_codes_and_rests_messages(
+    client: tritongrpc.InferenceServerClient, model: str, datatype: str, shape: list[int], code: str, needle: str
+) -> None:
+    data = np.zeros(shape, dtype=np.float64 if datatype == "FP64" else np.float32)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(model, [_tensor(data, datatype)])
+    assert info.value.status() == f"StatusCode.{code}"
+    assert needle in info.value.message()
+    assert client.is_server_live() and client.is_model_ready(MODEL)
+
+
+def test_a_message_over_the_models_limit_is_refused(
+    server: ServeProcess, client: tritongrpc.InferenceServerClient
+) -> None:
+    """The limit is REST's body limit: batch 64 of 64 floats as JSON, plus 64 KiB; 1 MiB of id is past it."""
+    before = _metrics(server.url)
+    with pytest.raises(InferenceServerException) as info:
+        client.infer(MODEL, [_tensor(np.zeros((1, 64), np.float32))], request_id="x" * (1 << 20))
+    assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "larger than max" in info.value.message()
+    assert client.infer(MODEL, [_tensor(np.zeros((64, 64), np.float32))]).as_numpy("logits").shape == (64, 10)
+    # gRPC refuses it before the handler sees a byte, and tells the handler only that no message came: it is
+    # counted as a request whose client left (see grpc_server._NoMessage).
+    after = _metrics(server.url)
+    assert _delta(before, after, "metainfer_inference_requests_total") == 2
+    assert _delta(before, after, "metainfer_inference_errors_total", "499") == 1
+
+
+def test_grpc_requests_are_counted_with_rests(
+    server: ServeProcess, client: tritongrpc.InferenceServerClient, samples: np.ndarray
+) -> None:
+    before = _metrics(server.url)
+    for _ in range(5):
+        client.infer(MODEL, [_tensor(samples)])
+    for model, shape in (("other", [1, 64]), (MODEL, [1, 63])):
+        with pytest.raises(InferenceServerException):
+            client.infer(model, [_tensor(np.zeros(shape, np.float32))])
+    after = _metrics(server.url)
+    assert _delta(before, after, "metainfer_inference_requests_total") == 7
+    assert _delta(before, after, "metainfer_inference_errors_total", "404") == 1
+    assert _delta(before, after, "metainfer_inference_errors_total", "400") == 1
+    for histogram in ("latency", "queue", "compute"):
+        assert _delta(before, after, f"metainfer_inference_{histogram}_seconds_count") == 5, histogram
+    assert _delta(before, after, "metainfer_inference_latency_seconds_bucket", "10.0") == 5
+
+
+class SlowCall:
+    """A ModelInfer call whose message is held back: the call is open on the server (its headers arrived), the
+    request arrives only when ``send`` is called. Client streaming on the unary method: the bytes on the wire are
+    the same."""
+
+    def __init__(self, address: str, request: service_pb2.ModelInferRequest, timeout: float = 30) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self._messages: queue.Queue[service_pb2.ModelInferRequest | None] = queue.Queue()
+        self._request = request
+        infer = self.channel.stream_unary(
+            INFER,
+            request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+            response_deserializer=service_pb2.ModelInferResponse.FromString,
+        )
+        self.future = infer.future(iter(self._messages.get, None), timeout=timeout)
+
+    def send(self) -> None:
+        self._messages.put(self._request)
+        self._messages.put(None)
+
+    def close(self) -> None:
+        self._messages.put(None)
+        self.channel.close()
+
+
+def _one_request(example: ExampleModel) -> service_pb2.ModelInferRequest:
+    with np.load(example.data_path) as npz:
+        sample = np.ascontiguousarray(npz["input"][:1], dtype=np.float32)
+    request = service_pb2.ModelInferRequest(model_name=MODEL, raw_input_contents=[sample.tobytes()])
+    request.inputs.add(name="input", datatype="FP32", shape=[1, 64])
+    return request
+
+
+def test_sigterm_refuses_new_calls_and_drains_the_one_in_flight(example: ExampleModel, tmp_path: Path) -> None:
+    served = _start(example, tmp_path, "--drain-timeout", "10")
+    slow = SlowCall(served.grpc_address, _one_request(example))
+    try:
+        time.sleep(0.5)  # the call is open on the server, its message not sent
+        assert served.proc is not None
+        served.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        assert served.proc.poll() is None, "exited with a call in flight"
+        late = tritongrpc.InferenceServerClient(served.grpc_address)
+        with pytest.raises(InferenceServerException) as info:
+            late.is_server_live()
+        assert info.value.status() == "StatusCode.UNAVAILABLE"  # clients retry on another replica
+        late.close()
+        slow.send()  # the call in flight is still answered
+        response = slow.future.result(timeout=10)
+        assert list(response.outputs[0].shape) == [1, 10] and len(response.raw_output_contents[0]) == 40
+        assert served.proc.wait(timeout=15) == 0
+        assert "gRPC: draining" in served.log.read_text()
+    finally:
+        slow.close()
+        served.stop()
+
+
+def test_a_grpc_call_cut_by_the_drain_timeout_is_counted_and_exits_3(example: ExampleModel, tmp_path: Path) -> None:
+    served = _start(example, tmp_path, "--drain-timeout", "1")
+    slow = SlowCall(served.grpc_address, _one_request(example))
+    try:
+        time.sleep(0.5)
+        assert served.proc is not None
+        served.proc.send_signal(signal.SIGTERM)
+        assert served.proc.wait(timeout=15) == 3
+        assert "gRPC drain timeout after 1 s: 1 call(s) still in flight are cut" in served.log.read_text()
+        with pytest.raises(grpc.RpcError) as info:
+            slow.future.result(timeout=10)
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+    finally:
+        slow.close()
+        served.stop()
+
+
+def test_admission_and_the_body_timeout_are_rests(example: ExampleModel, tmp_path: Path) -> None:
+    """--max-queue 1: a REST upload in progress holds the one slot, so a gRPC request is refused at once; a gRPC
+    call whose message does not come within --body-timeout is answered as REST's 408 would be."""
+    served = _start(example, tmp_path, "--max-queue", "1", "--body-timeout", "3")
+    slow: SlowCall | None = None
+    try:
+        body = b'{"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": [' + b"0," * 63 + b"0]}]}"
+        head = (
+            f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        with socket.create_connection(("127.0.0.1", served.port)) as holder:
+            holder.sendall(head + body[:10])  # admitted, waiting for the rest of its body
+            time.sleep(0.3)
+            with grpc.insecure_channel(served.grpc_address) as channel:
+                infer = channel.unary_unary(
+                    INFER,
+                    request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                    response_deserializer=service_pb2.ModelInferResponse.FromString,
+                )
+                with pytest.raises(grpc.RpcError) as refused:
+                    infer(_one_request(example), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+            assert "busy" in refused.value.details()  # type: ignore[attr-defined]
+            assert ("retry-after", "1") in refused.value.trailing_metadata()  # type: ignore[attr-defined]
+        before = _metrics(served.url)
+        slow = SlowCall(served.grpc_address, _one_request(example))
+        with pytest.raises(grpc.RpcError) as error:
+            slow.future.result(timeout=10)
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
+        assert "request message not received within 3 s" in error.value.details()  # type: ignore[attr-defined]
+        assert _delta(before, _metrics(served.url), "metainfer_inference_errors_total", "408") == 1
+        # A client that gives up frees the one slot when it goes, not when the body timeout would have.
+        gone = SlowCall(served.grpc_address, _one_request(example), timeout=0.3)
+        with pytest.raises(grpc.RpcError):
+            gone.future.result(timeout=10)
+        gone.close()
+        client = tritongrpc.InferenceServerClient(served.grpc_address)
+        deadline = time.monotonic() + 1.5  # the server hears of the cancellation a moment after the client
+        while True:
+            try:
+                assert client.infer(MODEL, [_tensor(np.zeros((1, 64), np.float32))]).as_numpy("logits").shape == (1, 10)
+                break
+            except InferenceServerException as exc:
+                assert "busy" in exc.message() and time.monotonic() < deadline, exc
+                time.sleep(0.05)
+        client.close()
+    finally:
+        if slow is not None:
+            slow.close()
+        served.stop()
+
+
+def test_a_client_that_gives_up_is_counted_as_gone(server: ServeProcess, example: ExampleModel) -> None:
+    before = _metrics(server.url)
+    slow = SlowCall(server.grpc_address, _one_request(example), timeout=0.5)
+    try:
+        with pytest.raises(grpc.RpcError) as error:
+            slow.future.result(timeout=10)
+        assert error.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED  # type: ignore[attr-defined]
+    finally:
+        slow.close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the server learns of the cancellation a moment after the client
+        after = _metrics(server.url)
+        if _delta(before, after, "metainfer_inference_aborted_total", "client_disconnect"):
+            break
+        time.sleep(0.1)
+    assert _delta(before, after, "metainfer_inference_aborted_total", "client_disconnect") == 1
+    assert _delta(before, after, "metainfer_inference_errors_total", "499") == 1
+    assert "Traceback" not in server.log.read_text()
+
+
+def test_grpc_off_opens_no_port(example: ExampleModel, tmp_path: Path) -> None:
+    served = ServeProcess(tmp_path)  # grpc=False: --grpc-port 0
+    served.start([
+        "serve", "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
+        "--recipe-json", RECIPE.model_dump_json(), "--host", "127.0.0.1", "--port", str(served.port),
+    ], {})  # fmt: skip
+    try:
+        served.wait_ready()
+        assert "gRPC" not in served.log.read_text()
+    finally:
+        served.stop()
+
+
+def test_a_taken_grpc_port_fails_the_start_with_a_message(
+    server: ServeProcess, example: ExampleModel, tmp_path: Path
+) -> None:
+    second = ServeProcess(tmp_path)
+    second.grpc_port = server.grpc_port  # already listening there
+    second.start([
+        "serve", "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
+        "--recipe-json", RECIPE.model_dump_json(), "--host", "127.0.0.1", "--port", str(second.port),
+    ], {})  # fmt: skip
+    try:
+        assert second.proc is not None and second.proc.wait(timeout=60) == 1
+        assert f"cannot listen for gRPC on 127.0.0.1:{server.grpc_port}" in second.log.read_text()
+    finally:
+        second.stop()
