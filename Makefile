@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv helm bench-deps bench bench-adaptation bench-search bench-scale bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm bench-deps bench bench-adaptation bench-search bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -41,6 +41,8 @@ bench-adaptation: bench-deps
 	$(BIN)/python bench/adaptation.py
 bench-search: bench-deps
 	$(BIN)/python bench/search_efficiency.py
+bench-serving: bench-deps
+	$(BIN)/python bench/serving.py
 bench-scale: venv assets
 	$(BIN)/python bench/operator_scale.py
 # Olive pulls torch and pins an older pydantic, so bench/olive_peer.py builds it its own

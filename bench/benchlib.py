@@ -31,7 +31,7 @@ RESULTS = ROOT / "bench" / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 # Section order in BENCHMARKS.md; a name not listed here goes last, sorted.
-SECTIONS = ("adaptation", "search_efficiency", "operator_scale", "olive_peer")
+SECTIONS = ("adaptation", "search_efficiency", "operator_scale", "olive_peer", "serving")
 
 
 def _git_commit() -> str:
