@@ -357,6 +357,13 @@ class ServingSettings(ApiModel):
         None, min_length=1, max_length=512, pattern=IMAGE, description="Serving image; defaults to the operator's."
     )
     resources: ResourceRequirements | None = Field(None, description="Resources of the serving container.")
+    max_queue_delay_ms: float | None = Field(
+        None,
+        ge=0,
+        le=1000,
+        description="Dynamic batching: how long a lone request waits for others to share its run, ms (serve's"
+        " --max-queue-delay-ms; its default when unset). Runs combine up to the adapted recipe's batch.",
+    )
 
 
 class RolloutSettings(ApiModel):

@@ -419,6 +419,8 @@ def build_deployment(
         "--port", str(HTTP_PORT),
         "--grpc-port", str(GRPC_PORT),
     ]  # fmt: skip
+    if spec.serving.max_queue_delay_ms is not None:
+        args += ["--max-queue-delay-ms", f"{spec.serving.max_queue_delay_ms:g}"]
     if recipe.transform.quantization.mode == "int8_static" and model.data is not None:
         # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
         data_uri = _served_uri(model.data.uri, cm_volumes)

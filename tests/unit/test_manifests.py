@@ -385,3 +385,22 @@ def test_builders_take_the_models_or_the_plain_objects_alike() -> None:
     assert build_job(AdaptationRun.model_validate(run), group) == build_job(run, group)
     assert build_deployment(typed, group, AdaptationRun.model_validate(run)) == build_deployment(plain, group, run)
     assert build_service(typed, group) == build_service(plain, group)
+
+
+def test_a_policys_batching_delay_reaches_serve_and_serves_default_otherwise() -> None:
+    import argparse
+
+    from metainfer.agent.serve.flags import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    group = gpu_group()
+
+    def served(p: dict[str, Any]) -> argparse.Namespace:
+        args = build_deployment(p, group, succeeded(build_run(p, group, "NewHardwareClass")))["spec"]["template"][
+            "spec"
+        ]["containers"][0]["args"]
+        return parser.parse_args(args[1:])
+
+    assert served(policy(serving={"replicas": 2, "maxQueueDelayMs": 5})).max_queue_delay_ms == 5
+    assert served(policy()).max_queue_delay_ms == parser.get_default("max_queue_delay_ms")
