@@ -13,6 +13,10 @@ the clients (p50/p99 per request). The clients run on the same cores as the serv
 32-client cases some CPU; the section says so with the numbers.
 
 Target (issue 14): batch1-32clients >= 0.9 x the items/s of batch32-1client.
+
+Then the probes under attack: /v2/health/live is timed every 20 ms while the server is saturated (the 32
+clients), while three 200 KiB gzip bodies that inflate to 200 MiB each arrive at once, and while 500 idle
+connections and 20 stalled uploads are held open. Target: liveness under 100 ms throughout.
 """
 
 from __future__ import annotations
@@ -117,6 +121,79 @@ def drive(port: int, data: dict[str, np.ndarray], clients: int, batch: int, seco
     }
 
 
+PROBE_TARGET_MS = 100.0
+
+
+class Probe:
+    """Times GET /v2/health/live every 20 ms on a thread."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.ms, self._stop = port, [], threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import http.client
+
+        while not self._stop.is_set():
+            conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+            started = time.perf_counter()
+            try:
+                conn.request("GET", "/v2/health/live")
+                conn.getresponse().read()
+                self.ms.append((time.perf_counter() - started) * 1000)
+            except OSError:
+                self.ms.append(float("inf"))
+            finally:
+                conn.close()
+            time.sleep(0.02)
+
+    def stop(self) -> dict[str, float]:
+        self._stop.set()
+        self._thread.join(15)
+        values = np.array(self.ms)
+        return {"probes": int(values.size), "p50_ms": float(np.percentile(values, 50)),
+                "p99_ms": float(np.percentile(values, 99)), "max_ms": float(values.max())}  # fmt: skip
+
+
+def attacks(port: int, data: dict[str, np.ndarray], seconds: float) -> dict[str, dict[str, float]]:
+    """Liveness while the server is saturated or attacked."""
+    import gzip
+    import socket
+
+    out: dict[str, dict[str, float]] = {}
+    probe = Probe(port)
+    drive(port, data, CLIENTS, 1, seconds)
+    out["saturated (32 clients)"] = probe.stop()
+
+    bomb = gzip.compress(b" " * (200 << 20), compresslevel=9)
+    head = (f"POST /v2/models/bert/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Encoding: gzip\r\nContent-Length: {len(bomb)}\r\n\r\n").encode()  # fmt: skip
+    probe = Probe(port)
+    bombers = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+    for conn in bombers:
+        conn.sendall(head + bomb)
+    for conn in bombers:
+        conn.settimeout(60)
+        conn.recv(4096)  # the 413
+        conn.close()
+    time.sleep(1)
+    out["3 gzip bombs (200 MiB inflated each)"] = probe.stop()
+
+    probe = Probe(port)
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(500)]
+    stalled = []
+    for _ in range(20):
+        conn = socket.create_connection(("127.0.0.1", port))
+        conn.sendall(b"POST /v2/models/bert/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n{")
+        stalled.append(conn)
+    time.sleep(seconds)
+    out["500 idle + 20 stalled uploads"] = probe.stop()
+    for conn in [*idle, *stalled]:
+        conn.close()
+    return out
+
+
 def mean_run_rows(port: int) -> float:
     """Rows of the ONNX Runtime run the average request was part of (serve's batch-rows histogram)."""
     import urllib.request
@@ -159,6 +236,14 @@ def main() -> int:
             proc.terminate()
             proc.wait(30)
         print(f"[serving] {name}: {cases[name]}", flush=True)
+    port = free_port()
+    proc = start_server(example.model_path, example.sha256, port, work / "attacks.log")
+    try:
+        probes = attacks(port, data, args.seconds)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    print(f"[serving] probes: {probes}", flush=True)
     ratio = cases["batch1-32clients"]["items_per_s"] / cases["batch32-1client"]["items_per_s"]
     before = cases["batch1-32clients-unbatched"]["items_per_s"] / cases["batch32-1client"]["items_per_s"]
     rows = "\n".join(
@@ -167,6 +252,11 @@ def main() -> int:
         for name, c in cases.items()
     )
     verdict = "met" if ratio >= TARGET_RATIO else "missed"
+    worst = max(p["max_ms"] for p in probes.values())
+    probe_rows = "\n".join(
+        f"| {name} | {p['probes']} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {p['max_ms']:.1f} |"
+        for name, p in probes.items()
+    )
     body = (
         "bert_mini (sequence 128, hidden 256), FP32 recipe at batch 32, binary tensors, clients on the same cores.\n\n"
         "| case | clients | batch per request | items/s | client p50 ms | client p99 ms | rows per run | client CPU"
@@ -179,10 +269,18 @@ def main() -> int:
         f" {cases['batch1-32clients']['client_cpu_cores']:.2f} cores from the machine (one client"
         f" {cases['batch32-1client']['client_cpu_cores']:.2f}); the rest of the gap is the server's work per"
         " request rather than per item (HTTP, decoding, concatenating and splitting the batch: 32 requests for"
-        " 32 items instead of one), on its event loop."
+        " 32 items instead of one), on its event loop.\n\n"
+        "Liveness (`GET /v2/health/live`, a new connection every 20 ms) while the server is saturated or attacked:\n\n"
+        "| while | probes | p50 ms | p99 ms | max ms |\n|---|---|---|---|---|\n"
+        f"{probe_rows}\n\n"
+        f"- **{'met' if worst < PROBE_TARGET_MS else 'missed'}**. Liveness under {PROBE_TARGET_MS:g} ms throughout:"
+        f" the slowest probe took {worst:.1f} ms."
     )
     benchlib.write_result(
-        "serving", TITLE, {"cases": cases, "ratio": ratio, "ratio_unbatched": before, "seconds": args.seconds}, body
+        "serving",
+        TITLE,
+        {"cases": cases, "ratio": ratio, "ratio_unbatched": before, "probes": probes, "seconds": args.seconds},
+        body,
     )
     return 0
 
