@@ -321,13 +321,21 @@ def test_an_agent_writes_only_its_own_namespaces_hardware_profiles(
             return f"{exc.status} {exc.body}"
         return ""
 
-    victims = [profile_name(fp, other), profile_name(fp, namespace), f"{fp}.x"]
+    probe = f"probe-{secrets.token_hex(3)}"
+    victims = [profile_name(fp, other), profile_name(fp, namespace), f"{fp}.x", profile_name(fp, probe)]
     admin.create_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", body(other))  # another tenant's
+    admin.create_cluster_custom_object(GROUP, VERSION, "hardwareprofiles", body(probe))
     try:
         poisoned = {"status": {"measuredAt": "2026-01-01T00:00:00Z"}}
+        # The API server loads admission policies asynchronously: wait on a probe object, so that a write that
+        # lands before the policy is in force never touches the victim.
         wait_for("the admission policy in force", lambda: refusal(
-            as_agent.patch_cluster_custom_object_status, GROUP, VERSION, "hardwareprofiles", victims[0], poisoned
+            as_agent.patch_cluster_custom_object_status, GROUP, VERSION, "hardwareprofiles", victims[3], poisoned
         ).startswith("403"), timeout=30)  # fmt: skip
+        refused = refusal(
+            as_agent.patch_cluster_custom_object_status, GROUP, VERSION, "hardwareprofiles", victims[0], poisoned
+        )
+        assert refused.startswith("403") and "its own namespace" in refused, refused
         refused = refusal(
             as_agent.create_cluster_custom_object, GROUP, VERSION, "hardwareprofiles", body(other, f"{fp}.x")
         )
