@@ -55,6 +55,7 @@ from metainfer.agent.serve.batching import Batcher
 from metainfer.agent.serve.metrics import CONTENT_TYPE, Identity, ServingMetrics
 from metainfer.agent.serve.protocol import (
     ProtocolError,
+    check_model,
     encode_infer_response,
     max_body_bytes,
     model_metadata,
@@ -315,11 +316,9 @@ class Server:
         return self.batcher
 
     def _check_name(self, request: web.Request) -> None:
-        name, version = request.match_info["name"], request.match_info.get("version")
-        if name != self.config.model_name:
-            raise ProtocolError(f"unknown model {name!r}; this server serves {self.config.model_name!r}", 404)
-        if version is not None and version != MODEL_VERSION:
-            raise ProtocolError(f"model {name!r} has no version {version!r}; it has {MODEL_VERSION!r}", 404)
+        check_model(
+            request.match_info["name"], request.match_info.get("version"), self.config.model_name, MODEL_VERSION
+        )
 
     def _loaded(self, request: web.Request) -> model_loader.LoadedModel:
         self._check_name(request)
