@@ -16,9 +16,12 @@ meets hostile and broken clients:
 * the body must arrive within ``--body-timeout``, a connection that sends no
   complete request within ``--idle-timeout`` is closed;
 * at most ``--max-queue`` inference requests are admitted at once; beyond that
-  the answer is 503 with Retry-After, and a request that waited for a worker
-  longer than ``--request-timeout`` is answered 503 without running;
-* JSON parsing and encoding run off the event loop.
+  the answer is 503 with Retry-After;
+* each request has a deadline (``--request-timeout`` from its arrival): one
+  still queued then is answered 503 without running, one still running is
+  stopped between kernels (``deadlines.Watchdog``) and answered 503;
+* JSON parsing and encoding, and inflating gzip/deflate bodies (with the
+  limit applied to the inflated size), run off the event loop.
 
 Latency is recorded in parts: queue wait (saturation) and compute (the variant
 on this hardware, what the operator's drift check reads), plus the total.
@@ -52,9 +55,13 @@ from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
 from metainfer.agent.serve import model as model_loader
 from metainfer.agent.serve.batching import Batcher
+from metainfer.agent.serve.deadlines import DeadlineExceeded
+from metainfer.agent.serve.encoding import content_encoding, inflate
 from metainfer.agent.serve.metrics import CONTENT_TYPE, Identity, ServingMetrics
 from metainfer.agent.serve.protocol import (
+    InferRequest,
     ProtocolError,
+    Signature,
     check_model,
     encode_infer_response,
     max_body_bytes,
@@ -210,10 +217,17 @@ class Server:
         model = self._loaded(request)
         try:
             with self.admission():
-                body = await self._read_body(request, model)
+                encoding = content_encoding(request.headers.get("Content-Encoding"))
+                limit, too_large = self._body_limit(model)
+                body = await self._read_body(
+                    request, limit if encoding == "identity" else _wire_limit(limit), too_large
+                )
                 loop = asyncio.get_running_loop()
                 header = request.headers.get("Inference-Header-Content-Length")
-                parsed = await loop.run_in_executor(self.codec, parse_infer_request, body, header, model.signature)
+
+                parsed = await loop.run_in_executor(
+                    self.codec, _decode, body, encoding, limit, too_large, header, model.signature
+                )
                 del body
                 results = await self.run_model(model, parsed.inputs, parsed.outputs, received)
                 payload, header_length = await loop.run_in_executor(
@@ -249,15 +263,19 @@ class Server:
         finally:
             self.admitted -= 1
 
-    async def _read_body(self, request: web.Request, model: model_loader.LoadedModel) -> bytes:
-        """The body, refused (413) from its Content-Length or as soon as its (inflated) size passes the limit, and
-        (408) when it does not arrive within the body timeout."""
+    def _body_limit(self, model: model_loader.LoadedModel) -> tuple[int, str]:
+        """The most bytes a legal request's (decoded) body needs, and the 413 message that names it."""
         limit = min(MAX_BODY_BYTES, max_body_bytes(model.signature, self.config.max_dynamic_dim))
-        too_large = (
-            f"request body larger than {limit} bytes, the most a request of batch <= {model.signature.max_batch} needs"
+        return (
+            limit,
+            f"request body larger than {limit} bytes, the most a request of batch <= {model.signature.max_batch} needs",
         )
+
+    async def _read_body(self, request: web.Request, limit: int, too_large: str) -> bytes:
+        """The body as sent, refused (413) from its Content-Length or as soon as it passes ``limit``, and (408) when
+        it does not arrive within the body timeout. Compressed bodies are inflated later, off the event loop."""
         declared = request.content_length
-        if declared is not None and declared > limit and "Content-Encoding" not in request.headers:
+        if declared is not None and declared > limit:
             raise ProtocolError(too_large + f" (Content-Length {declared})", 413, headers={"Connection": "close"})
         chunks: list[bytes] = []
         size = 0
@@ -275,7 +293,7 @@ class Server:
                 return b"".join(chunks)
             size += len(chunk)
             if size > limit:
-                raise ProtocolError(too_large + " (once inflated)", 413, headers={"Connection": "close"})
+                raise ProtocolError(too_large, 413, headers={"Connection": "close"})
             chunks.append(chunk)
 
     async def run_model(
@@ -288,6 +306,13 @@ class Server:
             outcome = await self._batcher(model).submit(inputs, outputs, deadline)
         except InvalidArgument as exc:
             raise ProtocolError(f"the inputs do not fit the model: {_public(str(exc))}") from exc
+        except DeadlineExceeded as exc:
+            self.metrics.aborted("deadline")
+            log.warning("request stopped at its %g s deadline: %s", self.config.request_timeout_s, exc)
+            raise ProtocolError(
+                f"{exc}: the request took longer than its {self.config.request_timeout_s:g} s deadline"
+                " (a smaller batch or shorter inputs run faster)", 503, headers={"Retry-After": "1"},
+            ) from None  # fmt: skip
         except Exception as exc:
             log.exception("inference failed")
             raise ProtocolError(f"inference failed ({type(exc).__name__}); see the server log", status=500) from exc
@@ -352,6 +377,17 @@ async def _errors_as_json(request: web.Request, handler: Handler) -> web.StreamR
         return web.json_response({"error": f"internal error ({type(exc).__name__}); see the server log"}, status=500)
 
 
+def _decode(
+    body: bytes, encoding: str, limit: int, too_large: str, header: str | None, signature: Signature
+) -> InferRequest:
+    return parse_infer_request(inflate(body, encoding, limit, too_large), header, signature)
+
+
+def _wire_limit(limit: int) -> int:
+    """What a compressed body may take on the wire: incompressible data grows by deflate's few bytes per block."""
+    return limit + limit // 100 + 1024
+
+
 def _public(message: str) -> str:
     """An ONNX Runtime message without the graph's internal node names (they describe the variant, not the
     request), cut to its first line."""
@@ -373,6 +409,7 @@ async def _serve(config: ServeConfig) -> int:
         shutdown_timeout=1.0,
         access_log=None,
         keepalive_timeout=config.idle_timeout_s,  # also closes connections that never complete a request
+        auto_decompress=False,  # aiohttp would inflate on the event loop; encoding.inflate does it on a thread
     )
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()

@@ -26,8 +26,10 @@ from typing import Any
 
 import numpy as np
 
+from metainfer.agent.serve.deadlines import DeadlineExceeded
+
 Arrays = dict[str, np.ndarray]
-RunFn = Callable[[Arrays, list[str]], Arrays]
+RunFn = Callable[[Arrays, list[str], float | None], Arrays]  # (inputs, outputs, deadline)
 
 
 @dataclass(frozen=True)
@@ -177,10 +179,13 @@ class Batcher:
     def _run_batch(self, batch: list[_Pending]) -> tuple[list[Arrays | BaseException], float]:
         outputs = batch[0].outputs
         started = time.perf_counter()
+        deadline = max(p.deadline for p in batch)  # a shared run is stopped only once every member is overdue
         if len(batch) > 1:
             inputs = {name: np.concatenate([p.inputs[name] for p in batch]) for name in batch[0].inputs}
             try:
-                combined = self._run(inputs, outputs)
+                combined = self._run(inputs, outputs, deadline)
+            except DeadlineExceeded as exc:
+                return [exc] * len(batch), time.perf_counter() - started
             except Exception:  # one request's failure must not fail the others: run them alone
                 pass
             else:
@@ -193,7 +198,7 @@ class Batcher:
         alone: list[Arrays | BaseException] = []
         for pending in batch:
             try:
-                alone.append(self._run(pending.inputs, outputs))
+                alone.append(self._run(pending.inputs, outputs, pending.deadline))
             except Exception as exc:
                 alone.append(exc)
         return alone, time.perf_counter() - started

@@ -39,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument(
         "--request-timeout", type=float, default=30.0,
-        help="seconds a request may wait for an inference worker before it is answered 503 (default 30)",
+        help="each request's deadline, counted from its arrival: one still queued then is answered 503 without"
+        " running, one still running is stopped (ONNX Runtime's terminate flag) and answered 503 (default 30)",
     )  # fmt: skip
     parser.add_argument(
         "--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive, else 408 (default 30)"

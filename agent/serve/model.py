@@ -13,7 +13,8 @@ import hashlib
 import json
 import logging
 import tempfile
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ import onnx
 import onnxruntime as ort
 
 from metainfer.agent.fetch import ConfigMapReader, fetch
+from metainfer.agent.serve.deadlines import DeadlineExceeded, Watchdog
 from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
 from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.errors import DataError, ModelError
@@ -57,9 +59,22 @@ class LoadedModel:
     base_sha256: str
     variant_sha256: str
 
-    def infer(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
-        """Run the session; ORT releases the GIL, so the server calls this from worker threads."""
-        values = self.session.run(outputs, inputs)
+    watchdog: Watchdog = field(default_factory=Watchdog)
+
+    def infer(
+        self, inputs: dict[str, np.ndarray], outputs: list[str], deadline: float | None = None
+    ) -> dict[str, np.ndarray]:
+        """Run the session, stopped at ``deadline`` (perf_counter time; raises DeadlineExceeded). ORT releases the
+        GIL, so the server calls this from worker threads."""
+        options = ort.RunOptions()
+        started = time.perf_counter()
+        try:
+            with self.watchdog.armed(options, deadline):
+                values = self.session.run(outputs, inputs, options)
+        except Exception:
+            if options.terminate:
+                raise DeadlineExceeded(time.perf_counter() - started) from None
+            raise
         return dict(zip(outputs, values, strict=True))
 
 

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from metainfer.agent.serve.batching import Batcher
+from metainfer.agent.serve.deadlines import DeadlineExceeded
 
 
 class Model:
@@ -18,9 +19,13 @@ class Model:
     def __init__(self, fail_on: float | None = None) -> None:
         self.runs: list[int] = []
         self.fail_on = fail_on
+        self.deadlines: list[float | None] = []
 
-    def __call__(self, inputs: dict[str, np.ndarray], outputs: list[str]) -> dict[str, np.ndarray]:
+    def __call__(
+        self, inputs: dict[str, np.ndarray], outputs: list[str], deadline: float | None = None
+    ) -> dict[str, np.ndarray]:
         x = inputs["x"]
+        self.deadlines.append(deadline)
         if self.fail_on is not None and (x == self.fail_on).any():
             raise ValueError("bad row")
         self.runs.append(x.shape[0])
@@ -85,6 +90,34 @@ def test_a_failing_request_does_not_fail_the_ones_batched_with_it() -> None:
     good, bad, other = run(scenario)
     assert isinstance(bad, ValueError)
     assert good.results["y"][0, 0] == 2.0 and other.results["y"][0, 0] == 4.0
+
+
+def test_a_shared_run_stopped_at_its_deadline_fails_every_member_and_is_not_run_again() -> None:
+    class Stopped(Model):
+        def __call__(
+            self, inputs: dict[str, np.ndarray], outputs: list[str], deadline: float | None = None
+        ) -> dict[str, np.ndarray]:
+            self.runs.append(inputs["x"].shape[0])
+            self.deadlines.append(deadline)
+            raise DeadlineExceeded(0.5)
+
+    model = Stopped()
+
+    async def scenario() -> list:  # type: ignore[type-arg]
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(model, pool, workers=1, batch_rows=8, max_delay_s=0.02, batchable=True)
+            now = time.perf_counter()
+            results = await asyncio.gather(
+                *(batcher.submit({"x": np.ones((1, 2), np.float32)}, ["y"], now + d) for d in (5, 9, 7)),
+                return_exceptions=True,
+            )
+            batcher.close()
+            return [now, *results]
+
+    now, *results = run(scenario)
+    assert all(isinstance(r, DeadlineExceeded) for r in results)
+    assert model.runs == [3], "a stopped run must not be repeated request by request"
+    assert model.deadlines == [pytest.approx(now + 9)], "a shared run is stopped at its latest member's deadline"
 
 
 def test_a_request_past_its_deadline_is_not_run_and_unbatchable_models_run_one_by_one() -> None:

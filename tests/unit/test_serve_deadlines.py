@@ -1,0 +1,78 @@
+"""A running ONNX Runtime call is stopped at its request's deadline, and only then."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from metainfer.agent.serve.deadlines import DeadlineExceeded, Watchdog
+from metainfer.agent.serve.model import LoadedModel
+from metainfer.agent.serve.protocol import Signature
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
+
+
+class Flag:
+    terminate = False
+
+
+def test_the_watchdog_sets_the_flag_of_an_overdue_run_and_leaves_finished_ones_alone() -> None:
+    watchdog = Watchdog()
+    overdue, finished, unbounded = Flag(), Flag(), Flag()
+    with watchdog.armed(finished, time.perf_counter() + 0.05):
+        pass
+    with watchdog.armed(unbounded, None), watchdog.armed(overdue, time.perf_counter() + 0.05):
+        time.sleep(0.3)
+        assert overdue.terminate
+    time.sleep(0.1)
+    assert not finished.terminate and not unbounded.terminate
+    assert watchdog.stopped == 1
+
+
+def test_an_earlier_deadline_armed_later_is_still_met() -> None:
+    watchdog = Watchdog()
+    late, early = Flag(), Flag()
+    with watchdog.armed(late, time.perf_counter() + 30):
+        with watchdog.armed(early, time.perf_counter() + 0.05):
+            time.sleep(0.3)
+        assert early.terminate and not late.terminate
+
+
+def slow_model(layers: int = 400, width: int = 512) -> bytes:
+    """A chain of MatMuls: long enough to outlive a short deadline, made of many kernels ORT can stop between."""
+    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", "w"], [f"h{i + 1}"]) for i in range(layers)]
+    nodes.append(helper.make_node("Identity", [f"h{layers}"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])], [weight],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx.shape_inference.infer_shapes(model).SerializeToString()
+
+
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    session = create_session(slow_model(), Recipe(batch=1))
+    return LoadedModel(session, Signature(inputs=(), outputs=(), max_batch=4096), "b" * 64, "v" * 64)
+
+
+def test_a_run_past_its_deadline_is_stopped_and_the_session_keeps_serving(loaded: LoadedModel) -> None:
+    big = {"x": np.ones((2048, 512), dtype=np.float32)}
+    started = time.perf_counter()
+    full = loaded.infer(big, ["y"])  # no deadline: runs to the end
+    full_s = time.perf_counter() - started
+    assert full_s > 0.5, f"the model must be slow enough to interrupt ({full_s:.2f} s)"
+    started = time.perf_counter()
+    with pytest.raises(DeadlineExceeded):
+        loaded.infer(big, ["y"], deadline=time.perf_counter() + 0.1)
+    stopped_s = time.perf_counter() - started
+    assert stopped_s < full_s / 2, f"stopped after {stopped_s:.2f} s, a whole run takes {full_s:.2f} s"
+    small = {"x": np.full((1, 512), 3.0, dtype=np.float32)}
+    out = loaded.infer(small, ["y"], deadline=time.perf_counter() + 30)  # the session is usable afterwards
+    np.testing.assert_array_equal(out["y"], small["x"])
+    assert full["y"].shape == (2048, 512)
