@@ -3,8 +3,11 @@
 One attempt: read the AdaptationRun, fetch and verify the model, get the
 class's hardware profile (reused from the cluster or measured), run the
 engine's search within the run's budget, and write progress and the outcome
-into the run's status. The variant itself is written nowhere: serving
-rebuilds it from the base model (pinned by sha256) and the recipe.
+into the run's status, with the sha256 of the validated variant's bytes.
+When the policy names a variant store (``serving.variantStore``), the
+variant is written there under that sha256, so serving pods load the very
+bytes measured here; otherwise serving rebuilds it from the base model
+(pinned by sha256) and the recipe, and checks the rebuild has that sha256.
 
 Exit codes, chosen for a Job with a ``backoffLimit``:
 
@@ -41,6 +44,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from metainfer.agent import variant_store
 from metainfer.agent.fetch import FetchError, fetch
 from metainfer.agent.inputs import load_data
 from metainfer.agent.kube import Kube, KubeError, api_client
@@ -147,7 +151,7 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
             writer, settings.budget_trials, started=started, resumed=resumed, resumed_search_s=resumed_s
         )
         adaptation = Adaptation(path.read_bytes(), info, data, outcome.profile, settings, observer)
-        report, _variant = adaptation.run(resume=resumed, resumed_search_s=resumed_s)
+        report, variant = adaptation.run(resume=resumed, resumed_search_s=resumed_s)
     except FetchError as exc:
         if exc.transient:
             log(f"fetch failed (transient): {exc}")
@@ -168,9 +172,30 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         return EXIT_FAILED_UNEXPECTEDLY
     if report.best is None:
         return _fail(writer, *runstatus.failure_reason(runstatus.infeasible_error(report)), report=report)
-    writer.write(runstatus.mark_succeeded(writer.status, writer.generation, report, notes), final=True)
+    variant_sha256 = None
+    if variant is not None:
+        variant_sha256, stored = _store_variant(variant)
+        notes += [stored] if stored else []
+    writer.write(
+        runstatus.mark_succeeded(writer.status, writer.generation, report, notes, variant_sha256=variant_sha256),
+        final=True,
+    )
     log(f"succeeded: {report.best.recipe.describe()} (recipe {report.best.recipe.key()})")
     return EXIT_OK
+
+
+def _store_variant(variant: bytes) -> tuple[str, str | None]:
+    """The variant's sha256, and a note if the policy's variant store could not take it (serving then rebuilds)."""
+    root = os.environ.get(variant_store.ENV)
+    if not root:
+        return variant_store.sha256_of(variant), None
+    try:
+        sha256, path = variant_store.put(Path(root), variant)
+    except variant_store.StoreError as exc:
+        log(f"variant store: {exc}; serving pods will rebuild the variant")
+        return variant_store.sha256_of(variant), f"variant not stored ({exc}): serving pods rebuild it"
+    log(f"variant stored: {path} ({len(variant)} bytes)")
+    return sha256, None
 
 
 def _checkpointed(status: AdaptationRunStatus) -> tuple[list[Trial], float]:

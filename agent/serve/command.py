@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
@@ -18,6 +19,8 @@ from metainfer.agent.serve.app import ServeConfig, serve
 from metainfer.agent.serve.model import ModelSourceArgs
 from metainfer.core.engine.errors import InputError
 from metainfer.core.engine.recipe import Recipe
+
+log = logging.getLogger("metainfer.serve")
 
 
 def serve_command(args: argparse.Namespace) -> int:
@@ -46,6 +49,14 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         value = getattr(args, flag)
         if not value > 0:
             raise InputError(f"--{flag.replace('_', '-')}", f"must be > 0 seconds, got {value}")
+    sha256 = args.variant_sha256
+    if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise InputError("--variant-sha256", f"must be 64 lower-case hex digits, got {sha256[:80]!r}")
+    if args.variant_store is not None and sha256 is None:
+        raise InputError("--variant-store", "needs --variant-sha256: the store is addressed by the variant's sha256")
+    if args.variant_store is not None and not args.variant_store.is_dir():
+        # Not fatal: a store that is not mounted yet (or at all) means rebuilding, which serve can always do.
+        log.warning("--variant-store %s is not a directory: the variant will be rebuilt", args.variant_store)
     source = ModelSourceArgs(
         model_uri=args.model_uri,
         model_sha256=args.model_sha256,
@@ -53,6 +64,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         data_sha256=args.data_sha256,
         calibration_samples=args.calibration_samples,
         variant_path=args.variant,
+        variant_sha256=sha256,
+        variant_store=args.variant_store,
         namespace=os.environ.get("METAINFER_NAMESPACE") or "default",
     )
     return ServeConfig(

@@ -21,6 +21,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--calibration-samples", type=int, default=64, help="samples the adaptation calibrated on (default 64)"
     )
     parser.add_argument("--variant", type=Path, help="a prebuilt variant; its provenance must match the recipe")
+    parser.add_argument(
+        "--variant-sha256",
+        help="sha256 of the variant the adaptation validated (its run's status.bestVariantSha256): the variant"
+        " loaded from --variant-store, or rebuilt, must have exactly these bytes",
+    )
+    parser.add_argument(
+        "--variant-store", type=Path,
+        help="a content-addressed variant store (DIR/sha256/HEX.onnx, as adaptation Jobs write it): load the"
+        " --variant-sha256 variant from it instead of rebuilding; rebuild if it is missing or corrupt",
+    )  # fmt: skip
     parser.add_argument("--model-name", help="name in /v2/models/NAME (default: $METAINFER_POLICY, else file stem)")
     parser.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
     parser.add_argument("--port", type=int, default=8080, help="port (default %(default)s)")

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from metainfer.agent import variant_store
 from metainfer.agent.fetch import ConfigMapReader, fetch
 from metainfer.agent.serve.deadlines import DeadlineExceeded, Watchdog
 from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
@@ -48,6 +49,8 @@ class ModelSourceArgs:
     calibration_samples: int = 64
     variant_path: Path | None = None
     namespace: str = "default"
+    variant_sha256: str | None = None  # what the adaptation validated: loaded or rebuilt, the bytes must match
+    variant_store: Path | None = None
 
 
 @dataclass
@@ -88,17 +91,41 @@ def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> Load
         )  # fmt: skip
         info = _inspect(base_path, source.model_uri)
         base = base_path.read_bytes()
-        if source.variant_path is not None:
-            variant = _checked_variant(source.variant_path, info.sha256, recipe.transform)
-        else:
-            calibration = _calibration(source, recipe, info, workdir)
-            log.info("building variant %s (%s)", recipe.transform_key(), recipe.describe())
-            variant = build_variant(base, recipe.transform, calibration)
+        variant = _variant(source, recipe, info, base, workdir)
     session = create_session(variant, recipe)
     signature = _signature(session, info, recipe, max_batch)
     loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
     _warm_up(loaded, info, recipe)
     return loaded
+
+
+def _variant(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, base: bytes, workdir: Path) -> bytes:
+    """The variant's bytes: the given file, the store's copy, or a rebuild; always the ones the run validated."""
+    expected = source.variant_sha256
+    if source.variant_path is not None:
+        variant = _checked_variant(source.variant_path, info.sha256, recipe.transform)
+        what = str(source.variant_path)
+    elif (
+        expected is not None
+        and source.variant_store is not None
+        and (stored := variant_store.get(source.variant_store, expected))
+    ):
+        variant = _checked_variant_bytes(stored, str(source.variant_store), info.sha256, recipe.transform)
+        log.info("variant %s loaded from the store %s (no rebuild)", expected, source.variant_store)
+        return variant
+    else:
+        calibration = _calibration(source, recipe, info, workdir)
+        log.info("building variant %s (%s)", recipe.transform_key(), recipe.describe())
+        variant = build_variant(base, recipe.transform, calibration)
+        what = "the rebuilt variant"
+    if expected is not None and (actual := _sha256(variant)) != expected:
+        raise ModelError(
+            what,
+            f"has sha256 {actual}, but the adaptation validated {expected}: serving it would make every latency"
+            " comparison meaningless. Serve with the image the adaptation Job ran (same onnx and onnxruntime), or"
+            " set the policy's serving.variantStore so pods load the validated bytes",
+        )
+    return variant
 
 
 def _inspect(path: Path, uri: str) -> ModelInfo:
@@ -126,27 +153,36 @@ def _calibration(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, workd
 
 def _checked_variant(path: Path, base_sha256: str, transform: TransformSpec) -> bytes:
     """A prebuilt variant, accepted only if its provenance names this base model and this transform."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelError(str(path), f"cannot read it ({exc.strerror or exc})") from exc
+    return _checked_variant_bytes(data, str(path), base_sha256, transform)
+
+
+def _checked_variant_bytes(data: bytes, where: str, base_sha256: str, transform: TransformSpec) -> bytes:
+    """``data``, accepted only if its provenance names this base model and this transform."""
     try:  # no onnx.checker here: ONNX Runtime is the judge of a variant, and creating the session checks it
-        model = onnx.load(str(path))
+        model = onnx.load_from_string(data)
     except Exception as exc:  # protobuf raises several unrelated types
-        raise ModelError(str(path), f"not an ONNX model ({type(exc).__name__}: {exc})") from exc
+        raise ModelError(where, f"not an ONNX model ({type(exc).__name__}: {exc})") from exc
     props = {p.key: p.value for p in model.metadata_props}
     stamped_base = props.get(f"{PROVENANCE_PREFIX}base_sha256")
     stamped_transform = props.get(f"{PROVENANCE_PREFIX}transform")
     if stamped_base is None or stamped_transform is None:
-        raise ModelError(str(path), "has no metainfer provenance metadata (not built by metainfer?)")
+        raise ModelError(where, "has no metainfer provenance metadata (not built by metainfer?)")
     if stamped_base != base_sha256:
-        raise ModelError(str(path), f"was built from base model {stamped_base}, not {base_sha256}")
+        raise ModelError(where, f"was built from base model {stamped_base}, not {base_sha256}")
     try:
         built_from = TransformSpec.model_validate_json(stamped_transform)
     except ValueError as exc:
-        raise ModelError(str(path), f"has unreadable transform provenance ({exc})") from exc
+        raise ModelError(where, f"has unreadable transform provenance ({exc})") from exc
     if built_from != transform:
         raise ModelError(
-            str(path),
+            where,
             f"was built with transform {json.loads(stamped_transform)}, the recipe says {transform.model_dump()}",
         )
-    return model.SerializeToString()
+    return data
 
 
 def _signature(session: ort.InferenceSession, info: ModelInfo, recipe: Recipe, max_batch: int | None) -> Signature:

@@ -23,7 +23,8 @@ LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 QUANTITY = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 IMAGE = r"^[^\s]+$"
 # Mount paths the pod itself uses: a second volume there is rejected (or would hide the service account token).
-RESERVED_MOUNT_PATHS = ("/tmp", "/var/cache/metainfer")
+VARIANT_STORE_MOUNT = "/var/lib/metainfer/variants"  # where a policy's serving.variantStore is mounted
+RESERVED_MOUNT_PATHS = ("/tmp", "/var/cache/metainfer", VARIANT_STORE_MOUNT)
 RESERVED_MOUNT_PREFIX = "/var/run/secrets"
 
 _SUFFIX = {

@@ -349,6 +349,23 @@ class ResourceRequirements(ApiModel):
         return self
 
 
+class VariantStore(ApiModel):
+    """Where adaptation Jobs keep the variants they built and validated, and serving pods load them from.
+
+    Files are named by their sha256 (``sha256/<hex>.onnx``), which the run's status records, so a serving pod
+    loads exactly the bytes the Job measured instead of rebuilding (re-quantizing) them at every start.
+    """
+
+    claim_name: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="A PersistentVolumeClaim in the policy's namespace: Jobs mount it read-write, serving pods"
+        " read-only. ReadWriteMany, unless Jobs and serving pods share one node. The pods' UID (or fsGroup) must"
+        " be able to write it.",
+    )
+
+
 class ServingSettings(ApiModel):
     """The Deployment that serves the best variant of each class."""
 
@@ -363,6 +380,12 @@ class ServingSettings(ApiModel):
         le=1000,
         description="Dynamic batching: how long a lone request waits for others to share its run, ms (serve's"
         " --max-queue-delay-ms; its default when unset). Runs combine up to the adapted recipe's batch.",
+    )
+    variant_store: VariantStore | None = Field(
+        None,
+        description="Keep each built variant in this volume, content-addressed, so serving pods start without"
+        " rebuilding it. Applies to runs made after it is set; without it (or when a file is missing) serving pods"
+        " rebuild the variant and check it is byte-identical to the one the run validated.",
     )
 
 
@@ -387,6 +410,7 @@ class RolloutSettings(ApiModel):
             return self.canary_replicas
         weight = self.canary_weight_percent
         return max(1, round(stable_replicas * weight / (100 - weight)))
+
     analysis_window_seconds: int = Field(300, ge=30, le=86400, description="How long the canary is observed.")
     tolerance: float = Field(
         0.1, ge=0, le=10, description="Accepted relative p95 increase of the canary vs stable (0.1 = 10%)."

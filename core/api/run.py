@@ -36,6 +36,7 @@ from metainfer.core.api.policy import (
     SearchSettings,
     SearchSpaceOverrides,
     Slo,
+    VariantStore,
 )
 from metainfer.core.api.vocabulary import RunPhase, RunTrigger, TrialState
 from metainfer.core.engine.recipe import Recipe
@@ -71,6 +72,9 @@ class AdaptationRunSpec(ApiModel):
     objective: ObjectiveWeights = Field(default_factory=ObjectiveWeights)
     search_space: SearchSpaceOverrides = Field(default_factory=SearchSpaceOverrides)
     search: SearchSettings = Field(default_factory=SearchSettings)
+    variant_store: VariantStore | None = Field(
+        None, description="The policy's serving.variantStore when the run was made: where the Job keeps the variant."
+    )
 
 
 class RunProgress(ApiModel):
@@ -141,6 +145,11 @@ class AdaptationRunStatus(ApiModel):
     )
     best_recipe: Recipe | None = Field(None, description="core Recipe of the best feasible variant.")
     best_recipe_key: str | None = Field(None, max_length=64)
+    best_variant_sha256: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        description="sha256 of the best variant's ONNX bytes as validated: serving pods load or rebuild exactly it.",
+    )
     best_metrics: RunMetrics | None = None
     checkpoint: SearchCheckpoint | None = Field(
         None, description="While searching: what a retried Job resumes from. Removed when the run ends."

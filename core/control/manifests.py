@@ -30,7 +30,14 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from metainfer.core.api._base import ApiModel
-from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, ModelVolume, ResourceRequirements
+from metainfer.core.api.k8s_syntax import VARIANT_STORE_MOUNT
+from metainfer.core.api.policy import (
+    AdaptationPolicy,
+    AdaptationPolicySpec,
+    ModelVolume,
+    ResourceRequirements,
+    VariantStore,
+)
 from metainfer.core.api.resources import API_VERSION
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.api.vocabulary import RunTrigger
@@ -298,6 +305,7 @@ def build_run(
         objective=spec.objective,
         search_space=spec.search_space,
         search=spec.search,
+        variant_store=spec.serving.variant_store,
     )
     tolerations = [t.to_api() for t in spec.hardware.tolerations or []]
     return {
@@ -353,6 +361,9 @@ def build_job(
         container, group, settings, settings.service_account, [*tolerations, *settings.tolerations], spec.model.volume
     )
     pod |= {"restartPolicy": "Never", "automountServiceAccountToken": True}  # the agent writes the run's status
+    if spec.variant_store is not None:
+        _mount_variant_store(pod, container, spec.variant_store, read_only=False)
+        container["env"].append({"name": "METAINFER_VARIANT_STORE", "value": VARIANT_STORE_MOUNT})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -421,6 +432,11 @@ def build_deployment(
     ]  # fmt: skip
     if spec.serving.max_queue_delay_ms is not None:
         args += ["--max-queue-delay-ms", f"{spec.serving.max_queue_delay_ms:g}"]
+    variant_sha256 = run.status.best_variant_sha256 if run.status else None
+    if variant_sha256:  # serve loads these bytes from the store, or rebuilds and checks it got them
+        args += ["--variant-sha256", variant_sha256]
+        if run.spec.variant_store is not None:
+            args += ["--variant-store", VARIANT_STORE_MOUNT]
     if recipe.transform.quantization.mode == "int8_static" and model.data is not None:
         # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
         data_uri = _served_uri(model.data.uri, cm_volumes)
@@ -454,6 +470,8 @@ def build_deployment(
     tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
     pod = _pod_spec(container, group, settings, settings.service_account, tolerations, model.volume)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
+    if variant_sha256 and run.spec.variant_store is not None:
+        _mount_variant_store(pod, container, run.spec.variant_store, read_only=True)
     for volume, mount in cm_volumes:
         pod["volumes"].append(volume)
         container["volumeMounts"].append(mount)
@@ -584,6 +602,14 @@ def _pod_spec(
     if tolerations:
         pod["tolerations"] = tolerations
     return pod
+
+
+def _mount_variant_store(
+    pod: dict[str, Any], container: dict[str, Any], store: VariantStore, *, read_only: bool
+) -> None:
+    claim: dict[str, Any] = {"claimName": store.claim_name, "readOnly": read_only}
+    pod["volumes"].append({"name": "variants", "persistentVolumeClaim": claim})
+    container["volumeMounts"].append({"name": "variants", "mountPath": VARIANT_STORE_MOUNT, "readOnly": read_only})
 
 
 def _probe(path: str, *, period: int, failures: int = 3) -> dict[str, Any]:

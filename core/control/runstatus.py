@@ -316,8 +316,10 @@ def mark_succeeded(
     report: Report,
     notes: list[str],
     now: dt.datetime | None = None,
+    variant_sha256: str | None = None,
 ) -> AdaptationRunStatus:
-    """The run found and validated a variant: the recipe, its metrics, the bounded trial summary."""
+    """The run found and validated a variant: the recipe, its metrics, the bounded trial summary, and the sha256 of
+    the variant's bytes (what serving pods must load or rebuild)."""
     assert report.best is not None, "mark_succeeded needs a report with a best trial"
     now = now or _now()
     best = report.best
@@ -361,6 +363,7 @@ def mark_succeeded(
             "trials": trial_summaries(trials, report.settings.constraints),
             "best_recipe": best.recipe,
             "best_recipe_key": best.recipe.key(),
+            "best_variant_sha256": variant_sha256,
             "best_metrics": metrics,
             "checkpoint": None,  # the trials are in the result now
         }

@@ -96,13 +96,16 @@ def get(api: client.ApiClient, namespace: str, name: str) -> dict[str, Any]:
     return client.CustomObjectsApi(api).get_namespaced_custom_object(GROUP, VERSION, namespace, "adaptationruns", name)
 
 
-def agent(kubeconfig: Path, namespace: str, name: str) -> subprocess.CompletedProcess[str]:
+def agent(
+    kubeconfig: Path, namespace: str, name: str, extra_env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "PYTHONSAFEPATH": "1",
         "METAINFER_FAST_MEASURE": "1",
         "NODE_NAME": "node-a",
         "NO_PROXY": "127.0.0.1,localhost",
+        **(extra_env or {}),
     }
     return subprocess.run(
         [
@@ -378,3 +381,59 @@ def test_a_killed_agent_is_resumed_by_the_next_attempt_without_measuring_twice(
     final = get(control_plane.api_client, namespace, "resumed")["status"]
     assert final["phase"] == "Succeeded" and final["progress"]["trialsCompleted"] == 12
     assert "checkpoint" not in final  # a finished run drops it
+
+
+def test_the_validated_variant_is_stored_by_sha256_and_serving_loads_or_rebuilds_exactly_it(
+    control_plane: Any, namespace: str, tmp_path: Path, digits, hw_class
+) -> None:
+    """Issue 14 item 6: serving pods used to re-quantize at every start, with nothing checking that they built the
+    variant the Job had measured. (Rebuilding a static int8 recipe from its calibration samples is checked in
+    test_serve.py.)"""
+    from serve_harness import ServeProcess
+
+    model, data = digits
+    sha = sha256_file(model)
+    reference = DataReference(uri=data.as_uri(), sha256=sha256_file(data), validation_samples=200)
+    body = make_run("stored", hw_class, model.as_uri(), sha, reference, budget=2)
+    create_run(control_plane.api_client, namespace, body)
+    store = tmp_path / "store"
+    result = agent(control_plane.kubeconfig, namespace, "stored", {"METAINFER_VARIANT_STORE": str(store)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    status = get(control_plane.api_client, namespace, "stored")["status"]
+    recipe = Recipe.model_validate(status["bestRecipe"])
+    variant_sha = status["bestVariantSha256"]
+    stored = store / "sha256" / f"{variant_sha}.onnx"
+    assert stored.is_file() and sha256_file(stored) == variant_sha, "the Job keeps the bytes it validated"
+
+    def serve(*extra: str) -> ServeProcess:
+        served = ServeProcess(tmp_path)
+        served.start([
+            "serve", "--model-uri", model.as_uri(), "--model-sha256", sha,
+            "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
+            "--data-uri", data.as_uri(), "--data-sha256", reference.sha256 or "",
+            "--calibration-samples", str(reference.calibration_samples),
+            "--host", "127.0.0.1", "--port", str(served.port), "--variant-sha256", variant_sha, *extra,
+        ], {})  # fmt: skip
+        return served
+
+    for extra, words in ((["--variant-store", str(store)], "loaded from the store"), ([], "building variant")):
+        served = serve(*extra)
+        try:
+            served.wait_ready()
+            log_text = served.log.read_text()
+            assert words in log_text and f"ready: variant sha256 {variant_sha}" in log_text, log_text[-2000:]
+        finally:
+            served.stop()
+
+    stored.chmod(0o644)
+    stored.write_bytes(b"not the validated bytes")  # a corrupt store copy: ignored, rebuilt, still the same bytes
+    served = serve("--variant-store", str(store))
+    try:
+        served.wait_ready()
+        assert "the variant will be rebuilt" in served.log.read_text()
+    finally:
+        served.stop()
+
+    served = serve("--variant-sha256", "0" * 64)  # the last flag wins: a sha the rebuild cannot match
+    assert served.proc is not None and served.proc.wait(timeout=60) == 2
+    assert f"but the adaptation validated {'0' * 64}" in served.log.read_text()

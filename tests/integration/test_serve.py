@@ -236,3 +236,32 @@ def test_prebuilt_variant_must_match_the_recipe(example: ExampleModel, tmp_path:
         assert "was built with transform" in served.log.read_text()
     finally:
         served.stop()
+
+
+def test_a_static_int8_rebuild_has_exactly_the_bytes_the_adaptation_built(
+    example: ExampleModel, tmp_path: Path
+) -> None:
+    """The fallback when no variant store holds the file: serve rebuilds from the same calibration head as the
+    Job (AdaptSettings.calibration_samples of the same NPZ) and must get the same sha256, else it refuses."""
+    import hashlib
+
+    from metainfer.core.engine.data import load_npz
+    from metainfer.core.engine.modelinfo import inspect_model
+
+    static = Recipe.model_validate({"transform": {"quantization": {"mode": "int8_static"}}, "batch": 4})
+    info = inspect_model(example.model_path)
+    calibration = load_npz(example.data_path, info).head(100)  # what the Job calibrates on (pipeline.Adaptation)
+    built = build_variant(example.model_path.read_bytes(), static.transform, calibration)
+    expected = hashlib.sha256(built).hexdigest()
+    served = ServeProcess(tmp_path)
+    served.start([
+        "serve", "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
+        "--recipe-json", static.model_dump_json(), "--data-uri", example.data_path.as_uri(),
+        "--calibration-samples", "100", "--variant-sha256", expected, "--host", "127.0.0.1",
+        "--port", str(served.port),
+    ], {})  # fmt: skip
+    try:
+        served.wait_ready()
+        assert f"ready: variant sha256 {expected}" in served.log.read_text()
+    finally:
+        served.stop()

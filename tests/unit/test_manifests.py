@@ -292,6 +292,52 @@ def test_job_deadline_from_spec_and_model_volume() -> None:
     assert {"name": "model", "mountPath": "/models", "readOnly": True} in pod["containers"][0]["volumeMounts"]
 
 
+def test_a_variant_store_is_written_by_the_job_and_read_by_serving_pods_by_sha256() -> None:
+    from metainfer.agent.serve.flags import add_arguments
+
+    group = gpu_group()
+    p = policy(serving={"variantStore": {"claimName": "variants"}})
+    run = build_run(p, group, "NewHardwareClass")
+    run["metadata"]["uid"] = "u"
+    assert run["spec"]["variantStore"] == {"claimName": "variants"}
+    assert build_run(policy(), group, "NewHardwareClass")["metadata"]["name"] == run["metadata"]["name"], (
+        "the store is where a variant is kept, not part of the adaptation: setting it must not re-adapt"
+    )
+    job_pod = build_job(run, group)["spec"]["template"]["spec"]
+    (agent,) = job_pod["containers"]
+    claim = {"name": "variants", "persistentVolumeClaim": {"claimName": "variants", "readOnly": False}}
+    assert claim in job_pod["volumes"]
+    mount = {"name": "variants", "mountPath": "/var/lib/metainfer/variants", "readOnly": False}
+    assert mount in agent["volumeMounts"]
+    assert {"name": "METAINFER_VARIANT_STORE", "value": "/var/lib/metainfer/variants"} in agent["env"]
+
+    done = succeeded(run)
+    done["status"]["bestVariantSha256"] = "c" * 64
+    pod = build_deployment(p, group, done)["spec"]["template"]["spec"]
+    (server,) = pod["containers"]
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(server["args"][1:])
+    assert args.variant_sha256 == "c" * 64 and str(args.variant_store) == "/var/lib/metainfer/variants"
+    assert {"name": "variants", "persistentVolumeClaim": {"claimName": "variants", "readOnly": True}} in pod["volumes"]
+    assert {"name": "variants", "mountPath": "/var/lib/metainfer/variants", "readOnly": True} in server["volumeMounts"]
+
+    no_store = succeeded(build_run(policy(), group, "NewHardwareClass"))
+    no_store["status"]["bestVariantSha256"] = "c" * 64
+    pod = build_deployment(policy(), group, no_store)["spec"]["template"]["spec"]
+    args = parser.parse_args(pod["containers"][0]["args"][1:])
+    assert args.variant_sha256 == "c" * 64 and args.variant_store is None, "rebuilt, and checked against the sha"
+    assert all(v["name"] != "variants" for v in pod["volumes"])
+
+
+def test_a_model_volume_cannot_hide_the_variant_store() -> None:
+    with pytest.raises(ValidationError, match="must not be"):
+        AdaptationPolicy.model_validate(
+            policy(model={"uri": "file:///x/m.onnx", "sha256": "a" * 64,
+                          "volume": {"claimName": "m", "mountPath": "/var/lib/metainfer/variants"}})
+        )  # fmt: skip
+
+
 # --- serving --------------------------------------------------------------------------------------------------------
 
 
