@@ -413,7 +413,10 @@ async def _serve(config: ServeConfig) -> int:
     )
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()
-    log.info("listening on %s:%d, serving model %r", config.host, config.port, config.model_name)
+    log.info(
+        "listening on %s:%d, serving model %r with %d inference worker(s)",
+        config.host, config.port, config.model_name, config.workers,
+    )  # fmt: skip
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

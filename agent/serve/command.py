@@ -76,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         port=args.port,
         max_batch=args.max_batch,
         drain_timeout_s=args.drain_timeout,
-        workers=args.workers,
+        workers=args.workers or default_workers(recipe, usable_cores()),
         max_queue=args.max_queue,
         grpc_port=grpc_port_from_args(args),
         request_timeout_s=args.request_timeout,
@@ -86,6 +86,38 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         batch_size=args.batch_size,
         max_queue_delay_s=_non_negative(args.max_queue_delay_ms, "--max-queue-delay-ms") / 1000,
     )
+
+
+def default_workers(recipe: Recipe, cores: int) -> int:
+    """Concurrent runs that fit the cores: each run takes the recipe's intra-op threads (0: ONNX Runtime takes
+    every core). Two 2-thread runs on 2 cores made dynamic batching slower than one run of the combined batch."""
+    threads = recipe.session.intra_op_num_threads or cores
+    return max(1, cores // threads)
+
+
+def usable_cores() -> int:
+    """Cores this process may use: its CPU affinity, further bounded by a cgroup CPU quota (a container's
+    limits.cpu), which the affinity mask does not show."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cores, int(quota))) if quota else cores
+
+
+def _cgroup_cpu_quota() -> float | None:
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota / period if quota > 0 and period > 0 else None
+    except (OSError, ValueError):
+        return None
 
 
 def _non_negative(value: float, flag: str) -> float:

@@ -42,7 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--drain-timeout", type=float, default=20.0, help="seconds in-flight requests get after SIGTERM (default 20)"
     )
-    parser.add_argument("--workers", type=int, default=2, help="inference threads (default %(default)s)")
+    parser.add_argument(
+        "--workers", type=int,
+        help="ONNX Runtime runs at once (default: the usable cores divided by the recipe's intra-op threads, at least"
+        " 1, so concurrent runs never oversubscribe the cores the adaptation measured on)",
+    )  # fmt: skip
     parser.add_argument(
         "--max-queue", type=int, default=64,
         help="inference requests admitted at once (queued or running); more get 503 + Retry-After (default 64)",

@@ -1,0 +1,53 @@
+"""`metainfer serve` flags: the worker count that fits the cores, and the variant flags' checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from metainfer.agent.cli import build_parser
+from metainfer.agent.serve import command
+from metainfer.agent.serve.command import config_from_args, default_workers
+from metainfer.core.engine.errors import InputError
+from metainfer.core.engine.recipe import Recipe
+
+
+def _args(*extra: str, recipe: Recipe | None = None):  # type: ignore[no-untyped-def]
+    recipe_json = (recipe or Recipe()).model_dump_json()
+    return build_parser().parse_args(["serve", "--model-uri", "file:///m.onnx", "--recipe-json", recipe_json, *extra])
+
+
+@pytest.mark.parametrize(
+    ("threads", "cores", "workers"),
+    [(0, 2, 1), (2, 2, 1), (1, 2, 2), (2, 8, 4), (3, 8, 2), (4, 2, 1), (0, 16, 1)],
+)
+def test_concurrent_runs_never_oversubscribe_the_cores(threads: int, cores: int, workers: int) -> None:
+    recipe = Recipe.model_validate({"session": {"intra_op_num_threads": threads}})
+    assert default_workers(recipe, cores) == workers
+
+
+def test_workers_default_to_the_cores_and_the_flag_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(command, "usable_cores", lambda: 8)
+    two_threads = Recipe.model_validate({"session": {"intra_op_num_threads": 2}})
+    assert config_from_args(_args(recipe=two_threads)).workers == 4
+    assert config_from_args(_args("--workers", "3", recipe=two_threads)).workers == 3
+
+
+def test_the_cgroup_quota_bounds_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(command, "_cgroup_cpu_quota", lambda: 1.5)
+    assert command.usable_cores() == 1
+    monkeypatch.setattr(command, "_cgroup_cpu_quota", lambda: None)
+    assert command.usable_cores() >= 1
+
+
+@pytest.mark.parametrize(
+    ("extra", "flag", "words"),
+    [
+        (["--variant-sha256", "ABC"], "--variant-sha256", "64 lower-case hex"),
+        (["--variant-store", "/tmp"], "--variant-store", "needs --variant-sha256"),
+        (["--workers", "0"], "--workers", ">= 1"),
+    ],
+)
+def test_flag_mistakes_name_the_flag(extra: list[str], flag: str, words: str) -> None:
+    with pytest.raises(InputError, match=flag) as caught:
+        config_from_args(_args(*extra))
+    assert words in str(caught.value)
