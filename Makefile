@@ -41,6 +41,8 @@ bench-adaptation: bench-deps
 	$(BIN)/python bench/adaptation.py
 bench-search: bench-deps
 	$(BIN)/python bench/search_efficiency.py
+# kserve's ModelServer (the serving matrix's peer) pins its own deps, so bench/serving.py builds it its own
+# venv under ~/.cache/metainfer/kserve-venv from bench/requirements-kserve.txt.
 bench-serving: bench-deps
 	$(BIN)/python bench/serving.py
 bench-scale: venv assets
