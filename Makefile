@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv helm bench-deps bench bench-adaptation bench-search bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm bench-deps bench bench-adaptation bench-search bench-warm-start bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -41,6 +41,8 @@ bench-adaptation: bench-deps
 	$(BIN)/python bench/adaptation.py
 bench-search: bench-deps
 	$(BIN)/python bench/search_efficiency.py
+bench-warm-start: bench-deps
+	$(BIN)/python bench/warm_start.py --jobs 2
 # kserve's ModelServer (the serving matrix's peer) pins its own deps, so bench/serving.py builds it its own
 # venv under ~/.cache/metainfer/kserve-venv from bench/requirements-kserve.txt.
 bench-serving: bench-deps

@@ -31,8 +31,8 @@ EXIT_INPUT, EXIT_INFEASIBLE = 2, 3
 MAX_SEED = 2**31 - 1  # as the policy's spec.search.seed
 
 ALGORITHM_HELP: dict[Algorithm, str] = {
-    "hybrid": "a space-filling start, evolutionary moves, then Bayesian refinement; a cheap surrogate"
-    " picks which proposals reach the hardware (default)",
+    "hybrid": "a start from the knobs' known-good defaults (or --history's related winners), evolutionary"
+    " moves, then Bayesian refinement; a cheap surrogate picks which proposals reach the hardware (default)",
     "bayes": "Bayesian optimisation (scikit-optimize) after a space-filling start",
     "evolution": "steady-state evolutionary search after a space-filling start",
     "random": "uniform random candidates: the baseline the others must beat",
@@ -131,6 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
         ("--quality-weight", DEFAULT_QUALITY_WEIGHT, "quality metric over FP32's"),
     ):
         a.add_argument(flag, type=_weight, default=default, metavar="W", help=f"weight of {what} (default {default:g})")
+    a.add_argument(
+        "--history",
+        type=Path,
+        nargs="+",
+        metavar="DIR_OR_REPORT",
+        help="earlier runs' report.json files, or directories searched recursively for them: the hybrid search"
+        " starts from what related runs (this model on similar hardware, a similar model here) measured",
+    )
     a.add_argument("--out", type=Path, required=True, help="output directory")
 
     e = sub.add_parser("examples", help="build the bundled example models")
@@ -222,6 +230,11 @@ def check_adapt_args(args: argparse.Namespace) -> None:
         raise InputError(", ".join(WEIGHT_FLAGS), "at least one objective weight must be > 0")
     _check_input_file(args.model, ModelError)
     _check_input_file(args.data, DataError)
+    for path in getattr(args, "history", None) or []:
+        if not path.exists():
+            raise InputError(f"--history {path}", "no such file or directory")
+        if path.is_dir() and not any(path.rglob("report.json")):
+            raise InputError(f"--history {path}", "no report.json under this directory")
     out: Path = args.out
     if out.exists() and not out.is_dir():
         raise InputError(f"--out {out}", "exists and is not a directory")

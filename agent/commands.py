@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -85,10 +86,16 @@ def adapt_command(args: argparse.Namespace) -> int:
         seed=args.seed,
         measure=MeasureSettings(),
     )
+    sources = _history_sources(args.history) if args.history else None
     with progress_for(console) as observer:
         observer.phase(PipelinePhase.PROFILING, None)
         profile = load_or_measure(on_step=observer.on_step)
-        report, variant = Adaptation(args.model.read_bytes(), info, data, profile, settings, observer).run()
+        adaptation = Adaptation(args.model.read_bytes(), info, data, profile, settings, observer)
+        if sources is not None:
+            from metainfer.core.engine.history import select
+
+            adaptation.history = select(adaptation.features(), sources)
+        report, variant = adaptation.run()
     written = write_outputs(args.out, report, variant)
     _print_summary(report)
     out.print("wrote " + ", ".join(str(p) for p in written))
@@ -98,6 +105,25 @@ def adapt_command(args: argparse.Namespace) -> int:
             closest=_closest(report.trials, settings.constraints),
         )
     return 0
+
+
+def _history_sources(paths: list[Path]) -> list[Any]:
+    """The --history reports as history sources; a named file that is no readable report is an input error."""
+    from metainfer.core.engine.history import load_reports, report_paths
+
+    try:
+        sources, skipped = load_reports(paths)
+    except FileNotFoundError as exc:
+        raise InputError(f"--history {exc.args[0]}", "no such file or directory") from None
+    named = {p.resolve() for p in paths if p.is_file()}
+    for line in skipped:
+        path, _, why = line.partition(": ")
+        if Path(path) in named:
+            raise InputError(f"--history {path}", f"not a readable metainfer report.json ({why})")
+        console.print(f"[yellow]warning:[/] --history: skipped {line}", highlight=False)
+    if not sources:
+        raise InputError("--history", f"none of the {len(report_paths(paths))} report(s) could be read")
+    return sources
 
 
 def examples_command(out_dir: Path, only: list[str] | None) -> int:
@@ -170,7 +196,30 @@ def _print_summary(report: object) -> None:
         )
     if report.final is not None and report.final.kept_baseline:
         out.print(f"[bold yellow]{report.final.note}[/]")
+    if report.history is not None:
+        _print_history(report)
     if report.validation is not None:
         for check in report.validation.checks:
             mark = "[green]ok[/]" if check.passed else "[red]FAIL[/]"
             out.print(f"  {mark} {check.name}: {check.detail}")
+
+
+def _print_history(report: object) -> None:
+    from metainfer.core.engine.pipeline import Report
+
+    assert isinstance(report, Report) and report.history is not None
+    h = report.history
+    used = ", ".join(f"{u.label} (similarity {u.similarity.total:.2f}, {u.trials} trials)" for u in h.sources)
+    if not h.warm:
+        out.print(
+            f"history: {h.offered} source(s) offered, none related enough to start from"
+            + (f" (used as weak evidence: {used})" if used else "")
+            + "; cold start",
+            highlight=False,
+        )
+        return
+    out.print(
+        f"history: warm start from {used}; the related winner re-measured first, {h.skipped_known_failures} known"
+        f" failure(s) skipped; best found at trial {h.best_found_at}; {h.trials_saved} trial(s) of the budget saved",
+        highlight=False,
+    )

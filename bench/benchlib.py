@@ -31,7 +31,7 @@ RESULTS = ROOT / "bench" / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 # Section order in BENCHMARKS.md; a name not listed here goes last, sorted.
-SECTIONS = ("adaptation", "search_efficiency", "operator_scale", "olive_peer", "serving")
+SECTIONS = ("adaptation", "search_efficiency", "warm_start", "operator_scale", "olive_peer", "serving", "pod_start")
 
 
 def _git_commit() -> str:

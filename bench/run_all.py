@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ("adaptation", "search_efficiency", "operator_scale", "olive_peer", "serving")
+BENCHMARKS = ("adaptation", "search_efficiency", "warm_start", "operator_scale", "olive_peer", "serving", "pod_start")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -166,6 +166,10 @@ def measure_landscape(model: Model, log: bool = True) -> dict[str, Any]:
     assert baseline.metrics is not None
     return {
         "key": model.cache_key,
+        # enough to replay the landscape without this machine's engine: the space's dimensions (the allowed
+        # points are the rows) and the run's features (surrogate features, built-in prior, history similarity)
+        "dimensions": {d.name: list(d.choices) for d in space.dimensions},
+        "features": a.features().model_dump(mode="json"),
         "wall_s": time.perf_counter() - started,
         "load_average_before": list(load_before),
         "load_average_after": list(os.getloadavg()),
@@ -198,10 +202,28 @@ def get_landscape(model: Model, refresh: bool, may_measure: bool = True) -> tupl
     return data, False
 
 
-def to_landscape(model: Model, data: dict[str, Any]) -> sr.Landscape:
-    scores: dict[Key, float | None] = {tuple(r["key"]): r["score"] for r in data["points"]}
-    # The engine's hardware-aware surrogate features (private helper: the bench must replay what run() builds).
-    return sr.Landscape(model.space, scores, featurizer=model.adaptation._featurizer(model.space))
+def to_landscape(data: dict[str, Any]) -> sr.Landscape:
+    """The landscape as the engine's searchers see it, from the file alone (``search_replay.from_document``)."""
+    if "dimensions" not in data or "features" not in data:
+        raise SystemExit("a landscape file without its dimensions and features cannot be replayed: measure it again")
+    return sr.from_document(data)
+
+
+@dataclass
+class Cached:
+    """A model known only from its cached landscape file (``--replay-cached``): no engine, no measuring."""
+
+    name: str
+    batch: int
+    cache_key: dict[str, Any]
+
+
+def load_cached(name: str) -> tuple[Cached, dict[str, Any]]:
+    path = landscape_path(name)
+    if not path.is_file():
+        raise SystemExit(f"--replay-cached: {path} does not exist; run without --replay-cached to measure it")
+    data = json.loads(path.read_text())
+    return Cached(name, int(data["key"]["batch"]), data["key"]), data
 
 
 # -- replay, possibly on both cores ------------------------------------------------------------------------
@@ -244,6 +266,10 @@ def plot(model: str, results: dict[str, sr.AlgorithmResult], target_budget: int,
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name, res in results.items():
+        if res.curves.size == 0:  # reused from a saved summary (--replay): only its per-budget medians exist
+            budgets = sorted(res.fractions)
+            ax.plot(budgets, [res.median_fraction(b) for b in budgets], ls="--", marker=".", lw=1.0, label=name)
+            continue
         x = np.arange(1, res.curves.shape[1] + 1)
         q25, med, q75 = np.percentile(res.curves, [25, 50, 75], axis=0)
         (line,) = ax.plot(x, med, label=name, lw=2.2 if name == "hybrid" else 1.2)
@@ -255,7 +281,8 @@ def plot(model: str, results: dict[str, sr.AlgorithmResult], target_budget: int,
     ax.axvline(target_budget, color="grey", ls=":", lw=0.8)
     ax.set_xlabel("evaluations")
     ax.set_ylabel("fraction of the exhaustive optimum (median, IQR band)")
-    ax.set_title(f"{model}: search efficiency ({results['random'].curves.shape[0]} seeds)")
+    seeds = len(next(iter(results["random"].fractions.values())))
+    ax.set_title(f"{model}: search efficiency ({seeds} seeds)")
     ax.set_ylim(max(0.0, ax.get_ylim()[0]), 1.01)
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
@@ -295,7 +322,7 @@ def verdicts(model: str, results: dict[str, sr.AlgorithmResult], target_budget: 
 
 
 def model_section(
-    model: Model,
+    model: Model | Cached,
     data: dict[str, Any],
     reused: bool,
     results: dict[str, sr.AlgorithmResult],
@@ -384,15 +411,20 @@ def why_lines(
     for budget in sorted({b["budget"] for b in verdict["beaten"]}):
         beaten = [b for b in verdict["beaten"] if b["budget"] == budget]
         best_other = max(beaten, key=lambda b: b["other"])
-        hybrid = HybridSearcher(landscape.space, 0, budget=budget)
+        hybrid = HybridSearcher(landscape.space, 0, budget=budget, prior=landscape.prior)
         _, chance = _chance_of_a_near_optimal_point(landscape, budget)
         pick = _winner_pick(landscape, best_other["by"], budget, recipes)
         by = ", ".join(f"{b['by']} {b['other']:.3f}" for b in beaten)
+        start = (
+            "its built-in prior's best point, then one-knob moves from the best point measured so far (untried "
+            "knobs the prior is least sure of first)"
+            if landscape.prior is not None
+            else "its space-filling design (points chosen to cover every level of every dimension, so the surrogate "
+            "learns the main effects; not chosen for score)"
+        )
         lines.append(
-            f"- @{budget}: hybrid {beaten[0]['hybrid']:.3f} against {by}. The hybrid spends its first "
-            f"{hybrid.n_initial} of {budget} evaluations on its space-filling design (points chosen to cover every "
-            f"level of every dimension, so the surrogate learns the main effects; not chosen for score), and its "
-            f"guided phase has {budget - hybrid.n_initial} left. {pick}. "
+            f"- @{budget}: hybrid {beaten[0]['hybrid']:.3f} against {by}. The hybrid's first {hybrid.n_initial} of "
+            f"{budget} evaluations are {start}; its guided phase has {budget - hybrid.n_initial} left. {pick}. "
             f"{budget} uniformly random distinct points include one within 5 % of the optimum with probability "
             f"{chance:.2f}."
         )
@@ -423,7 +455,7 @@ def load_saved() -> dict[str, Any]:
 
 
 def reusable_replay(
-    saved: dict[str, Any], name: str, model: Model, seeds: int, algorithms: list[str]
+    saved: dict[str, Any], name: str, model: Model | Cached, seeds: int, algorithms: list[str]
 ) -> tuple[dict[str, sr.AlgorithmResult] | None, str]:
     """The saved replay of ``name`` when it was made on this very landscape with these seeds and algorithms."""
     entry = saved.get("models", {}).get(name)
@@ -446,6 +478,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, help="seeds per algorithm (default 20, quick 5)")
     parser.add_argument("--jobs", type=int, default=1, help="replay processes (replay only; landscapes are serial)")
     parser.add_argument("--refresh", action="store_true", help="re-measure landscapes even when cached")
+    parser.add_argument(
+        "--replay-cached",
+        action="store_true",
+        help="replay the cached landscape files as they are (measured on another machine or under an older "
+        "knob set too), without building the engine's space on this machine and without measuring",
+    )
+    parser.add_argument(
+        "--replay",
+        nargs="+",
+        metavar="ALGORITHM",
+        help="replay only these algorithms and reuse the saved results of the others (same landscape and seeds)",
+    )
     parser.add_argument("--measure-only", action="store_true", help="measure (or load) the landscapes and stop")
     parser.add_argument("--why", default="", help="a note for the report (e.g. how loaded the machine was)")
     parser.add_argument(
@@ -460,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
         help="rebuild the section from the saved replays and cached landscapes, measuring and replaying nothing",
     )
     args = parser.parse_args(argv)
-    saved = load_saved() if (args.reuse_replay or args.render_only) else {}
+    saved = load_saved() if (args.reuse_replay or args.render_only or args.replay) else {}
     if args.render_only and not saved:
         print(f"--render-only needs {benchlib.RESULTS / NAME}.json; run the benchmark once first", file=sys.stderr)
         return 2
@@ -476,16 +520,30 @@ def main(argv: list[str] | None = None) -> int:
         notes.append("Optuna is not installed (bench extra), so the TPE peer was skipped.")
         print("optuna not installed: skipping the TPE peer (pip install -e '.[bench]')", file=sys.stderr)
 
+    if args.replay and saved and saved.get("seeds") == len(seeds):
+        # a peer this machine cannot run (TPE without Optuna) keeps its saved results: its code is unchanged
+        reused = [a for a in saved.get("algorithms", []) if a not in algorithms]
+        algorithms = list(dict.fromkeys([*algorithms, *saved.get("algorithms", [])]))
+        notes = [n for n in notes if "TPE" not in n or "tpe" not in reused]
+        if reused:
+            notes.append(
+                f"{', '.join(reused)}: results reused from the replay of {saved.get('machine', {}).get('date', '?')} "
+                "on the same landscapes and seeds (not replayable here; its code is unchanged)."
+            )
     if args.render_only:
         seeds, algorithms, notes = range(saved["seeds"]), saved["algorithms"], []
     sections, payload, all_verdicts = [], {}, []
     with tempfile.TemporaryDirectory(prefix="search_eff_") as tmp:
-        loaded = {}
+        loaded: dict[str, tuple[Model | Cached, dict[str, Any], bool]] = {}
         for name, batch in models.items():
-            model = load_model(name, batch, Path(tmp))
-            data, reused = get_landscape(model, args.refresh, may_measure=not args.render_only)
-            loaded[name] = (model, data, reused)
-            _LANDSCAPES[name] = to_landscape(model, data)
+            if args.replay_cached or args.render_only:
+                cached, data = load_cached(name)
+                loaded[name] = (cached, data, True)
+            else:
+                model = load_model(name, batch, Path(tmp))
+                data, reused = get_landscape(model, args.refresh, may_measure=True)
+                loaded[name] = (model, data, reused)
+            _LANDSCAPES[name] = to_landscape(data)
         if args.measure_only:
             return 0
         for name, (model, data, reused) in loaded.items():
@@ -496,7 +554,16 @@ def main(argv: list[str] | None = None) -> int:
             if results is None and args.render_only:
                 print(f"--render-only: no saved replay of {name} on this landscape; run without it", file=sys.stderr)
                 return 2
-            if results is None:
+            if results is None and args.replay:
+                kept = reusable_replay(saved, name, model, len(seeds), saved.get("algorithms", []))[0] or {}
+                replayable = sr.runners(include_tpe=sr.optuna_available())
+                todo = [a for a in algorithms if a in replayable and (a in args.replay or a not in kept)]
+                print(f"replaying {', '.join(todo)} x {len(seeds)} seeds on {name}; reusing the rest", flush=True)
+                fresh = replay_all(name, todo, seeds, budgets, args.jobs)
+                results = {a: fresh[a] if a in fresh else kept[a] for a in algorithms if a in fresh or a in kept}
+                plot(name, results, target_budget, benchlib.RESULTS / f"{NAME}_{name}.png")
+                replayed_at = benchlib.machine()["date"]
+            elif results is None:
                 print(f"replaying {len(algorithms)} algorithms x {len(seeds)} seeds on {name}...", flush=True)
                 results = replay_all(name, algorithms, seeds, budgets, args.jobs)
                 plot(name, results, target_budget, benchlib.RESULTS / f"{NAME}_{name}.png")
@@ -528,7 +595,15 @@ def main(argv: list[str] | None = None) -> int:
             f"{LANDSCAPE_MEASURE.max_seconds:g} s per point), so the optimum can be a point that won by timing noise; "
             "scores within a few per cent of each other are not distinguishable on this machine. TPE is Optuna's "
             "TPESampler over categorical choice indices; forbidden and repeated proposals are told back without "
-            "costing an evaluation (see `bench/search_replay.py`).",
+            "costing an evaluation (see `bench/search_replay.py`). `hybrid` is the default search as the engine runs "
+            "it without history: its start follows the engine's built-in prior (the knobs' known-good defaults, int8 "
+            "where the profile's int8/fp32 GEMM peaks say it pays, threads at the physical cores; then one untried "
+            "knob at a time from the best point so far, see `core/engine/search/prior.py`); `hybrid (space-filling "
+            "start)` is the same search with the space-filling start it had before; `hybrid (no surrogate)` takes "
+            "the prior's start but not the surrogate filter. Landscapes are replayed from their files alone "
+            "(`search_replay.from_document`: the dimensions the engine declared when they were measured, and the "
+            "model and hardware features the surrogate and prior read), so they replay exactly as measured on the "
+            "machine they name.",
             *notes,
             "Targets: hybrid reaches >= 98 % of the exhaustive optimum with <= 10 % of the evaluations, and is at "
             "least as good as every other algorithm at every budget (median over seeds).",

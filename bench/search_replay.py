@@ -22,8 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from metainfer.core.engine.search import Featurizer, HybridSearcher, Searcher, make_searcher
-from metainfer.core.engine.search.space import Key, Space
+from metainfer.core.engine.history import RunFeatures
+from metainfer.core.engine.search import Featurizer, HybridSearcher, Prior, Searcher, builtin_prior, make_searcher
+from metainfer.core.engine.search.prior import SearchContext, context_features
+from metainfer.core.engine.search.space import Dimension, Key, Space
 
 Scores = list[float | None]  # scores in evaluation order; None = infeasible or failed
 Runner = Callable[["Landscape", int, int], Scores]  # (landscape, seed, budget) -> scores
@@ -41,6 +43,10 @@ class Landscape:
     space: Space
     scores: dict[Key, float | None]
     featurizer: Featurizer | None = field(default=None, compare=False)
+    # the engine's built-in prior for this space on the landscape's hardware (None: the hybrid starts
+    # space-filling, as it did before priors existed)
+    prior: Prior | None = field(default=None, compare=False)
+    features: RunFeatures | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         missing = [k for k in self.space.allowed_keys() if k not in self.scores]
@@ -63,6 +69,31 @@ class Landscape:
         return self.scores[key]
 
 
+def from_document(doc: dict[str, Any]) -> Landscape:
+    """A landscape file (``search_efficiency.measure_landscape``'s JSON) as a replayable landscape.
+
+    Needs only the file: its ``dimensions`` (every choice, allowed or not, in the engine's order, so that
+    keys and the searchers' random draws are those of the engine's space), its rows (the allowed points
+    with their scores) and its ``features`` (the hardware and model facts the engine's surrogate features
+    and built-in prior read). No engine, profile or model is rebuilt, so a landscape measured on another
+    machine, or under an older knob set, replays exactly as it was measured.
+    """
+    dims = [Dimension(name, tuple(choices)) for name, choices in doc["dimensions"].items()]
+    allowed = {tuple(r["key"]) for r in doc["points"]}
+    space = Space(dims)
+    space.constraint = lambda p: space.key(p) in allowed
+    scores: dict[Key, float | None] = {tuple(r["key"]): r["score"] for r in doc["points"]}
+    features = RunFeatures.model_validate(doc["features"]) if doc.get("features") else None
+    context = features.context() if features is not None else SearchContext()
+    return Landscape(
+        space,
+        scores,
+        featurizer=lambda p: context_features(p, context),
+        prior=builtin_prior(space, context) if features is not None else None,
+        features=features,
+    )
+
+
 def replay(searcher: Searcher, landscape: Landscape, budget: int) -> Scores:
     """Drive ``searcher`` for ``budget`` evaluations, telling each asked point its cached score."""
     out: Scores = []
@@ -81,18 +112,34 @@ def engine_runner(algorithm: str) -> Runner:
     """One of the engine's searchers, built as ``make_searcher`` builds it for the engine."""
 
     def run(landscape: Landscape, seed: int, budget: int) -> Scores:
-        searcher = make_searcher(algorithm, landscape.space, seed, budget, featurizer=landscape.featurizer)  # type: ignore[arg-type]
+        searcher = make_searcher(
+            algorithm,  # type: ignore[arg-type]
+            landscape.space,
+            seed,
+            budget,
+            featurizer=landscape.featurizer,
+            prior=landscape.prior,
+        )
         return replay(searcher, landscape, budget)
 
     return run
 
 
-def hybrid_runner(use_surrogate: bool) -> Runner:
-    """The hybrid with or without its surrogate filter, told its budget as the engine tells it."""
+def hybrid_runner(use_surrogate: bool, prior: Prior | str | None = "landscape") -> Runner:
+    """The hybrid with or without its surrogate filter, told its budget as the engine tells it.
+
+    ``prior``: the landscape's built-in prior (the engine's default), or the given one (None: no prior,
+    the space-filling start the hybrid had before).
+    """
 
     def run(landscape: Landscape, seed: int, budget: int) -> Scores:
         searcher = HybridSearcher(
-            landscape.space, seed, budget=budget, featurizer=landscape.featurizer, use_surrogate=use_surrogate
+            landscape.space,
+            seed,
+            budget=budget,
+            featurizer=landscape.featurizer,
+            use_surrogate=use_surrogate,
+            prior=landscape.prior if isinstance(prior, str) else prior,
         )
         return replay(searcher, landscape, budget)
 
@@ -180,6 +227,7 @@ def runners(include_tpe: bool = True) -> dict[str, Runner]:
         "bayes": engine_runner("bayes"),
         "hybrid": hybrid_runner(use_surrogate=True),
         "hybrid (no surrogate)": hybrid_runner(use_surrogate=False),
+        "hybrid (space-filling start)": hybrid_runner(use_surrogate=True, prior=None),
     }
     if include_tpe:
         out["tpe"] = tpe_runner()

@@ -10,6 +10,7 @@ ONNX Runtime in this process), so the decisions can be tested on their own.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -24,13 +25,15 @@ from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_f
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError
 from metainfer.core.engine.evaluate import MeasureSettings, Reference
+from metainfer.core.engine.history import HardwareFeatures as HistoryHardware
+from metainfer.core.engine.history import HistoryUse, ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
 from metainfer.core.engine.measurer import Measurer, OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.phases import Observer, PipelinePhase, SilentObserver
 from metainfer.core.engine.profile.types import HardwareProfile
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.scoring import Constraints, Objective, noise_band, rank, score, violations, within_noise
-from metainfer.core.engine.search import Searcher, make_searcher
+from metainfer.core.engine.search import Prior, SearchContext, Searcher, builtin_prior, context_features, make_searcher
 from metainfer.core.engine.search.space import Key, Point, Space
 from metainfer.core.engine.sensitivity import SensitivityReport, analyse
 from metainfer.core.engine.transforms import (
@@ -44,6 +47,10 @@ from metainfer.core.engine.trial import Trial, TrialMetrics, TrialStatus
 from metainfer.core.engine.validate import ValidationReport, validate_variant
 
 VARIANT_CACHE_SIZE = 4
+# A warm-started search stops once this share of the budget (at least CONVERGED_MIN trials) in a row
+# brought nothing beyond the timing noise band: the history already pointed at the answer.
+CONVERGED_SHARE = 0.25
+CONVERGED_MIN = 4
 MIN_STATIC_SAMPLES = 8
 MAX_VALIDATION_ATTEMPTS = 3
 SENSITIVITY_SAMPLES = 32
@@ -111,6 +118,10 @@ class Report(BaseModel):
             " written before it was measured."
         ),
     )
+    history: HistoryUse | None = Field(
+        None,
+        description="What earlier runs' trials (--history, or the operator's) did for this search; None without.",
+    )
     search_wall_s: float
     total_wall_s: float
     stop_reason: str
@@ -128,8 +139,10 @@ class Adaptation:
         settings: AdaptSettings,
         observer: Observer | None = None,
         measurer: Measurer | None = None,
+        history: TrialHistory | None = None,
     ) -> None:
         self.base, self.model, self.data, self.profile, self.settings = base, model, data, profile, settings
+        self.history = history
         self.observer: Observer = observer or SilentObserver()
         self.measurer: Measurer = measurer or OnnxRuntimeMeasurer()
         _check_batch(model, settings)
@@ -228,7 +241,10 @@ class Adaptation:
         self._update_band(baseline, [])
         self.observer.advance("baseline")
         space, notes = self._space()
-        searcher = make_searcher(s.algorithm, space, s.seed, s.budget_trials, featurizer=self._featurizer(space))
+        prior, history_use = self._prior(space, notes)
+        searcher = make_searcher(
+            s.algorithm, space, s.seed, s.budget_trials, featurizer=self._featurizer(space), prior=prior
+        )
         trials = self._replay(resume, space, searcher, baseline)
         if trials:
             notes.append(f"resumed after {len(trials)} trials measured by an interrupted attempt")
@@ -264,7 +280,15 @@ class Adaptation:
             trials.append(trial)
             self._update_band(baseline, trials)
             self.observer.trial(trial, self._leader(baseline, trials))
+            if history_use is not None and history_use.warm and self._converged(trials):
+                stop_reason = (
+                    f"converged: {self._patience()} trials in a row found nothing beyond the {self.band:.1%} timing"
+                    " noise band, after starting from the history's predicted best"
+                )
+                break
         search_wall = time.perf_counter() - search_started
+        if history_use is not None:
+            history_use = self._account(history_use, trials, stop_reason)
         best, validation, variant = self._choose_and_validate(baseline, trials)
         final = self._final_comparison(baseline, best, variant) if best is not None and variant else None
         if final is not None and best is not None and best is not baseline and self._fp32_wins(baseline, best, final):
@@ -296,6 +320,7 @@ class Adaptation:
             final=final,
             sensitivity=list(self._sensitivity.values()),
             latency_noise_band=self.band,
+            history=history_use,
             search_wall_s=search_wall,
             total_wall_s=time.perf_counter() - t0,
             stop_reason=stop_reason,
@@ -355,20 +380,67 @@ class Adaptation:
             return f"transformer fusion failed: {_first_line(exc)}"
         return None
 
+    def context(self) -> SearchContext:
+        """The hardware and model facts the search's features and built-in prior read."""
+        m = self.profile.machine
+        return SearchContext.from_peaks(
+            self.profile.peak_gemm_gflops_fp32,
+            self.profile.peak_gemm_gflops_int8,
+            m.logical_cores,
+            m.physical_cores,
+            self.model.is_transformer,
+        )
+
+    def features(self) -> RunFeatures:
+        """This run as the history compares it: model, hardware class, search-relevant spec."""
+        return RunFeatures(
+            model=ModelFeatures.of(self.model),
+            hardware=HistoryHardware.of(self.profile),
+            spec=SearchSpec.of(self.settings),
+        )
+
     def _featurizer(self, space: Space) -> Callable[[Point], np.ndarray]:
         """Hardware-aware features so the surrogate can tell a fast int8 machine from a slow one."""
-        fp32 = max(self.profile.peak_gemm_gflops_fp32, 1e-6)
-        int8_gain = float(np.log2(max(self.profile.peak_gemm_gflops_int8, 1e-6) / fp32))
-        cores = self.profile.machine.logical_cores
+        context = self.context()
+        return lambda point: context_features(point, context)
 
-        def features(point: Point) -> np.ndarray:
-            mode = point["quantization"]
-            gain = int8_gain if mode in ("int8_dynamic", "int8_static") else 0.0
-            threads = float(point["intra_op_num_threads"] or 0) / cores
-            fused = float(point["fusion"] != "none" and self.model.is_transformer)
-            return np.array([gain, threads, fused, gain * threads])
+    def _prior(self, space: Space, notes: list[str]) -> tuple[Prior | None, HistoryUse | None]:
+        """The hybrid's prior: warmed by the history when there is one, else the built-in defaults."""
+        if self.settings.algorithm != "hybrid":
+            if self.history is not None and self.history.sources:
+                notes.append(f"history ignored: only the hybrid search uses it, not {self.settings.algorithm}")
+            return None, None
+        if self.history is None:
+            return builtin_prior(space, self.context()), None
+        prior, use = warm_start(space, self.features(), self.history)
+        if use.warm:
+            notes.append(
+                f"warm start from {len(use.sources)} related source(s), {use.trials_used} trials; "
+                f"{use.skipped_known_failures} known failure(s) skipped"
+            )
+        else:
+            notes.append("history offered but no source is related enough to start from: cold start")
+        return prior, use
 
-        return features
+    def _patience(self) -> int:
+        return max(CONVERGED_MIN, math.ceil(CONVERGED_SHARE * self.settings.budget_trials))
+
+    def _converged(self, trials: list[Trial]) -> bool:
+        """The last ``_patience()`` trials improved on the best before them by no more than the noise band."""
+        n = self._patience()
+        if len(trials) <= n:
+            return False
+        before = [t.score for t in trials[:-n] if t.score is not None]
+        recent = [t.score for t in trials[-n:] if t.score is not None]
+        if not before:
+            return False
+        return not recent or max(recent) <= max(before) * (1 + self.band)
+
+    def _account(self, use: HistoryUse, trials: list[Trial], stop_reason: str) -> HistoryUse:
+        scored = [(t.score, -t.index, t.index) for t in trials if t.score is not None]
+        found = max(scored)[2] if scored else None
+        saved = self.settings.budget_trials - len(trials) if stop_reason.startswith("converged") else 0
+        return use.model_copy(update={"best_found_at": found, "trials_saved": saved})
 
     def _choose_and_validate(
         self, baseline: Trial, trials: list[Trial]

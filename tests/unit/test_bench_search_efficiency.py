@@ -121,6 +121,30 @@ def test_why_lines_explain_each_lost_budget_from_the_landscape() -> None:
     assert lines[0].startswith("Why the hybrid is beaten on toy: 1 of 11 points lie within 5 % of the optimum")
     (budget_line,) = lines[1:]
     assert budget_line.startswith("- @5: hybrid 0.600 against grid 0.800, random 0.700.")
-    assert "its first 3 of 5 evaluations on its space-filling design" in budget_line
+    assert "first 3 of 5 evaluations are its space-filling design" in budget_line
     assert "grid (seed 0) found" in budget_line and "probability 0.45" in budget_line
     assert se.why_lines("toy", land, {"at_least_as_good_met": True, "beaten": []}, 0.05) == []
+
+
+def test_a_landscape_file_replays_without_the_engine() -> None:
+    """A landscape file's own dimensions (with a choice nothing allowed) and features rebuild its space."""
+    doc = {
+        "dimensions": {"quantization": ["fp32", "fp16", "int8_dynamic"], "intra_op_num_threads": [1, 2]},
+        "features": {
+            "model": {"sha256": "m", "op_counts": {"MatMul": 2}},
+            "hardware": {"fingerprint": "h", "peak_gemm_gflops_fp32": 100, "peak_gemm_gflops_int8": 400},
+        },
+        "points": [
+            {"key": [0, 0], "score": 1.0},
+            {"key": [0, 1], "score": 1.2},
+            {"key": [2, 0], "score": 1.5},
+            {"key": [2, 1], "score": None},
+        ],
+    }
+    land = sr.from_document(doc)
+    assert land.size == 4 and land.optimum == 1.5
+    assert not land.space.is_allowed({"quantization": "fp16", "intra_op_num_threads": 1})
+    assert land.prior is not None and land.features is not None
+    scores = sr.replay(sr.make_searcher("hybrid", land.space, 0, 4, prior=land.prior), land, 4)
+    assert sorted(scores, key=lambda v: -1 if v is None else v) == [None, 1.0, 1.2, 1.5]
+    assert scores[0] == 1.5  # the built-in prior's best (int8 on a 4x int8 machine) comes first

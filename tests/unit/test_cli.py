@@ -123,6 +123,14 @@ ALL_WEIGHTS_ZERO = ["--latency-weight", "0", "--quality-weight", "0"]
             lambda d: [str(d / "m.onnx"), "--data", str(d / "d.npz"), "--out", "o", *ALL_WEIGHTS_ZERO],
             "at least one objective weight must be > 0",
         ),
+        (
+            lambda d: [str(d / "m.onnx"), "--data", str(d / "d.npz"), "--history", "gone", "--out", "o"],
+            "--history gone: no such file or directory",
+        ),
+        (
+            lambda d: [str(d / "m.onnx"), "--data", str(d / "d.npz"), "--history", str(d), "--out", "o"],
+            "no report.json under this directory",
+        ),
     ],
 )
 def test_path_and_flag_errors_come_before_the_inference_stack_loads(
@@ -253,3 +261,14 @@ def test_bars_keep_the_search_count_across_a_sensitivity_scan() -> None:
         assert "int8 static per-tensor, 2 threads: p50 1.7 ms" in search.fields["label"]
         observer.phase(PipelinePhase.VALIDATION, 1)
         assert search.finished and len(observer.progress.tasks) == 3
+
+
+def test_a_history_file_that_is_no_report_is_named(
+    examples: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = examples["digits"]
+    (tmp_path / "notes.json").write_text('{"hello": "world"}')
+    notes, data = str(tmp_path / "notes.json"), str(model.parent / "data.npz")
+    code = main(["adapt", str(model), "--data", data, "--history", notes, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--history {tmp_path / 'notes.json'}: not a readable metainfer report.json" in err, err

@@ -15,9 +15,11 @@ from metainfer.core.engine.search import (
     ALGORITHMS,
     Dimension,
     HybridSearcher,
+    SearchContext,
     Searcher,
     Space,
     Surrogate,
+    builtin_prior,
     make_searcher,
 )
 
@@ -223,3 +225,59 @@ def test_every_algorithm_name_has_exactly_one_searcher() -> None:
 
     assert sorted(ALGORITHMS) == sorted(ALGORITHM_NAMES)
     assert all(cls.algorithm == name for name, cls in ALGORITHMS.items())
+
+
+def engine_space() -> Space:
+    """Knobs named as the engine names them, so the built-in prior has opinions on them."""
+    dims = [
+        Dimension("quantization", ("fp32", "fp16", "int8_dynamic", "int8_static")),
+        Dimension("per_channel", (False, True)),
+        Dimension("graph_optimization_level", ("all", "extended", "basic")),
+        Dimension("intra_op_num_threads", (1, 2, 4)),
+        Dimension("execution_mode", ("sequential", "parallel")),
+    ]
+    return Space(
+        dims, lambda p: (p["quantization"].startswith("int8") or not p["per_channel"]) and p["quantization"] != "fp16"
+    )
+
+
+def test_the_built_in_prior_prefers_defaults_and_int8_only_where_the_profile_says_it_pays() -> None:
+    space = engine_space()
+    fast_int8 = builtin_prior(space, SearchContext.from_peaks(100, 400, 4, 4, False))
+    slow_int8 = builtin_prior(space, SearchContext.from_peaks(100, 50, 4, 4, False))
+    best = space.point(fast_int8.best_keys(space, 1, set())[0])
+    assert best == {
+        "quantization": "int8_dynamic",
+        "per_channel": False,
+        "graph_optimization_level": "all",
+        "intra_op_num_threads": 4,  # the physical cores, ONNX Runtime's own default
+        "execution_mode": "sequential",
+    }
+    assert space.point(slow_int8.best_keys(space, 1, set())[0])["quantization"] == "fp32"
+
+
+def test_the_cold_start_climbs_from_the_prior_best_one_untried_knob_at_a_time() -> None:
+    space = engine_space()
+    prior = builtin_prior(space, SearchContext.from_peaks(100, 400, 4, 4, False))
+    s = HybridSearcher(space, 0, budget=10, prior=prior)
+    first = s.ask(1)[0]
+    s.tell(first, 1.0)
+    second = s.ask(1)[0]
+    changed = [k for k in first if first[k] != second[k]]
+    assert changed == ["intra_op_num_threads"]  # the knob the prior is least sure of goes first
+    s.tell(second, 2.0)  # better: the next move starts from it
+    third = s.ask(1)[0]
+    assert third["intra_op_num_threads"] == second["intra_op_num_threads"]
+    assert sum(third[k] != second[k] for k in third) in (1, 2)
+
+
+def test_a_prior_centres_the_surrogate_before_any_measurement() -> None:
+    space = engine_space()
+    prior = builtin_prior(space, SearchContext.from_peaks(100, 400, 4, 4, False))
+    sur = Surrogate(space, prior=prior.mean_keys)
+    pts = space.allowed_points()
+    ranked = sur.rank(pts)
+    assert ranked[0][0]["quantization"] == "int8_dynamic" and ranked[0][1] is not None
+    # measurements that contradict the prior move the ranking
+    history = [(p, 5.0 if p["quantization"] == "fp32" else 1.0) for p in pts[:: max(1, len(pts) // 12)]]
+    assert sur.fit(history).rank(pts)[0][0]["quantization"] == "fp32"

@@ -13,6 +13,7 @@ from metainfer.core.engine.search.bayes import BayesSearcher
 from metainfer.core.engine.search.evolution import EvolutionSearcher
 from metainfer.core.engine.search.grid import GridSearcher
 from metainfer.core.engine.search.hybrid import HybridSearcher
+from metainfer.core.engine.search.prior import Prior, SearchContext, builtin_prior, context_features
 from metainfer.core.engine.search.random import RandomSearcher
 from metainfer.core.engine.search.space import Constraint, Dimension, Key, Point, Scalar, Space
 from metainfer.core.engine.search.surrogate import Featurizer, Surrogate
@@ -28,14 +29,16 @@ def make_searcher(
     seed: int,
     budget: int,
     featurizer: Featurizer | None = None,
+    prior: Prior | None = None,
 ) -> Searcher:
     """The named algorithm, configured for ``budget`` evaluations.
 
-    Only the hybrid uses ``budget`` (to place its coarse/fine switch) and
-    ``featurizer`` (extra surrogate features); the others ignore them.
+    Only the hybrid uses ``budget`` (to place its coarse/fine switch), ``featurizer``
+    (extra surrogate features) and ``prior`` (its start and its surrogate's mean, see
+    ``search.prior``); the others ignore them.
     """
     if algorithm == "hybrid":
-        return HybridSearcher(space, seed, budget=budget, featurizer=featurizer)
+        return HybridSearcher(space, seed, budget=budget, featurizer=featurizer, prior=prior)
     if algorithm not in ALGORITHMS:
         raise ValueError(f"unknown search algorithm {algorithm!r}; choose one of {sorted(ALGORITHMS)}")
     return ALGORITHMS[algorithm](space, seed)
@@ -54,11 +57,15 @@ __all__ = [
     "HybridSearcher",
     "Key",
     "Point",
+    "Prior",
     "RandomSearcher",
     "Scalar",
+    "SearchContext",
     "Searcher",
     "Space",
     "Surrogate",
+    "builtin_prior",
+    "context_features",
     "make_searcher",
     "penalised",
 ]

@@ -11,6 +11,12 @@ Failed or infeasible trials are kept out of the regression (they have no
 meaningful score) but feed a feasibility classifier; a point's predicted score
 moves toward the penalty only when p(feasible) < 0.5, so likely failures rank low
 without distorting the performance model.
+
+With a prior mean (``prior``: log-score per key, see ``search.prior``), the
+ridge learns only this run's corrections to it: before any measurement the
+surrogate ranks by the prior, and ridge shrinkage keeps it there until the
+measurements say otherwise. That is how a warm start's history, or the
+engine's built-in defaults, steer the first evaluations.
 """
 
 from __future__ import annotations
@@ -24,19 +30,29 @@ from sklearn.preprocessing import StandardScaler
 from metainfer.core.engine.search.space import Key, Point, Space
 
 Featurizer = Callable[[Point], np.ndarray]
+PriorMean = Callable[[Sequence[Key]], np.ndarray]
 _ALPHAS = tuple(float(a) for a in np.logspace(-2, 2, 9))
 
 
 class Surrogate:
     """Ridge regression on ``space.encode(point)`` plus optional extra features."""
 
-    def __init__(self, space: Space, featurizer: Featurizer | None = None, min_history: int = 3) -> None:
+    def __init__(
+        self,
+        space: Space,
+        featurizer: Featurizer | None = None,
+        min_history: int = 3,
+        prior: PriorMean | None = None,
+    ) -> None:
         self.space = space
         self.featurizer = featurizer
         self.min_history = min_history
-        self.fitted = False
+        self.prior = prior
+        self.fitted = prior is not None  # a prior ranks before the first measurement
+        self._ridge_fitted = False
+        self._offset = 0.0
         self._fitted_on = -1
-        self._log = False
+        self._log = prior is not None  # the prior is in log-score units; the first scores may say otherwise
         self._penalty = 0.0
         self._scaler = StandardScaler()
         self._ridge = RidgeCV(alphas=_ALPHAS)
@@ -57,16 +73,25 @@ class Surrogate:
         keys = [self.space.key(p) for p, _ in history]
         ok = np.array([s is not None for _, s in history], dtype=bool)
         y = np.array([s if s is not None else np.nan for _, s in history], dtype=float)
-        self.fitted = int(ok.sum()) >= self.min_history
-        if not self.fitted:
+        self._log = bool(np.all(y[ok] > 0))
+        # The prior is in log-score units: it centres the model only when the scores can be logged.
+        use_prior = self.prior is not None and self._log
+        base = self.prior(keys) if use_prior and self.prior is not None else np.zeros(len(keys))
+        t_all = np.log(np.where(ok, y, 1.0)) if self._log else np.where(ok, y, 0.0)
+        self._offset = float(np.mean(t_all[ok] - base[ok])) if use_prior and ok.any() else 0.0
+        self._ridge_fitted = int(ok.sum()) >= self.min_history
+        self.fitted = self._ridge_fitted or use_prior
+        self._clf = None
+        if not self._ridge_fitted:
+            if ok.any():
+                self._penalty = float(t_all[ok].min()) - 0.5 * (float(np.ptp(t_all[ok])) or 1.0)
             return self
         x = self._scaler.fit_transform(self.features(keys))
-        self._log = bool(np.all(y[ok] > 0))
-        t = np.log(y[ok]) if self._log else y[ok]
+        t = t_all[ok] - (base[ok] + self._offset if use_prior else 0.0)
         self._ridge.fit(x[ok], t)
+        t = t_all[ok]
         spread = float(t.max() - t.min()) or 1.0
         self._penalty = float(t.min()) - 0.5 * spread
-        self._clf = None
         if int((~ok).sum()) > 0:
             self._clf = LogisticRegression(C=1.0, solver="liblinear").fit(x, ok.astype(int))
         return self
@@ -75,8 +100,13 @@ class Surrogate:
         """Predicted score in the caller's units (higher is better)."""
         if not self.fitted or not keys:
             return np.full(len(keys), np.nan)
+        use_prior = self.prior is not None and self._log
+        t = self.prior(keys) + self._offset if use_prior and self.prior is not None else np.zeros(len(keys))
+        if not self._ridge_fitted:
+            out0: np.ndarray = np.exp(t) if self._log else t
+            return out0
         x = self._scaler.transform(self.features(keys))
-        t = self._ridge.predict(x)
+        t = t + self._ridge.predict(x)
         if self._clf is not None:
             # Only confident infeasibility demotes a point: blending every prediction
             # with the penalty let a noisy classifier swamp the performance ranking.
