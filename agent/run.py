@@ -52,8 +52,9 @@ from metainfer.agent.profiles import ensure_profile, measure_settings
 from metainfer.agent.status import RunStatusWriter, StatusObserver
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
 from metainfer.core.api.vocabulary import Reason, RunStage
-from metainfer.core.control import checkpoint, runstatus
+from metainfer.core.control import checkpoint, runstatus, trial_history
 from metainfer.core.engine.errors import MetainferError, ModelError
+from metainfer.core.engine.history import MAX_SOURCES, TrialHistory
 from metainfer.core.engine.trial import Trial
 
 EXIT_OK, EXIT_FAILED_UNEXPECTEDLY, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 75
@@ -150,7 +151,8 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         observer = StatusObserver(
             writer, settings.budget_trials, started=started, resumed=resumed, resumed_search_s=resumed_s
         )
-        adaptation = Adaptation(path.read_bytes(), info, data, outcome.profile, settings, observer)
+        history = _history(kube, namespace, spec)
+        adaptation = Adaptation(path.read_bytes(), info, data, outcome.profile, settings, observer, history=history)
         report, variant = adaptation.run(resume=resumed, resumed_search_s=resumed_s)
     except FetchError as exc:
         if exc.transient:
@@ -170,16 +172,16 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         log(f"unexpected error: {message}")
         writer.try_write(runstatus.mark_retrying(writer.status, writer.generation, Reason.RETRY, message[:2000]))
         return EXIT_FAILED_UNEXPECTEDLY
+    label = f"{writer.name} ({spec.class_description or spec.class_fingerprint})"
     if report.best is None:
-        return _fail(writer, *runstatus.failure_reason(runstatus.infeasible_error(report)), report=report)
+        reason, message = runstatus.failure_reason(runstatus.infeasible_error(report))
+        return _fail(writer, reason, message, report=report, label=label)
     variant_sha256 = None
     if variant is not None:
         variant_sha256, stored = _store_variant(variant)
         notes += [stored] if stored else []
-    writer.write(
-        runstatus.mark_succeeded(writer.status, writer.generation, report, notes, variant_sha256=variant_sha256),
-        final=True,
-    )
+    done = runstatus.mark_succeeded(writer.status, writer.generation, report, notes, variant_sha256=variant_sha256)
+    writer.write(_keep_history(done, report, label), final=True)
     log(f"succeeded: {report.best.recipe.describe()} (recipe {report.best.recipe.key()})")
     return EXIT_OK
 
@@ -211,7 +213,42 @@ def _checkpointed(status: AdaptationRunStatus) -> tuple[list[Trial], float]:
     return trials, status.checkpoint.search_seconds
 
 
-def _fail(writer: RunStatusWriter, reason: str, message: str, report: Any = None) -> int:
+def _fail(writer: RunStatusWriter, reason: str, message: str, report: Any = None, label: str = "") -> int:
     log(f"failed: {reason}: {message.splitlines()[0]}")
-    writer.write(runstatus.mark_failed(writer.status, writer.generation, reason, message, report), final=True)
+    failed = runstatus.mark_failed(writer.status, writer.generation, reason, message, report)
+    writer.write(_keep_history(failed, report, label) if report is not None else failed, final=True)
     return EXIT_OK
+
+
+def _history(kube: Kube, namespace: str, spec: AdaptationRunSpec) -> TrialHistory | None:
+    """The trial histories of the runs the operator named in spec.historyFrom (same namespace); a run that is gone
+    or unreadable is left out, never fatal: the search then starts colder, which is correct, only slower."""
+    if not spec.history_from:
+        return None
+    sources = []
+    for name in spec.history_from:
+        try:
+            status = AdaptationRunStatus.model_validate((kube.get_run(namespace, name).get("status")) or {})
+        except (KubeError, ValidationError) as exc:
+            log(f"history: run {name} left out ({str(exc).splitlines()[0][:200]})")
+            continue
+        if status.trial_history is None:
+            log(f"history: run {name} kept no trials")
+            continue
+        try:
+            sources.append(trial_history.decode(status.trial_history))
+        except trial_history.HistoryUnreadable as exc:
+            log(f"history: run {name} left out ({exc})")
+    trials = sum(len(s.trials) for s in sources)
+    log(f"history: {len(sources)} of {len(spec.history_from)} earlier runs, {trials} trials")
+    return TrialHistory(sources=sources[:MAX_SOURCES])
+
+
+def _keep_history(status: AdaptationRunStatus, report: Any, label: str) -> AdaptationRunStatus:
+    """The ended run's status with its own trials kept for later runs (and what its history did)."""
+    try:
+        source = trial_history.source_of(report.model_dump_json(), label)
+    except (ValueError, KeyError) as exc:  # a report the history cannot read loses only the history
+        log(f"history: this run's trials are not kept ({type(exc).__name__}: {str(exc)[:200]})")
+        source = None
+    return trial_history.with_history(status, source, report.search_wall_s, report.history)

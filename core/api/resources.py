@@ -98,6 +98,10 @@ ADAPTATION_RUN = Resource(
         PrinterColumn("Best p95", "number", ".status.bestMetrics.p95Ms", "p95 of the best variant, ms"),
         PrinterColumn("Phase", "string", ".status.phase"),
         PrinterColumn("Fingerprint", "string", ".spec.classFingerprint", "HardwareClass.fingerprint()", priority=1),
+        PrinterColumn(
+            "Saved", "integer", ".status.history.trialsSaved", "Trials the history of earlier runs spared", priority=1
+        ),
+        PrinterColumn("History from", "string", ".status.history.fromClasses", "Classes of the history", priority=1),
         *_ready(ConditionType.SUCCEEDED),
         _AGE,
     ),

@@ -13,9 +13,9 @@ Recipe with its own snake_case keys: those keys are what Recipe.key() hashes.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, StringConstraints
 
 from metainfer.core.api._base import (
     ApiModel,
@@ -42,6 +42,7 @@ from metainfer.core.api.vocabulary import RunPhase, RunTrigger, TrialState
 from metainfer.core.engine.recipe import Recipe
 
 MAX_TRIALS = 50
+MAX_HISTORY_SOURCES = 6  # earlier runs one run learns from: the closest few carry nearly all the signal
 
 
 class AdaptationRunSpec(ApiModel):
@@ -74,6 +75,12 @@ class AdaptationRunSpec(ApiModel):
     search: SearchSettings = Field(default_factory=SearchSettings)
     variant_store: VariantStore | None = Field(
         None, description="The policy's serving.variantStore when the run was made: where the Job keeps the variant."
+    )
+    history_from: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] = Field(
+        default_factory=list,
+        max_length=MAX_HISTORY_SOURCES,
+        description="Finished runs of the same policy (this class's earlier ones, then other classes') whose measured"
+        " trials warm-start this run's search; the agent ranks them by how alike their hardware and model are.",
     )
 
 
@@ -126,6 +133,26 @@ class SearchCheckpoint(ApiModel):
     )
 
 
+class HistorySourceSummary(ApiModel):
+    run: str = Field(max_length=253)
+    class_description: StatusText256 | None = Field(None, max_length=256)
+    similarity: float = Field(ge=0, le=1, description="How alike its hardware profile and model are to this run's.")
+    trials: int = Field(ge=0, description="Its measured trials the search was given.")
+
+
+class RunHistory(ApiModel):
+    """What the run's search took from earlier runs (spec.historyFrom)."""
+
+    sources: list[HistorySourceSummary] = Field(default_factory=list, max_length=MAX_HISTORY_SOURCES)
+    from_classes: StatusText256 | None = Field(
+        None, max_length=256, description="The source classes in words, for kubectl get -o wide."
+    )
+    trials_saved: int = Field(
+        0, ge=0, description="Measurements the history spared: points not measured again, and failures not re-tried."
+    )
+    note: StatusText256 | None = Field(None, max_length=256)
+
+
 class AdaptationRunStatus(ApiModel):
     observed_generation: int | None = Field(None, ge=0)
     conditions: list[Condition] = Field(default_factory=list, max_length=16, json_schema_extra=map_list("type"))
@@ -154,6 +181,12 @@ class AdaptationRunStatus(ApiModel):
     checkpoint: SearchCheckpoint | None = Field(
         None, description="While searching: what a retried Job resumes from. Removed when the run ends."
     )
+    trial_history: SearchCheckpoint | None = Field(
+        None,
+        description="When the run has ended: its measured trials, with its model's and hardware's features, for later"
+        " runs of the policy to warm-start from (garbage-collected with the run).",
+    )
+    history: RunHistory | None = None
 
 
 class AdaptationRun(ApiModel):

@@ -91,6 +91,7 @@ class ClassContext:
     policy: AdaptationPolicy
     group: ClassGroup
     runs: tuple[AdaptationRun, ...]  # the class's runs that validated, in listing order
+    policy_runs: tuple[AdaptationRun, ...]  # every run of the policy that validated (history for new runs)
     invalid_runs: tuple[InvalidRun, ...]  # the class's runs that did not
     previous_classes: Mapping[str, ClassStatus]  # the policy's class statuses as last written, by fingerprint
     deployments: Mapping[str, DeploymentState]  # the policy's Deployments, by name

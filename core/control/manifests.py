@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -285,7 +285,11 @@ def class_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
 
 
 def build_run(
-    policy: AdaptationPolicy | Mapping[str, Any], group: ClassGroup, reason: str, drift_epoch: str | None = None
+    policy: AdaptationPolicy | Mapping[str, Any],
+    group: ClassGroup,
+    reason: str,
+    drift_epoch: str | None = None,
+    history_from: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The AdaptationRun for (policy, class) at the policy's current spec; its name is deterministic."""
     policy = as_policy(policy)
@@ -306,6 +310,7 @@ def build_run(
         search_space=spec.search_space,
         search=spec.search,
         variant_store=spec.serving.variant_store,
+        history_from=list(history_from),
     )
     tolerations = [t.to_api() for t in spec.hardware.tolerations or []]
     return {

@@ -127,6 +127,7 @@ def plan_policy(
     shared = partial(
         ClassContext,
         policy=policy,
+        policy_runs=tuple(runs),
         previous_classes={c.fingerprint: c for c in previous.classes},
         deployments=existing,
         jobs=jobs,

@@ -18,7 +18,7 @@ from typing import Any
 
 from metainfer.core.api.conditions import ConditionType, Reason, set_condition
 from metainfer.core.api.policy import ClassStatus
-from metainfer.core.api.run import AdaptationRun, RunProgress
+from metainfer.core.api.run import MAX_HISTORY_SOURCES, AdaptationRun, RunProgress
 from metainfer.core.api.vocabulary import IN_FLIGHT, ClassState, RunPhase
 from metainfer.core.control.decisions import (
     ClassContext,
@@ -74,7 +74,7 @@ def plan_runs(context: ClassContext, *, slot_free: bool) -> ClassPlan:
 
 def start_run(context: ClassContext, status: ClassStatus) -> ClassPlan:
     reason = trigger(context)
-    manifest = build_run(context.policy, context.group, reason, context.drift_epoch)
+    manifest = build_run(context.policy, context.group, reason, context.drift_epoch, history_sources(context))
     run_name = manifest["metadata"]["name"]
     return ClassPlan(
         updated(status, state=ClassState.ADAPTING, reason=reason, run_name=run_name),
@@ -83,6 +83,19 @@ def start_run(context: ClassContext, status: ClassStatus) -> ClassPlan:
             events=(Event("Normal", reason, f"class {status.name}: run {run_name}"),),
         ),
     )
+
+
+def history_sources(context: ClassContext) -> list[str]:
+    """The policy's ended runs that kept their measured trials, for the new run to warm-start from: this class's
+    own (a model or batch change, a drift) first, then other classes' (a driver change, new hardware), newest
+    first within each; the agent ranks them again by hardware-profile and model similarity."""
+    ended = [r for r in context.policy_runs if r.status is not None and r.status.trial_history is not None]
+
+    def order(run: AdaptationRun) -> tuple[bool, float]:
+        ended_at = run.status.completion_time if run.status else None
+        return (run.spec.class_fingerprint != context.fingerprint, -(ended_at.timestamp() if ended_at else 0.0))
+
+    return [name_of(r) for r in sorted(ended, key=order)[:MAX_HISTORY_SOURCES]]
 
 
 def wait_for_slot(context: ClassContext, status: ClassStatus) -> ClassPlan:

@@ -48,8 +48,12 @@ def _copy(value: Any) -> Any:
 
 
 def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
-    """An AdaptationRun without its trial table (the agent's report, up to hundreds of rows)."""
+    """An AdaptationRun without its trial table (the agent's report, up to hundreds of rows) and without the data
+    of its checkpoint and trial history (up to a megabyte each; the reconcile only asks whether they exist)."""
     status = {k: _copy(v) for k, v in (run.get("status") or {}).items() if k != "trials"}
+    for blob in ("checkpoint", "trialHistory"):
+        if isinstance(status.get(blob), Mapping):
+            status[blob] = {**status[blob], "data": ""}
     return {"metadata": _metadata(run), "spec": _copy(run.get("spec") or {}), "status": status}
 
 

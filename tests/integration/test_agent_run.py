@@ -76,6 +76,7 @@ def make_run(
         policy_generation=1,
         class_fingerprint=cls.fingerprint(),
         hardware_class=cls,
+        class_description=cls.description(),
         model_sha256=sha,
         batch_size=1,
         reason="NewHardwareClass",
@@ -437,3 +438,33 @@ def test_the_validated_variant_is_stored_by_sha256_and_serving_loads_or_rebuilds
     served = serve("--variant-sha256", "0" * 64)  # the last flag wins: a sha the rebuild cannot match
     assert served.proc is not None and served.proc.wait(timeout=60) == 2
     assert f"but the adaptation validated {'0' * 64}" in served.log.read_text()
+
+
+def test_an_ended_run_keeps_its_trials_and_a_later_run_starts_from_them(
+    control_plane: Any, namespace: str, digits, hw_class
+) -> None:
+    """Issue 17: the trials outlive the run (status.trialHistory, in the API server), and a run whose spec names
+    it in historyFrom hands them to its search, saying in its status where they came from."""
+    model, data = digits
+    sha = sha256_file(model)
+    reference = DataReference(uri=data.as_uri(), sha256=sha256_file(data), validation_samples=200)
+    first = make_run("cold", hw_class, model.as_uri(), sha, reference, budget=6)
+    first["spec"]["search"]["algorithm"] = "hybrid"
+    create_run(control_plane.api_client, namespace, first)
+    assert agent(control_plane.kubeconfig, namespace, "cold").returncode == 0
+    cold = AdaptationRunStatus.model_validate(get(control_plane.api_client, namespace, "cold")["status"])
+    assert cold.trial_history is not None and cold.trial_history.trials >= 1 and cold.history is None
+
+    later = make_run("warm", hw_class, model.as_uri(), sha, reference, budget=6)
+    later["spec"]["search"]["algorithm"] = "hybrid"
+    later["spec"]["historyFrom"] = ["cold", "gone"]  # a run that no longer exists is left out, not fatal
+    create_run(control_plane.api_client, namespace, later)
+    result = agent(control_plane.kubeconfig, namespace, "warm")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "history: run gone left out" in result.stdout and "history: 1 of 2 earlier runs" in result.stdout
+    warm = AdaptationRunStatus.model_validate(get(control_plane.api_client, namespace, "warm")["status"])
+    assert warm.phase == "Succeeded" and warm.history is not None, warm
+    (source,) = warm.history.sources
+    assert source.run == "cold" and source.similarity == 1.0 and source.trials == cold.trial_history.trials
+    assert warm.history.from_classes == hw_class.description()
+    assert "warm start" in (warm.history.note or "")

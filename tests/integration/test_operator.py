@@ -96,12 +96,16 @@ def test_two_classes_are_adapted_and_rolled_out(
 def test_driver_label_change_makes_exactly_one_new_run(
     control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
 ) -> None:
+    """...and (issue 17) the new class's run starts from the trials the old class's run measured."""
     api = control_plane.api_client
     node = nodes.add(("AVX2",))
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    search = {"trialBudget": 12, "algorithm": "hybrid", "timeBudgetSeconds": 120}
+    apply_policy(api, make_policy(namespace, "digits", *digits, search=search))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path):
         wait_for("first Job", lambda: len(jobs(api, namespace)) == 1)
         run_all_pending(control_plane, namespace)
+        (old_run,) = runs(api, namespace)
+        assert old_run["status"]["trialHistory"]["trials"] >= 1 and not old_run["spec"].get("historyFrom")
         wait_for("Deployment", lambda: len(deployments(api, namespace)) == 1)
         old_class = deployments(api, namespace)[0].metadata.labels[LABEL_CLASS]
         # A new CPU feature label (e.g. a microcode/driver upgrade exposing VNNI) moves the node to a new class.
@@ -122,6 +126,14 @@ def test_driver_label_change_makes_exactly_one_new_run(
             timeout=30,
         )
         assert len(runs(api, namespace)) == 2, "exactly one new run"
+        new_run = next(r for r in runs(api, namespace) if r["metadata"]["name"] == new_runs[0]["metadata"]["name"])
+        assert new_run["spec"]["historyFrom"] == [old_run["metadata"]["name"]]
+        history = new_run["status"]["history"]
+        assert [s["run"] for s in history["sources"]] == [old_run["metadata"]["name"]], history
+        before = old_run["status"]["progress"]["trialsCompleted"]
+        after = new_run["status"]["progress"]["trialsCompleted"]
+        print(f"driver change: {before} trials cold, {after} warm-started; history {history}")
+        assert after + history["trialsSaved"] == before or history["trialsSaved"] == 0, (before, after, history)
 
 
 def _selects(api: client.ApiClient, selector: dict[str, str] | None, affinity: Any, node: str) -> bool:

@@ -90,7 +90,7 @@ class Cluster:
         self.policy["status"] = plan.status.to_api()
         return plan
 
-    def finish(self, name: str, ok: bool = True) -> None:
+    def finish(self, name: str, ok: bool = True, history: bool = False, ended: str = "00:30") -> None:
         run = self.runs[name]
         if ok:
             recipe = Recipe()
@@ -99,8 +99,10 @@ class Cluster:
                 "bestRecipe": recipe.model_dump(mode="json"),
                 "bestRecipeKey": recipe.key(),
                 "bestMetrics": {"p95Ms": 4.0, "qualityDrop": 0.0},
-                "completionTime": "2026-01-01T00:30:00Z",
+                "completionTime": f"2026-01-01T{ended}:00Z",
             }
+            if history:
+                run["status"]["trialHistory"] = {"trials": 3, "searchSeconds": 1.0, "data": "H4sI" + "A" * 400}
         else:
             run["status"] = {
                 "phase": "Failed",
@@ -189,6 +191,27 @@ def test_driver_change_new_run_and_old_class_cleaned_up() -> None:
     assert [s.hardware_class.driver_version for s in plan.class_statuses if s.hardware_class] == ["555"]
     assert any(e.reason == "ClassRemoved" for e in plan.events)
     assert len(c.runs) == 2  # the old class's finished run stays as history
+
+
+def test_new_runs_name_the_policys_ended_runs_as_history_own_class_first_newest_first() -> None:
+    c = Cluster()
+    c.reconcile({"g1": A100, "c1": CPU})
+    names = {model(r).spec.class_fingerprint: name for name, r in c.runs.items()}
+    assert all(not model(r).spec.history_from for r in c.runs.values()), "nothing has ended yet: a cold start"
+    gpu_run, cpu_run = names[_fingerprint(A100)], names[_fingerprint(CPU)]
+    c.finish(gpu_run, history=True, ended="00:30")
+    c.finish(cpu_run, history=True, ended="00:40")
+    c.reconcile({"g1": A100, "c1": CPU})
+    plan = c.reconcile({"g1": A100_NEW, "c1": CPU})  # a driver change: the new class learns from both
+    (created,) = plan.runs_to_create
+    assert model(created.manifest).spec.history_from == [cpu_run, gpu_run]
+    c.edit(slo={"latencyP95Ms": 10, "batchSize": 4})  # a batch change: each class first learns from its own run
+    plan = c.reconcile({"g1": A100_NEW, "c1": CPU})
+    by_class = {
+        model(p.manifest).spec.class_fingerprint: model(p.manifest).spec.history_from for p in plan.runs_to_create
+    }
+    assert by_class[_fingerprint(CPU)] == [cpu_run, gpu_run]
+    assert slim_run(c.runs[cpu_run])["status"]["trialHistory"]["data"] == "", "the operator keeps no trial data"
 
 
 def test_model_change_readapts_every_class_and_keeps_serving_the_old_variant() -> None:
@@ -525,6 +548,7 @@ def _contexts(c: Cluster, nodes: dict[str, dict[str, str]]) -> list[ClassContext
             policy=policy,
             group=group,
             runs=tuple(r for r in runs if r.spec.class_fingerprint == group.fingerprint),
+            policy_runs=tuple(runs),
             invalid_runs=(),
             previous_classes=before,
             deployments={},
