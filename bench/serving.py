@@ -6,7 +6,8 @@ One run, on one machine, the bert_mini example (sequence 128, hidden 256, FP32 r
 concurrent clients, binary tensors (tritonclient's HTTP binary extension) and JSON, for three servers of the same
 model variant with the same ONNX Runtime session options:
 
-* ``metainfer``: ``metainfer serve`` as this benchmark always starts it (dynamic batching on, 2 inference workers);
+* ``metainfer``: ``metainfer serve`` as this benchmark always starts it (dynamic batching on, its default
+  worker count: cores over intra-op threads);
 * ``in-process``: the same ONNX Runtime session called in this process, no HTTP: N threads calling
   ``session.run`` with the same batches, the session created exactly as ``metainfer serve`` creates it (the upper
   bound any server can reach; it has no protocol, so both protocol rows divide by it);
@@ -594,8 +595,9 @@ def render_matrix(matrix: dict[str, Any], facts: dict[str, Any], seconds: float,
         "- **in-process**: the same ONNX Runtime session created as `metainfer serve` creates it, called directly"
         " by N threads with the same batches (no HTTP, no protocol): the upper bound. Both protocol rows of a server"
         " are divided by it.",
-        "- **metainfer**: `metainfer serve` with its defaults (dynamic batching up to the recipe's 32 rows, 2"
-        " inference workers, --max-queue 64).",
+        "- **metainfer**: `metainfer serve` with its defaults (dynamic batching up to the recipe's 32 rows, one"
+        " inference worker: the usable cores over the recipe's intra-op threads, which are ONNX Runtime's default"
+        " of all cores; --max-queue 64).",
     ]
     env = matrix.get("kserve_env")
     if env:
