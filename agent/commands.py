@@ -192,7 +192,8 @@ def _print_summary(report: object) -> None:
     if final is not None:
         out.print(
             f"[bold green]speedup {final.speedup_p50:.2f}x at p50, {final.speedup_p95:.2f}x at p95[/]"
-            " (re-measured back to back with the baseline)"
+            " (re-measured back to back with the baseline; never shipped when slower than it at"
+            f" {final.slo_percentile}, the SLO's percentile)"
         )
     if report.final is not None and report.final.kept_baseline:
         out.print(f"[bold yellow]{report.final.note}[/]")

@@ -332,7 +332,10 @@ def mark_succeeded(
     if report.final is not None and report.final.kept_baseline:
         parts.append(report.final.note)
     elif report.final is not None:
-        parts.append(f"speedup {report.final.speedup_p50:.2f}x p50 / {report.final.speedup_p95:.2f}x p95 vs FP32")
+        parts.append(
+            f"speedup {report.final.speedup_p50:.2f}x p50 / {report.final.speedup_p95:.2f}x p95 vs FP32"
+            f" (checked at {report.final.slo_percentile})"
+        )
     parts.append(
         f"{len(report.trials)} trials ({counts['feasible']} feasible, {counts['infeasible']} infeasible,"
         f" {counts['failed']} failed); {report.stop_reason}"

@@ -241,6 +241,35 @@ def test_a_winner_slower_than_fp32_back_to_back_is_not_shipped(digits: Digits) -
     assert any(t.recipe == winner and t.score is not None for t in report.trials)
 
 
+@dataclass
+class TailMeasurer(FakeMeasurer):
+    """The back-to-back comparison gives every non-FP32 recipe a faster median but a tail (p95, p99) of 3x."""
+
+    def compare(
+        self, contenders: Sequence[tuple[bytes, Recipe]], data: Dataset, batch: int, settings: MeasureSettings
+    ) -> list[LatencyStats]:
+        out = super().compare(contenders, data, batch, settings)
+        return [
+            s if recipe == FP32 else s.model_copy(update={"p50_ms": 1.0, "p95_ms": 12.0, "p99_ms": 18.0})
+            for s, (_, recipe) in zip(out, contenders, strict=True)
+        ]
+
+
+@pytest.mark.parametrize(("p99_bound", "percentile"), [(None, "p95"), (1000.0, "p99")])
+def test_a_winner_faster_at_the_median_but_slower_at_the_slo_percentile_is_not_shipped(
+    digits: Digits, p99_bound: float | None, percentile: str
+) -> None:
+    """Issue 16: a variant measured 1.28x at p50 but 0.64x at p95 in the final comparison used to be shipped."""
+    fake = TailMeasurer(final_latency_ms=lambda recipe: 4.0)  # FP32: p50 4, p95 4.8, p99 6
+    constraints = Constraints(max_quality_drop=QUALITY_BUDGET, slo_p99_ms=p99_bound)
+    report, _ = _adapt_fake(digits, fake, constraints=constraints)
+    final = report.final
+    assert final is not None and final.slo_percentile == percentile
+    assert final.speedup_p50 == pytest.approx(4.0), "faster at the median"
+    assert final.kept_baseline and report.best is not None and report.best.recipe == FP32
+    assert f"at {percentile}, the percentile the SLO is written in" in final.note
+
+
 def test_fp32_winning_the_search_is_shipped_without_a_fallback(digits: Digits) -> None:
     fake = FakeMeasurer(latency_ms=lambda recipe: 4.0 if recipe == FP32 else 8.0)
     report, variant = _adapt_fake(digits, fake)
