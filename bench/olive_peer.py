@@ -143,17 +143,9 @@ def ensure_olive(venv: Path, requirements: Path) -> dict[str, Any]:
         return {"venv": str(venv), "olive": version, "installed_now": False}
     print(f"building Olive's environment in {venv} from {requirements.relative_to(ROOT)} ...", flush=True)
     started = time.monotonic()
-    if venv.exists():
-        shutil.rmtree(venv)
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],  # venv builds on this interpreter's base Python
-        [str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps", "-r", str(requirements)],
-    ]
-    for step in steps:
-        out = subprocess.run(step, capture_output=True, text=True, env=_olive_env(), cwd="/")
-        if out.returncode != 0:
-            tail = (out.stderr or out.stdout).strip().splitlines()[-5:]
-            raise OliveUnavailable(f"`{' '.join(step)}` failed (exit {out.returncode}): {' | '.join(tail)}")
+    failure = benchlib.build_venv(venv, requirements, _olive_env())
+    if failure is not None:
+        raise OliveUnavailable(failure)
     version = olive_version(venv)
     if not version:
         python = venv / "bin" / "python"

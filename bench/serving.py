@@ -48,7 +48,6 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -165,17 +164,9 @@ def ensure_kserve(venv: Path, requirements: Path = KSERVE_REQUIREMENTS) -> dict[
         return {"venv": str(venv), "kserve": version, "installed_now": False}
     print(f"[serving] building kserve's environment in {venv} from {requirements.name} ...", flush=True)
     started = time.monotonic()
-    if venv.exists():
-        shutil.rmtree(venv)
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],  # venv builds on this interpreter's base Python
-        [str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps", "-r", str(requirements)],
-    ]
-    for step in steps:
-        out = subprocess.run(step, capture_output=True, text=True, env=_kserve_env(), cwd="/")
-        if out.returncode != 0:
-            tail = (out.stderr or out.stdout).strip().splitlines()[-5:]
-            raise KServeUnavailable(f"`{' '.join(step)}` failed (exit {out.returncode}): {' | '.join(tail)}")
+    failure = benchlib.build_venv(venv, requirements, _kserve_env())
+    if failure is not None:
+        raise KServeUnavailable(failure)
     version = kserve_version(venv)
     if not version:
         probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import kserve, onnxruntime"],
