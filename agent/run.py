@@ -172,7 +172,7 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         log(f"unexpected error: {message}")
         writer.try_write(runstatus.mark_retrying(writer.status, writer.generation, Reason.RETRY, message[:2000]))
         return EXIT_FAILED_UNEXPECTEDLY
-    label = f"{writer.name} ({spec.class_description or spec.class_fingerprint})"
+    label = trial_history.source_label(writer.name, spec.class_description or spec.class_fingerprint)
     if report.best is None:
         reason, message = runstatus.failure_reason(runstatus.infeasible_error(report))
         return _fail(writer, reason, message, report=report, label=label)

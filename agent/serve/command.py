@@ -18,6 +18,7 @@ from pydantic import ValidationError
 from metainfer.agent.serve.app import ServeConfig, serve
 from metainfer.agent.serve.model import ModelSourceArgs
 from metainfer.core.engine.errors import InputError
+from metainfer.core.engine.profile.fingerprint import affinity_cores
 from metainfer.core.engine.recipe import Recipe
 
 log = logging.getLogger("metainfer.serve")
@@ -98,10 +99,7 @@ def default_workers(recipe: Recipe, cores: int) -> int:
 def usable_cores() -> int:
     """Cores this process may use: its CPU affinity, further bounded by a cgroup CPU quota (a container's
     limits.cpu), which the affinity mask does not show."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
+    cores = affinity_cores()
     quota = _cgroup_cpu_quota()
     return max(1, min(cores, int(quota))) if quota else cores
 

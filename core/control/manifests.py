@@ -438,10 +438,11 @@ def build_deployment(
     if spec.serving.max_queue_delay_ms is not None:
         args += ["--max-queue-delay-ms", f"{spec.serving.max_queue_delay_ms:g}"]
     variant_sha256 = run.status.best_variant_sha256 if run.status else None
+    store = run.spec.variant_store if variant_sha256 else None  # the store is addressed by the sha256
     if variant_sha256:  # serve loads these bytes from the store, or rebuilds and checks it got them
         args += ["--variant-sha256", variant_sha256]
-        if run.spec.variant_store is not None:
-            args += ["--variant-store", VARIANT_STORE_MOUNT]
+    if store is not None:
+        args += ["--variant-store", VARIANT_STORE_MOUNT]
     if recipe.transform.quantization.mode == "int8_static" and model.data is not None:
         # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
         data_uri = _served_uri(model.data.uri, cm_volumes)
@@ -475,8 +476,8 @@ def build_deployment(
     tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
     pod = _pod_spec(container, group, settings, settings.service_account, tolerations, model.volume)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
-    if variant_sha256 and run.spec.variant_store is not None:
-        _mount_variant_store(pod, container, run.spec.variant_store, read_only=True)
+    if store is not None:
+        _mount_variant_store(pod, container, store, read_only=True)
     for volume, mount in cm_volumes:
         pod["volumes"].append(volume)
         container["volumeMounts"].append(mount)

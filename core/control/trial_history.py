@@ -37,6 +37,16 @@ class HistoryUnreadable(ValueError):
     """A run's trial history cannot be decoded: it is left out of the new run's history."""
 
 
+def source_label(run: str, class_description: str) -> str:
+    """How a run names itself as a history source; ``summary`` reads the run and class back from it."""
+    return f"{run} ({class_description})"
+
+
+def _run_and_class(label: str) -> tuple[str, str | None]:
+    run, _, rest = label.partition(" (")
+    return run, rest.removesuffix(")") or None
+
+
 def source_of(report_json: str, label: str) -> HistorySource:
     """The history source a finished run leaves behind, from its engine report (Report.model_dump_json())."""
     return source_from_report(json.loads(report_json), label=label)
@@ -74,15 +84,17 @@ def summary(use: HistoryUse | None) -> RunHistory | None:
     """The status's account of the history (kubectl get adaptationruns -o wide shows trials saved and classes)."""
     if use is None or not use.offered:
         return None
-    sources = [
-        HistorySourceSummary(
-            run=u.label.split(" ", 1)[0][:253],
-            class_description=u.label.split(" ", 1)[1].strip("()")[:256] if " " in u.label else None,
-            similarity=round(min(max(u.similarity.total, 0.0), 1.0), 3),
-            trials=u.trials,
+    sources = []
+    for u in use.sources[:MAX_HISTORY_SOURCES]:
+        run, described = _run_and_class(u.label)
+        sources.append(
+            HistorySourceSummary(
+                run=run[:253],
+                class_description=described[:256] if described else None,
+                similarity=round(min(max(u.similarity.total, 0.0), 1.0), 3),
+                trials=u.trials,
+            )
         )
-        for u in use.sources[:MAX_HISTORY_SOURCES]
-    ]
     classes = list(dict.fromkeys(s.class_description for s in sources if s.class_description))
     note = "warm start from the closest source's winner" if use.warm else "no source related enough: a cold start"
     if use.skipped_known_failures:

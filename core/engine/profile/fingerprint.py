@@ -73,7 +73,8 @@ def _cpu_model(info: dict[str, str]) -> str:
     return (model or platform.processor() or "unknown")[:128]
 
 
-def _usable_cores() -> int:
+def affinity_cores() -> int:
+    """Cores this process may run on (its CPU affinity mask)."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -86,7 +87,7 @@ def detect_machine() -> MachineInfo:
 
     info = _cpuinfo()
     arch = platform.machine().lower()
-    logical = _usable_cores()
+    logical = affinity_cores()
     return MachineInfo(
         cpu_model=_cpu_model(info),
         arch=_ARCH.get(arch, arch),
