@@ -8,7 +8,7 @@
 # The runtime stage installs the wheel built by the builder stage, never the checkout, so the
 # image holds exactly what a `pip install metainfer` would.
 
-ARG PYTHON_VERSION=3.12
+ARG PYTHON_VERSION=3.11
 ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-bookworm
 
 FROM python:${PYTHON_VERSION}-slim-bookworm AS builder

@@ -54,13 +54,19 @@ def cmd_up(args: argparse.Namespace) -> int:
         log(f"cleaning up a dead control plane in {root}")
         cluster.stop(root)
     started = time.monotonic()
-    found = assets_mod.provide(log, with_controller_manager=not args.no_controller_manager)
+    found = assets_mod.provide(log, with_controller_manager=not args.no_controller_manager, with_node=args.node)
     assets_mod.find_kubectl(log)
     documents = [] if args.no_crds else crds.load_crds(args.crds.glob("*.yaml"))
     if not args.no_crds and not documents:
         raise ControlPlaneError(f"no CustomResourceDefinitions found in {args.crds}; run `make crds` or pass --no-crds")
     plane = cluster.start(
-        root, found, log=log, controller_manager=not args.no_controller_manager, crd_documents=documents
+        root,
+        found,
+        log=log,
+        controller_manager=not args.no_controller_manager,
+        crd_documents=documents,
+        node=args.node,
+        timeout_s=300.0 if args.node else 120.0,
     )
     log(f"up in {time.monotonic() - started:.1f}s (assets: {found.source})")
     _print_usage(plane.kubeconfig)
@@ -102,6 +108,13 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--no-controller-manager", action="store_true", help="only etcd + kube-apiserver")
     sub.choices["up"].add_argument("--crds", type=Path, default=REPO / "crds", help="CRD directory to install")
     sub.choices["up"].add_argument("--no-crds", action="store_true")
+    sub.choices["up"].add_argument(
+        "--node",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run a real node (kube-scheduler, containerd, kubelet, kube-proxy; needs root); "
+        "--no-node: the control plane only, as KUBEBUILDER_ASSETS users have it",
+    )
     sub.add_parser("down")
     sub.add_parser("status")
     args = parser.parse_args(argv)

@@ -16,9 +16,11 @@ hard with status 1. Kubernetes (the chart) or the demo then restarts it.
 from __future__ import annotations
 
 import asyncio
+import getpass
 import importlib
 import logging
 import os
+import socket
 
 import kopf
 
@@ -35,9 +37,22 @@ def run(namespaces: list[str] | None, liveness: str | None, standalone: bool, ve
     return asyncio.run(_operate(namespaces, liveness, standalone))
 
 
+def peering_identity() -> str | None:
+    """kopf's own identity unless it would crash: a UID without a passwd entry (the image's 65532,
+    OpenShift's arbitrary UIDs) makes getpass.getuser() raise, so the pod's name stands in."""
+    if os.environ.get("POD_ID"):
+        return None  # kopf reads it itself (the chart sets it from metadata.name)
+    try:
+        getpass.getuser()
+        return None
+    except (KeyError, OSError):
+        return f"uid-{os.getuid()}@{socket.gethostname()}/{os.getpid()}"
+
+
 async def _operate(namespaces: list[str] | None, liveness: str | None, standalone: bool) -> int:
     existing = asyncio.all_tasks()
     root_tasks = await kopf.spawn_tasks(
+        identity=peering_identity(),  # type: ignore[arg-type]  # kopf.Identity is a NewType of str
         clusterwide=not namespaces,
         namespaces=namespaces or [],
         liveness_endpoint=liveness,

@@ -40,6 +40,9 @@ Log = Callable[[str], None]
 
 REQUIRED = ("kube-apiserver", "etcd")
 OPTIONAL = ("kube-controller-manager",)
+# A real node (`make cluster-up`, issue "run the whole loop as real pods"): built from the same
+# k8s.io/kubernetes module as the API server, so they share its Go build cache and version.
+NODE = ("kube-scheduler", "kubelet", "kube-proxy")
 
 
 @dataclass(frozen=True)
@@ -56,6 +59,12 @@ class Assets:
     @property
     def etcd(self) -> Path:
         return self.directory / "etcd"
+
+    def node_binary(self, name: str) -> Path:
+        path = self.directory / name
+        if not _is_executable(path):
+            raise AssetError(f"{path} is missing: a node needs {', '.join(NODE)} (run `make cluster-up`)")
+        return path
 
     @property
     def kube_controller_manager(self) -> Path | None:
@@ -83,7 +92,7 @@ def default_asset_dir() -> Path:
     return cache_root() / "assets" / asset_dir_name()
 
 
-def provide(log: Log = print, *, with_controller_manager: bool = True) -> Assets:
+def provide(log: Log = print, *, with_controller_manager: bool = True, with_node: bool = False) -> Assets:
     """Return usable binaries: ``KUBEBUILDER_ASSETS`` if set, else the cache, building what is missing."""
     env_dir = os.environ.get("KUBEBUILDER_ASSETS")
     if env_dir:
@@ -97,7 +106,8 @@ def provide(log: Log = print, *, with_controller_manager: bool = True) -> Assets
         return Assets(directory, "KUBEBUILDER_ASSETS")
 
     directory = default_asset_dir()
-    wanted = list(REQUIRED) + (list(OPTIONAL) if with_controller_manager else [])
+    wanted = list(REQUIRED) + (list(OPTIONAL) if with_controller_manager or with_node else [])
+    wanted += list(NODE) if with_node else []
     if all(_is_executable(directory / name) for name in wanted):
         return Assets(directory, "cache")
     directory.mkdir(parents=True, exist_ok=True)
@@ -295,6 +305,7 @@ def _kubernetes_binary(name: str) -> GoBinary:
 _BINARIES: dict[str, GoBinary] = {
     "kube-apiserver": _kubernetes_binary("kube-apiserver"),
     "kube-controller-manager": _kubernetes_binary("kube-controller-manager"),
+    **{name: _kubernetes_binary(name) for name in NODE},
     "etcd": GoBinary(
         name="etcd",
         module="go.etcd.io/etcd/server/v3",

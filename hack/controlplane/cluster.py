@@ -30,14 +30,15 @@ from typing import Any
 
 import yaml
 
-from hack.controlplane import crds, processes
+from hack.controlplane import crds, hostchanges, processes
+from hack.controlplane import node as node_mod
 from hack.controlplane import pki as pki_mod
 from hack.controlplane.assets import Assets
 from hack.controlplane.errors import ControlPlaneError, StartError
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
-OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs")
+OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs", "node")
 CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller"
 
 
@@ -83,8 +84,13 @@ def start(
     die_with_parent: bool = False,
     crd_documents: list[dict[str, Any]] | None = None,
     audit: bool = False,
+    node: bool = False,
+    node_labels: dict[str, str] | None = None,
 ) -> ControlPlane:
     """Start a fresh control plane under ``root`` (which must not hold a running one).
+
+    ``node`` adds a real node (kube-scheduler, every kube-controller-manager controller,
+    containerd, kubelet, kube-proxy; see ``node.py``): pods then run. Needs root.
 
     ``crd_documents`` are installed (and Established) before kube-controller-manager
     starts, so its garbage collector watches them from its first discovery instead
@@ -95,14 +101,22 @@ def start(
     if (root / STATE_FILE).exists():
         raise ControlPlaneError(f"{root / STATE_FILE} exists: a control plane may be running; stop it first")
     root.mkdir(parents=True, exist_ok=True)
-    for leftover in ("etcd-data", "pki", "logs"):  # of a failed start; never anything else under root
+    for leftover in ("etcd-data", "pki", "logs", "node"):  # of a failed start; never anything else under root
         shutil.rmtree(root / leftover, ignore_errors=True)
     popens: dict[str, subprocess.Popen[bytes]] = {}
     state = _State(root)
+    if node:
+        node_mod.require_host()
+        root.mkdir(parents=True, exist_ok=True)
+        state.host = hostchanges.snapshot((root.resolve(),)).to_json()
+        state.save()  # before touching the host: `down` undoes exactly what differs from this
     try:
-        return _start(
-            root, assets, log, controller_manager, timeout_s, die_with_parent, crd_documents, audit, popens, state
+        plane = _start(
+            root, assets, log, controller_manager, timeout_s, die_with_parent, crd_documents, audit, popens, state, node
         )
+        if node:
+            _start_node(plane, assets, log, die_with_parent, popens, state, node_labels or {}, timeout_s)
+        return plane
     except BaseException:
         stop(root, popens=popens, remove=False)
         raise
@@ -119,13 +133,23 @@ def _start(
     audit: bool,
     popens: dict[str, subprocess.Popen[bytes]],
     state: _State,
+    node: bool = False,
 ) -> ControlPlane:
     started = time.monotonic()
     deadline = started + timeout_s
     logs = root / "logs"
-    certs = pki_mod.generate(root / "pki")
+    certs = pki_mod.generate(
+        root / "pki",
+        extra_ips=(node_mod.NODE_IP,) if node else (),
+        clients=NODE_IDENTITIES if node else None,
+    )
     etcd_port, peer_port, api_port = processes.free_port(), processes.free_port(), processes.free_port()
-    server = f"https://127.0.0.1:{api_port}"
+    # With a node the API server listens on the pod bridge's address: pods reach it through the
+    # `kubernetes` Service, the host through the same address (a local one).
+    api_host = node_mod.NODE_IP if node else "127.0.0.1"
+    if node:
+        node_mod.setup_network()
+    server = f"https://{api_host}:{api_port}"
     kubeconfig = root / "kubeconfig"
     write_kubeconfig(kubeconfig, server, certs)
     state.server, state.kubeconfig = server, str(kubeconfig)
@@ -163,14 +187,14 @@ def _start(
         [
             f"--etcd-servers={etcd_url}",
             f"--secure-port={api_port}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
-            "--endpoint-reconciler-type=none",  # loopback may not back the `kubernetes` Service
+            f"--bind-address={api_host}",
+            f"--advertise-address={api_host}",
+            *(_node_apiserver_args(certs) if node else ["--endpoint-reconciler-type=none"]),  # loopback cannot back it
             f"--cert-dir={root / 'pki'}",
             f"--tls-cert-file={certs.serving_cert}",
             f"--tls-private-key-file={certs.serving_key}",
             f"--client-ca-file={certs.ca_cert}",
-            "--authorization-mode=RBAC",
+            "--authorization-mode=" + ("Node,RBAC" if node else "RBAC"),
             "--service-cluster-ip-range=10.0.0.0/24",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-account-key-file={certs.sa_pub}",
@@ -201,24 +225,137 @@ def _start(
             names = crds.install(api_client, crd_documents)
         log(f"CRDs established: {', '.join(names)}")
 
-    kcm = assets.kube_controller_manager if controller_manager else None
+    kcm = assets.kube_controller_manager if controller_manager or node else None
     if kcm is not None:
         launch(
             "kube-controller-manager",
             kcm,
             [
                 f"--kubeconfig={kubeconfig}",
-                f"--controllers={CONTROLLERS}",
                 "--leader-elect=false",
                 "--secure-port=0",
                 "--concurrent-gc-syncs=5",
                 "--v=1",
+                *(_node_kcm_args(root, server, certs) if node else [f"--controllers={CONTROLLERS}"]),
             ],
         )
     elif controller_manager:
         log("kube-controller-manager not available: owner-reference GC and namespace deletion will not run")
     log(f"control plane ready at {server} in {time.monotonic() - started:.1f}s")
     return plane
+
+
+NODE_IDENTITIES: pki_mod.NodeIdentities = {
+    "kubelet": (f"system:node:{node_mod.NODE_NAME}", "system:nodes"),
+    "kube-proxy": ("system:kube-proxy", None),
+    "kube-scheduler": ("system:kube-scheduler", None),
+    "kube-controller-manager": ("system:kube-controller-manager", None),
+    "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters"),
+}
+
+
+def _node_apiserver_args(certs: pki_mod.Pki) -> list[str]:
+    cert, key = certs.clients["apiserver-kubelet-client"]
+    return [
+        "--endpoint-reconciler-type=lease",
+        "--enable-admission-plugins=NodeRestriction",
+        f"--kubelet-client-certificate={cert}",
+        f"--kubelet-client-key={key}",
+        "--kubelet-preferred-address-types=InternalIP",
+    ]
+
+
+def _node_kcm_args(root: Path, server: str, certs: pki_mod.Pki) -> list[str]:
+    kubeconfig = _component_kubeconfig(root, server, certs, "kube-controller-manager")
+    return [
+        f"--kubeconfig={kubeconfig}",  # the last --kubeconfig wins: its own identity, not admin
+        "--controllers=*",
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={certs.sa_key}",
+        f"--root-ca-file={certs.ca_cert}",
+        f"--service-cluster-ip-range={node_mod.SERVICE_SUBNET}",
+        "--node-monitor-grace-period=20s",
+    ]
+
+
+def _component_kubeconfig(root: Path, server: str, certs: pki_mod.Pki, component: str) -> Path:
+    path = root / "node" / f"{component}.kubeconfig"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    cert, key = certs.clients[component]
+    write_kubeconfig(path, server, certs, name=component, client=(cert, key))
+    return path
+
+
+def _start_node(
+    plane: ControlPlane,
+    assets: Assets,
+    log: Log,
+    die_with_parent: bool,
+    popens: dict[str, subprocess.Popen[bytes]],
+    state: _State,
+    labels: dict[str, str],
+    timeout_s: float,
+) -> None:
+    """Scheduler, containerd (with the pause image), kubelet and kube-proxy; returns once the node is Ready."""
+    from hack.controlplane import pause
+
+    started = time.monotonic()
+    deadline = started + timeout_s
+    root, logs = plane.root, plane.root / "logs"
+    certs = pki_mod.Pki(
+        ca_cert=plane.ca_cert,
+        serving_cert=root / "pki" / "apiserver.crt",
+        serving_key=root / "pki" / "apiserver.key",
+        admin_cert=plane.client_cert,
+        admin_key=plane.client_key,
+        sa_key=root / "pki" / "sa.key",
+        sa_pub=root / "pki" / "sa.pub",
+        clients={name: (root / "pki" / f"{name}.crt", root / "pki" / f"{name}.key") for name in NODE_IDENTITIES},
+    )
+    paths = node_mod.NodePaths(root / "node")
+
+    def launch(name: str, executable: Path, args: list[str]) -> None:
+        popens[name] = processes.launch(name, [str(executable), *args], logs, die_with_parent=die_with_parent)
+        state.pids[name] = popens[name].pid
+        state.executables[name] = str(executable)
+        state.save()
+
+    scheduler_config = _component_kubeconfig(root, plane.server, certs, "kube-scheduler")
+    launch(
+        "kube-scheduler",
+        assets.node_binary("kube-scheduler"),
+        [f"--kubeconfig={scheduler_config}", "--leader-elect=false", "--secure-port=0", "--v=1"],
+    )
+    node_mod.write_containerd_config(paths)
+    launch("containerd", Path(shutil.which("containerd") or "containerd"), node_mod.containerd_args(paths))
+    _wait(lambda: node_mod.containerd_ready(paths), "containerd", popens, logs, deadline)
+    node_mod.import_image(paths, pause.archive(log))
+
+    node_mod.write_kubelet_config(paths, plane.ca_cert, processes.free_port(), processes.free_port())
+    launch(
+        "kubelet",
+        assets.node_binary("kubelet"),
+        node_mod.kubelet_args(paths, _component_kubeconfig(root, plane.server, certs, "kubelet"), labels),
+    )
+    node_mod.write_kube_proxy_config(
+        paths,
+        _component_kubeconfig(root, plane.server, certs, "kube-proxy"),
+        processes.free_port(),
+        processes.free_port(),
+    )
+    launch("kube-proxy", assets.node_binary("kube-proxy"), node_mod.kube_proxy_args(paths))
+    _wait(lambda: _node_ready(plane), f"node {node_mod.NODE_NAME} Ready", popens, logs, deadline)
+    log(f"node {node_mod.NODE_NAME} Ready in {time.monotonic() - started:.1f}s")
+
+
+def _node_ready(plane: ControlPlane) -> bool:
+    with contextlib.suppress(OSError, urllib.error.URLError, ssl.SSLError, ValueError):
+        code, body = plane.get(f"/api/v1/nodes/{node_mod.NODE_NAME}", timeout_s=2)
+        if code != 200:
+            return False
+        conditions = json.loads(body).get("status", {}).get("conditions", [])
+        return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+    return False
 
 
 def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None, remove: bool = True) -> list[str]:
@@ -228,12 +365,26 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
     state = json.loads(state_path.read_text()) if state_path.exists() else {"pids": {}, "executables": {}}
     popens = popens or {}
     names = list(dict.fromkeys([*state["pids"], *popens]))
+    if state.get("host") is not None:
+        # The kubelet first, so nothing restarts what is killed next; then every container and shim.
+        for name in ("kube-proxy", "kubelet"):
+            if name in names:
+                names.remove(name)
+                popen = popens.get(name)
+                pid = popen.pid if popen is not None else int(state["pids"][name])
+                if processes.terminate(pid, state["executables"].get(name, ""), popen=popen):
+                    stopped.append(name)
+        node_mod.stop_workloads(node_mod.NodePaths(root / "node"))
     for name in reversed(names):
         popen = popens.get(name)
         pid = popen.pid if popen is not None else int(state["pids"][name])
         executable = state["executables"].get(name) or (str(popen.args[0]) if popen is not None else "")
         if processes.terminate(pid, str(executable), popen=popen):
             stopped.append(name)
+    if state.get("host") is not None:
+        left = hostchanges.undo(hostchanges.HostState.from_json(state["host"]), (root.resolve(),))
+        if left:
+            raise ControlPlaneError("the node left changes on the host:\n  " + "\n  ".join(left))
     state_path.unlink(missing_ok=True)
     if remove:
         # Only what we create, then the directory if that emptied it: `--root ~` must not wipe a home.
@@ -292,8 +443,15 @@ def _audit_args(logs: Path) -> list[str]:
     ]
 
 
-def write_kubeconfig(path: Path, server: str, certs: pki_mod.Pki, name: str = "metainfer-dev") -> None:
-    """A self-contained admin kubeconfig (certificates embedded, so it can be copied anywhere)."""
+def write_kubeconfig(
+    path: Path,
+    server: str,
+    certs: pki_mod.Pki,
+    name: str = "metainfer-dev",
+    client: tuple[Path, Path] | None = None,
+) -> None:
+    """A self-contained kubeconfig (certificates embedded, so it can be copied anywhere); admin by default."""
+    client_cert, client_key = client or (certs.admin_cert, certs.admin_key)
 
     def b64(p: Path) -> str:
         return base64.b64encode(p.read_bytes()).decode()
@@ -306,8 +464,8 @@ def write_kubeconfig(path: Path, server: str, certs: pki_mod.Pki, name: str = "m
             {
                 "name": f"{name}-admin",
                 "user": {
-                    "client-certificate-data": b64(certs.admin_cert),
-                    "client-key-data": b64(certs.admin_key),
+                    "client-certificate-data": b64(client_cert),
+                    "client-key-data": b64(client_key),
                 },
             }
         ],
@@ -327,6 +485,7 @@ class _State:
     kubeconfig: str = ""
     pids: dict[str, int] = field(default_factory=dict)
     executables: dict[str, str] = field(default_factory=dict)
+    host: dict[str, Any] | None = None  # hostchanges.HostState before a node started, for `down`
 
     def save(self) -> None:
         data = {
@@ -334,6 +493,7 @@ class _State:
             "kubeconfig": self.kubeconfig,
             "pids": self.pids,
             "executables": self.executables,
+            "host": self.host,
         }
         tmp = self.root / f"{STATE_FILE}.tmp"
         tmp.write_text(json.dumps(data, indent=2))

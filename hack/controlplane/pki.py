@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import ipaddress
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
@@ -39,9 +39,22 @@ class Pki:
     admin_key: Path
     sa_key: Path
     sa_pub: Path
+    # Client certificates of the node's components, by component name: each has its Kubernetes identity
+    # (the kubelet is system:node:<name> in system:nodes, for the Node authorizer).
+    clients: dict[str, tuple[Path, Path]] = field(default_factory=dict)
 
 
-def generate(directory: Path, *, valid_days: int = 30) -> Pki:
+# Component -> (common name, organization) of its client certificate.
+NodeIdentities = dict[str, tuple[str, str | None]]
+
+
+def generate(
+    directory: Path,
+    *,
+    valid_days: int = 30,
+    extra_ips: tuple[str, ...] = (),
+    clients: NodeIdentities | None = None,
+) -> Pki:
     directory.mkdir(parents=True, exist_ok=True)
     now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
     until = now + dt.timedelta(days=valid_days)
@@ -72,7 +85,7 @@ def generate(directory: Path, *, valid_days: int = 30) -> Pki:
     sans: list[x509.GeneralName] = [
         x509.DNSName(name) for name in ("localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc")
     ]
-    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1", SERVICE_IP)]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ("127.0.0.1", "::1", SERVICE_IP, *extra_ips)]
     serving = (
         _builder(_name("kube-apiserver"), ca_name, serving_key.public_key(), now, until)
         .add_extension(x509.SubjectAlternativeName(sans), critical=False)
@@ -87,6 +100,19 @@ def generate(directory: Path, *, valid_days: int = 30) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
 
+    issued: dict[str, tuple[Path, Path]] = {}
+    for component, (common_name, organization) in (clients or {}).items():
+        client_key = _key()
+        client = (
+            _builder(_name(common_name, organization), ca_name, client_key.public_key(), now, until)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256())
+        )
+        cert_path, key_path = directory / f"{component}.crt", directory / f"{component}.key"
+        _write(cert_path, client.public_bytes(serialization.Encoding.PEM))
+        _write(key_path, _private_pem(client_key))
+        issued[component] = (cert_path, key_path)
+
     sa_key = _key()
     pki = Pki(
         ca_cert=directory / "ca.crt",
@@ -96,6 +122,7 @@ def generate(directory: Path, *, valid_days: int = 30) -> Pki:
         admin_key=directory / "admin.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        clients=issued,
     )
     _write(pki.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM))
     _write(pki.serving_cert, serving.public_bytes(serialization.Encoding.PEM))

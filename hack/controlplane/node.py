@@ -1,0 +1,346 @@
+"""A real node beside the control plane: containerd + runc, a CNI bridge, kubelet, kube-proxy.
+
+Everything lives under ``<cluster root>/node`` except what the components
+insist on putting elsewhere (see ``hostchanges``). Why each setting:
+
+- containerd 1.6 and runc are Debian's packages (``apt-get install``): they are
+  the versions the distribution patches, and the kubelet at the pinned
+  Kubernetes version still talks CRI v1 to containerd 1.6 (it falls back to the
+  kubelet's cgroup driver because 1.6 lacks the RuntimeConfig call).
+  ``restrict_oom_score_adj``: root here lacks CAP_SYS_RESOURCE, and without it
+  every sandbox fails. ``netns_mounts_under_state_dir`` keeps pod network
+  namespaces under our root, so ``down`` finds them.
+- The pod network is a bridge (``metainfer0``) with a host-local range; the
+  bridge's own address is the node's InternalIP and where the API server
+  listens, so pods reach the API through the ``kubernetes`` Service (kube-proxy
+  DNATs to it) and nothing needs loopback inside a pod. No masquerading to the
+  outside, and a FORWARD rule drops anything between the bridge and any other
+  interface: pods talk only among themselves and to the node.
+- The kubelet runs cgroupfs on cgroup v1 (no systemd here; ``failCgroupV1:
+  false``), serves on the bridge address with webhook authn/authz, and its
+  fixed paths that can move (pod logs, volume plugins) move under our root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from hack.controlplane.errors import ControlPlaneError
+
+NODE_NAME = "metainfer-node"
+BRIDGE = "metainfer0"
+POD_SUBNET = "10.244.0.0/24"
+NODE_IP = "10.244.0.1"
+SERVICE_SUBNET = "10.0.0.0/24"
+PAUSE_IMAGE = "metainfer.local/pause:1"
+DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack", "iproute2")
+CNI_BIN_DIR = Path("/usr/lib/cni")
+ISOLATION_CHAIN = "METAINFER-ISOLATION"
+
+Launch = Callable[[str, Path, list[str]], None]
+
+
+@dataclass(frozen=True)
+class NodePaths:
+    root: Path
+
+    @property
+    def containerd_config(self) -> Path:
+        return self.root / "containerd" / "config.toml"
+
+    @property
+    def containerd_socket(self) -> Path:
+        return self.root / "containerd" / "containerd.sock"
+
+    @property
+    def cni_conf_dir(self) -> Path:
+        return self.root / "cni" / "net.d"
+
+    @property
+    def kubelet_dir(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def kubelet_config(self) -> Path:
+        return self.root / "kubelet-config.yaml"
+
+    @property
+    def kube_proxy_config(self) -> Path:
+        return self.root / "kube-proxy-config.yaml"
+
+
+def require_host() -> None:
+    """Root, the Debian packages a node needs (installed with apt-get when missing), a cgroupfs."""
+    if os.geteuid() != 0:
+        raise ControlPlaneError("a node needs root (kubelet, containerd and the CNI bridge change the host)")
+    missing = [pkg for pkg in DEBIAN_PACKAGES if not _deb_installed(pkg)]
+    if missing:
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        result = subprocess.run(
+            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+            capture_output=True,
+            text=True,
+            env=env,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ControlPlaneError(
+                f"apt-get install {' '.join(missing)} failed (exit {result.returncode}):\n{result.stderr[-1500:]}"
+            )
+    for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip"):
+        if shutil.which(tool) is None:
+            raise ControlPlaneError(f"{tool} is not on PATH after installing {', '.join(DEBIAN_PACKAGES)}")
+    if not (CNI_BIN_DIR / "bridge").exists():
+        raise ControlPlaneError(f"{CNI_BIN_DIR}/bridge is missing (Debian's containernetworking-plugins)")
+
+
+def _deb_installed(package: str) -> bool:
+    result = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True, check=False)
+    return result.returncode == 0 and result.stdout.strip().endswith("installed")
+
+
+def setup_network() -> None:
+    """The bridge with the node's address, forwarding on, and the isolation rules (undone by hostchanges)."""
+    if not Path("/sys/class/net", BRIDGE).exists():
+        _run(["ip", "link", "add", BRIDGE, "type", "bridge"])
+    prefix = POD_SUBNET.split("/")[1]
+    addresses = subprocess.run(["ip", "-o", "addr", "show", "dev", BRIDGE], capture_output=True, text=True).stdout
+    if f" {NODE_IP}/" not in addresses:
+        _run(["ip", "addr", "add", f"{NODE_IP}/{prefix}", "dev", BRIDGE])
+    _run(["ip", "link", "set", BRIDGE, "up"])
+    Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    base = ["iptables", "-w", "-t", "filter"]
+    if subprocess.run([*base, "-S", ISOLATION_CHAIN], capture_output=True).returncode != 0:
+        _run([*base, "-N", ISOLATION_CHAIN])
+        _run([*base, "-A", ISOLATION_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP"])
+        _run([*base, "-A", ISOLATION_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP"])
+        _run([*base, "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN])
+
+
+def write_containerd_config(paths: NodePaths) -> None:
+    base = paths.root / "containerd"
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    text = f"""version = 2
+root = "{base / "root"}"
+state = "{base / "state"}"
+disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.internal.v1.tracing", "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = "{paths.containerd_socket}"
+
+[ttrpc]
+  address = "{paths.containerd_socket}.ttrpc"
+
+[{cri}]
+  sandbox_image = "{PAUSE_IMAGE}"
+  restrict_oom_score_adj = true
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+
+[{cri}.cni]
+  bin_dir = "{CNI_BIN_DIR}"
+  conf_dir = "{paths.cni_conf_dir}"
+
+[{cri}.containerd]
+  snapshotter = "overlayfs"
+  default_runtime_name = "runc"
+
+[{cri}.containerd.runtimes.runc]
+  runtime_type = "io.containerd.runc.v2"
+
+[{cri}.containerd.runtimes.runc.options]
+  SystemdCgroup = false
+  Root = "{base / "runc"}"
+"""
+    paths.containerd_config.parent.mkdir(parents=True, exist_ok=True)
+    paths.containerd_config.write_text(text)
+    paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
+    conflist = {
+        "cniVersion": "0.4.0",
+        "name": "metainfer",
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "ranges": [[{"subnet": POD_SUBNET, "gateway": NODE_IP}]],
+                    # No default route: a pod reaches its subnet and, through the node, Services; nothing else.
+                    "routes": [{"dst": SERVICE_SUBNET, "gw": NODE_IP}],
+                    "dataDir": str(paths.root / "cni" / "ipam"),
+                },
+            }
+        ],
+    }
+    (paths.cni_conf_dir / "10-metainfer.conflist").write_text(json.dumps(conflist, indent=2))
+
+
+def write_kubelet_config(paths: NodePaths, ca_cert: Path, port: int, healthz_port: int) -> None:
+    config = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": NODE_IP,
+        "port": port,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": healthz_port,
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(ca_cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "cgroupDriver": "cgroupfs",
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "containerRuntimeEndpoint": f"unix://{paths.containerd_socket}",
+        "podLogsDir": str(paths.root / "pod-logs"),
+        "volumePluginDir": str(paths.root / "volume-plugins"),
+        "resolvConf": "",
+        "maxPods": 40,
+        "serializeImagePulls": False,
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "200Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+        },
+        "protectKernelDefaults": False,
+        "syncFrequency": "5s",
+        "fileCheckFrequency": "5s",
+        "nodeStatusUpdateFrequency": "5s",
+        "shutdownGracePeriod": "0s",
+    }
+    paths.kubelet_config.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def write_kube_proxy_config(paths: NodePaths, kubeconfig: Path, healthz_port: int, metrics_port: int) -> None:
+    config = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": str(kubeconfig)},
+        "hostnameOverride": NODE_NAME,
+        "healthzBindAddress": f"127.0.0.1:{healthz_port}",
+        "metricsBindAddress": f"127.0.0.1:{metrics_port}",
+        "mode": "iptables",
+        "clusterCIDR": POD_SUBNET,
+        # Pod -> Service -> pod on one bridge: without br_netfilter's help the reply would skip the DNAT's
+        # conntrack entry, so every Service connection is masqueraded to the node's address.
+        "iptables": {"masqueradeAll": True, "localhostNodePorts": False, "syncPeriod": "30s", "minSyncPeriod": "0s"},
+        # 0: leave the host's conntrack sysctls alone.
+        "conntrack": {"maxPerCore": 0, "min": 0, "tcpEstablishedTimeout": "0s", "tcpCloseWaitTimeout": "0s"},
+        "nodePortAddresses": [f"{NODE_IP}/32"],
+    }
+    paths.kube_proxy_config.write_text(yaml.safe_dump(config, sort_keys=False))
+
+
+def containerd_args(paths: NodePaths) -> list[str]:
+    return ["--config", str(paths.containerd_config), "--log-level", "warn"]
+
+
+def kubelet_args(paths: NodePaths, kubeconfig: Path, labels: dict[str, str]) -> list[str]:
+    args = [
+        f"--config={paths.kubelet_config}",
+        f"--kubeconfig={kubeconfig}",
+        f"--root-dir={paths.kubelet_dir}",
+        f"--hostname-override={NODE_NAME}",
+        f"--node-ip={NODE_IP}",
+        "--v=1",
+    ]
+    if labels:
+        args.append("--node-labels=" + ",".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    return args
+
+
+def kube_proxy_args(paths: NodePaths) -> list[str]:
+    return [f"--config={paths.kube_proxy_config}", "--v=1"]
+
+
+def ctr(paths: NodePaths, *args: str, timeout_s: float = 600.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["ctr", "--address", str(paths.containerd_socket), "-n", "k8s.io", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )
+
+
+def import_image(paths: NodePaths, archive: Path) -> None:
+    """Load an OCI archive into the node's containerd (the CRI namespace), without a registry."""
+    result = ctr(paths, "images", "import", str(archive))  # unpacked now, not at the first pod start
+    if result.returncode != 0:
+        raise ControlPlaneError(f"ctr images import {archive} failed: {result.stderr.strip()[-1000:]}")
+
+
+def containerd_ready(paths: NodePaths) -> bool:
+    return paths.containerd_socket.exists() and ctr(paths, "version", timeout_s=5).returncode == 0
+
+
+def stop_workloads(paths: NodePaths, grace_s: float = 10.0) -> None:
+    """Kill every container process and shim of this node (after the kubelet is gone, so nothing restarts)."""
+    for top in _pod_cgroups():
+        _kill_cgroup_tree(top)
+    socket = str(paths.containerd_socket)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        shims = _shims(socket)
+        if not shims:
+            return
+        for pid in shims:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, 9)
+        time.sleep(0.2)
+
+
+def _pod_cgroups() -> list[Path]:
+    root = Path("/sys/fs/cgroup")
+    return [h / name for h in root.iterdir() if h.is_dir() for name in ("kubepods", "k8s.io") if (h / name).is_dir()]
+
+
+def _kill_cgroup_tree(top: Path) -> None:
+    for directory, _, files in os.walk(top):
+        if "cgroup.procs" in files:
+            for line in Path(directory, "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(line), 9)
+
+
+def _shims(socket: str) -> list[int]:
+    """containerd-shim-runc-v2 processes started by our containerd (their argv names its socket)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and socket.encode() in argv:
+            found.append(int(proc.name))
+    return found
+
+
+def _run(cmd: list[str]) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ControlPlaneError(f"{' '.join(cmd)} failed: {result.stderr.strip()}")

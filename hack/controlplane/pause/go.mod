@@ -1,0 +1,3 @@
+module metainfer.local/pause
+
+go 1.26.0

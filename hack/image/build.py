@@ -1,0 +1,234 @@
+"""Build the project's image with no container engine and no registry (`make image`).
+
+1. A Debian root filesystem from the machine's own apt sources (mmdebstrap,
+   cached under ~/.cache/metainfer/image keyed by the package list): the local
+   stand-in for the Dockerfile's ``BASE_IMAGE`` (Debian bookworm, whose python3 is
+   the Dockerfile's default ``PYTHON_VERSION``).
+2. The wheel of this checkout and a wheelhouse of its dependencies, built on the
+   host from the package index (this machine's Python is the image's: CPython
+   3.11 on glibc x86_64, so the same wheels fit).
+3. The Dockerfile's runtime stage, executed instruction by instruction in a
+   chroot over that root filesystem, with the wheel bind-mounted at /dist as the
+   builder stage's output is, and pip pointed at the wheelhouse.
+4. One deterministic layer and an OCI archive named ``metainfer.local/metainfer:<version>``,
+   loaded into the development node's containerd when one runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from hack.controlplane import oci
+from hack.controlplane.assets import cache_root
+from hack.controlplane.errors import ControlPlaneError
+from hack.image import dockerfile
+
+Log = Callable[[str], None]
+REPO = Path(__file__).resolve().parents[2]
+SUITE = "bookworm"
+# python3-venv: the Dockerfile makes a venv; libstdc++6/libgomp1: onnxruntime's and scikit-learn's wheels link them.
+BASE_PACKAGES = ("python3", "python3-venv", "libstdc++6", "libgomp1", "ca-certificates")
+# The environment python:<version>-slim-bookworm gives its children that the Dockerfile relies on.
+BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
+IMAGE_REPOSITORY = "metainfer.local/metainfer"
+
+
+class ImageError(ControlPlaneError):
+    pass
+
+
+@dataclass(frozen=True)
+class BuiltImage:
+    name: str
+    archive: Path
+    manifest_digest: str
+    size_bytes: int
+    seconds: float
+
+
+def project_version() -> str:
+    import tomllib
+
+    return str(tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"])
+
+
+def base_rootfs(log: Log = print) -> Path:
+    """The cached Debian root filesystem tar, made with mmdebstrap from the host's apt sources if missing."""
+    sources = _apt_sources()
+    key = hashlib.sha256("\n".join([SUITE, *BASE_PACKAGES]).encode()).hexdigest()[:16]
+    out = cache_root() / "image" / f"base-{SUITE}-{key}.tar"
+    if out.exists():
+        return out
+    if shutil.which("mmdebstrap") is None:
+        _apt_install(["mmdebstrap"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
+    started = time.monotonic()
+    log(f"making the base root filesystem ({SUITE}: {', '.join(BASE_PACKAGES)}) with mmdebstrap")
+    cmd = [
+        "mmdebstrap",
+        "--variant=essential",
+        "--mode=root",
+        "--format=tar",
+        f"--include={','.join(BASE_PACKAGES)}",
+        SUITE,
+        str(tmp),
+        str(sources),
+    ]
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        raise ImageError(f"mmdebstrap failed (exit {result.returncode}):\n{result.stderr[-2000:]}")
+    tmp.replace(out)
+    log(f"base root filesystem {out} in {time.monotonic() - started:.0f}s")
+    return out
+
+
+def _apt_sources() -> Path:
+    for candidate in (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")):
+        if candidate.is_file() and candidate.read_text().strip():
+            return candidate
+    raise ImageError("no apt sources on this machine (/etc/apt/sources.list[.d]): mmdebstrap needs a Debian mirror")
+
+
+def _apt_install(packages: list[str]) -> None:
+    result = subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
+        check=False,
+    )
+    if result.returncode != 0:
+        raise ImageError(f"apt-get install {' '.join(packages)} failed:\n{result.stderr[-1500:]}")
+
+
+def wheels(out: Path, log: Log = print) -> Path:
+    """This checkout's wheel in ``out/dist`` and every dependency as a wheel in ``out/wheels``."""
+    dist, house = out / "dist", out / "wheels"
+    shutil.rmtree(dist, ignore_errors=True)
+    dist.mkdir(parents=True)
+    house.mkdir(parents=True, exist_ok=True)
+    pip = [sys.executable, "-m", "pip"]
+    _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(REPO)], "building the wheel")
+    (wheel,) = dist.glob("metainfer-*.whl")
+    log(f"resolving {wheel.name}'s dependencies into {house}")
+    _run([*pip, "wheel", "--quiet", "--wheel-dir", str(house), str(wheel)], "building the wheelhouse")
+    (house / wheel.name).unlink(missing_ok=True)  # it comes from /dist, as in the Dockerfile
+    return wheel
+
+
+def build(
+    *,
+    log: Log = print,
+    out_dir: Path | None = None,
+    build_args: dict[str, str] | None = None,
+) -> BuiltImage:
+    """Build the image archive (see the module docstring); returns where it is and what it weighs."""
+    if os.geteuid() != 0:
+        raise ImageError("make image needs root (chroot and bind mounts over the root filesystem)")
+    started = time.monotonic()
+    version = project_version()
+    name = f"{IMAGE_REPOSITORY}:{version}"
+    out_dir = out_dir or REPO / "build" / "image"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = base_rootfs(log)
+    stage = dockerfile.parse(REPO / "Dockerfile", build_args, base_env=BASE_ENV)
+    work = cache_root() / "image" / "work"
+    wheel = wheels(work, log)
+    with tempfile.TemporaryDirectory(prefix="metainfer-image-", dir=out_dir) as tmp:
+        rootfs = Path(tmp, "rootfs")
+        rootfs.mkdir()
+        _run(["tar", "-xf", str(base), "-C", str(rootfs), "--numeric-owner"], "unpacking the base")
+        for env, script in stage.runs:
+            log(f"RUN {script[:80]}...")
+            _chroot_run(rootfs, script, env, dist=wheel.parent, wheelhouse=work / "wheels")
+        layer = Path(tmp, "layer.tar")
+        oci.write_layer(rootfs, layer)
+        config = oci.ImageConfig(
+            entrypoint=stage.entrypoint,
+            cmd=stage.cmd,
+            env=[f"{k}={v}" for k, v in stage.env.items()],
+            user=stage.user,
+            workdir=stage.workdir,
+            exposed_ports=stage.exposed_ports,
+        )
+        archive = out_dir / f"metainfer-{version}.oci.tar"
+        digest = oci.write_archive(archive, name, layer, config)
+    seconds = time.monotonic() - started
+    log(f"built {name} ({archive}, {archive.stat().st_size / 2**20:.0f} MiB) in {seconds:.0f}s")
+    return BuiltImage(name, archive, digest, archive.stat().st_size, seconds)
+
+
+def _chroot_run(rootfs: Path, script: str, env: dict[str, str], *, dist: Path, wheelhouse: Path) -> None:
+    """One RUN instruction: /bin/sh -c in a chroot with /proc, /dev, the wheel and the wheelhouse mounted."""
+    run_env = {
+        **env,
+        # The builder stage's output and the package index, both local: the build reaches no network.
+        "PIP_NO_INDEX": "1",
+        "PIP_FIND_LINKS": "/wheels",
+    }
+    with _mounted(rootfs, dist, wheelhouse):
+        argv = [
+            "chroot",
+            str(rootfs),
+            "/usr/bin/env",
+            "-i",
+            *(f"{k}={v}" for k, v in run_env.items()),
+            "/bin/sh",
+            "-c",
+            script,
+        ]
+        result = subprocess.run(argv, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ImageError(f"RUN failed (exit {result.returncode}): {script[:200]}\n{result.stderr[-3000:]}")
+
+
+@contextlib.contextmanager
+def _mounted(rootfs: Path, dist: Path, wheelhouse: Path) -> Iterator[None]:
+    mounts: list[Path] = []
+    try:
+        for source, target, options in (
+            ("proc", rootfs / "proc", ["-t", "proc"]),
+            (str(dist), rootfs / "dist", ["--bind", "-o", "ro"]),
+            (str(wheelhouse), rootfs / "wheels", ["--bind", "-o", "ro"]),
+        ):
+            target.mkdir(exist_ok=True)
+            _run(["mount", *options, source, str(target)], f"mounting {target}")
+            mounts.append(target)
+        yield
+    finally:
+        for target in reversed(mounts):
+            subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
+        for name in ("dist", "wheels"):
+            with contextlib.suppress(OSError):
+                (rootfs / name).rmdir()
+
+
+def import_into_node(image: BuiltImage, cluster_root: Path, log: Log = print) -> bool:
+    """Load the archive into the development node's containerd if one runs under ``cluster_root``."""
+    from hack.controlplane import node as node_mod
+
+    paths = node_mod.NodePaths(cluster_root / "node")
+    if not node_mod.containerd_ready(paths):
+        return False
+    started = time.monotonic()
+    node_mod.import_image(paths, image.archive)
+    log(f"loaded {image.name} into the node's containerd in {time.monotonic() - started:.0f}s")
+    return True
+
+
+def _run(cmd: list[str], what: str) -> None:
+    result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ImageError(f"{what} failed ({' '.join(cmd[:4])}..., exit {result.returncode}):\n{result.stderr[-2000:]}")
