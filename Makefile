@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv helm bench-deps bench bench-adaptation bench-search bench-warm-start bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image e2e bench-deps bench bench-adaptation bench-search bench-warm-start bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -82,8 +82,10 @@ crds: venv
 	$(BIN)/python -m metainfer.core.api.crdgen crds/
 	cp crds/*.yaml charts/metainfer/crds/
 
+# A one-node cluster: control plane + kube-scheduler, containerd, kubelet, kube-proxy (needs root).
+# NODE=0: the control plane only (etcd + kube-apiserver + kube-controller-manager), no root needed.
 cluster-up: venv
-	$(BIN)/python hack/cluster.py up
+	$(BIN)/python hack/cluster.py up $(if $(filter 0,$(NODE)),--no-node,)
 
 cluster-down:
 	@if [ -x $(BIN)/python ]; then $(BIN)/python hack/cluster.py down; fi
@@ -97,6 +99,15 @@ integration: venv assets
 
 test: lint assets
 	$(BIN)/python -m pytest tests
+
+# The project's image without a container engine or registry: the Dockerfile's runtime stage run in a
+# chroot over a local Debian root filesystem; loaded into the development node when one runs.
+image: venv
+	$(BIN)/python hack/build_image.py
+
+# The product on a real node: helm install, a policy adapted by a Job pod, served, scraped, relabelled.
+e2e: venv assets
+	$(BIN)/python -m pytest tests/e2e
 
 clean:
 	rm -rf build dist .pytest_cache

@@ -32,9 +32,11 @@ def log(message: str) -> None:
 
 def cmd_assets(args: argparse.Namespace) -> int:
     started = time.monotonic()
-    found = assets_mod.provide(log, with_controller_manager=not args.no_controller_manager)
+    found = assets_mod.provide(log, with_controller_manager=not args.no_controller_manager, with_node=args.node)
     kubectl = assets_mod.find_kubectl(log)
     print(f"kube-apiserver {KUBERNETES_VERSION}: {found.kube_apiserver}")
+    for name in assets_mod.NODE if args.node else ():
+        print(f"{name}: {found.node_binary(name)}")
     print(f"etcd {ETCD_VERSION}: {found.etcd}")
     print(f"kube-controller-manager: {found.kube_controller_manager or 'not available'}")
     print(f"kubectl: {kubectl}")
@@ -108,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--no-controller-manager", action="store_true", help="only etcd + kube-apiserver")
     sub.choices["up"].add_argument("--crds", type=Path, default=REPO / "crds", help="CRD directory to install")
     sub.choices["up"].add_argument("--no-crds", action="store_true")
+    sub.choices["assets"].add_argument(
+        "--node", action=argparse.BooleanOptionalAction, default=True, help="also the node's binaries"
+    )
     sub.choices["up"].add_argument(
         "--node",
         action=argparse.BooleanOptionalAction,

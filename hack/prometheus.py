@@ -67,6 +67,37 @@ def find_binary(log: Log = lambda _: None, install: bool = True) -> Path:
     return Path(found)
 
 
+# Debian's package is built without Kubernetes service discovery, which the real-node suite needs
+# (serving pods found the way docs/real-cluster.md configures a cluster's Prometheus): that one is
+# built from the Go module proxy (Prometheus v3.16 is module version v0.316.0) and cached.
+KUBERNETES_SD_BUILD = (
+    "github.com/prometheus/prometheus",
+    "v0.316.0",
+    "github.com/prometheus/prometheus/cmd/prometheus",
+)
+
+
+def find_binary_with_kubernetes_sd(log: Log = lambda _: None) -> Path:
+    """A Prometheus with kubernetes_sd_configs: METAINFER_PROMETHEUS_K8S_BIN, else built with Go and cached."""
+    explicit = os.environ.get("METAINFER_PROMETHEUS_K8S_BIN")
+    if explicit:
+        if not os.access(explicit, os.X_OK):
+            raise PrometheusUnavailable(f"METAINFER_PROMETHEUS_K8S_BIN={explicit} is not an executable file")
+        return Path(explicit)
+    from hack.controlplane import assets
+
+    module, version, package = KUBERNETES_SD_BUILD
+    directory = assets.cache_root() / "assets" / f"prometheus-{version}"
+    binary = directory / "prometheus"
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return binary
+    directory.mkdir(parents=True, exist_ok=True)
+    with assets.lock(directory.parent / f"prometheus-{version}.lock"):
+        if not binary.is_file():
+            assets.build(assets.GoBinary("prometheus", module, version, package), directory, log)
+    return binary
+
+
 class PrometheusServer:
     """One Prometheus process on 127.0.0.1:<random port>, scraping ``targets`` every ``scrape_interval_s``.
 
@@ -75,9 +106,19 @@ class PrometheusServer:
     """
 
     def __init__(
-        self, binary: Path, workdir: Path, targets: Iterable[str], scrape_interval_s: float = 1.0, job: str = "serving"
+        self,
+        binary: Path,
+        workdir: Path,
+        targets: Iterable[str],
+        scrape_interval_s: float = 1.0,
+        job: str = "serving",
+        *,
+        scrape_configs: list[dict[str, object]] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
-        self.binary, self.workdir = binary, workdir
+        """``scrape_configs`` replace the one static job (e.g. kubernetes_sd on a real node); ``host`` is the
+        listen address (the node's address, for the operator pod to query it)."""
+        self.binary, self.workdir, self.host = binary, workdir, host
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -85,14 +126,14 @@ class PrometheusServer:
         interval = f"{max(1, int(scrape_interval_s * 1000))}ms"
         config = {
             "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
-            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": list(targets)}]}],
+            "scrape_configs": scrape_configs or [{"job_name": job, "static_configs": [{"targets": list(targets)}]}],
         }
         self.config = workdir / "prometheus.yml"
         self.config.write_text(json.dumps(config, indent=1))  # JSON is YAML
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def log(self) -> Path:
@@ -104,7 +145,7 @@ class PrometheusServer:
             str(self.binary),
             f"--config.file={self.config}",
             f"--storage.tsdb.path={self.workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{self.port}",
+            f"--web.listen-address={self.host}:{self.port}",
             "--storage.tsdb.retention.time=1h",
             "--web.enable-lifecycle",
         ]

@@ -61,7 +61,10 @@ class Assets:
         return self.directory / "etcd"
 
     def node_binary(self, name: str) -> Path:
+        """A node binary: from this directory, else the cache (setup-envtest directories have none)."""
         path = self.directory / name
+        if not _is_executable(path):
+            path = default_asset_dir() / name
         if not _is_executable(path):
             raise AssetError(f"{path} is missing: a node needs {', '.join(NODE)} (run `make cluster-up`)")
         return path
@@ -103,6 +106,8 @@ def provide(log: Log = print, *, with_controller_manager: bool = True, with_node
                 f"KUBEBUILDER_ASSETS={directory} lacks executable {', '.join(missing)}; "
                 "point it at a setup-envtest directory or unset it to build the pinned versions"
             )
+        if with_node:
+            _build_missing(default_asset_dir(), [n for n in NODE if not _is_executable(directory / n)], log)
         return Assets(directory, "KUBEBUILDER_ASSETS")
 
     directory = default_asset_dir()
@@ -110,12 +115,16 @@ def provide(log: Log = print, *, with_controller_manager: bool = True, with_node
     wanted += list(NODE) if with_node else []
     if all(_is_executable(directory / name) for name in wanted):
         return Assets(directory, "cache")
+    _build_missing(directory, wanted, log)
+    return Assets(directory, "built")
+
+
+def _build_missing(directory: Path, names: list[str], log: Log) -> None:
     directory.mkdir(parents=True, exist_ok=True)
-    with _lock(directory.parent / f"{directory.name}.lock"):
-        for name in wanted:
+    with lock(directory.parent / f"{directory.name}.lock"):
+        for name in names:
             if not _is_executable(directory / name):
                 build(_BINARIES[name], directory, log)
-    return Assets(directory, "built")
 
 
 def build(binary: GoBinary, directory: Path, log: Log = print) -> Path:
@@ -263,7 +272,7 @@ def _run_step(step: str, cmd: list[str], cwd: Path, env: dict[str, str], out: IO
 
 
 @contextmanager
-def _lock(path: Path) -> Iterator[None]:
+def lock(path: Path) -> Iterator[None]:
     with path.open("w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:

@@ -345,6 +345,14 @@ def _start_node(
     )
     launch("kube-proxy", assets.node_binary("kube-proxy"), node_mod.kube_proxy_args(paths))
     _wait(lambda: _node_ready(plane), f"node {node_mod.NODE_NAME} Ready", popens, logs, deadline)
+    # Pods are refused until the service-account controller made `default` in their namespace.
+    _wait(
+        lambda: _api_ok(plane, "/api/v1/namespaces/default/serviceaccounts/default"),
+        "the default ServiceAccount",
+        popens,
+        logs,
+        deadline,
+    )
     log(f"node {node_mod.NODE_NAME} Ready in {time.monotonic() - started:.1f}s")
 
 
@@ -382,7 +390,11 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
         if processes.terminate(pid, str(executable), popen=popen):
             stopped.append(name)
     if state.get("host") is not None:
-        left = hostchanges.undo(hostchanges.HostState.from_json(state["host"]), (root.resolve(),))
+        paths = node_mod.NodePaths(root / "node")
+        watched = (root.resolve(), paths.kubelet_dir)
+        hostchanges.undo(hostchanges.HostState.from_json(state["host"]), watched)  # unmounts first
+        node_mod.remove_short_dirs(paths)
+        left = hostchanges.diff(hostchanges.HostState.from_json(state["host"]), watched)
         if left:
             raise ControlPlaneError("the node left changes on the host:\n  " + "\n  ".join(left))
     state_path.unlink(missing_ok=True)

@@ -40,6 +40,8 @@ FIXED_DIRS = (
     "/var/lib/cni",
     "/etc/cni",
     "/opt/cni",
+    "/run/metainfer",  # the node's sockets (node.SOCKET_ROOT)
+    "/var/lib/metainfer-kubelet",  # the kubelet's root directories (node.KUBELET_ROOT)
 )
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAMES = ("kubepods", "k8s.io", "kubepods.slice")

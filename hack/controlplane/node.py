@@ -24,6 +24,7 @@ insist on putting elsewhere (see ``hostchanges``). Why each setting:
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -46,6 +47,8 @@ PAUSE_IMAGE = "metainfer.local/pause:1"
 DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack", "iproute2")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 ISOLATION_CHAIN = "METAINFER-ISOLATION"
+SOCKET_ROOT = Path("/run/metainfer")
+KUBELET_ROOT = Path("/var/lib/metainfer-kubelet")
 
 Launch = Callable[[str, Path, list[str]], None]
 
@@ -59,8 +62,17 @@ class NodePaths:
         return self.root / "containerd" / "config.toml"
 
     @property
+    def short_id(self) -> str:
+        return hashlib.sha256(str(self.root.resolve()).encode()).hexdigest()[:12]
+
+    @property
+    def socket_dir(self) -> Path:
+        """Unix sockets cannot live under a deep root (104-byte path limit): a short directory per cluster root."""
+        return SOCKET_ROOT / self.short_id
+
+    @property
     def containerd_socket(self) -> Path:
-        return self.root / "containerd" / "containerd.sock"
+        return self.socket_dir / "containerd.sock"
 
     @property
     def cni_conf_dir(self) -> Path:
@@ -68,7 +80,8 @@ class NodePaths:
 
     @property
     def kubelet_dir(self) -> Path:
-        return self.root / "kubelet"
+        """Short for the same reason: the kubelet makes its plugin and pod-resources sockets in it."""
+        return KUBELET_ROOT / self.short_id
 
     @property
     def kubelet_config(self) -> Path:
@@ -167,6 +180,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   Root = "{base / "runc"}"
 """
     paths.containerd_config.parent.mkdir(parents=True, exist_ok=True)
+    paths.socket_dir.mkdir(parents=True, exist_ok=True)
     paths.containerd_config.write_text(text)
     paths.cni_conf_dir.mkdir(parents=True, exist_ok=True)
     conflist = {
@@ -310,6 +324,14 @@ def stop_workloads(paths: NodePaths, grace_s: float = 10.0) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
         time.sleep(0.2)
+
+
+def remove_short_dirs(paths: NodePaths) -> None:
+    """The socket and kubelet directories outside the cluster root (after their mounts are gone)."""
+    for directory, parent in ((paths.socket_dir, SOCKET_ROOT), (paths.kubelet_dir, KUBELET_ROOT)):
+        shutil.rmtree(directory, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            parent.rmdir()  # only when no other cluster root uses it
 
 
 def _pod_cgroups() -> list[Path]:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,14 @@ def build(
     stage = dockerfile.parse(REPO / "Dockerfile", build_args, base_env=BASE_ENV)
     work = cache_root() / "image" / "work"
     wheel = wheels(work, log)
+    archive = out_dir / f"metainfer-{version}.oci.tar"
+    key = _inputs_key(wheel, work / "wheels", base, build_args or {})
+    key_file = archive.with_name(archive.name + ".inputs")
+    if archive.exists() and key_file.exists() and key_file.read_text() == key:
+        seconds = time.monotonic() - started
+        log(f"{name} is up to date ({archive}): same wheel contents, wheelhouse, base and Dockerfile")
+        return BuiltImage(name, archive, _manifest_digest(archive), archive.stat().st_size, seconds)
+    key_file.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="metainfer-image-", dir=out_dir) as tmp:
         rootfs = Path(tmp, "rootfs")
         rootfs.mkdir()
@@ -163,11 +172,34 @@ def build(
             workdir=stage.workdir,
             exposed_ports=stage.exposed_ports,
         )
-        archive = out_dir / f"metainfer-{version}.oci.tar"
         digest = oci.write_archive(archive, name, layer, config)
+    key_file.write_text(key)
     seconds = time.monotonic() - started
     log(f"built {name} ({archive}, {archive.stat().st_size / 2**20:.0f} MiB) in {seconds:.0f}s")
     return BuiltImage(name, archive, digest, archive.stat().st_size, seconds)
+
+
+def _inputs_key(wheel: Path, wheelhouse: Path, base: Path, build_args: dict[str, str]) -> str:
+    """What the image is made of: the wheel's files (not its zip timestamps), the wheelhouse, base, Dockerfile."""
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as zipped:
+        for entry in sorted(zipped.namelist()):
+            digest.update(entry.encode() + b"\0" + zipped.read(entry))
+    for dependency in sorted(p.name for p in wheelhouse.glob("*.whl")):
+        digest.update(dependency.encode())
+    digest.update(base.name.encode() + (REPO / "Dockerfile").read_bytes())
+    digest.update(repr(sorted(build_args.items())).encode())
+    return digest.hexdigest()
+
+
+def _manifest_digest(archive: Path) -> str:
+    import json
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        handle = tar.extractfile("index.json")
+        assert handle is not None
+        return str(json.load(handle)["manifests"][0]["digest"])
 
 
 def _chroot_run(rootfs: Path, script: str, env: dict[str, str], *, dist: Path, wheelhouse: Path) -> None:

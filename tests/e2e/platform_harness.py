@@ -1,0 +1,190 @@
+"""The product on a real one-node cluster, installed the way a platform team installs it.
+
+The module fixture ``platform`` starts the development cluster with its node
+(containerd, kubelet, kube-proxy, the scheduler and every controller), builds
+the project's image with ``hack/image`` and loads it into the node, starts a
+real Prometheus on the node's address that discovers serving pods with
+kubernetes_sd (the relabelling docs/real-cluster.md documents), and runs
+``helm install`` of charts/metainfer. Nothing plays the kubelet here: Jobs and
+Deployments run as containers.
+
+A node changes the host (bridge, iptables, cgroups): it needs root, and only
+one runs at a time on a machine. Without root the suite is skipped with that
+reason (CI runs as root).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from hack import helm
+from hack.controlplane import assets, cluster
+from hack.controlplane import node as node_mod
+from hack.image import build as image_build
+from hack.prometheus import PrometheusServer, find_binary_with_kubernetes_sd
+
+REPO = Path(__file__).resolve().parents[2]
+RELEASE_NAMESPACE = "metainfer-system"
+WORKLOAD_NAMESPACE = "team-a"
+# The node has 2 CPUs: the operator (100m), one Job (1 CPU) and serving pods (500m each) fit at once.
+CHART_VALUES: dict[str, Any] = {
+    "workloadNamespaces": [WORKLOAD_NAMESPACE],
+    "agent": {"resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}}},
+    "serving": {
+        "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}, "limits": {"cpu": "500m", "memory": "1Gi"}}
+    },
+    "operator": {"classSettleSeconds": 5, "resyncSeconds": 10},
+}
+
+
+def serving_scrape_config(kubeconfig: Path, namespaces: list[str]) -> dict[str, Any]:
+    """Prometheus' own Kubernetes discovery of serving pods: the same selection the chart's PodMonitor makes."""
+    return {
+        "job_name": "metainfer-serving",
+        "kubernetes_sd_configs": [
+            {"role": "pod", "kubeconfig_file": str(kubeconfig), "namespaces": {"names": namespaces}}
+        ],
+        "relabel_configs": [
+            {
+                "source_labels": [
+                    "__meta_kubernetes_pod_label_app_kubernetes_io_managed_by",
+                    "__meta_kubernetes_pod_label_app_kubernetes_io_component",
+                ],
+                "regex": "metainfer;serving",
+                "action": "keep",
+            },
+            {"source_labels": ["__meta_kubernetes_pod_container_port_name"], "regex": "http", "action": "keep"},
+            {"source_labels": ["__meta_kubernetes_namespace"], "target_label": "namespace"},
+            {"source_labels": ["__meta_kubernetes_pod_name"], "target_label": "pod"},
+        ],
+    }
+
+
+@dataclass
+class Platform:
+    plane: cluster.ControlPlane
+    api_client: client.ApiClient
+    kubectl_path: Path
+    helm_path: Path
+    image: image_build.BuiltImage
+    prometheus: PrometheusServer
+    log: Callable[[str], None]
+
+    def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig)}
+        result = subprocess.run(
+            [str(self.kubectl_path), *args], input=stdin, capture_output=True, text=True, env=env, timeout=120
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
+        return result
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "HELM_CACHE_HOME": str(self.plane.root / "helm")}
+        result = subprocess.run([str(self.helm_path), *args], capture_output=True, text=True, env=env, timeout=600)
+        if result.returncode != 0:
+            raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def diagnostics(self) -> str:
+        """What a failed wait prints: pods, events and the operator's log tail."""
+        pods = self.kubectl("get", "pods", "-A", "-o", "wide", check=False).stdout
+        events = self.kubectl("get", "events", "-A", "--sort-by=.lastTimestamp", check=False).stdout
+        operator = self.kubectl(
+            "logs", "-n", RELEASE_NAMESPACE, "deploy/metainfer-operator", "--tail=40", check=False
+        ).stdout
+        return f"pods:\n{pods}\nevents:\n{events[-4000:]}\noperator log:\n{operator[-4000:]}"
+
+    def wait(self, what: str, check: Callable[[], Any], timeout_s: float, interval_s: float = 2.0) -> Any:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{self.diagnostics()}")
+            time.sleep(interval_s)
+
+
+def _reporter(request: pytest.FixtureRequest) -> Callable[[str], None]:
+    terminal = request.config.pluginmanager.get_plugin("terminalreporter")
+
+    def log(message: str) -> None:
+        if terminal is not None:
+            terminal.write_line(f"[e2e] {message}")
+        else:
+            print(f"[e2e] {message}", file=sys.__stderr__, flush=True)
+
+    return log
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the real node needs root (bridge, iptables, cgroups, containerd); CI runs as root")
+
+
+@pytest.fixture(scope="module")
+def platform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    require_root()
+    log = _reporter(request)
+    root = tmp_path_factory.mktemp("node-cluster")
+    found = assets.provide(log, with_node=True)
+    kubectl_path = assets.find_kubectl(log)
+    helm_path = helm.provide(log)
+    started = time.monotonic()
+    plane = cluster.start(root, found, log=log, die_with_parent=True, node=True, timeout_s=300)
+    prometheus: PrometheusServer | None = None
+    try:
+        log(f"cluster with node up in {time.monotonic() - started:.1f}s")
+        image = image_build.build(log=log)
+        if not image_build.import_into_node(image, root, log):
+            raise AssertionError("the node's containerd did not take the image")
+        prometheus = PrometheusServer(
+            find_binary_with_kubernetes_sd(log),
+            root / "prometheus",
+            [],
+            scrape_interval_s=2.0,
+            scrape_configs=[serving_scrape_config(plane.kubeconfig, [WORKLOAD_NAMESPACE])],
+            host=node_mod.NODE_IP,
+        ).start()
+        api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
+        handle = Platform(plane, api_client, kubectl_path, helm_path, image, prometheus, log)
+        handle.kubectl("create", "namespace", RELEASE_NAMESPACE)
+        handle.kubectl("create", "namespace", WORKLOAD_NAMESPACE)
+        values = root / "values.yaml"
+        repository, tag = image.name.rsplit(":", 1)
+        values.write_text(
+            json.dumps(
+                {
+                    **CHART_VALUES,
+                    "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+                    "prometheus": {"url": prometheus.url},
+                }
+            )
+        )
+        started = time.monotonic()
+        handle.helm(
+            "install", "metainfer", str(REPO / "charts" / "metainfer"), "-n", RELEASE_NAMESPACE,
+            "-f", str(values), "--wait", "--timeout", "4m",
+        )  # fmt: skip
+        log(f"helm install: operator Ready in {time.monotonic() - started:.1f}s")
+        yield handle
+        api_client.close()
+    finally:
+        if prometheus is not None:
+            prometheus.stop()
+        plane.stop()

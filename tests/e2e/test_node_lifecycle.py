@@ -1,0 +1,104 @@
+"""`cluster up` with a node runs pods on a pod network; `cluster down` leaves the host exactly as it found it.
+
+Runs before test_platform.py (file order): only one node can run on a machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from platform_harness import require_root
+
+from hack.controlplane import assets, cluster, hostchanges
+from hack.controlplane import node as node_mod
+
+PAUSE_POD = {
+    "apiVersion": "v1",
+    "kind": "Pod",
+    "metadata": {"name": "hello", "namespace": "default"},
+    "spec": {
+        "containers": [{"name": "c", "image": node_mod.PAUSE_IMAGE, "imagePullPolicy": "Never"}],
+        "terminationGracePeriodSeconds": 1,
+    },
+}
+
+
+def _our_processes(executables: list[str]) -> list[str]:
+    found = []
+    wanted = {os.path.realpath(e) for e in executables}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            exe = os.path.realpath(os.readlink(proc / "exe"))
+        except OSError:
+            continue
+        if exe in wanted or exe.endswith("containerd-shim-runc-v2"):
+            found.append(f"{proc.name} {exe}")
+    return found
+
+
+def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: Path) -> None:
+    require_root()
+    root = tmp_path / "cluster"
+    root.mkdir()
+    before = hostchanges.snapshot((root.resolve(),))
+    found = assets.provide(with_node=True)
+    kubectl = assets.find_kubectl()
+    plane = cluster.start(root, found, die_with_parent=True, node=True, timeout_s=300)
+    executables = list(plane.executables.values())
+    try:
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+
+        def kubectl_json(*args: str) -> dict[str, object]:
+            out = subprocess.run(
+                [str(kubectl), *args, "-o", "json"], env=env, capture_output=True, text=True, check=True
+            )
+            return dict(json.loads(out.stdout))
+
+        subprocess.run(
+            [str(kubectl), "apply", "-f", "-"],
+            input=json.dumps(PAUSE_POD),
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        deadline = time.monotonic() + 120
+        while True:
+            pod = kubectl_json("get", "pod", "hello")
+            status = pod.get("status", {})
+            assert isinstance(status, dict)
+            if status.get("phase") == "Running" and status.get("podIP"):
+                break
+            assert time.monotonic() < deadline, f"pod not Running with an IP: {status}"
+            time.sleep(1)
+        assert str(status["podIP"]).startswith(node_mod.POD_SUBNET.rsplit(".", 2)[0])
+        assert hostchanges.diff(before, (root.resolve(),)), "a running node should show as host changes"
+    finally:
+        plane.stop()
+    left = hostchanges.diff(before, (root.resolve(),))
+    assert left == [], left
+    assert _our_processes(executables) == []
+    assert not root.exists() or not any(root.iterdir()), list(root.iterdir())
+
+
+def test_control_plane_only_mode_still_needs_no_root_nor_node_binaries(tmp_path: Path) -> None:
+    """KUBEBUILDER_ASSETS users: etcd + kube-apiserver, nothing of the node, nothing on the host."""
+    found = assets.provide(with_controller_manager=False)
+    before = hostchanges.snapshot()
+    plane = cluster.start(tmp_path / "plane", found, die_with_parent=True, controller_manager=False)
+    try:
+        assert plane.server.startswith("https://127.0.0.1:")
+        assert "kubelet" not in plane.pids and "containerd" not in plane.pids
+    finally:
+        plane.stop()
+    if os.geteuid() == 0:
+        assert hostchanges.diff(before) == []
+    else:
+        pytest.skip("host state is only fully readable as root")

@@ -1,0 +1,238 @@
+"""What a platform team does with metainfer, on a real node: install, adapt, serve, scrape, relabel, restart, delete.
+
+The tests run in order on one cluster (module fixture ``platform``): each
+starts from what the one before left, as an operator's day would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from platform_harness import RELEASE_NAMESPACE, WORKLOAD_NAMESPACE, Platform
+
+from hack.controlplane import node as node_mod
+from metainfer.agent.zoo import build_examples
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.transforms.build import build_variant
+
+tritonhttp = pytest.importorskip("tritonclient.http")
+
+POLICY = "digits"
+SERVING = "app.kubernetes.io/component=serving,metainfer.io/policy=" + POLICY
+
+
+@pytest.fixture(scope="module")
+def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("examples")
+    return build_examples(out, ["digits"])["digits"].model_path
+
+
+def _policy(model_sha256: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": POLICY, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {
+            "model": {"uri": "configmap://digits-model/model.onnx", "sha256": model_sha256},
+            "slo": {"latencyP95Ms": 40, "batchSize": 16},
+            "search": {"trialBudget": 6, "timeBudgetSeconds": 300},
+            "serving": {"replicas": 1},
+            "rollout": {"canaryReplicas": 0},
+            "readaptation": {"checkIntervalSeconds": 5, "windowSeconds": 30},
+        },
+    }
+
+
+def _runs(platform: Platform) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE)["items"]
+    return items
+
+
+def _succeeded_runs(platform: Platform) -> list[dict[str, Any]]:
+    return [r for r in _runs(platform) if r.get("status", {}).get("phase") == "Succeeded"]
+
+
+def _ready_serving_pods(platform: Platform) -> list[dict[str, Any]]:
+    pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
+    return [
+        p
+        for p in pods
+        if p.get("metadata", {}).get("deletionTimestamp") is None
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
+    ]
+
+
+def test_the_operator_runs_as_a_pod_under_the_charts_service_account(platform: Platform) -> None:
+    pods = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+    assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
+    pod = pods[0]
+    assert pod["spec"]["serviceAccountName"] == "metainfer-operator"
+    assert pod["spec"]["nodeName"] == node_mod.NODE_NAME
+    container = pod["spec"]["containers"][0]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert all(c["ready"] for c in pod["status"]["containerStatuses"])
+
+
+def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service(
+    platform: Platform, digits: Path
+) -> None:
+    sha = hashlib.sha256(digits.read_bytes()).hexdigest()
+    # configmap:// delivery, as a user without object storage would do it (binaryData: not via apply).
+    platform.kubectl(
+        "create", "configmap", "digits-model", "-n", WORKLOAD_NAMESPACE, f"--from-file=model.onnx={digits}"
+    )
+    applied = time.monotonic()
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(_policy(sha)))
+
+    runs = platform.wait("the adaptation run to succeed", lambda: _succeeded_runs(platform), 600, 3)
+    run = runs[0]
+    selector = f"job-name={run['status']['jobName']}"
+
+    def finished_job_pods() -> list[dict[str, Any]]:
+        pods: list[dict[str, Any]] = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", selector)["items"]
+        return [p for p in pods if p["status"].get("phase") in ("Succeeded", "Failed")]
+
+    # The agent writes the run's result, then its container exits.
+    job_pod = platform.wait("the Job's pod to finish", finished_job_pods, 120)[0]
+    # The real scheduler placed it (its nodeSelector/affinity matched the node) and it is Guaranteed.
+    assert job_pod["spec"]["nodeName"] == node_mod.NODE_NAME
+    assert job_pod["status"]["qosClass"] == "Guaranteed", job_pod["status"]
+    assert job_pod["status"]["phase"] == "Succeeded"
+
+    ready = platform.wait("a Ready serving pod", lambda: _ready_serving_pods(platform), 300)
+    platform.log(f"kubectl apply -> first serving pod Ready: {time.monotonic() - applied:.1f}s")
+    pod = ready[0]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert not any(
+        m["mountPath"].startswith("/var/run/secrets/kubernetes.io")
+        for m in pod["spec"]["containers"][0]["volumeMounts"]
+    )
+    assert pod["status"]["qosClass"] == "Guaranteed"
+
+    # A KServe v2 request through the Service (kube-proxy's DNAT from this host) against the variant run here.
+    services = platform.get("services", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
+    assert len(services) == 1, [s["metadata"]["name"] for s in services]
+    cluster_ip = services[0]["spec"]["clusterIP"]
+    recipe = Recipe.model_validate(run["status"]["bestRecipe"])
+    variant = build_variant(digits.read_bytes(), recipe.transform)
+    session = create_session(variant, recipe)
+    rng = np.random.default_rng(0)
+    batch = rng.random((16, 64), dtype=np.float32)
+    expected = session.run(None, {session.get_inputs()[0].name: batch})
+    client = tritonhttp.InferenceServerClient(f"{cluster_ip}:8080")
+    request = tritonhttp.InferInput("input", list(batch.shape), "FP32")
+    request.set_data_from_numpy(batch, binary_data=True)
+    answer = client.infer(POLICY, [request])
+    for meta, want in zip(session.get_outputs(), expected, strict=True):
+        got = answer.as_numpy(meta.name)
+        assert got is not None, meta.name
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    platform.log(f"recipe {recipe.describe()}; rebuilt here sha256 {hashlib.sha256(variant).hexdigest()[:12]}, "
+                 f"run validated {run['status']['bestVariantSha256'][:12]}")  # fmt: skip
+
+
+def _prometheus_series(platform: Platform, promql: str) -> list[dict[str, Any]]:
+    result: list[dict[str, Any]] = platform.prometheus.query(promql).get("data", {}).get("result", [])  # type: ignore[union-attr]
+    return result
+
+
+def test_prometheus_discovers_and_scrapes_the_serving_pods_and_the_operator_reads_them(platform: Platform) -> None:
+    pods = _ready_serving_pods(platform)
+    assert pods
+    names = {p["metadata"]["name"] for p in pods}
+    up = platform.wait(
+        "Prometheus to discover and scrape the serving pods (kubernetes_sd)",
+        lambda: [s for s in _prometheus_series(platform, 'up{job="metainfer-serving"}') if s["value"][1] == "1"],
+        120,
+    )
+    assert {s["metric"]["pod"] for s in up} == names
+    assert all(s["metric"]["namespace"] == WORKLOAD_NAMESPACE for s in up)
+    # Traffic, so the compute histogram has samples; then the operator's drift check reads a p95 from Prometheus.
+    cluster_ip = platform.get("services", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"][0]["spec"]["clusterIP"]
+    client = tritonhttp.InferenceServerClient(f"{cluster_ip}:8080")
+    request = tritonhttp.InferInput("input", [16, 64], "FP32")
+    request.set_data_from_numpy(np.zeros((16, 64), dtype=np.float32), binary_data=True)
+
+    def drift_p95() -> float | None:
+        for _ in range(50):
+            client.infer(POLICY, [request])
+        policy = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
+        for cls in policy.get("status", {}).get("classes", []):
+            p95 = (cls.get("drift") or {}).get("lastObservedP95Ms")
+            if p95 is not None:
+                return float(p95)
+        return None
+
+    p95 = platform.wait("the operator's drift check to read a p95 from Prometheus", drift_p95, 180, 3)
+    platform.log(f"production compute p95 read by the operator through Prometheus: {p95} ms")
+
+
+def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Platform) -> None:
+    before = {r["metadata"]["name"] for r in _runs(platform)}
+    prefix = "feature.node.kubernetes.io/cpu-model."
+    platform.kubectl(
+        "label", "node", node_mod.NODE_NAME, "--overwrite",
+        f"{prefix}vendor_id=AuthenticAMD", f"{prefix}family=25", f"{prefix}id=1",
+    )  # fmt: skip
+
+    def new_succeeded() -> list[dict[str, Any]]:
+        return [r for r in _succeeded_runs(platform) if r["metadata"]["name"] not in before]
+
+    runs = platform.wait("a run for the relabelled node's new class", new_succeeded, 600, 3)
+    assert len(runs) == 1, [r["metadata"]["name"] for r in runs]
+    new_class = runs[0]["metadata"]["labels"]["metainfer.io/class"]
+    platform.wait(
+        "a Ready serving pod of the new class",
+        lambda: [
+            p for p in _ready_serving_pods(platform) if p["metadata"]["labels"]["metainfer.io/class"] == new_class
+        ],
+        300,
+    )
+
+
+def _owned_objects(platform: Platform) -> dict[str, list[str]]:
+    selector = f"metainfer.io/policy={POLICY}"
+    found = {}
+    for kind in ("adaptationruns", "jobs", "deployments", "services"):
+        items = platform.get(kind, "-n", WORKLOAD_NAMESPACE, "-l", selector)["items"]
+        found[kind] = sorted(i["metadata"]["name"] for i in items)
+    return found
+
+
+def test_deleting_the_operator_pod_restarts_it_without_duplicating_runs_jobs_or_deployments(
+    platform: Platform,
+) -> None:
+    before = _owned_objects(platform)
+    (old,) = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+    platform.kubectl("delete", "pod", "-n", RELEASE_NAMESPACE, old["metadata"]["name"], "--wait=false")
+
+    def new_operator_ready() -> bool:
+        pods = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+        return any(
+            p["metadata"]["uid"] != old["metadata"]["uid"]
+            and all(c["ready"] for c in p["status"].get("containerStatuses", [{"ready": False}]))
+            for p in pods
+        )
+
+    platform.wait("the Deployment's new operator pod to be Ready", new_operator_ready, 180)
+    time.sleep(25)  # two resync periods of the new operator
+    assert _owned_objects(platform) == before
+
+
+def test_deleting_the_policy_garbage_collects_every_pod(platform: Platform) -> None:
+    platform.kubectl("delete", "adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE, "--wait=false")
+
+    def all_gone() -> bool:
+        pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE)["items"]
+        owned = _owned_objects(platform)
+        return not pods and not any(owned.values())
+
+    platform.wait("every run, Job, Deployment, Service and pod of the policy to be gone", all_gone, 180)
