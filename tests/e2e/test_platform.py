@@ -236,3 +236,207 @@ def test_deleting_the_policy_garbage_collects_every_pod(platform: Platform) -> N
         return not pods and not any(owned.values())
 
     platform.wait("every run, Job, Deployment, Service and pod of the policy to be gone", all_gone, 180)
+
+
+HEAVY = "heavy"
+HEAVY_SERVING = "app.kubernetes.io/component=serving,metainfer.io/policy=" + HEAVY
+HEAVY_WIDTH = 384
+HEAVY_LAYERS = 48
+HEAVY_ROWS = 128
+
+
+def _heavy_model(path: Path, seed: int = 7) -> Path:
+    """48 MatMul+Relu layers sharing one 384x384 weight: ~0.6 MB (a ConfigMap holds 1 MiB), yet compute
+    dominates the serving pod's CPU, so CFS throttling lands inside ONNX Runtime's runs."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    weight = (rng.standard_normal((HEAVY_WIDTH, HEAVY_WIDTH)) * np.sqrt(2 / HEAVY_WIDTH)).astype(np.float32)
+    nodes, inits, previous = [], [numpy_helper.from_array(weight, "w")], "input"
+    for layer in range(HEAVY_LAYERS):
+        nodes.append(helper.make_node("MatMul", [previous, "w"], [f"m{layer}"]))
+        nodes.append(helper.make_node("Relu", [f"m{layer}"], [f"r{layer}"]))
+        previous = f"r{layer}"
+    nodes.append(helper.make_node("Identity", [previous], ["output"]))
+    graph = helper.make_graph(
+        nodes,
+        "heavy",
+        [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["batch", HEAVY_WIDTH])],
+        [helper.make_tensor_value_info("output", TensorProto.FLOAT, ["batch", HEAVY_WIDTH])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, path)
+    return path
+
+
+def _load(address: str, seconds: float, clients: int, pause_s: float) -> int:
+    """Bounded KServe v2 load (``clients`` threads for ``seconds``); returns the requests answered."""
+    import threading
+
+    counts: list[int] = []
+    batch = np.random.default_rng(1).random((HEAVY_ROWS, HEAVY_WIDTH), dtype=np.float32)
+
+    def worker() -> None:
+        client = tritonhttp.InferenceServerClient(address, network_timeout=30.0)
+        request = tritonhttp.InferInput("input", list(batch.shape), "FP32")
+        request.set_data_from_numpy(batch, binary_data=True)
+        done, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            client.infer(HEAVY, [request])
+            done += 1
+            time.sleep(pause_s)
+        counts.append(done)
+
+    threads = [threading.Thread(target=worker) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=seconds + 60)
+    return sum(counts)
+
+
+def _heavy_class(platform: Platform) -> dict[str, Any]:
+    policy = platform.get("adaptationpolicy", HEAVY, "-n", WORKLOAD_NAMESPACE)
+    classes: list[dict[str, Any]] = policy.get("status", {}).get("classes", [])
+    return classes[0] if classes else {}
+
+
+def test_sustained_load_on_a_cpu_limited_pod_drifts_the_p95_and_a_drift_run_and_canary_follow(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """Real drift: a saturating load makes CFS throttle the serving pod (500m limit) inside ORT runs."""
+    model = _heavy_model(tmp_path / "heavy.onnx")
+    platform.kubectl(
+        "create", "configmap", "heavy-model", "-n", WORKLOAD_NAMESPACE, f"--from-file=model.onnx={model}"
+    )  # fmt: skip
+    policy = {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": HEAVY, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {
+            "model": {
+                "uri": "configmap://heavy-model/model.onnx",
+                "sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
+            },
+            "slo": {"latencyP95Ms": 500, "batchSize": HEAVY_ROWS},
+            "search": {"trialBudget": 4, "timeBudgetSeconds": 300},
+            # 2 stable pods + the drift run's Job (1 CPU) + the operator fit the node's 2 CPUs at 400m each.
+            "serving": {
+                "replicas": 2,
+                "resources": {"requests": {"cpu": "400m"}, "limits": {"cpu": "400m"}},
+            },
+            "rollout": {"canaryReplicas": 1, "analysisWindowSeconds": 30, "tolerance": 0.5},
+            "readaptation": {
+                "checkIntervalSeconds": 5,
+                "windowSeconds": 20,
+                "consecutiveBreaches": 2,
+                "driftTolerance": 0.5,
+                "cooldownSeconds": 0,
+            },
+        },
+    }
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(policy))
+    platform.wait(
+        "the heavy policy's first serving pod", lambda: _ready_serving_pods_of(platform, HEAVY_SERVING), 600, 3
+    )
+    service = platform.get("services", "-n", WORKLOAD_NAMESPACE, "-l", HEAVY_SERVING)["items"][0]
+    address = f"{service['spec']['clusterIP']}:8080"
+
+    # Light load sets the production baseline (one client, pauses: no throttling).
+    def baseline() -> float | None:
+        _load(address, 6, 1, 0.2)
+        drift = _heavy_class(platform).get("drift") or {}
+        return drift.get("lastObservedP95Ms")
+
+    light = platform.wait("a production p95 under light load", baseline, 180, 1)
+    runs_before = {r["metadata"]["name"] for r in _runs(platform)}
+    onset = time.monotonic()
+
+    def drift_run() -> list[dict[str, Any]]:
+        answered = _load(address, 8, 4, 0.0)  # saturating: 4 clients, no pauses
+        drift = _heavy_class(platform).get("drift") or {}
+        platform.log(
+            f"loaded: {answered / 8:.0f} req/s; p95 {drift.get('lastObservedP95Ms')} ms, baseline "
+            f"{drift.get('baselineP95Ms')}, breaches {drift.get('consecutiveBreaches')}: {drift.get('message')}"
+        )
+        return [
+            r
+            for r in _runs(platform)
+            if r["metadata"]["name"] not in runs_before and r["spec"].get("reason") == "LatencyDrift"
+        ]
+
+    runs = platform.wait("a LatencyDrift run after the p95 drifted", drift_run, 300, 1)
+    heavy_p95 = (_heavy_class(platform).get("drift") or {}).get("lastObservedP95Ms")
+    platform.log(f"drift: light p95 {light} ms -> loaded p95 {heavy_p95} ms; run {runs[0]['metadata']['name']} "
+                 f"{time.monotonic() - onset:.0f}s after the load began")  # fmt: skip
+    name = runs[0]["metadata"]["name"]
+
+    def drift_run_succeeded() -> bool:
+        return any(r["metadata"]["name"] == name for r in _succeeded_runs(platform))
+
+    platform.wait("the drift run's Job to succeed as a pod", drift_run_succeeded, 600, 3)
+
+    def decided() -> str | None:
+        _load(address, 5, 1, 0.05)
+        cls = _heavy_class(platform)
+        rollout = cls.get("rollout") or {}
+        if rollout.get("phase") in ("Promoted", "RolledBack"):
+            return str(rollout["phase"])
+        drift_key = next(
+            (r["status"].get("bestRecipeKey") for r in _runs(platform) if r["metadata"]["name"] == name), None
+        )
+        if drift_key is not None and drift_key == (cls.get("current") or {}).get("recipeKey"):
+            return "SameVariantAsStable"
+        return None
+
+    outcome = platform.wait("the drift run's variant to be served or canaried", decided, 420, 2)
+    platform.log(f"drift onset -> decision ({outcome}): {time.monotonic() - onset:.0f}s")
+    if outcome == "SameVariantAsStable":
+        # Same hardware, same model: the re-adaptation (warm-started from the class's history) found the
+        # variant already serving, so nothing is rolled out; a canary needs a new variant: a new model version.
+        assert not platform.get(
+            "deployments", "-n", WORKLOAD_NAMESPACE, "-l", HEAVY_SERVING + ",metainfer.io/track=canary"
+        )["items"]
+        _roll_out_a_new_model_version_through_a_canary(platform, tmp_path, address)
+
+
+def _roll_out_a_new_model_version_through_a_canary(platform: Platform, tmp_path: Path, address: str) -> None:
+    model = _heavy_model(tmp_path / "heavy-v2.onnx", seed=8)
+    platform.kubectl(
+        "create", "configmap", "heavy-model-v2", "-n", WORKLOAD_NAMESPACE, f"--from-file=model.onnx={model}"
+    )  # fmt: skip
+    patch = {"spec": {"model": {"uri": "configmap://heavy-model-v2/model.onnx",
+                                "sha256": hashlib.sha256(model.read_bytes()).hexdigest()}}}  # fmt: skip
+    started = time.monotonic()
+    platform.kubectl(
+        "patch", "adaptationpolicy", HEAVY, "-n", WORKLOAD_NAMESPACE, "--type=merge", "-p", json.dumps(patch)
+    )
+    canary = HEAVY_SERVING + ",metainfer.io/track=canary"
+    platform.wait("the canary pod of the new model version", lambda: _ready_serving_pods_of(platform, canary), 600, 3)
+    platform.log(f"model update -> canary pod Ready: {time.monotonic() - started:.0f}s")
+
+    def decided() -> str | None:
+        _load(address, 5, 1, 0.05)  # traffic for both tracks' histograms during the analysis window
+        phase = (_heavy_class(platform).get("rollout") or {}).get("phase")
+        return str(phase) if phase in ("Promoted", "RolledBack") else None
+
+    outcome = platform.wait("the canary to be promoted or rolled back", decided, 420, 1)
+    platform.log(f"canary {outcome} {time.monotonic() - started:.0f}s after the model update")
+    platform.wait(
+        "the canary Deployment to be gone after the decision",
+        lambda: not platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", canary)["items"],
+        180,
+    )
+
+
+def _ready_serving_pods_of(platform: Platform, selector: str) -> list[dict[str, Any]]:
+    pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", selector)["items"]
+    return [
+        p
+        for p in pods
+        if p.get("metadata", {}).get("deletionTimestamp") is None
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
+    ]
