@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv helm image e2e bench-deps bench bench-adaptation bench-search bench-warm-start bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image e2e bench-deps bench bench-adaptation bench-search bench-warm-start bench-real-node bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -47,6 +47,9 @@ bench-warm-start: bench-deps
 # venv under ~/.cache/metainfer/kserve-venv from bench/requirements-kserve.txt.
 bench-serving: bench-deps
 	$(BIN)/python bench/serving.py
+# Needs root: starts the real node, builds the image, runs the e2e suite and reads its timings.
+bench-real-node: bench-deps assets
+	$(BIN)/python bench/real_node.py
 bench-scale: venv assets
 	$(BIN)/python bench/operator_scale.py
 # Olive pulls torch and pins an older pydantic, so bench/olive_peer.py builds it its own

@@ -24,7 +24,7 @@ from metainfer.core.api import ADAPTATION_POLICY, ADAPTATION_RUN
 from metainfer.core.api.conditions import Condition, ConditionType, set_condition
 from metainfer.core.api.policy import AdaptationPolicy
 from metainfer.core.api.vocabulary import ClassState, Reason
-from metainfer.core.control.events import coalesce
+from metainfer.core.control.events import coalesce, missing_agent_account
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.manifests import LABEL_CLASS
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
@@ -103,6 +103,11 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
     for run_name in plan.runs_to_delete:
         await kube.delete("AdaptationRun", namespace, run_name)
     for job in plan.jobs_to_create:  # the Job first, its name in the run's status after: see plan_job
+        account = job.manifest["spec"]["template"]["spec"].get("serviceAccountName")
+        if account and await kube.service_account_missing(namespace, account):
+            # Found on a real node: the Job is accepted, but its pods never are, and nothing else says why.
+            kopf.event(body, type="Warning", reason=Reason.AGENT_SERVICE_ACCOUNT_MISSING.value,
+                       message=missing_agent_account(namespace, account, job.run_name))  # fmt: skip
         await kube.create_if_absent(job.manifest)
         await kube.patch_status(
             ADAPTATION_RUN.plural, namespace, job.run_name, {"jobName": job.manifest["metadata"]["name"]}

@@ -78,6 +78,21 @@ async def create_if_absent(manifest: Mapping[str, Any]) -> bool:
     return True
 
 
+async def service_account_missing(namespace: str, name: str) -> bool:
+    """True only when the API server says the ServiceAccount does not exist (not when we may not look)."""
+    try:
+        await _in_thread(
+            f"get serviceaccount {name}", client.CoreV1Api(_api()).read_namespaced_service_account, name, namespace
+        )
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        if exc.status == 403:
+            return False  # a chart without the `get serviceaccounts` rule: the Job's own events will say it
+        raise _temporary(exc, f"get serviceaccount {namespace}/{name}") from exc
+    return False
+
+
 async def apply(manifest: Mapping[str, Any]) -> None:
     """Create, or merge-patch the spec and labels of an existing object."""
     if await create_if_absent(manifest):

@@ -134,6 +134,7 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     JOB_FAILED = "JobFailed"
+    AGENT_SERVICE_ACCOUNT_MISSING = "AgentServiceAccountMissing"
     # rollout
     CANARY_PROGRESSING = "CanaryProgressing"
     CANARY_PROMOTED = "CanaryPromoted"

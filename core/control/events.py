@@ -47,3 +47,13 @@ def _join(messages: list[str], max_message: int) -> str:
             return text + f"; ... and {len(messages) - shown} more"
         text += piece
     return text
+
+
+def missing_agent_account(namespace: str, account: str, run: str) -> str:
+    """Why a run's Job will never start a pod: its ServiceAccount is not in the policy's namespace."""
+    message = (
+        f"run {run}: ServiceAccount {account} does not exist in namespace {namespace}, so the Job's pods are refused "
+        f"and the run waits until its deadline; the chart creates it only in its workloadNamespaces: add {namespace} "
+        "to the Helm value workloadNamespaces (or create the ServiceAccount and the agent's Role binding)"
+    )
+    return message[:MAX_MESSAGE]

@@ -15,6 +15,7 @@ reason (CI runs as root).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -80,6 +81,7 @@ class Platform:
     image: image_build.BuiltImage
     prometheus: PrometheusServer
     log: Callable[[str], None]
+    timings: dict[str, Any]  # what bench/real_node.py reports: seconds, p95s, the drift run's outcome
 
     def kubectl(self, *args: str, stdin: str | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig)}
@@ -137,22 +139,27 @@ def require_root() -> None:
         pytest.skip("the real node needs root (bridge, iptables, cgroups, containerd); CI runs as root")
 
 
-@pytest.fixture(scope="module")
-def platform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
-    require_root()
-    log = _reporter(request)
-    root = tmp_path_factory.mktemp("node-cluster")
+@contextlib.contextmanager
+def running_platform(root: Path, log: Callable[[str], None]) -> Iterator[Platform]:
+    """Cluster with node, image loaded, Prometheus with kubernetes_sd, chart installed; all stopped on exit.
+
+    Also used by bench/real_node.py, which times the same steps.
+    """
+    timings: dict[str, Any] = {}
     found = assets.provide(log, with_node=True)
     kubectl_path = assets.find_kubectl(log)
     helm_path = helm.provide(log)
     started = time.monotonic()
     plane = cluster.start(root, found, log=log, die_with_parent=True, node=True, timeout_s=300)
+    timings["cluster_up_s"] = time.monotonic() - started
     prometheus: PrometheusServer | None = None
     try:
-        log(f"cluster with node up in {time.monotonic() - started:.1f}s")
+        log(f"cluster with node up in {timings['cluster_up_s']:.1f}s")
         image = image_build.build(log=log)
+        started = time.monotonic()
         if not image_build.import_into_node(image, root, log):
             raise AssertionError("the node's containerd did not take the image")
+        timings["image_import_s"] = time.monotonic() - started
         prometheus = PrometheusServer(
             find_binary_with_kubernetes_sd(log),
             root / "prometheus",
@@ -162,7 +169,7 @@ def platform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
             host=node_mod.NODE_IP,
         ).start()
         api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
-        handle = Platform(plane, api_client, kubectl_path, helm_path, image, prometheus, log)
+        handle = Platform(plane, api_client, kubectl_path, helm_path, image, prometheus, log, timings)
         handle.kubectl("create", "namespace", RELEASE_NAMESPACE)
         handle.kubectl("create", "namespace", WORKLOAD_NAMESPACE)
         values = root / "values.yaml"
@@ -181,10 +188,21 @@ def platform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
             "install", "metainfer", str(REPO / "charts" / "metainfer"), "-n", RELEASE_NAMESPACE,
             "-f", str(values), "--wait", "--timeout", "4m",
         )  # fmt: skip
-        log(f"helm install: operator Ready in {time.monotonic() - started:.1f}s")
+        timings["helm_install_to_operator_ready_s"] = time.monotonic() - started
+        log(f"helm install: operator Ready in {timings['helm_install_to_operator_ready_s']:.1f}s")
         yield handle
         api_client.close()
     finally:
         if prometheus is not None:
             prometheus.stop()
         plane.stop()
+
+
+@pytest.fixture(scope="module")
+def platform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
+    require_root()
+    with running_platform(tmp_path_factory.mktemp("node-cluster"), _reporter(request)) as handle:
+        yield handle
+        out = os.environ.get("METAINFER_E2E_TIMINGS")  # bench/real_node.py collects the suite's timings
+        if out:
+            Path(out).write_text(json.dumps(handle.timings, indent=2, sort_keys=True))

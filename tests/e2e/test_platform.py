@@ -69,6 +69,28 @@ def _ready_serving_pods(platform: Platform) -> list[dict[str, Any]]:
     ]
 
 
+def _seconds(start: str, end: str) -> float:
+    import datetime as dt
+
+    def parse(text: str) -> dt.datetime:
+        return dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+    return (parse(end) - parse(start)).total_seconds()
+
+
+def _ready_time(pod: dict[str, Any]) -> str:
+    return next(c["lastTransitionTime"] for c in pod["status"]["conditions"] if c["type"] == "Ready")
+
+
+def _variant_build_seconds(platform: Platform, pod: str) -> float:
+    """From the serving log's timestamps: the line announcing the build to the next line."""
+    lines = platform.kubectl("logs", "-n", WORKLOAD_NAMESPACE, pod, "--timestamps").stdout.splitlines()
+    for index, line in enumerate(lines[:-1]):
+        if "building variant" in line:
+            return _seconds(line.split()[0], lines[index + 1].split()[0])
+    return 0.0  # loaded from a variant store: nothing built
+
+
 def test_the_operator_runs_as_a_pod_under_the_charts_service_account(platform: Platform) -> None:
     pods = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
     assert len(pods) == 1, [p["metadata"]["name"] for p in pods]
@@ -107,9 +129,15 @@ def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service
     assert job_pod["status"]["qosClass"] == "Guaranteed", job_pod["status"]
     assert job_pod["status"]["phase"] == "Succeeded"
 
-    ready = platform.wait("a Ready serving pod", lambda: _ready_serving_pods(platform), 300)
+    ready = platform.wait("a Ready serving pod", lambda: _ready_serving_pods(platform), 300, 1)
+    platform.timings["apply_to_first_serving_pod_ready_s"] = time.monotonic() - applied
     platform.log(f"kubectl apply -> first serving pod Ready: {time.monotonic() - applied:.1f}s")
     pod = ready[0]
+    platform.timings["job_pod_start_to_result_s"] = _seconds(
+        job_pod["status"]["startTime"], run["status"]["completionTime"]
+    )
+    platform.timings["serving_pod_start_to_ready_s"] = _seconds(pod["status"]["startTime"], _ready_time(pod))
+    platform.timings["serving_variant_build_s"] = _variant_build_seconds(platform, pod["metadata"]["name"])
     assert pod["spec"]["automountServiceAccountToken"] is False
     assert not any(
         m["mountPath"].startswith("/var/run/secrets/kubernetes.io")
@@ -236,6 +264,23 @@ def test_deleting_the_policy_garbage_collects_every_pod(platform: Platform) -> N
         return not pods and not any(owned.values())
 
     platform.wait("every run, Job, Deployment, Service and pod of the policy to be gone", all_gone, 180)
+
+
+def test_a_policy_outside_the_workload_namespaces_gets_a_warning_not_a_silent_stuck_job(platform: Platform) -> None:
+    """Found on the real node: the chart makes the agent's ServiceAccount only in workloadNamespaces; elsewhere
+    the Job is accepted but the Job controller's pods are refused, and the run waited for its deadline unexplained."""
+    platform.kubectl("create", "namespace", "team-b")
+    policy = _policy("0" * 64)
+    policy["metadata"]["namespace"] = "team-b"
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(policy))
+
+    def warning() -> list[dict[str, Any]]:
+        events = platform.get("events", "-n", "team-b", "--field-selector", "reason=AgentServiceAccountMissing")
+        return list(events["items"])
+
+    (event, *_) = platform.wait("the AgentServiceAccountMissing warning", warning, 120)
+    assert event["type"] == "Warning" and "workloadNamespaces" in event["message"], event
+    platform.kubectl("delete", "namespace", "team-b", "--wait=false")
 
 
 HEAVY = "heavy"
@@ -370,6 +415,11 @@ def test_sustained_load_on_a_cpu_limited_pod_drifts_the_p95_and_a_drift_run_and_
 
     runs = platform.wait("a LatencyDrift run after the p95 drifted", drift_run, 300, 1)
     heavy_p95 = (_heavy_class(platform).get("drift") or {}).get("lastObservedP95Ms")
+    platform.timings["drift_onset_to_run_s"] = time.monotonic() - onset
+    platform.timings["drift_light_p95_ms"], platform.timings["drift_loaded_p95_ms"] = (
+        float(light),
+        float(heavy_p95 or "nan"),
+    )
     platform.log(f"drift: light p95 {light} ms -> loaded p95 {heavy_p95} ms; run {runs[0]['metadata']['name']} "
                  f"{time.monotonic() - onset:.0f}s after the load began")  # fmt: skip
     name = runs[0]["metadata"]["name"]
@@ -393,6 +443,8 @@ def test_sustained_load_on_a_cpu_limited_pod_drifts_the_p95_and_a_drift_run_and_
         return None
 
     outcome = platform.wait("the drift run's variant to be served or canaried", decided, 420, 2)
+    platform.timings["drift_onset_to_decision_s"] = time.monotonic() - onset
+    platform.timings["drift_decision"] = outcome
     platform.log(f"drift onset -> decision ({outcome}): {time.monotonic() - onset:.0f}s")
     if outcome == "SameVariantAsStable":
         # Same hardware, same model: the re-adaptation (warm-started from the class's history) found the
@@ -416,6 +468,7 @@ def _roll_out_a_new_model_version_through_a_canary(platform: Platform, tmp_path:
     )
     canary = HEAVY_SERVING + ",metainfer.io/track=canary"
     platform.wait("the canary pod of the new model version", lambda: _ready_serving_pods_of(platform, canary), 600, 3)
+    platform.timings["model_update_to_canary_ready_s"] = time.monotonic() - started
     platform.log(f"model update -> canary pod Ready: {time.monotonic() - started:.0f}s")
 
     def decided() -> str | None:
@@ -424,6 +477,7 @@ def _roll_out_a_new_model_version_through_a_canary(platform: Platform, tmp_path:
         return str(phase) if phase in ("Promoted", "RolledBack") else None
 
     outcome = platform.wait("the canary to be promoted or rolled back", decided, 420, 1)
+    platform.timings["model_update_to_canary_decision_s"] = time.monotonic() - started
     platform.log(f"canary {outcome} {time.monotonic() - started:.0f}s after the model update")
     platform.wait(
         "the canary Deployment to be gone after the decision",

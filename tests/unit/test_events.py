@@ -33,3 +33,11 @@ def test_a_single_long_message_is_truncated_and_a_long_first_one_still_shows() -
     assert single.message == "x" * 100
     (merged,) = coalesce([Event("Normal", "R", "y" * 5000), Event("Normal", "R", "z")], max_message=100)
     assert len(merged.message) <= 100 and "yyy" in merged.message and merged.message.endswith("; ... and 1 more")
+
+
+def test_the_missing_agent_account_message_names_the_namespace_the_account_and_the_fix() -> None:
+    from metainfer.core.control.events import MAX_MESSAGE, missing_agent_account
+
+    message = missing_agent_account("team-b", "metainfer-agent", "digits-cpu-1")
+    assert "team-b" in message and "metainfer-agent" in message and "workloadNamespaces" in message
+    assert len(missing_agent_account("n" * 300, "a" * 300, "r" * 300)) <= MAX_MESSAGE
