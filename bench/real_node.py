@@ -112,7 +112,7 @@ def render(data: dict[str, Any]) -> str:
         ("`kubectl apply` to first serving pod Ready", f"{e['apply_to_first_serving_pod_ready_s']:.1f} s"),
         ("Job pod start to result (6 trials, digits)", f"{e['job_pod_start_to_result_s']:.0f} s"),
         ("serving pod start to Ready", f"{e['serving_pod_start_to_ready_s']:.0f} s"),
-        ("... of which rebuilding the variant", f"{e['serving_variant_build_s']:.1f} s"),
+        ("... of which rebuilding the variant (serve's log)", f"{e['serving_variant_build_s'] * 1000:.0f} ms"),
         ("drift: light-load p95 -> saturated p95 (compute, Prometheus)",
          f"{e['drift_light_p95_ms']:.1f} ms -> {e['drift_loaded_p95_ms']:.1f} ms"),
         ("drift onset (load starts) to LatencyDrift run", f"{e['drift_onset_to_run_s']:.0f} s"),
@@ -140,7 +140,12 @@ def render(data: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--render", type=Path, help="only render the raw measurements a run saved (its JSON)")
     args = parser.parse_args(argv)
+    if args.render:
+        data = json.loads(args.render.read_text())
+        benchlib.write_result("real_node", TITLE, data, render(data), command="python bench/real_node.py")
+        return 0
     if os.geteuid() != 0:
         print("needs root (the node changes the host)", file=sys.stderr)
         return 2

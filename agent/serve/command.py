@@ -18,7 +18,7 @@ from pydantic import ValidationError
 from metainfer.agent.serve.app import ServeConfig, serve
 from metainfer.agent.serve.model import ModelSourceArgs
 from metainfer.core.engine.errors import InputError
-from metainfer.core.engine.profile.fingerprint import affinity_cores
+from metainfer.core.engine.profile.fingerprint import usable_cores
 from metainfer.core.engine.recipe import Recipe
 
 log = logging.getLogger("metainfer.serve")
@@ -94,28 +94,6 @@ def default_workers(recipe: Recipe, cores: int) -> int:
     every core). Two 2-thread runs on 2 cores made dynamic batching slower than one run of the combined batch."""
     threads = recipe.session.intra_op_num_threads or cores
     return max(1, cores // threads)
-
-
-def usable_cores() -> int:
-    """Cores this process may use: its CPU affinity, further bounded by a cgroup CPU quota (a container's
-    limits.cpu), which the affinity mask does not show."""
-    cores = affinity_cores()
-    quota = _cgroup_cpu_quota()
-    return max(1, min(cores, int(quota))) if quota else cores
-
-
-def _cgroup_cpu_quota() -> float | None:
-    try:  # cgroup v2: "max 100000" or "200000 100000"
-        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-        return None if limit == "max" else int(limit) / int(period)
-    except (OSError, ValueError):
-        pass
-    try:  # cgroup v1
-        quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
-        period = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
-        return quota / period if quota > 0 and period > 0 else None
-    except (OSError, ValueError):
-        return None
 
 
 def _non_negative(value: float, flag: str) -> float:

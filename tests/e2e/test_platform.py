@@ -128,6 +128,9 @@ def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service
     assert job_pod["spec"]["nodeName"] == node_mod.NODE_NAME
     assert job_pod["status"]["qosClass"] == "Guaranteed", job_pod["status"]
     assert job_pod["status"]["phase"] == "Succeeded"
+    # Threads follow the CPU limit (1 CPU on a 2-core node): the profile the search used counts 1 usable core.
+    profile = platform.get("hardwareprofile", run["status"]["hardwareProfileName"])
+    assert profile["status"]["profile"]["machine"]["logical_cores"] == 1, profile["status"]["profile"]["machine"]
 
     ready = platform.wait("a Ready serving pod", lambda: _ready_serving_pods(platform), 300, 1)
     platform.timings["apply_to_first_serving_pod_ready_s"] = time.monotonic() - applied

@@ -33,10 +33,17 @@ def test_workers_default_to_the_cores_and_the_flag_wins(monkeypatch: pytest.Monk
 
 
 def test_the_cgroup_quota_bounds_the_usable_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(command, "_cgroup_cpu_quota", lambda: 1.5)
-    assert command.usable_cores() == 1
-    monkeypatch.setattr(command, "_cgroup_cpu_quota", lambda: None)
-    assert command.usable_cores() >= 1
+    import importlib
+
+    fingerprint = importlib.import_module("metainfer.core.engine.profile.fingerprint")  # the package exports a function
+    monkeypatch.setattr(fingerprint, "affinity_cores", lambda: 2)
+    monkeypatch.setattr(fingerprint, "cgroup_cpu_quota", lambda: 1.5)
+    assert fingerprint.usable_cores() == 1
+    monkeypatch.setattr(fingerprint, "cgroup_cpu_quota", lambda: 0.5)
+    assert fingerprint.usable_cores() == 1
+    monkeypatch.setattr(fingerprint, "cgroup_cpu_quota", lambda: None)
+    assert fingerprint.usable_cores() == 2
+    assert fingerprint.detect_machine().logical_cores == 2  # what the search's thread choices come from
 
 
 @pytest.mark.parametrize(

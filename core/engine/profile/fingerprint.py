@@ -81,13 +81,37 @@ def affinity_cores() -> int:
         return os.cpu_count() or 1
 
 
+def usable_cores() -> int:
+    """Cores this process may use: its CPU affinity, further bounded by a cgroup CPU quota (a container's
+    limits.cpu), which the affinity mask does not show. A pod limited to 1 CPU on a 2-core node sees both cores
+    in its mask; timing 2-thread candidates there measures CFS throttling, not the recipe (found on a real node)."""
+    cores = affinity_cores()
+    quota = cgroup_cpu_quota()
+    return max(1, min(cores, int(quota))) if quota else cores
+
+
+def cgroup_cpu_quota() -> float | None:
+    """The CPU quota of this process's cgroup in cores (v2 ``cpu.max``, else v1 ``cfs_quota_us``); None: none."""
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
+        return None if limit == "max" else int(limit) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        quota_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
+        period_us = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_period_us").read_text())
+        return quota_us / period_us if quota_us > 0 and period_us > 0 else None
+    except (OSError, ValueError):
+        return None
+
+
 def detect_machine() -> MachineInfo:
     """Read the machine's identity from the OS and ONNX Runtime (no benchmarking)."""
     import onnxruntime as ort  # here, not at the top: the operator imports this package and never profiles
 
     info = _cpuinfo()
     arch = platform.machine().lower()
-    logical = affinity_cores()
+    logical = usable_cores()
     return MachineInfo(
         cpu_model=_cpu_model(info),
         arch=_ARCH.get(arch, arch),
