@@ -89,7 +89,7 @@ def provide(log: assets.Log = print) -> Path:
     if _usable(target):
         return target
     directory.mkdir(parents=True, exist_ok=True)
-    with assets._lock(directory.parent / f"{directory.name}.lock"):
+    with assets.lock(directory.parent / f"{directory.name}.lock"):
         if not _usable(target):  # another process may have built it while we waited
             try:
                 assets.find_go()
