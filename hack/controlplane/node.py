@@ -93,9 +93,15 @@ class NodePaths:
 
 
 def require_host() -> None:
-    """Root, the Debian packages a node needs (installed with apt-get when missing), a cgroupfs."""
+    """Root, no other node running, the Debian packages a node needs (installed with apt-get when missing)."""
     if os.geteuid() != 0:
         raise ControlPlaneError("a node needs root (kubelet, containerd and the CNI bridge change the host)")
+    running = running_node_kubelets()
+    if running:
+        raise ControlPlaneError(
+            f"a metainfer node already runs on this machine (kubelet pid {', '.join(map(str, running))}): one node "
+            "per machine (one bridge, one set of host paths); stop it first (`make cluster-down`)"
+        )
     missing = [pkg for pkg in DEBIAN_PACKAGES if not _deb_installed(pkg)]
     if missing:
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
@@ -115,6 +121,21 @@ def require_host() -> None:
             raise ControlPlaneError(f"{tool} is not on PATH after installing {', '.join(DEBIAN_PACKAGES)}")
     if not (CNI_BIN_DIR / "bridge").exists():
         raise ControlPlaneError(f"{CNI_BIN_DIR}/bridge is missing (Debian's containernetworking-plugins)")
+
+
+def running_node_kubelets() -> list[int]:
+    """Pids of kubelets started as this project's node (their argv names the node)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"kubelet") and f"--hostname-override={NODE_NAME}".encode() in argv:
+            found.append(int(proc.name))
+    return found
 
 
 def _deb_installed(package: str) -> bool:

@@ -16,6 +16,7 @@ from platform_harness import require_root
 
 from hack.controlplane import assets, cluster, hostchanges
 from hack.controlplane import node as node_mod
+from hack.controlplane.errors import ControlPlaneError
 
 PAUSE_POD = {
     "apiVersion": "v1",
@@ -80,6 +81,8 @@ def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: P
             time.sleep(1)
         assert str(status["podIP"]).startswith(node_mod.POD_SUBNET.rsplit(".", 2)[0])
         assert hostchanges.diff(before, (root.resolve(),)), "a running node should show as host changes"
+        with pytest.raises(ControlPlaneError, match="already runs"):  # one node per machine
+            node_mod.require_host()
     finally:
         plane.stop()
     left = hostchanges.diff(before, (root.resolve(),))
