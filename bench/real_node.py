@@ -5,7 +5,7 @@ Measures, on this machine:
   `make cluster-down` (every host change undone), ``--repeats`` times;
 - the image (`make image`): a cold build (empty image cache: mmdebstrap base, wheelhouse from pip's cache,
   Dockerfile's RUN in the chroot, layer), a rebuild with the base cached, and its size;
-- then runs the end-to-end suite (tests/e2e/test_platform.py) and reads the timings it records: helm install
+- then runs the end-to-end suite (tests/e2e/test_platform_e2e.py) and reads the timings it records: helm install
   to operator Ready, kubectl apply to the first serving pod Ready, the Job pod's start to its result, a serving
   pod's start to Ready and how much of that rebuilt the variant, drift onset to the LatencyDrift run and to
   the decision, a model update to the canary pod Ready and to its promotion or rollback.
@@ -77,7 +77,7 @@ def e2e_timings() -> tuple[dict[str, Any], float]:
         out = Path(tmp) / "timings.json"
         started = time.monotonic()
         result = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/e2e/test_platform.py"],
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/e2e/test_platform_e2e.py"],
             cwd=REPO,
             env={**os.environ, "METAINFER_E2E_TIMINGS": str(out), "PYTHONSAFEPATH": "1"},
             capture_output=True,

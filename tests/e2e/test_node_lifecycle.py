@@ -1,6 +1,6 @@
 """`cluster up` with a node runs pods on a pod network; `cluster down` leaves the host exactly as it found it.
 
-Runs before test_platform.py (file order): only one node can run on a machine.
+Runs before test_platform_e2e.py (file order): only one node can run on a machine.
 """
 
 from __future__ import annotations
