@@ -154,11 +154,7 @@ def _start(
     write_kubeconfig(kubeconfig, server, certs)
     state.server, state.kubeconfig = server, str(kubeconfig)
 
-    def launch(name: str, executable: Path, args: list[str]) -> None:
-        popens[name] = processes.launch(name, [str(executable), *args], logs, die_with_parent=die_with_parent)
-        state.pids[name] = popens[name].pid
-        state.executables[name] = str(executable)
-        state.save()  # before waiting: a crash from here on is still cleaned up by `down`
+    launch = _launcher(popens, state, logs, die_with_parent)
 
     etcd_url = f"http://127.0.0.1:{etcd_port}"
     peer_url = f"http://127.0.0.1:{peer_port}"
@@ -245,6 +241,21 @@ def _start(
     return plane
 
 
+def _launcher(
+    popens: dict[str, subprocess.Popen[bytes]], state: _State, logs: Path, die_with_parent: bool
+) -> Callable[[str, Path, list[str]], None]:
+    """Start a daemon and record it in the state file before waiting on it: a crash from then on is still
+    cleaned up by `down`."""
+
+    def launch(name: str, executable: Path, args: list[str]) -> None:
+        popens[name] = processes.launch(name, [str(executable), *args], logs, die_with_parent=die_with_parent)
+        state.pids[name] = popens[name].pid
+        state.executables[name] = str(executable)
+        state.save()
+
+    return launch
+
+
 NODE_IDENTITIES: pki_mod.NodeIdentities = {
     "kubelet": (f"system:node:{node_mod.NODE_NAME}", "system:nodes"),
     "kube-proxy": ("system:kube-proxy", None),
@@ -314,11 +325,7 @@ def _start_node(
     )
     paths = node_mod.NodePaths(root / "node")
 
-    def launch(name: str, executable: Path, args: list[str]) -> None:
-        popens[name] = processes.launch(name, [str(executable), *args], logs, die_with_parent=die_with_parent)
-        state.pids[name] = popens[name].pid
-        state.executables[name] = str(executable)
-        state.save()
+    launch = _launcher(popens, state, logs, die_with_parent)
 
     scheduler_config = _component_kubeconfig(root, plane.server, certs, "kube-scheduler")
     launch(

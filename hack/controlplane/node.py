@@ -125,6 +125,11 @@ def require_host() -> None:
 
 def running_node_kubelets() -> list[int]:
     """Pids of kubelets started as this project's node (their argv names the node)."""
+    return _processes(b"kubelet", f"--hostname-override={NODE_NAME}".encode())
+
+
+def _processes(program: bytes, argument: bytes) -> list[int]:
+    """Pids whose argv[0] ends with ``program`` and whose argv holds ``argument`` (zombies have no argv)."""
     found = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
@@ -133,7 +138,7 @@ def running_node_kubelets() -> list[int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"kubelet") and f"--hostname-override={NODE_NAME}".encode() in argv:
+        if argv and argv[0].endswith(program) and argument in argv:
             found.append(int(proc.name))
     return found
 
@@ -370,17 +375,7 @@ def _kill_cgroup_tree(top: Path) -> None:
 
 def _shims(socket: str) -> list[int]:
     """containerd-shim-runc-v2 processes started by our containerd (their argv names its socket)."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"containerd-shim-runc-v2") and socket.encode() in argv:
-            found.append(int(proc.name))
-    return found
+    return _processes(b"containerd-shim-runc-v2", socket.encode())
 
 
 def _run(cmd: list[str]) -> None:

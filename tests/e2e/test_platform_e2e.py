@@ -60,13 +60,7 @@ def _succeeded_runs(platform: Platform) -> list[dict[str, Any]]:
 
 
 def _ready_serving_pods(platform: Platform) -> list[dict[str, Any]]:
-    pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
-    return [
-        p
-        for p in pods
-        if p.get("metadata", {}).get("deletionTimestamp") is None
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
-    ]
+    return _ready_serving_pods_of(platform, SERVING)
 
 
 def _seconds(start: str, end: str) -> float:
