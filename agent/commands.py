@@ -181,6 +181,15 @@ def _print_summary(report: object) -> None:
         f" {counts['failed']} failed) in {report.search_wall_s:.1f} s of search; {report.stop_reason};"
         f" total {report.total_wall_s:.1f} s"
     )
+    raced = sum(t.metrics is not None and t.metrics.early_stop == "raced" for t in report.trials)
+    screened = sum(t.metrics is not None and t.metrics.early_stop == "quality_screen" for t in report.trials)
+    if raced or screened or report.sensitivity_wall_s:
+        out.print(
+            f"of the search time, {report.sensitivity_wall_s:.1f} s went to sensitivity scans; {raced} candidate(s)"
+            " stopped timing once clearly slower than the best so far, and"
+            f" {screened} once clearly over the quality budget on the first samples",
+            highlight=False,
+        )
     if report.latency_noise_band is not None:
         measured = sum(t.metrics is not None for t in [report.baseline, *report.trials])
         out.print(

@@ -34,6 +34,10 @@ def trial_summary(trial: Trial, best: Trial | None) -> str:
         text = f"{trial.recipe.describe()}: p50 {m.latency.p50_ms:.3g} ms, {m.quality.metric} {m.quality.value:.4f}"
         if trial.violations:
             text += f" (misses {trial.violations[0].split(':')[0]})"
+        if m.early_stop == "raced":
+            text += f" [raced: stopped after {m.latency.runs} runs]"
+        elif m.early_stop == "quality_screen":
+            text += f" [screened on {m.quality.samples} samples]"
     else:
         text = f"{trial.recipe.describe()}: failed: {trial.error}"
     if best is not None and best.metrics is not None:

@@ -47,6 +47,13 @@ class Dataset:
             None if self.labels is None else self.labels[:n],
         )
 
+    def tail(self, start: int) -> Dataset:
+        """The samples from ``start`` on (what ``head(start)`` leaves out)."""
+        return Dataset(
+            {k: v[start:] for k, v in self.inputs.items()},
+            None if self.labels is None else self.labels[start:],
+        )
+
 
 def load_npz(path: Path, model: ModelInfo) -> Dataset:
     if not path.exists():

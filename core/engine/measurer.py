@@ -18,6 +18,7 @@ from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import (
     MeasureSettings,
     Reference,
+    Screen,
     evaluate,
     make_reference,
     measure_interleaved,
@@ -43,8 +44,10 @@ class Measurer(Protocol):
         quality_data: Dataset,
         reference: Reference,
         settings: MeasureSettings,
+        screen: Screen | None = None,
     ) -> TrialMetrics:
-        """Latency, quality against ``reference``, memory and size of one variant.
+        """Latency, quality against ``reference``, memory and size of one variant; with ``screen``, a measurement
+        may stop early (``TrialMetrics.early_stop`` says why).
 
         May raise: the pipeline records a candidate whose measurement fails as a
         failed trial and goes on searching.
@@ -79,10 +82,11 @@ class OnnxRuntimeMeasurer:
         quality_data: Dataset,
         reference: Reference,
         settings: MeasureSettings,
+        screen: Screen | None = None,
     ) -> TrialMetrics:
         if self._floor_mib is None:
             self._floor_mib = resident_mib()
-        return evaluate(variant, recipe, latency_data, quality_data, reference, settings, self._floor_mib)
+        return evaluate(variant, recipe, latency_data, quality_data, reference, settings, self._floor_mib, screen)
 
     def compare(
         self, contenders: Sequence[tuple[bytes, Recipe]], data: Dataset, batch: int, settings: MeasureSettings

@@ -24,7 +24,7 @@ from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError
-from metainfer.core.engine.evaluate import MeasureSettings, Reference
+from metainfer.core.engine.evaluate import MeasureSettings, Reference, Screen
 from metainfer.core.engine.history import HardwareFeatures as HistoryHardware
 from metainfer.core.engine.history import HistoryUse, ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
 from metainfer.core.engine.measurer import Measurer, OnnxRuntimeMeasurer
@@ -54,6 +54,9 @@ CONVERGED_MIN = 4
 MIN_STATIC_SAMPLES = 8
 MAX_VALIDATION_ATTEMPTS = 3
 SENSITIVITY_SAMPLES = 32
+# Racing: a candidate whose running median is this much slower than the best so far (or three noise bands,
+# whichever is more) cannot win on speed, so its timing stops after one round.
+RACE_MARGIN = 0.3
 
 
 class AdaptSettings(BaseModel):
@@ -128,6 +131,12 @@ class Report(BaseModel):
         description="What earlier runs' trials (--history, or the operator's) did for this search; None without.",
     )
     search_wall_s: float
+    sensitivity_wall_s: float = Field(
+        0.0,
+        ge=0,
+        description="Of search_wall_s, the time the mixed-precision sensitivity scans took (run once per mode,"
+        " when the search first proposes keeping layers in float; not counted as trials).",
+    )
     total_wall_s: float
     stop_reason: str
 
@@ -158,6 +167,8 @@ class Adaptation:
         self._sensitivity_failed: dict[str, Exception] = {}
         self.reference: Reference | None = None
         self.band = noise_band([], settings.measure.stable_rel)  # updated with every measurement
+        self.sensitivity_s = 0.0  # wall time of the sensitivity scans, spent inside the search
+        self._leader_p50_ms: float | None = None  # the best feasible median so far, for racing
 
     # -- building blocks ------------------------------------------------------
     def variant(self, recipe: Recipe) -> bytes:
@@ -181,6 +192,7 @@ class Adaptation:
     def _ranked_layers(self, mode: str) -> list[str]:
         if mode not in self._sensitivity:
             assert self.reference is not None
+            started = time.perf_counter()
             self.observer.phase(PipelinePhase.SENSITIVITY, self.settings.sensitivity_layers, detail=mode)
             self._sensitivity[mode] = analyse(
                 self.base,
@@ -192,6 +204,7 @@ class Adaptation:
                 self.settings.sensitivity_layers,
                 on_step=lambda i, n, label: self.observer.advance(label),
             )
+            self.sensitivity_s += time.perf_counter() - started
         return self._sensitivity[mode].ranked()
 
     def _small_reference(self) -> Reference:
@@ -205,7 +218,13 @@ class Adaptation:
         started = time.perf_counter()
         try:
             metrics = self.measurer.measure(
-                self.variant(recipe), recipe, self.data, self.quality_data, self.reference, self.settings.measure
+                self.variant(recipe),
+                recipe,
+                self.data,
+                self.quality_data,
+                self.reference,
+                self.settings.measure,
+                screen=self._screen(baseline),
             )
         except Exception as exc:  # a candidate that cannot be built or run fails alone
             return Trial(
@@ -231,6 +250,22 @@ class Adaptation:
             wall_s=time.perf_counter() - started,
         )
 
+    def _screen(self, baseline: TrialMetrics | None) -> Screen | None:
+        """Early stops for a candidate: none for the baseline; racing only when speed decides the objective
+        (a memory weight could make a slower, smaller variant win)."""
+        if baseline is None:
+            return None
+        racing = self.settings.measure.racing and self.settings.objective.memory_weight == 0
+        leader = self._leader_p50_ms
+        stop_above = leader * (1 + max(RACE_MARGIN, 3 * self.band)) if racing and leader is not None else None
+        return Screen(stop_above_ms=stop_above, max_quality_drop=self.settings.constraints.max_quality_drop)
+
+    def _note_leader(self, trial: Trial) -> None:
+        if trial.score is None or trial.metrics is None or trial.metrics.early_stop is not None:
+            return
+        p50 = trial.metrics.latency.p50_ms
+        self._leader_p50_ms = p50 if self._leader_p50_ms is None else min(self._leader_p50_ms, p50)
+
     # -- the loop -----------------------------------------------------------------
     def run(self, resume: Sequence[Trial] = (), resumed_search_s: float = 0.0) -> tuple[Report, bytes | None]:
         """Adapt; ``resume`` are trials an interrupted attempt of the same run measured (its checkpoint), replayed
@@ -244,6 +279,7 @@ class Adaptation:
         if baseline.metrics is None:
             raise InputError("model", f"the FP32 model does not run on this machine: {baseline.error}")
         self._update_band(baseline, [])
+        self._note_leader(baseline)
         self.observer.advance("baseline")
         space, notes = self._space()
         prior, history_use = self._prior(space, notes)
@@ -254,6 +290,8 @@ class Adaptation:
         if trials:
             notes.append(f"resumed after {len(trials)} trials measured by an interrupted attempt")
             self._update_band(baseline, trials)
+            for trial in trials:
+                self._note_leader(trial)
         self.observer.phase(PipelinePhase.SEARCH, s.budget_trials)
         search_started = time.perf_counter() - resumed_search_s
         stop_reason = "trial budget reached"
@@ -283,6 +321,7 @@ class Adaptation:
                 trial = self.measure(len(trials) + 1, point, recipe, baseline.metrics, predicted)
             searcher.tell(point, trial.score)
             trials.append(trial)
+            self._note_leader(trial)
             self._update_band(baseline, trials)
             self.observer.trial(trial, self._leader(baseline, trials))
             if history_use is not None and history_use.warm and self._converged(trials):
@@ -338,6 +377,7 @@ class Adaptation:
             latency_noise_band=self.band,
             history=history_use,
             search_wall_s=search_wall,
+            sensitivity_wall_s=self.sensitivity_s,
             total_wall_s=time.perf_counter() - t0,
             stop_reason=stop_reason,
         )
@@ -490,7 +530,10 @@ class Adaptation:
         return max(self.settings.batch, min(64, self.data.n_samples))
 
     def _update_band(self, baseline: Trial, trials: list[Trial]) -> None:
-        measured = [t.metrics.latency for t in [baseline, *trials] if t.metrics is not None]
+        # A raced or screened candidate's few runs say nothing about how finely a full measurement resolves.
+        measured = [
+            t.metrics.latency for t in [baseline, *trials] if t.metrics is not None and t.metrics.early_stop is None
+        ]
         self.band = noise_band(measured, self.settings.measure.stable_rel)
 
     def _leader(self, baseline: Trial, trials: list[Trial]) -> Trial | None:

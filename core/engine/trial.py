@@ -47,6 +47,12 @@ class Quality(BaseModel):
     samples: int = Field(ge=1)
 
 
+# Why a candidate's measurement stopped early: "raced" (clearly slower than the best so far after one timing
+# round), "quality_screen" (clearly over the quality budget on the first samples). Its quality then covers
+# only those samples (Quality.samples says how many).
+EarlyStop = Literal["raced", "quality_screen"]
+
+
 class TrialMetrics(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -58,6 +64,7 @@ class TrialMetrics(BaseModel):
         "plus the variant's own growth while loading and running.",
     )
     model_size_mib: float = Field(ge=0)
+    early_stop: EarlyStop | None = Field(None, description="Why the measurement stopped early; None: measured in full.")
 
 
 class Trial(BaseModel):

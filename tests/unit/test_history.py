@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import MeasureSettings, Reference
+from metainfer.core.engine.evaluate import MeasureSettings, Reference, Screen
 from metainfer.core.engine.history import (
     MAX_SOURCES,
     MAX_TRIALS,
@@ -67,6 +67,7 @@ class Fake:
         quality_data: Dataset,
         reference: Reference,
         settings: MeasureSettings,
+        screen: Screen | None = None,
     ) -> TrialMetrics:
         return TrialMetrics(
             latency=self._stats(self.latency(recipe)), quality=_quality(), peak_memory_mib=100.0, model_size_mib=1.0

@@ -25,7 +25,7 @@ import pytest
 from metainfer.core.control.runstatus import infeasible_error
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import NoFeasibleCandidate
-from metainfer.core.engine.evaluate import MeasureSettings, Reference
+from metainfer.core.engine.evaluate import MeasureSettings, Reference, Screen
 from metainfer.core.engine.measurer import OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.outputs import write_outputs
@@ -109,6 +109,7 @@ class FakeMeasurer:
         quality_data: Dataset,
         reference: Reference,
         settings: MeasureSettings,
+        screen: Screen | None = None,
     ) -> TrialMetrics:
         drop = self.drop(recipe)
         return TrialMetrics(
@@ -651,3 +652,32 @@ def test_a_retried_attempt_resumes_the_search_without_measuring_again(digits: Di
     assert [t.index for t in report.trials] == list(range(1, 11))
     assert report.best is not None and whole.best is not None and report.best.recipe == whole.best.recipe
     assert any("resumed after 4 trials" in note for note in report.space.notes)
+
+
+@dataclass
+class _ScreenRecorder(FakeMeasurer):
+    screens: list[tuple[Recipe, Screen | None]] = field(default_factory=list)
+
+    def measure(self, variant: bytes, recipe: Recipe, *args: Any, **kwargs: Any) -> TrialMetrics:
+        self.screens.append((recipe, kwargs.get("screen")))
+        return super().measure(variant, recipe, *args, **kwargs)
+
+
+def test_candidates_race_against_the_best_feasible_median_so_far(digits: Digits) -> None:
+    measurer = _ScreenRecorder()
+    report, _ = _adapt_fake(digits, measurer)
+    (_baseline_recipe, baseline_screen), *candidates = measurer.screens
+    assert baseline_screen is None  # the baseline is always measured in full
+    feasible = [report.baseline] + [t for t in report.trials if t.score is not None]
+    for (_recipe, screen), trial in zip(candidates, report.trials, strict=True):
+        assert screen is not None and screen.max_quality_drop == QUALITY_BUDGET
+        before = [t.metrics.latency.p50_ms for t in feasible if t.index < trial.index and t.metrics is not None]
+        assert screen.stop_above_ms == pytest.approx(
+            min(before) * (1 + max(0.3, 3 * report.latency_noise_band)), rel=0.2
+        )
+
+
+def test_no_racing_when_memory_can_make_a_slower_candidate_win(digits: Digits) -> None:
+    measurer = _ScreenRecorder(memory_mib=_memory_mib)
+    _adapt_fake(digits, measurer, objective=Objective(latency_weight=1, memory_weight=1))
+    assert all(screen is None or screen.stop_above_ms is None for _, screen in measurer.screens)
