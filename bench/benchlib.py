@@ -32,7 +32,16 @@ RESULTS = ROOT / "bench" / "results"
 BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 
 # Section order in BENCHMARKS.md; a name not listed here goes last, sorted.
-SECTIONS = ("adaptation", "search_efficiency", "warm_start", "operator_scale", "olive_peer", "serving", "pod_start")
+SECTIONS = (
+    "adaptation",
+    "export_matrix",
+    "search_efficiency",
+    "warm_start",
+    "operator_scale",
+    "olive_peer",
+    "serving",
+    "pod_start",
+)
 
 
 def _git_commit() -> str:

@@ -156,7 +156,7 @@ def ensure_environment(env: Environment) -> Path:
     if not stamp.exists() and python.exists() and _lock_matches(python, env.lock):
         stamp.write_text(digest + "\n")
         return python
-    print(f"building the {env.name} exporters' environment in {env.venv} from {env.lock.name} ...", flush=True)
+    print(f"building the {env.name} environment in {env.venv} from {env.lock.name} ...", flush=True)
     failure = benchlib.build_venv(env.venv, env.lock, _env())
     if failure is not None:
         raise ExportersUnavailable(f"{env.name}: {failure}")

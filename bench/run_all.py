@@ -18,7 +18,16 @@ import time
 from pathlib import Path
 
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = ("adaptation", "search_efficiency", "warm_start", "operator_scale", "olive_peer", "serving", "pod_start")
+BENCHMARKS = (
+    "adaptation",
+    "export_matrix",
+    "search_efficiency",
+    "warm_start",
+    "operator_scale",
+    "olive_peer",
+    "serving",
+    "pod_start",
+)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,239 @@
+"""Adaptation on encoders as users export them, side by side with the naive one-liner and OpenVINO + NNCF.
+
+For each flavour of bench/exports.py (all-MiniLM-L6-v2 written by torch's TorchScript
+and dynamo exporters and by optimum, from transformers 4.57 and 5.24) at batch 8,
+sequence 128, on the 64 padded texts:
+
+- **metainfer**: the engine behind ``metainfer adapt`` (hybrid search, 40 trials,
+  seed 1, quality budget 0.01), wall time from start to the written variant;
+- **naive**: ``onnxruntime.quantization.quantize_dynamic(per_channel=True)``, the
+  one-liner a user tries first;
+- **OpenVINO FP32** and **OpenVINO + NNCF INT8** (``nncf.quantize`` with
+  ``ModelType.TRANSFORMER`` on 64 calibration samples, compiled for CPU with the
+  LATENCY hint): what an Intel-CPU user would pick.
+
+Every contender is timed by one loop in one process (bench/peers_driver.py, in the
+OpenVINO venv with the project's onnxruntime), in 10 rotated interleaved rounds of
+at least 1 s; quality is metainfer's own metric (cosine of mask-weighted mean-pooled
+embeddings against the export's FP32 output) on all 64 samples.
+
+    PYTHONSAFEPATH=1 .venv/bin/python bench/export_matrix.py [--quick] [--only SUBSTRING ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+
+from bench import benchlib
+from bench.exports import FLAVOURS, Environment, ExportSet, Flavour, build_exports, ensure_environment
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.evaluate import Reference, quality_of
+from metainfer.core.engine.modelinfo import inspect_model
+from metainfer.core.engine.outputs import MODEL_FILE, write_outputs
+from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+from metainfer.core.engine.profile import load_or_measure
+from metainfer.core.engine.scoring import Constraints
+
+BENCH = Path(__file__).resolve().parent
+DRIVER = BENCH / "peers_driver.py"
+OPENVINO = Environment(
+    "openvino", Path.home() / ".cache" / "metainfer" / "openvino-venv", BENCH / "requirements-openvino.txt"
+)
+WORK = benchlib.ROOT / "build" / "bench" / "export_matrix"
+BATCH, TRIALS, QUICK_TRIALS, SEED, MAX_DROP = 8, 40, 8, 1, 0.01
+QUICK_FLAVOURS = ("transformers-5.24_torchscript_op14_sdpa", "transformers-4.57_optimum_op17")
+ROUNDS, ROUND_SECONDS, ROUND_MIN_RUNS = 10, 1.0, 4
+
+
+def _feed(model_path: Path, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    model = onnx.load(str(model_path), load_external_data=False)
+    return {
+        v.name: inputs[v.name].astype(onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type))
+        for v in model.graph.input
+    }
+
+
+def _naive(base: Path, out: Path) -> float:
+    from onnxruntime.quantization import quantize_dynamic
+
+    started = time.perf_counter()
+    quantize_dynamic(str(base), str(out), per_channel=True)
+    return time.perf_counter() - started
+
+
+def _peers(request: dict[str, Any], work: Path) -> dict[str, Any]:
+    python = ensure_environment(OPENVINO)
+    path = work / "peers.json"
+    path.write_text(json.dumps(request))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PYTHONSAFEPATH"] = "1"
+    run = subprocess.run([str(python), str(DRIVER), str(path)], capture_output=True, text=True, env=env, cwd="/")
+    if run.returncode != 0:
+        raise RuntimeError(f"peers driver failed: {' | '.join(run.stderr.strip().splitlines()[-3:])}")
+    result: dict[str, Any] = json.loads(run.stdout.strip().splitlines()[-1])
+    return result
+
+
+def measure_flavour(flavour: Flavour, exports: ExportSet, trials: int, profile: Any) -> dict[str, Any]:
+    export = exports.exports[flavour.name]
+    row: dict[str, Any] = {"flavour": flavour.name, "export_s": export.seconds}
+    if export.path is None:
+        return row | {"status": "export failed", "error": export.error}
+    work = WORK / flavour.name
+    work.mkdir(parents=True, exist_ok=True)
+    feed = _feed(export.path, exports.inputs(flavour.environment))
+    data_path = work / "data.npz"
+    np.savez(data_path, **feed)
+    info = inspect_model(export.path)
+    settings = AdaptSettings(
+        batch=BATCH, constraints=Constraints(max_quality_drop=MAX_DROP), budget_trials=trials, seed=SEED
+    )
+    started = time.perf_counter()
+    report, variant = Adaptation(export.path.read_bytes(), info, Dataset(feed), profile, settings).run()
+    write_outputs(work / "metainfer", report, variant)
+    row["metainfer_wall_s"] = time.perf_counter() - started
+    row["search_wall_s"] = report.search_wall_s
+    row["sensitivity_wall_s"] = report.sensitivity_wall_s
+    row["raced"] = sum(t.metrics is not None and t.metrics.early_stop == "raced" for t in report.trials)
+    row["screened"] = sum(t.metrics is not None and t.metrics.early_stop == "quality_screen" for t in report.trials)
+    row["notes"] = report.space.notes
+    row["recipe"] = report.best.recipe.describe() if report.best is not None else None
+    row["naive_wall_s"] = _naive(export.path, work / "naive.onnx")
+    contenders: list[dict[str, Any]] = [
+        {"name": "fp32", "kind": "ort", "model": str(export.path)},
+        {"name": "naive", "kind": "ort", "model": str(work / "naive.onnx")},
+        {"name": "openvino_fp32", "kind": "openvino", "model": str(export.path), "nncf": False},
+        {"name": "openvino_nncf", "kind": "openvino", "model": str(export.path), "nncf": True},
+    ]
+    if report.best is not None and variant is not None:
+        session = report.best.recipe.session
+        contenders.insert(
+            2,
+            {
+                "name": "metainfer",
+                "kind": "ort",
+                "model": str(work / "metainfer" / MODEL_FILE),
+                "session": session.model_dump(),
+            },
+        )
+    request = {
+        "data": str(data_path),
+        "batch": BATCH,
+        "calibration_samples": 64,
+        "rounds": ROUNDS,
+        "round_seconds": ROUND_SECONDS,
+        "round_min_runs": ROUND_MIN_RUNS,
+        "outputs": str(work / "outputs.npz"),
+        "transformer": True,
+        "contenders": contenders,
+    }
+    peers = _peers(request, work)
+    mask = feed["attention_mask"]
+    with np.load(work / "outputs.npz") as npz:
+        outputs = {k: npz[k] for k in npz.files}
+    reference = Reference([outputs["fp32"]], None, None, mask) if "fp32" in outputs else None
+    for name, times in peers["times_ms"].items():
+        ms = np.asarray(times)
+        row[f"{name}_p50_ms"] = float(np.percentile(ms, 50))
+        row[f"{name}_p95_ms"] = float(np.percentile(ms, 95))
+        row[f"{name}_runs"] = len(ms)
+        if reference is not None:
+            row[f"{name}_quality"] = quality_of([outputs[name]], reference).value
+    row["openvino_nncf_wall_s"] = peers["prepare_s"].get("openvino_nncf")
+    row["peer_errors"] = peers["errors"]
+    row["status"] = "measured"
+    return row
+
+
+def render(rows: list[dict[str, Any]], trials: int) -> str:
+    names = [("fp32", "FP32 (ORT)"), ("naive", "naive"), ("metainfer", "metainfer")]
+    names += [("openvino_fp32", "OpenVINO FP32"), ("openvino_nncf", "OpenVINO+NNCF")]
+    header = ["export", *(f"{label} p50 / p95 ms" for _, label in names), "speedup p50 / p95 (metainfer)"]
+    header += ["quality naive / metainfer / NNCF", "adapt wall s (metainfer / naive / NNCF)", "metainfer recipe"]
+    table = []
+    for r in rows:
+        if r.get("status") != "measured":
+            table.append([r["flavour"], *(["—"] * (len(header) - 2)), r.get("error", r.get("status"))])
+            continue
+
+        def pair(name: str, r: dict[str, Any] = r) -> str:
+            return f"{r[f'{name}_p50_ms']:.1f} / {r[f'{name}_p95_ms']:.1f}" if f"{name}_p50_ms" in r else "—"
+
+        def q(name: str, r: dict[str, Any] = r) -> str:
+            return f"{r[f'{name}_quality']:.4f}" if f"{name}_quality" in r else "—"
+
+        speedup = (
+            f"{r['fp32_p50_ms'] / r['metainfer_p50_ms']:.2f}x / {r['fp32_p95_ms'] / r['metainfer_p95_ms']:.2f}x"
+            if "metainfer_p50_ms" in r
+            else "—"
+        )
+        walls = f"{r['metainfer_wall_s']:.0f} / {r['naive_wall_s']:.0f} / {r.get('openvino_nncf_wall_s') or 0:.0f}"
+        table.append(
+            [
+                r["flavour"],
+                *(pair(n) for n, _ in names),
+                speedup,
+                f"{q('naive')} / {q('metainfer')} / {q('openvino_nncf')}",
+                walls,
+                r.get("recipe") or "no variant",
+            ]
+        )
+    lines = [
+        f"Setup: batch {BATCH}, sequence 128, 64 padded English texts (48 % real tokens); metainfer {trials} trials,"
+        f" seed {SEED}, quality budget {MAX_DROP} (1 − cosine of mask-weighted mean-pooled embeddings vs the"
+        " export's FP32). Every contender timed by one loop in one process (bench/peers_driver.py), 10 rotated"
+        " interleaved rounds of ≥ 1 s each; quality on all 64 samples. metainfer's wall time is the whole"
+        " adaptation (baseline, search, sensitivity scans, validation, final comparison); the naive one's is"
+        " `quantize_dynamic`; NNCF's is `nncf.quantize` (64 calibration samples) plus compilation.",
+        benchlib.markdown_table(header, table),
+    ]
+    return "\n\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"two flavours, {QUICK_TRIALS} trials")
+    parser.add_argument("--only", nargs="+", help="flavours whose name contains one of these")
+    parser.add_argument("--trials", type=int, help=f"search budget (default {TRIALS}, quick {QUICK_TRIALS})")
+    args = parser.parse_args(argv)
+    trials = args.trials or (QUICK_TRIALS if args.quick else TRIALS)
+    chosen = [f for f in FLAVOURS if not args.quick or f.name in QUICK_FLAVOURS]
+    if args.only:
+        chosen = [f for f in chosen if any(s in f.name for s in args.only)]
+    print("exports (cached) ...", flush=True)
+    exports = build_exports()
+    profile = load_or_measure()
+    rows = []
+    for flavour in chosen:
+        print(f"== {flavour.name}", flush=True)
+        try:
+            row = measure_flavour(flavour, exports, trials, profile)
+        except Exception as exc:  # one flavour failing must not lose the others
+            traceback.print_exc()
+            row = {"flavour": flavour.name, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "notes"}, default=str)[:600], flush=True)
+    benchlib.write_result(
+        "export_matrix",
+        "Adaptation on models as users export them (export matrix)",
+        {"trials": trials, "rows": rows},
+        render(rows, trials),
+    )
+    return 0 if all(r.get("status") == "measured" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    with tempfile.TemporaryDirectory():
+        sys.exit(main())
