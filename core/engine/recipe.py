@@ -50,6 +50,12 @@ class QuantizationSpec(_Frozen):
         "minmax", description="Calibration method for static quantization."
     )
     reduce_range: bool = Field(False, description="7-bit weights, for CPUs without VNNI.")
+    format: Literal["qdq", "qoperator"] = Field(
+        "qdq",
+        description="Static int8 graph form: QuantizeLinear/DequantizeLinear pairs that each execution provider"
+        " fuses its own way, or ONNX Runtime's integer operators (QLinearConv...) written directly, which its CPU"
+        " kernels run with fewer float islands between convolutions.",
+    )
     keep_float: tuple[str, ...] = Field(
         (), description="Node names kept in float (mixed precision: the most sensitive layers)."
     )
@@ -149,6 +155,8 @@ class Recipe(_Frozen):
                     parts.append(f"{q.activation_type} activations")
                 if q.calibration != "minmax":
                     parts.append(f"{q.calibration} calibration")
+                if q.format != "qdq":
+                    parts.append("integer operators (QOperator)")
             if q.keep_float:
                 n = len(q.keep_float)
                 parts.append(f"{n} sensitive layer{'s' if n > 1 else ''} kept in float")

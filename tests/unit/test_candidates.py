@@ -90,7 +90,7 @@ def test_padding_removal_only_with_fusion_and_where_it_can_build(
 
 CPU, DNNL, CUDA = "CPUExecutionProvider", "DnnlExecutionProvider", "CUDAExecutionProvider"
 _RECIPE_LAYERS = 12
-_ALL_POINTS_LIMIT = 20_000  # larger products only pin their allowed points (keeps the test quick)
+_ALL_POINTS_LIMIT = 40_000  # larger products only pin their allowed points (keeps the test quick)
 
 
 def _op(
@@ -224,6 +224,7 @@ _CONV_DIMS = [
     ("quantization", _QUANT),
     *_INT8_DIMS,
     ("keep_float", (0, 2)),
+    ("quant_format", ("qdq", "qoperator")),
     ("fusion", ("none",)),
     ("layout", ("NCHW", "NHWC")),
     ("padding", ("keep",)),
@@ -237,6 +238,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             ("quantization", _QUANT),
             *_INT8_DIMS,
             ("keep_float", (0, 1)),
+            ("quant_format", ("qdq",)),
             ("fusion", ("none",)),
             ("layout", ("NCHW",)),
             ("padding", ("keep",)),
@@ -246,14 +248,16 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
         ],
         "notes": [_NOTE_FP16_CPU_MATMUL, _NOTE_FP16_CUDA_MATMUL, _NOTE_DYNAMIC_DNNL],
         "allowed": 5922,
-        "allowed_keys": "1260ddc7f6784c95",
-        "recipes": "6fd3b0ffe93d2197",
+        "allowed_keys": "e11b4d72228da489",
+        "recipes": "065c1db26fa77335",
+        "all_recipes": "09f5067b507efd9e",
     },
     "digits_overridden": {
         "dims": [
             ("quantization", ("fp32", "int8_dynamic")),
             *_INT8_DIMS,
             ("keep_float", (0,)),
+            ("quant_format", ("qdq",)),
             ("fusion", ("none",)),
             ("layout", ("NCHW",)),
             ("padding", ("keep",)),
@@ -270,15 +274,16 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 27,
-        "allowed_keys": "e22dfb68d6ee9b94",
-        "recipes": "bf43a71cc43ce4c0",
-        "all_recipes": "599aec77c499050b",
+        "allowed_keys": "dda7388bdded4d7d",
+        "recipes": "78f8cd9e51d2c363",
+        "all_recipes": "b1b7bcf60870831c",
     },
     "bert_padding": {
         "dims": [
             ("quantization", _QUANT),
             *_INT8_DIMS,
             ("keep_float", (0, 1, 2)),
+            ("quant_format", ("qdq",)),
             ("fusion", ("none", "transformer")),
             ("layout", ("NCHW",)),
             ("padding", ("keep", "remove")),
@@ -293,24 +298,25 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 2016,
-        "allowed_keys": "f8144085307aec93",
-        "recipes": "a51d58ebbb4ff52e",
+        "allowed_keys": "27d0b68491273177",
+        "recipes": "28d894f7e155c7a5",
+        "all_recipes": "c86e0feaa2349f72",
     },
     "conv": {
         "dims": _CONV_DIMS,
         "notes": _CONV_NOTES,
-        "allowed": 1407,
-        "allowed_keys": "a8aad2d5bfbdb961",
-        "recipes": "57665b79499d3a46",
-        "all_recipes": "e2ffda046b2c94a7",
+        "allowed": 2079,
+        "allowed_keys": "d93fd850f7209af5",
+        "recipes": "d1b1d21c802eb056",
+        "all_recipes": "7ff5f226c0f306d4",
     },
     "conv_no_nhwc": {
         "dims": _CONV_DIMS,
         "notes": [*_CONV_NOTES, "NHWC layout pruned: no profiled EP runs NhwcConv natively"],
-        "allowed": 966,
-        "allowed_keys": "1320eb8eeff0b81a",
-        "recipes": "59cda5d97ed36678",
-        "all_recipes": "e2ffda046b2c94a7",
+        "allowed": 1302,
+        "allowed_keys": "174aa5f9f1dedeba",
+        "recipes": "5c50bc6e350dde35",
+        "all_recipes": "7ff5f226c0f306d4",
     },
 }
 

@@ -203,6 +203,29 @@ CALIBRATION = Knob(
 )
 
 
+def _quant_format_values(context: SpaceContext) -> tuple[Scalar, ...]:
+    """Integer operators only pay where convolutions chain (QLinearConv into QLinearConv); elsewhere QDQ."""
+    return ("qdq", "qoperator") if context.model.has_convs else ("qdq",)
+
+
+@point_rule
+def _quant_format_is_static_on_cpu(p: Point) -> bool:
+    """QOperator graphs are static int8 only, and only ONNX Runtime's CPU kernels are the reason to write them
+    (other providers, TensorRT among them, expect QDQ and fuse it themselves)."""
+    if p["quant_format"] == "qdq":
+        return True
+    return p["quantization"] == "int8_static" and p["execution_provider"] == "CPUExecutionProvider"
+
+
+QUANT_FORMAT = Knob(
+    name="quant_format",
+    values=_quant_format_values,
+    recipe_field="transform.quantization.format",
+    rules=(_quant_format_is_static_on_cpu,),
+    backfill=("qdq",),  # points recorded before the knob existed were QDQ
+)
+
+
 # -- mixed precision: the most sensitive layers kept in float --------------------------------------
 
 
@@ -260,4 +283,5 @@ KNOBS: tuple[Knob, ...] = (
     ACTIVATION_TYPE,
     CALIBRATION,
     KEEP_FLOAT,
+    QUANT_FORMAT,
 )
