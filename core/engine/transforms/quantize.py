@@ -141,7 +141,7 @@ def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset
             # the same on every machine). Without it, weights computed by Constant/ConstantOfShape nodes get
             # activation-style QDQ and every BN sits in float between a conv and its ReLU, so the CPU runs
             # QuantizeLinear/DequantizeLinear islands instead of fused integer convolutions: 0.98x instead of
-            # 1.42x on ResNet-50 at batch 1 (bench/cnn_int8.py).
+            # 1.42x on ResNet-50 at batch 1.
             from onnxruntime.quantization.shape_inference import quant_pre_process
 
             prepared = Path(tmp, "prepared.onnx")
