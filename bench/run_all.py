@@ -17,17 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+from bench import benchlib
+
 BENCH_DIR = Path(__file__).resolve().parent
-BENCHMARKS = (
-    "adaptation",
-    "export_matrix",
-    "search_efficiency",
-    "warm_start",
-    "operator_scale",
-    "olive_peer",
-    "serving",
-    "pod_start",
-)
+# One script per BENCHMARKS.md section, run in the section order.
+BENCHMARKS = benchlib.SECTIONS
 
 
 def main(argv: list[str] | None = None) -> int:
