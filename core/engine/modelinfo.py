@@ -42,6 +42,10 @@ class TensorInfo(BaseModel):
         return bool(self.shape) and not isinstance(self.shape[0], int)
 
 
+# The ops transforms.conv rewrites (kept here so planning need not import the transform).
+CONV_FUSED_OPS = ("Sum", "LRN")
+
+
 class ModelInfo(BaseModel):
     """A model's identity and structure, enough to plan a search."""
 
@@ -67,6 +71,11 @@ class ModelInfo(BaseModel):
     @property
     def has_matmuls(self) -> bool:
         return any(op in self.op_counts for op in ("MatMul", "Gemm"))
+
+    @property
+    def conv_fusable(self) -> bool:
+        """Conv fusion (``transforms.conv``) would change something: a conv net with Sum or LRN."""
+        return self.has_convs and any(op in self.op_counts for op in CONV_FUSED_OPS)
 
     @property
     def is_transformer(self) -> bool:

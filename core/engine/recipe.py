@@ -18,7 +18,7 @@ QuantizationMode = Literal["fp32", "fp16", "int8_dynamic", "int8_static"]
 GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
 Layout = Literal["NCHW", "NHWC"]
 ExecutionMode = Literal["sequential", "parallel"]
-GraphFusion = Literal["none", "transformer"]
+GraphFusion = Literal["none", "transformer", "conv"]
 Padding = Literal["keep", "remove"]
 
 ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
@@ -65,7 +65,13 @@ class TransformSpec(_Frozen):
     """Everything that changes the variant's bytes."""
 
     quantization: QuantizationSpec = QuantizationSpec()
-    fusion: GraphFusion = Field("none", description="Offline graph fusion applied before quantization.")
+    fusion: GraphFusion = Field(
+        "none",
+        description=(
+            "Offline graph rewrite applied before quantization: 'transformer' fuses attention and layer norms;"
+            " 'conv' writes Sum as Add (so residual joins quantize) and decomposes LRN into vectorised ops."
+        ),
+    )
     layout: Layout = Field("NCHW", description="Activation layout of convolutions.")
     padding: Padding = Field(
         "keep",

@@ -1,4 +1,4 @@
-"""Graph-transform knobs: transformer fusion, conv layout, padding removal."""
+"""Graph-transform knobs: transformer or conv fusion, conv layout, padding removal."""
 
 from __future__ import annotations
 
@@ -17,11 +17,17 @@ if TYPE_CHECKING:
     from metainfer.core.engine.search.space import Point
 
 
+def _fusions(context: SpaceContext) -> tuple[GraphFusion, ...]:
+    transformer: tuple[GraphFusion, ...] = ("transformer",) if context.model.is_transformer else ()
+    conv: tuple[GraphFusion, ...] = ("conv",) if context.model.conv_fusable else ()
+    return ("none", *transformer, *conv)
+
+
 FUSION = Knob(
     name="fusion",
-    values=lambda c: ("none", "transformer") if c.model.is_transformer else ("none",),
+    values=_fusions,
     recipe_field="transform.fusion",
-    override=ChoiceList("fusions", 40, GraphFusion, max_items=2),
+    override=ChoiceList("fusions", 40, GraphFusion, max_items=3),
 )
 
 

@@ -153,7 +153,7 @@ def known_effects(name: str, choices: Sequence[Scalar], context: SearchContext) 
     known: dict[str, dict[object, float]] = {
         "quantization": {"fp32": 0.0, "fp16": 0.1, "int8_dynamic": gain, "int8_static": gain - 0.1},
         "per_channel": {False: 0.0, True: -0.03},
-        "fusion": {"none": 0.0, "transformer": 0.2},
+        "fusion": {"none": 0.0, "transformer": 0.2, "conv": 0.2},
         "padding": {"keep": 0.0, "remove": 0.1},
         "graph_optimization_level": {"all": 0.0, "extended": -0.03, "basic": -0.1, "disable": -0.3},
         "execution_mode": {"sequential": 0.0, "parallel": -0.1},

@@ -17,6 +17,7 @@ import onnx
 
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.recipe import TransformSpec
+from metainfer.core.engine.transforms.conv import fuse_conv
 from metainfer.core.engine.transforms.fusion import fuse_transformer
 from metainfer.core.engine.transforms.layout import to_nhwc
 from metainfer.core.engine.transforms.padding import remove_padding
@@ -30,6 +31,9 @@ def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None 
     ensure_node_names(model)
     if spec.fusion == "transformer":
         model = fuse_transformer(model)
+    elif spec.fusion == "conv":
+        model = fuse_conv(model)
+        ensure_node_names(model)
     if spec.padding == "remove":
         model = remove_padding(model)
         ensure_node_names(model)

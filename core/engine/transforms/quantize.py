@@ -108,7 +108,31 @@ def _at_least_opset(model: onnx.ModelProto, version: int) -> onnx.ModelProto:
     current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
     if current >= version:
         return model
-    return onnx.version_converter.convert_version(model, version)
+    return _initializers_not_inputs(onnx.version_converter.convert_version(model, version))
+
+
+# The IR version that the opset QDQ needs (13) requires; IR 4 is the first where initializers need not be inputs.
+_IR_FOR_QDQ = 7
+
+
+def _initializers_not_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Drop initializers from the graph's inputs, as IR 4 and later allow.
+
+    Old (IR 3) exports list every weight among the inputs, and the upgrade to
+    the QDQ opset keeps them there. ORT's pre-processing then folds constant
+    subgraphs (ConstantOfShape weights, Unsqueezed scales) but leaves their
+    names among the inputs, so the calibration session asks the caller to feed
+    them ("Required inputs ... are missing": Inception v2 from the model zoo).
+    A weight is not something a caller feeds, so the quantizer gets a graph
+    where it is only an initializer.
+    """
+    weights = {t.name for t in model.graph.initializer}
+    kept = [v for v in model.graph.input if v.name not in weights]
+    if len(kept) != len(model.graph.input):
+        del model.graph.input[:]
+        model.graph.input.extend(kept)
+    model.ir_version = max(model.ir_version, _IR_FOR_QDQ)
+    return model
 
 
 @contextlib.contextmanager
