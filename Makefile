@@ -9,7 +9,7 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv helm image e2e bench-deps bench bench-adaptation bench-export-matrix bench-search bench-warm-start bench-real-node bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image e2e bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-search bench-warm-start bench-real-node bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -43,6 +43,8 @@ bench-adaptation: bench-deps
 # each to download) and the exports once; see bench/exports.py and bench/export_matrix.py.
 bench-export-matrix: bench-deps
 	$(BIN)/python bench/export_matrix.py
+bench-cnn-matrix: bench-deps
+	$(BIN)/python bench/cnn_matrix.py
 bench-search: bench-deps
 	$(BIN)/python bench/search_efficiency.py
 bench-warm-start: bench-deps

@@ -35,6 +35,7 @@ BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
 SECTIONS = (
     "adaptation",
     "export_matrix",
+    "cnn_matrix",
     "search_efficiency",
     "warm_start",
     "operator_scale",

@@ -49,7 +49,10 @@ from metainfer.core.engine.scoring import Constraints
 BENCH = Path(__file__).resolve().parent
 DRIVER = BENCH / "peers_driver.py"
 OPENVINO = Environment(
-    "openvino", Path.home() / ".cache" / "metainfer" / "openvino-venv", BENCH / "requirements-openvino.txt"
+    "openvino",
+    Path.home() / ".cache" / "metainfer" / "openvino-venv",
+    BENCH / "requirements-openvino.txt",
+    probe="openvino, nncf, onnxruntime",
 )
 WORK = benchlib.ROOT / "build" / "bench" / "export_matrix"
 BATCH, TRIALS, QUICK_TRIALS, SEED, MAX_DROP = 8, 40, 8, 1, 0.01
@@ -81,7 +84,8 @@ def _naive(base: Path, out: Path) -> float:
     return time.perf_counter() - started
 
 
-def _peers(request: dict[str, Any], work: Path) -> dict[str, Any]:
+def run_peers(request: dict[str, Any], work: Path) -> dict[str, Any]:
+    """bench/peers_driver.py on ``request`` in the OpenVINO venv (built on first use); its JSON result."""
     python = ensure_environment(OPENVINO)
     path = work / "peers.json"
     path.write_text(json.dumps(request))
@@ -147,7 +151,7 @@ def measure_flavour(flavour: Flavour, exports: ExportSet, trials: int, profile: 
         "transformer": True,
         "contenders": contenders,
     }
-    peers = _peers(request, work)
+    peers = run_peers(request, work)
     mask = feed["attention_mask"]
     with np.load(work / "outputs.npz") as npz:
         outputs = {k: npz[k] for k in npz.files}

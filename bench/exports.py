@@ -47,6 +47,7 @@ class Environment:
     name: str
     venv: Path
     lock: Path
+    probe: str = "torch, transformers, onnxscript"  # modules a working venv imports
 
 
 TRANSFORMERS_4 = Environment("transformers-4.57", CACHE / "export-venv", BENCH / "requirements-export.txt")
@@ -149,7 +150,7 @@ def ensure_environment(env: Environment) -> Path:
     digest = hashlib.sha256(env.lock.read_bytes()).hexdigest()
     python = env.venv / "bin" / "python"
     stamp = _stamp(env)
-    probe = [str(python), "-c", "import torch, transformers, onnxscript"]
+    probe = [str(python), "-c", f"import {env.probe}"]
     if stamp.exists() and stamp.read_text().strip() == digest and subprocess.run(probe, env=_env()).returncode == 0:
         return python
     # Olive's venv is built by bench/olive_peer.py too, from the same lock, without a stamp: accept it as it is.

@@ -1,0 +1,262 @@
+"""Conv nets at batch 1: metainfer against the naive static one-liner and OpenVINO + NNCF, side by side.
+
+For each net of bench/cnn_models.py (two trained detectors from package wheels,
+and ResNet-50 / Inception v1 / Inception v2 from the onnx package) at batch 1, on
+48 seeded crops of scikit-learn's two photographs:
+
+- **metainfer**: the engine behind ``metainfer adapt`` (hybrid search, 24
+  trials, seed 1, quality budget 0.01 on output cosine), wall time from start
+  to the written variant;
+- **naive**: ``onnxruntime.quantization.quantize_static`` with its defaults
+  (QDQ, per-tensor, MinMax) on the 48 images, the recipe ONNX Runtime's
+  documentation starts a conv-net user with;
+- **OpenVINO FP32** and **OpenVINO + NNCF INT8** (``nncf.quantize`` with its
+  default preset on 48 calibration images, compiled for CPU with the LATENCY
+  hint): what an Intel-CPU user would pick.
+
+Every contender is timed by one loop in one process (bench/peers_driver.py, in
+the OpenVINO venv with the project's onnxruntime), 10 rotated interleaved rounds
+of at least 1 s; quality is metainfer's own metric (cosine of the first output
+against the model's FP32 output) on all 48 images.
+
+    PYTHONSAFEPATH=1 .venv/bin/python bench/cnn_matrix.py [--quick] [--only SUBSTRING ...] [--rerender]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench import benchlib
+from bench.cnn_models import NETS, ConvNet, feed_for
+from bench.export_matrix import run_peers
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.evaluate import Reference, quality_of
+from metainfer.core.engine.modelinfo import inspect_model
+from metainfer.core.engine.outputs import MODEL_FILE, write_outputs
+from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+from metainfer.core.engine.profile import load_or_measure
+from metainfer.core.engine.scoring import Constraints
+
+WORK = benchlib.ROOT / "build" / "bench" / "cnn_matrix"
+BATCH, SAMPLES, TRIALS, QUICK_TRIALS, SEED, MAX_DROP = 1, 48, 24, 8, 1, 0.01
+QUICK_NETS = ("yolov8n_nudenet", "light_inception_v1")
+ROUNDS, ROUND_SECONDS, ROUND_MIN_RUNS = 10, 1.0, 4
+TITLE = "Conv nets at batch 1 (CNN matrix)"
+# Why the peers land where they do, from this section's data; rewritten when a rerun changes the picture.
+EXPLANATIONS: list[str] = []
+
+
+class _Images:
+    """quantize_static's calibration reader over the bench's images, one at a time."""
+
+    def __init__(self, feed: dict[str, np.ndarray]) -> None:
+        name, images = next(iter(feed.items()))
+        self._items = iter([{name: image[None]} for image in images])
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._items, None)
+
+
+def _naive(base: Path, out: Path, feed: dict[str, np.ndarray]) -> float:
+    from onnxruntime.quantization import CalibrationDataReader, quantize_static
+
+    reader = type("Reader", (_Images, CalibrationDataReader), {})(feed)
+    started = time.perf_counter()
+    quantize_static(str(base), str(out), reader)
+    return time.perf_counter() - started
+
+
+def measure_net(net: ConvNet, trials: int, profile: Any) -> dict[str, Any]:
+    row: dict[str, Any] = {"net": net.name, "description": net.description, "trained": net.trained}
+    path = net.path()
+    work = WORK / net.name
+    work.mkdir(parents=True, exist_ok=True)
+    feed = feed_for(net, SAMPLES)
+    data_path = work / "data.npz"
+    np.savez(data_path, **feed)
+    settings = AdaptSettings(
+        batch=BATCH, constraints=Constraints(max_quality_drop=MAX_DROP), budget_trials=trials, seed=SEED
+    )
+    started = time.perf_counter()
+    report, variant = Adaptation(path.read_bytes(), inspect_model(path), Dataset(feed), profile, settings).run()
+    write_outputs(work / "metainfer", report, variant)
+    row["metainfer_wall_s"] = time.perf_counter() - started
+    row["raced"] = sum(t.metrics is not None and t.metrics.early_stop == "raced" for t in report.trials)
+    row["recipe"] = report.best.recipe.describe() if report.best is not None else None
+    row["notes"] = report.space.notes
+    try:
+        row["naive_wall_s"] = _naive(path, work / "naive.onnx", feed)
+        naive_ok = True
+    except Exception as exc:  # the one-liner failing on a user's export is itself a result
+        row["naive_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        naive_ok = False
+    contenders: list[dict[str, Any]] = [{"name": "fp32", "kind": "ort", "model": str(path)}]
+    if naive_ok:
+        contenders.append({"name": "naive", "kind": "ort", "model": str(work / "naive.onnx")})
+    if report.best is not None and variant is not None:
+        session = report.best.recipe.session.model_dump()
+        contenders.append({"name": "metainfer", "kind": "ort", "model": str(work / "metainfer" / MODEL_FILE)})
+        contenders[-1]["session"] = session
+    contenders += [
+        {"name": "openvino_fp32", "kind": "openvino", "model": str(path), "nncf": False},
+        {"name": "openvino_nncf", "kind": "openvino", "model": str(path), "nncf": True},
+    ]
+    request = {
+        "data": str(data_path),
+        "batch": BATCH,
+        "calibration_samples": SAMPLES,
+        "rounds": ROUNDS,
+        "round_seconds": ROUND_SECONDS,
+        "round_min_runs": ROUND_MIN_RUNS,
+        "outputs": str(work / "outputs.npz"),
+        "transformer": False,
+        "contenders": contenders,
+    }
+    peers = run_peers(request, work)
+    with np.load(work / "outputs.npz") as npz:
+        outputs = {k: npz[k] for k in npz.files}
+    reference = Reference([outputs["fp32"]], None, None) if "fp32" in outputs else None
+    for name, times in peers["times_ms"].items():
+        ms = np.asarray(times)
+        row[f"{name}_p50_ms"] = float(np.percentile(ms, 50))
+        row[f"{name}_p95_ms"] = float(np.percentile(ms, 95))
+        row[f"{name}_runs"] = len(ms)
+        if reference is not None and name in outputs:
+            row[f"{name}_quality"] = quality_of([outputs[name]], reference).value
+    row["openvino_nncf_wall_s"] = peers["prepare_s"].get("openvino_nncf")
+    row["peer_errors"] = peers["errors"]
+    row["status"] = "measured"
+    return row
+
+
+CONTENDERS = [
+    ("fp32", "FP32 (ORT)"),
+    ("naive", "naive static"),
+    ("metainfer", "metainfer"),
+    ("openvino_fp32", "OpenVINO FP32"),
+    ("openvino_nncf", "OpenVINO+NNCF"),
+]
+
+
+def peer_notes(rows: list[dict[str, Any]]) -> list[str]:
+    """Where a peer beats metainfer on a net, by how much (latency at p50, quality)."""
+    notes = []
+    for r in rows:
+        if "metainfer_p50_ms" not in r:
+            continue
+        for name, label in (("naive", "the naive static one-liner"), ("openvino_nncf", "OpenVINO + NNCF")):
+            if f"{name}_p50_ms" not in r:
+                continue
+            faster = r["metainfer_p50_ms"] / r[f"{name}_p50_ms"]
+            better = r.get(f"{name}_quality", 0.0) - r.get("metainfer_quality", 0.0)
+            wins = [f"{faster:.2f}x faster at p50"] if faster > 1 else []
+            wins += [f"{better:+.4f} cosine"] if better > 0 and r["trained"] else []
+            if wins:
+                notes.append(f"{r['net']}: {label} beats metainfer by " + " and ".join(wins))
+    return notes
+
+
+def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | None = None) -> str:
+    header = ["net", *(f"{label} p50 / p95 ms" for _, label in CONTENDERS), "speedup p50 / p95 (metainfer)"]
+    header += ["cosine naive / metainfer / NNCF", "adapt wall s (metainfer / naive / NNCF)", "metainfer recipe"]
+    table = []
+    for r in rows:
+        if r.get("status") != "measured":
+            table.append([r["net"], *(["—"] * (len(header) - 2)), r.get("error", r.get("status"))])
+            continue
+
+        def pair(name: str, r: dict[str, Any] = r) -> str:
+            return f"{r[f'{name}_p50_ms']:.2f} / {r[f'{name}_p95_ms']:.2f}" if f"{name}_p50_ms" in r else "—"
+
+        def q(name: str, r: dict[str, Any] = r) -> str:
+            return f"{r[f'{name}_quality']:.4f}" if f"{name}_quality" in r else "—"
+
+        speedup = (
+            f"{r['fp32_p50_ms'] / r['metainfer_p50_ms']:.2f}x / {r['fp32_p95_ms'] / r['metainfer_p95_ms']:.2f}x"
+            if "metainfer_p50_ms" in r
+            else "—"
+        )
+        naive_wall = f"{r['naive_wall_s']:.0f}" if "naive_wall_s" in r else "failed"
+        walls = f"{r['metainfer_wall_s']:.0f} / {naive_wall} / {r.get('openvino_nncf_wall_s') or 0:.0f}"
+        quality = f"{q('naive')} / {q('metainfer')} / {q('openvino_nncf')}" + ("" if r["trained"] else " (trivial)")
+        name = r["net"] + ("" if r["trained"] else " ¹")
+        table.append(
+            [name, *(pair(n) for n, _ in CONTENDERS), speedup, quality, walls, r.get("recipe") or "no variant"]
+        )
+    lines = [
+        f"Setup: batch {BATCH}, {SAMPLES} seeded crops of scikit-learn's two bundled photographs; metainfer {trials}"
+        f" trials, seed {SEED}, quality budget {MAX_DROP} (1 − cosine of the first output vs the model's FP32)."
+        " Every contender timed by one loop in one process (bench/peers_driver.py), 10 rotated interleaved rounds"
+        f" of ≥ 1 s each; quality on all {SAMPLES} images. metainfer's wall time is the whole adaptation (baseline,"
+        " search, sensitivity scans, validation, final comparison); the naive one's is `quantize_static`; NNCF's"
+        " is `nncf.quantize` plus compilation.",
+        benchlib.markdown_table(header, table),
+        "¹ The onnx package's light nets: real architecture, shapes and FLOPs, constant weights, so their"
+        " outputs do not depend on the input and every quality number on them is trivially ~1. They are latency"
+        " evidence only; the trained detectors carry the quality evidence. No package on the index ships trained"
+        " ImageNet weights for ResNet-50 or Inception that install without a model hub.",
+    ]
+    errors = [f"{r['net']}: naive failed: {r['naive_error']}" for r in rows if r.get("naive_error")]
+    errors += [f"{r['net']}: {k} failed: {v}" for r in rows for k, v in (r.get("peer_errors") or {}).items()]
+    if errors:
+        lines.append("Failures:\n\n" + "\n".join(f"- {e}" for e in errors))
+    wins = peer_notes(rows)
+    if wins:
+        lines.append("Where a peer wins:\n\n" + "\n".join(f"- {w}" for w in wins))
+    if explanations:
+        lines.append("\n".join(f"- {e}" for e in explanations))
+    return "\n\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help=f"two nets, {QUICK_TRIALS} trials")
+    parser.add_argument("--only", nargs="+", help="nets whose name contains one of these")
+    parser.add_argument("--trials", type=int, help=f"search budget (default {TRIALS}, quick {QUICK_TRIALS})")
+    parser.add_argument("--rerender", action="store_true", help="write the section again from the saved results")
+    args = parser.parse_args(argv)
+    if args.rerender:
+        saved = json.loads((benchlib.RESULTS / "cnn_matrix.json").read_text())
+        benchlib.write_result(
+            "cnn_matrix",
+            TITLE,
+            {"trials": saved["trials"], "rows": saved["rows"]},
+            render(saved["rows"], saved["trials"], EXPLANATIONS),
+            command=saved["command"],
+            facts=saved["machine"],
+        )
+        return 0
+    trials = args.trials or (QUICK_TRIALS if args.quick else TRIALS)
+    chosen = [n for n in NETS if not args.quick or n.name in QUICK_NETS]
+    if args.only:
+        chosen = [n for n in chosen if any(s in n.name for s in args.only)]
+    profile = load_or_measure()
+    rows = []
+    for net in chosen:
+        print(f"== {net.name}", flush=True)
+        try:
+            row = measure_net(net, trials, profile)
+        except Exception as exc:  # one net failing must not lose the others
+            traceback.print_exc()
+            row = {
+                "net": net.name,
+                "trained": net.trained,
+                "status": "failed",
+                "error": f"{type(exc).__name__}: {exc}"[:300],
+            }
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items() if k != "notes"}, default=str)[:800], flush=True)
+    benchlib.write_result("cnn_matrix", TITLE, {"trials": trials, "rows": rows}, render(rows, trials, EXPLANATIONS))
+    return 0 if all(r.get("status") == "measured" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
