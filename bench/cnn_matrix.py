@@ -51,7 +51,25 @@ QUICK_NETS = ("yolov8n_nudenet", "light_inception_v1")
 ROUNDS, ROUND_SECONDS, ROUND_MIN_RUNS = 10, 1.0, 4
 TITLE = "Conv nets at batch 1 (CNN matrix)"
 # Why the peers land where they do, from this section's data; rewritten when a rerun changes the picture.
-EXPLANATIONS: list[str] = []
+EXPLANATIONS: list[str] = [
+    "The naive one-liner (`quantize_static` with its defaults, no pre-processing) is slower than FP32 on every"
+    " net. On the light nets the cause is known: BatchNorm, Sum and LRN stay in float between QDQ pairs, so ORT"
+    " runs QuantizeLinear/DequantizeLinear islands instead of integer convolutions; on the two detectors it was"
+    " not profiled. metainfer folds BatchNorm and constants first, writes Sum as Add and LRN as vectorised ops"
+    " (conv fusion), and picks the integer operators where they time faster.",
+    "OpenVINO FP32 is 1.7-1.9x faster than ONNX Runtime FP32 on these conv nets (3.1x on Inception v1, whose"
+    " LRN ORT runs on a scalar kernel), so it is the bar metainfer's"
+    " int8 has to clear: level on YOLOv8n and Inception v1, 1.5x faster on ResNet-50 and 1.01x on the YOLOX"
+    " detector, and 1.12x slower on Inception v2.",
+    "OpenVINO + NNCF INT8 beats metainfer on the YOLOX text detector (1.21x at p50) and loses on the other four."
+    " That detector is SiLU throughout: metainfer's variant is integer end to end, but ORT runs each SiLU as two"
+    " separate integer ops after its convolution (80 QLinearSigmoid and 74 QLinearMul, each one more pass over"
+    " the activation), while OpenVINO can fuse Swish into the int8 convolution as a post-op (a likely cause, not"
+    " profiled here). On YOLOv8n, also SiLU, NNCF is slower than OpenVINO FP32, so this does not transfer to"
+    " every SiLU net.",
+    "Quality: on the two trained detectors every int8 contender stays within 0.01 of FP32 cosine; metainfer's"
+    " pick is the closest of the three on both (0.9997 and 0.9971).",
+]
 
 
 class _Images:
@@ -152,13 +170,19 @@ def peer_notes(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         if "metainfer_p50_ms" not in r:
             continue
-        for name, label in (("naive", "the naive static one-liner"), ("openvino_nncf", "OpenVINO + NNCF")):
+        peers = (
+            ("naive", "the naive static one-liner"),
+            ("openvino_fp32", "OpenVINO FP32"),
+            ("openvino_nncf", "OpenVINO + NNCF"),
+        )
+        for name, label in peers:
             if f"{name}_p50_ms" not in r:
                 continue
             faster = r["metainfer_p50_ms"] / r[f"{name}_p50_ms"]
             better = r.get(f"{name}_quality", 0.0) - r.get("metainfer_quality", 0.0)
             wins = [f"{faster:.2f}x faster at p50"] if faster > 1 else []
-            wins += [f"{better:+.4f} cosine"] if better > 0 and r["trained"] else []
+            # an FP32 peer is closer to FP32 by construction; only an int8 peer's quality is a win
+            wins += [f"{better:+.4f} cosine"] if better > 0 and r["trained"] and name != "openvino_fp32" else []
             if wins:
                 notes.append(f"{r['net']}: {label} beats metainfer by " + " and ".join(wins))
     return notes

@@ -40,7 +40,8 @@ def _outputs(model: bytes, feed: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.mean([np.dot(x.ravel(), y.ravel()) / np.linalg.norm(x) / np.linalg.norm(y) for x, y in zip(a, b)]))
+    pairs = zip(a, b, strict=True)
+    return float(np.mean([np.dot(x.ravel(), y.ravel()) / np.linalg.norm(x) / np.linalg.norm(y) for x, y in pairs]))
 
 
 @pytest.mark.parametrize("net", TRAINED, ids=lambda n: n.name)
