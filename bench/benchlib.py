@@ -159,6 +159,21 @@ def write_result(
     return json_path
 
 
+def merge_into_saved(name: str, rows: list[dict[str, Any]], key: str) -> tuple[list[dict[str, Any]], str]:
+    """A partial rerun's rows (``--only``) merged into the saved result, and the commands of both runs.
+
+    Rows with the same ``key`` are replaced in place, new ones appended, the others kept, so a section
+    never loses the rows a rerun did not measure, and its command line says how each part was made.
+    """
+    path = RESULTS / f"{name}.json"
+    if not path.exists():
+        return rows, command_line()
+    saved = json.loads(path.read_text())
+    fresh = {r[key]: r for r in rows}
+    merged = [fresh.pop(r[key], r) for r in saved["rows"]] + list(fresh.values())
+    return merged, f"{saved['command']} && {command_line()}"
+
+
 def write_benchmarks_md() -> None:
     """BENCHMARKS.md = a fixed preamble + every saved section, in SECTIONS order."""
     sections = sorted(

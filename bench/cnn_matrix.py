@@ -37,6 +37,7 @@ import numpy as np
 from bench import benchlib
 from bench.cnn_models import NETS, ConvNet, feed_for
 from bench.export_matrix import run_peers
+from bench.olive_peer import olive_contender
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import Reference, quality_of
 from metainfer.core.engine.modelinfo import inspect_model
@@ -49,6 +50,7 @@ WORK = benchlib.ROOT / "build" / "bench" / "cnn_matrix"
 BATCH, SAMPLES, TRIALS, QUICK_TRIALS, SEED, MAX_DROP = 1, 48, 24, 8, 1, 0.01
 QUICK_NETS = ("yolov8n_nudenet", "light_inception_v1")
 ROUNDS, ROUND_SECONDS, ROUND_MIN_RUNS = 10, 1.0, 4
+OLIVE_TIMEOUT_S = 3600.0
 TITLE = "Conv nets at batch 1 (CNN matrix)"
 # Why the peers land where they do, from this section's data; rewritten when a rerun changes the picture.
 EXPLANATIONS: list[str] = [
@@ -92,7 +94,7 @@ def _naive(base: Path, out: Path, feed: dict[str, np.ndarray]) -> float:
     return time.perf_counter() - started
 
 
-def measure_net(net: ConvNet, trials: int, profile: Any) -> dict[str, Any]:
+def measure_net(net: ConvNet, trials: int, profile: Any, olive_trials: int = 0) -> dict[str, Any]:
     row: dict[str, Any] = {"net": net.name, "description": net.description, "trained": net.trained}
     path = net.path()
     work = WORK / net.name
@@ -123,6 +125,13 @@ def measure_net(net: ConvNet, trials: int, profile: Any) -> dict[str, Any]:
         session = report.best.recipe.session.model_dump()
         contenders.append({"name": "metainfer", "kind": "ort", "model": str(work / "metainfer" / MODEL_FILE)})
         contenders[-1]["session"] = session
+    if olive_trials:
+        olive, olive_row = olive_contender(
+            net.name, path, data_path, BATCH, olive_trials, work / "olive_peer", OLIVE_TIMEOUT_S
+        )
+        row.update(olive_row)
+        if olive is not None:
+            contenders.append(olive)
     contenders += [
         {"name": "openvino_fp32", "kind": "openvino", "model": str(path), "nncf": False},
         {"name": "openvino_nncf", "kind": "openvino", "model": str(path), "nncf": True},
@@ -159,6 +168,7 @@ CONTENDERS = [
     ("fp32", "FP32 (ORT)"),
     ("naive", "naive static"),
     ("metainfer", "metainfer"),
+    ("olive", "Olive"),
     ("openvino_fp32", "OpenVINO FP32"),
     ("openvino_nncf", "OpenVINO+NNCF"),
 ]
@@ -172,6 +182,7 @@ def peer_notes(rows: list[dict[str, Any]]) -> list[str]:
             continue
         peers = (
             ("naive", "the naive static one-liner"),
+            ("olive", "Olive"),
             ("openvino_fp32", "OpenVINO FP32"),
             ("openvino_nncf", "OpenVINO + NNCF"),
         )
@@ -189,8 +200,15 @@ def peer_notes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | None = None) -> str:
-    header = ["net", *(f"{label} p50 / p95 ms" for _, label in CONTENDERS), "speedup p50 / p95 (metainfer)"]
-    header += ["cosine naive / metainfer / NNCF", "adapt wall s (metainfer / naive / NNCF)", "metainfer recipe"]
+    olive = any("olive_p50_ms" in r or "olive_error" in r for r in rows)
+    shown = [(n, label) for n, label in CONTENDERS if olive or n != "olive"]
+    int8_peers = ["naive", "metainfer", *(["olive"] if olive else []), "openvino_nncf"]
+    header = ["net", *(f"{label} p50 / p95 ms" for _, label in shown), "speedup p50 / p95 (metainfer)"]
+    header += [
+        "cosine " + " / ".join("NNCF" if n == "openvino_nncf" else n for n in int8_peers),
+        f"adapt wall s (metainfer / naive{' / Olive' if olive else ''} / NNCF)",
+        "metainfer recipe",
+    ]
     table = []
     for r in rows:
         if r.get("status") != "measured":
@@ -209,12 +227,12 @@ def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | No
             else "—"
         )
         naive_wall = f"{r['naive_wall_s']:.0f}" if "naive_wall_s" in r else "failed"
-        walls = f"{r['metainfer_wall_s']:.0f} / {naive_wall} / {r.get('openvino_nncf_wall_s') or 0:.0f}"
-        quality = f"{q('naive')} / {q('metainfer')} / {q('openvino_nncf')}" + ("" if r["trained"] else " (trivial)")
+        olive_wall = [f"{r['olive_wall_s']:.0f}" if "olive_wall_s" in r else "—"] if olive else []
+        nncf_wall = f"{r.get('openvino_nncf_wall_s') or 0:.0f}"
+        walls = " / ".join([f"{r['metainfer_wall_s']:.0f}", naive_wall, *olive_wall, nncf_wall])
+        quality = " / ".join(q(n) for n in int8_peers) + ("" if r["trained"] else " (trivial)")
         name = r["net"] + ("" if r["trained"] else " ¹")
-        table.append(
-            [name, *(pair(n) for n, _ in CONTENDERS), speedup, quality, walls, r.get("recipe") or "no variant"]
-        )
+        table.append([name, *(pair(n) for n, _ in shown), speedup, quality, walls, r.get("recipe") or "no variant"])
     lines = [
         f"Setup: batch {BATCH}, {SAMPLES} seeded crops of scikit-learn's two bundled photographs; metainfer {trials}"
         f" trials, seed {SEED}, quality budget {MAX_DROP} (1 − cosine of the first output vs the model's FP32)."
@@ -229,6 +247,11 @@ def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | No
         " ImageNet weights for ResNet-50 or Inception that install without a model hub.",
     ]
     errors = [f"{r['net']}: naive failed: {r['naive_error']}" for r in rows if r.get("naive_error")]
+    errors += [f"{r['net']}: Olive failed: {r['olive_error']}" for r in rows if r.get("olive_error")]
+    picks = [f"{r['net']}: {r['olive_recipe']}" for r in rows if r.get("olive_recipe")]
+    if picks:
+        listed = "\n".join(f"- {p}" for p in picks)
+        lines.append(f"Olive's picks (its quantization and session-tuning search):\n\n{listed}")
     errors += [f"{r['net']}: {k} failed: {v}" for r in rows for k, v in (r.get("peer_errors") or {}).items()]
     if errors:
         lines.append("Failures:\n\n" + "\n".join(f"- {e}" for e in errors))
@@ -245,6 +268,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"two nets, {QUICK_TRIALS} trials")
     parser.add_argument("--only", nargs="+", help="nets whose name contains one of these")
     parser.add_argument("--trials", type=int, help=f"search budget (default {TRIALS}, quick {QUICK_TRIALS})")
+    parser.add_argument(
+        "--olive-trials",
+        type=int,
+        default=0,
+        help="also run Olive's search with this many candidates per net (off by default)",
+    )
     parser.add_argument("--rerender", action="store_true", help="write the section again from the saved results")
     args = parser.parse_args(argv)
     if args.rerender:
@@ -267,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     for net in chosen:
         print(f"== {net.name}", flush=True)
         try:
-            row = measure_net(net, trials, profile)
+            row = measure_net(net, trials, profile, args.olive_trials)
         except Exception as exc:  # one net failing must not lose the others
             traceback.print_exc()
             row = {
@@ -278,8 +307,13 @@ def main(argv: list[str] | None = None) -> int:
             }
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "notes"}, default=str)[:800], flush=True)
-    benchlib.write_result("cnn_matrix", TITLE, {"trials": trials, "rows": rows}, render(rows, trials, EXPLANATIONS))
-    return 0 if all(r.get("status") == "measured" for r in rows) else 1
+    measured_all = all(r.get("status") == "measured" for r in rows)
+    command = None
+    if args.only:  # a partial rerun replaces its rows in the saved section and keeps the others
+        rows, command = benchlib.merge_into_saved("cnn_matrix", rows, "net")
+    section = render(rows, trials, EXPLANATIONS)
+    benchlib.write_result("cnn_matrix", TITLE, {"trials": trials, "rows": rows}, section, command=command)
+    return 0 if measured_all else 1
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ import onnx
 
 from bench import benchlib
 from bench.exports import FLAVOURS, Environment, ExportSet, Flavour, build_exports, ensure_environment
+from bench.olive_peer import olive_contender
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import Reference, quality_of
 from metainfer.core.engine.modelinfo import inspect_model
@@ -58,6 +59,7 @@ WORK = benchlib.ROOT / "build" / "bench" / "export_matrix"
 BATCH, TRIALS, QUICK_TRIALS, SEED, MAX_DROP = 8, 40, 8, 1, 0.01
 QUICK_FLAVOURS = ("transformers-5.24_torchscript_op14_sdpa", "transformers-4.57_optimum_op17")
 ROUNDS, ROUND_SECONDS, ROUND_MIN_RUNS = 10, 1.0, 4
+OLIVE_TIMEOUT_S = 3600.0
 TITLE = "Adaptation on models as users export them (export matrix)"
 # Why the peers land where they do, from this section's data; rewritten when a rerun changes the picture.
 EXPLANATIONS: list[str] = [
@@ -98,7 +100,9 @@ def run_peers(request: dict[str, Any], work: Path) -> dict[str, Any]:
     return result
 
 
-def measure_flavour(flavour: Flavour, exports: ExportSet, trials: int, profile: Any) -> dict[str, Any]:
+def measure_flavour(
+    flavour: Flavour, exports: ExportSet, trials: int, profile: Any, olive_trials: int = 0
+) -> dict[str, Any]:
     export = exports.exports[flavour.name]
     row: dict[str, Any] = {"flavour": flavour.name, "export_s": export.seconds}
     if export.path is None:
@@ -129,6 +133,13 @@ def measure_flavour(flavour: Flavour, exports: ExportSet, trials: int, profile: 
         {"name": "openvino_fp32", "kind": "openvino", "model": str(export.path), "nncf": False},
         {"name": "openvino_nncf", "kind": "openvino", "model": str(export.path), "nncf": True},
     ]
+    if olive_trials:
+        olive, olive_row = olive_contender(
+            flavour.name, export.path, data_path, BATCH, olive_trials, work / "olive_peer", OLIVE_TIMEOUT_S
+        )
+        row.update(olive_row)
+        if olive is not None:
+            contenders.insert(2, olive)
     if report.best is not None and variant is not None:
         session = report.best.recipe.session
         contenders.insert(
@@ -175,7 +186,7 @@ def peer_notes(rows: list[dict[str, Any]]) -> list[str]:
     for r in rows:
         if "metainfer_p50_ms" not in r:
             continue
-        for name, label in (("naive", "the naive one-liner"), ("openvino_nncf", "OpenVINO + NNCF")):
+        for name, label in (("naive", "the naive one-liner"), ("olive", "Olive"), ("openvino_nncf", "OpenVINO + NNCF")):
             if f"{name}_p50_ms" not in r:
                 continue
             faster = r["metainfer_p50_ms"] / r[f"{name}_p50_ms"]
@@ -188,10 +199,18 @@ def peer_notes(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | None = None) -> str:
+    olive = any("olive_p50_ms" in r or "olive_error" in r for r in rows)
     names = [("fp32", "FP32 (ORT)"), ("naive", "naive"), ("metainfer", "metainfer")]
+    names += [("olive", "Olive")] if olive else []
     names += [("openvino_fp32", "OpenVINO FP32"), ("openvino_nncf", "OpenVINO+NNCF")]
+    quality_of_peers = ["naive", "metainfer", *(["olive"] if olive else []), "openvino_nncf"]
+    walls_of_peers = ["metainfer", "naive", *(["Olive"] if olive else []), "NNCF"]
     header = ["export", *(f"{label} p50 / p95 ms" for _, label in names), "speedup p50 / p95 (metainfer)"]
-    header += ["quality naive / metainfer / NNCF", "adapt wall s (metainfer / naive / NNCF)", "metainfer recipe"]
+    header += [
+        "quality " + " / ".join("NNCF" if n == "openvino_nncf" else n for n in quality_of_peers),
+        f"adapt wall s ({' / '.join(walls_of_peers)})",
+        "metainfer recipe",
+    ]
     table = []
     for r in rows:
         if r.get("status") != "measured":
@@ -209,13 +228,15 @@ def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | No
             if "metainfer_p50_ms" in r
             else "—"
         )
-        walls = f"{r['metainfer_wall_s']:.0f} / {r['naive_wall_s']:.0f} / {r.get('openvino_nncf_wall_s') or 0:.0f}"
+        olive_wall = [f"{r['olive_wall_s']:.0f}" if "olive_wall_s" in r else "—"] if olive else []
+        nncf_wall = f"{r.get('openvino_nncf_wall_s') or 0:.0f}"
+        walls = " / ".join([f"{r['metainfer_wall_s']:.0f}", f"{r['naive_wall_s']:.0f}", *olive_wall, nncf_wall])
         table.append(
             [
                 r["flavour"],
                 *(pair(n) for n, _ in names),
                 speedup,
-                f"{q('naive')} / {q('metainfer')} / {q('openvino_nncf')}",
+                " / ".join(q(n) for n in quality_of_peers),
                 walls,
                 r.get("recipe") or "no variant",
             ]
@@ -229,6 +250,13 @@ def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | No
         " `quantize_dynamic`; NNCF's is `nncf.quantize` (64 calibration samples) plus compilation.",
         benchlib.markdown_table(header, table),
     ]
+    olive_lines = [f"{r['flavour']}: Olive's pick: {r['olive_recipe']}" for r in rows if r.get("olive_recipe")]
+    olive_lines += [f"{r['flavour']}: Olive failed: {r['olive_error']}" for r in rows if r.get("olive_error")]
+    if olive_lines:
+        lines.append(
+            "Olive (its quantization and session-tuning search, as in the Olive section):\n\n"
+            + "\n".join(f"- {o}" for o in olive_lines)
+        )
     wins = peer_notes(rows)
     if wins:
         lines.append("Where a peer wins:\n\n" + "\n".join(f"- {w}" for w in wins))
@@ -242,6 +270,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"two flavours, {QUICK_TRIALS} trials")
     parser.add_argument("--only", nargs="+", help="flavours whose name contains one of these")
     parser.add_argument("--trials", type=int, help=f"search budget (default {TRIALS}, quick {QUICK_TRIALS})")
+    parser.add_argument(
+        "--olive-trials",
+        type=int,
+        default=0,
+        help="also run Olive's search with this many candidates per flavour (30-90 s each here; off by default)",
+    )
     parser.add_argument(
         "--rerender",
         action="store_true",
@@ -270,14 +304,19 @@ def main(argv: list[str] | None = None) -> int:
     for flavour in chosen:
         print(f"== {flavour.name}", flush=True)
         try:
-            row = measure_flavour(flavour, exports, trials, profile)
+            row = measure_flavour(flavour, exports, trials, profile, args.olive_trials)
         except Exception as exc:  # one flavour failing must not lose the others
             traceback.print_exc()
             row = {"flavour": flavour.name, "status": "failed", "error": f"{type(exc).__name__}: {exc}"[:300]}
         rows.append(row)
         print(json.dumps({k: v for k, v in row.items() if k != "notes"}, default=str)[:600], flush=True)
-    benchlib.write_result("export_matrix", TITLE, {"trials": trials, "rows": rows}, render(rows, trials, EXPLANATIONS))
-    return 0 if all(r.get("status") == "measured" for r in rows) else 1
+    measured_all = all(r.get("status") == "measured" for r in rows)
+    command = None
+    if args.only:  # a partial rerun replaces its rows in the saved section and keeps the others
+        rows, command = benchlib.merge_into_saved("export_matrix", rows, "flavour")
+    section = render(rows, trials, EXPLANATIONS)
+    benchlib.write_result("export_matrix", TITLE, {"trials": trials, "rows": rows}, section, command=command)
+    return 0 if measured_all else 1
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ how many it did.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -436,6 +437,60 @@ def describe_olive_settings(settings: dict[str, Any]) -> str:
         if settings.get(key) is not None:
             parts.append(f"{key.split('_')[0]}={settings[key]}")
     return ", ".join(parts)
+
+
+# ---------------------------------------------------------------- Olive as one contender of the matrices
+
+# Olive's graph optimisation levels (ORT's enum values) -> the names bench/peers_driver.py takes.
+PEER_OPT_LEVELS = {0: "disabled", 1: "basic", 2: "extended", 99: "all"}
+
+
+def olive_contender(
+    name: str, model_path: Path, data_path: Path, batch: int, budget: int, work: Path, timeout_s: float
+) -> tuple[dict[str, Any] | None, dict[str, Any]]:
+    """Olive's search (the same workflow as this benchmark's) on any ONNX model and NPZ of its inputs.
+
+    Returns the contender for bench/peers_driver.py (None when Olive failed) and what the matrices report:
+    wall time, Olive's recipe, candidates evaluated, or the error.
+    """
+    try:
+        ensure_olive(DEFAULT_VENV, REQUIREMENTS)
+    except OliveUnavailable as exc:
+        return None, {"olive_error": f"Olive unavailable: {exc}"[:300]}
+    with np.load(data_path, allow_pickle=False) as npz:
+        inputs = tuple(k for k in npz.files if k != "labels")
+        samples = int(npz[inputs[0]].shape[0])
+    example = ExampleModel(
+        name=name,
+        model_path=model_path,
+        data_path=data_path,
+        sha256=hashlib.sha256(model_path.read_bytes()).hexdigest(),
+        data_sha256=hashlib.sha256(data_path.read_bytes()).hexdigest(),
+        input_names=inputs,
+        samples=samples,
+        has_labels=False,
+    )
+    work.mkdir(parents=True, exist_ok=True)
+    reference = work / "olive_reference.npz"
+    write_olive_reference(example, load_dataset(example), batch, reference)
+    config = olive_workflow(example, batch, budget, reference, work / "olive", thread_choices())
+    outcome = run_olive(DEFAULT_VENV, config, work / "olive", timeout_s)
+    row: dict[str, Any] = {"olive_wall_s": outcome.wall_s}
+    if outcome.error is not None or outcome.model_path is None:
+        return None, row | {"olive_error": (outcome.error or "no model")[:300]}
+    settings = outcome.session_options
+    session: dict[str, Any] = {
+        "intra_op_num_threads": int(settings.get("intra_op_num_threads") or 0),
+        "inter_op_num_threads": int(settings.get("inter_op_num_threads") or 0),
+        "graph_optimization_level": PEER_OPT_LEVELS.get(int(settings.get("graph_optimization_level", 99)), "all"),
+        "execution_mode": "parallel" if int(settings.get("execution_mode") or 0) == 1 else "sequential",
+    }
+    row["olive_recipe"] = (
+        f"{describe_olive_quantization(outcome.detail.get('quantization', {}))}; {describe_olive_settings(settings)}"
+    )
+    row["olive_candidates"] = outcome.detail.get("olive_candidates_evaluated")
+    contender = {"name": "olive", "kind": "ort", "model": str(outcome.model_path), "session": session}
+    return contender, row
 
 
 # ---------------------------------------------------------------- metainfer's search

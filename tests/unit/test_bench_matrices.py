@@ -1,0 +1,50 @@
+"""The peer matrices' bookkeeping: partial reruns keep the rows they did not measure; Olive shows when it ran."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import benchlib, cnn_matrix
+
+
+def _row(net: str, ms: float, **extra: object) -> dict[str, object]:
+    row: dict[str, object] = {"net": net, "trained": True, "status": "measured", "metainfer_wall_s": 60.0}
+    for name in ("fp32", "naive", "metainfer", "openvino_fp32", "openvino_nncf"):
+        row |= {f"{name}_p50_ms": ms, f"{name}_p95_ms": ms * 1.1, f"{name}_quality": 0.999}
+    row |= {"naive_wall_s": 1.0, "openvino_nncf_wall_s": 3.0, "recipe": "int8 static"}
+    return row | extra
+
+
+def test_a_partial_rerun_replaces_its_rows_and_keeps_the_others(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(benchlib, "RESULTS", tmp_path)
+    saved = {"command": "python bench/cnn_matrix.py", "rows": [_row("a", 1.0), _row("b", 2.0), _row("c", 3.0)]}
+    (tmp_path / "cnn_matrix.json").write_text(json.dumps(saved))
+    monkeypatch.setattr(benchlib, "command_line", lambda: "python bench/cnn_matrix.py --only b d")
+    rows, command = benchlib.merge_into_saved("cnn_matrix", [_row("d", 4.0), _row("b", 20.0)], "net")
+    assert [(r["net"], r["fp32_p50_ms"]) for r in rows] == [("a", 1.0), ("b", 20.0), ("c", 3.0), ("d", 4.0)]
+    assert command == "python bench/cnn_matrix.py && python bench/cnn_matrix.py --only b d"
+
+
+def test_without_a_saved_result_the_rerun_is_the_result(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(benchlib, "RESULTS", tmp_path)
+    rows, _ = benchlib.merge_into_saved("cnn_matrix", [_row("a", 1.0)], "net")
+    assert [r["net"] for r in rows] == ["a"]
+
+
+@pytest.mark.parametrize("with_olive", [False, True])
+def test_the_olive_column_appears_only_where_olive_ran(with_olive: bool) -> None:
+    olive = {"olive_p50_ms": 5.0, "olive_p95_ms": 6.0, "olive_quality": 0.998, "olive_wall_s": 900.0}
+    olive |= {"olive_recipe": "int8 static per-channel; ORT_ENABLE_ALL"}
+    rows = [_row("a", 10.0, **(olive if with_olive else {})), _row("b", 10.0)]
+    text = cnn_matrix.render(rows, 24)
+    header = next(line for line in text.splitlines() if line.startswith("| net"))
+    assert ("Olive p50 / p95 ms" in header) is with_olive
+    assert ("cosine naive / metainfer / olive / NNCF" in header) is with_olive
+    if with_olive:
+        assert "| 5.00 / 6.00 |" in text and "a: int8 static per-channel; ORT_ENABLE_ALL" in text
+        assert "a: Olive beats metainfer by 2.00x faster at p50" in text
+        row_b = next(line for line in text.splitlines() if line.startswith("| b "))
+        assert "/ — /" in row_b  # b has no Olive wall time
