@@ -126,9 +126,12 @@ def measure_net(net: ConvNet, trials: int, profile: Any, olive_trials: int = 0) 
         contenders.append({"name": "metainfer", "kind": "ort", "model": str(work / "metainfer" / MODEL_FILE)})
         contenders[-1]["session"] = session
     if olive_trials:
-        olive, olive_row = olive_contender(
-            net.name, path, data_path, BATCH, olive_trials, work / "olive_peer", OLIVE_TIMEOUT_S
-        )
+        try:
+            olive, olive_row = olive_contender(
+                net.name, path, data_path, BATCH, olive_trials, work / "olive_peer", OLIVE_TIMEOUT_S
+            )
+        except Exception as exc:  # Olive failing is a result for its column, not for the whole row
+            olive, olive_row = None, {"olive_error": f"{type(exc).__name__}: {exc}"[:300]}
         row.update(olive_row)
         if olive is not None:
             contenders.append(olive)

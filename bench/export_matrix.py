@@ -134,9 +134,12 @@ def measure_flavour(
         {"name": "openvino_nncf", "kind": "openvino", "model": str(export.path), "nncf": True},
     ]
     if olive_trials:
-        olive, olive_row = olive_contender(
-            flavour.name, export.path, data_path, BATCH, olive_trials, work / "olive_peer", OLIVE_TIMEOUT_S
-        )
+        try:
+            olive, olive_row = olive_contender(
+                flavour.name, export.path, data_path, BATCH, olive_trials, work / "olive_peer", OLIVE_TIMEOUT_S
+            )
+        except Exception as exc:  # Olive failing is a result for its column, not for the whole row
+            olive, olive_row = None, {"olive_error": f"{type(exc).__name__}: {exc}"[:300]}
         row.update(olive_row)
         if olive is not None:
             contenders.insert(2, olive)

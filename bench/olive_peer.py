@@ -469,6 +469,8 @@ def olive_contender(
         input_names=inputs,
         samples=samples,
         has_labels=False,
+        fixed_batch=None,
+        description=f"{name} (a matrix model)",
     )
     work.mkdir(parents=True, exist_ok=True)
     reference = work / "olive_reference.npz"

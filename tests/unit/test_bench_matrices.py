@@ -48,3 +48,61 @@ def test_the_olive_column_appears_only_where_olive_ran(with_olive: bool) -> None
         assert "a: Olive beats metainfer by 2.00x faster at p50" in text
         row_b = next(line for line in text.splitlines() if line.startswith("| b "))
         assert "/ — /" in row_b  # b has no Olive wall time
+
+
+def test_olive_contender_turns_olive_output_into_a_peer(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper
+
+    from bench import olive_peer
+
+    graph = helper.make_graph(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        "relu",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 4])],
+    )
+    model = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), model)
+    data = tmp_path / "data.npz"
+    np.savez(data, x=np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
+    seen: dict[str, object] = {}
+
+    def fake_run(venv: Path, config: dict[str, object], work: Path, timeout_s: float) -> olive_peer.SearchOutcome:
+        seen["config"] = config
+        settings = {"intra_op_num_threads": 2, "graph_optimization_level": 2, "execution_mode": 1}
+        detail = {"quantization": {"quant_mode": "static", "per_channel": True, "precision": "int8"}}
+        detail["olive_candidates_evaluated"] = 7
+        return olive_peer.SearchOutcome("olive", 12.5, model, settings, detail)
+
+    monkeypatch.setattr(olive_peer, "ensure_olive", lambda venv, requirements: {"olive": "test"})
+    monkeypatch.setattr(olive_peer, "run_olive", fake_run)
+    contender, row = olive_peer.olive_contender("relu", model, data, 4, 8, tmp_path / "work", 60.0)
+    assert contender == {
+        "name": "olive",
+        "kind": "ort",
+        "model": str(model),
+        "session": {
+            "intra_op_num_threads": 2,
+            "inter_op_num_threads": 0,
+            "graph_optimization_level": "extended",
+            "execution_mode": "parallel",
+        },
+    }
+    assert row["olive_wall_s"] == 12.5 and row["olive_candidates"] == 7
+    assert "int8 static" in row["olive_recipe"]
+    config = seen["config"]
+    assert isinstance(config, dict) and config["input_model"]["model_path"] == str(model)
+    assert (tmp_path / "work" / "olive_reference.npz").exists()
+
+
+def test_olive_failing_is_reported_not_raised(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from bench import olive_peer
+
+    def unavailable(venv: Path, requirements: Path) -> dict[str, object]:
+        raise olive_peer.OliveUnavailable("no wheel for torch")
+
+    monkeypatch.setattr(olive_peer, "ensure_olive", unavailable)
+    contender, row = olive_peer.olive_contender("m", tmp_path / "m.onnx", tmp_path / "d.npz", 1, 8, tmp_path, 1.0)
+    assert contender is None and "no wheel for torch" in row["olive_error"]
