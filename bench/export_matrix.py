@@ -67,6 +67,13 @@ EXPLANATIONS: list[str] = [
     " OpenVINO + NNCF is 1.05-1.3x slower but keeps 0.0045-0.005 more cosine, because NNCF's transformer preset"
     " keeps sensitive ops (softmax inputs, the embeddings' adds) in float and calibrates statically, where"
     " metainfer spends the quality budget on speed (its quality weight is 0.1).",
+    "Olive ran on the held-out flavour only (transformers-5.24_torchscript_op14_sdpa, `--olive-trials 8`: 3"
+    " candidates evaluated, the rest of its samples ruled invalid by its own space, 86 s). Its pick, dynamic"
+    " int8 per-channel with reduce_range on one intra-op thread, re-timed here is slower than ORT FP32 (81.4"
+    " vs 77.6 ms at p50) at cosine 0.9917: ORT's fuser finds no Attention in this export, so Olive's quantization"
+    " has no fused attention or padding removal to build on, and its own latency metric (3 warm-up + 20 runs,"
+    " once per candidate) chose one thread. Olive on every flavour was not run: at its pace a 24-candidate"
+    " search on all 15 exports would take hours on this machine.",
 ]
 
 
