@@ -34,12 +34,12 @@ from typing import Any
 
 import numpy as np
 
-from bench import benchlib
+from bench import benchlib, peer_table
 from bench.cnn_models import NETS, ConvNet, feed_for
 from bench.export_matrix import run_peers
 from bench.olive_peer import olive_contender
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import Reference, quality_of
+from metainfer.core.engine.evaluate import Reference
 from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.outputs import MODEL_FILE, write_outputs
 from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
@@ -162,19 +162,16 @@ def measure_net(net: ConvNet, trials: int, profile: Any, olive_trials: int = 0) 
     with np.load(work / "outputs.npz") as npz:
         outputs = {k: npz[k] for k in npz.files}
     reference = Reference([outputs["fp32"]], None, None) if "fp32" in outputs else None
-    for name, times in peers["times_ms"].items():
-        ms = np.asarray(times)
-        row[f"{name}_p50_ms"] = float(np.percentile(ms, 50))
-        row[f"{name}_p95_ms"] = float(np.percentile(ms, 95))
-        row[f"{name}_runs"] = len(ms)
-        if reference is not None and name in outputs:
-            row[f"{name}_quality"] = quality_of([outputs[name]], reference).value
-    row["openvino_nncf_wall_s"] = peers["prepare_s"].get("openvino_nncf")
-    row["peer_errors"] = peers["errors"]
-    row["status"] = "measured"
+    peer_table.add_timings(row, peers, outputs, reference)
     return row
 
 
+PEERS = (
+    ("naive", "the naive static one-liner"),
+    ("olive", "Olive"),
+    ("openvino_fp32", "OpenVINO FP32"),
+    ("openvino_nncf", "OpenVINO + NNCF"),
+)
 CONTENDERS = [
     ("fp32", "FP32 (ORT)"),
     ("naive", "naive static"),
@@ -187,31 +184,12 @@ CONTENDERS = [
 
 def peer_notes(rows: list[dict[str, Any]]) -> list[str]:
     """Where a peer beats metainfer on a net, by how much (latency at p50, quality)."""
-    notes = []
-    for r in rows:
-        if "metainfer_p50_ms" not in r:
-            continue
-        peers = (
-            ("naive", "the naive static one-liner"),
-            ("olive", "Olive"),
-            ("openvino_fp32", "OpenVINO FP32"),
-            ("openvino_nncf", "OpenVINO + NNCF"),
-        )
-        for name, label in peers:
-            if f"{name}_p50_ms" not in r:
-                continue
-            faster = r["metainfer_p50_ms"] / r[f"{name}_p50_ms"]
-            better = r.get(f"{name}_quality", 0.0) - r.get("metainfer_quality", 0.0)
-            wins = [f"{faster:.2f}x faster at p50"] if faster > 1 else []
-            # an FP32 peer is closer to FP32 by construction; only an int8 peer's quality is a win
-            wins += [f"{better:+.4f} cosine"] if better > 0 and r["trained"] and name != "openvino_fp32" else []
-            if wins:
-                notes.append(f"{r['net']}: {label} beats metainfer by " + " and ".join(wins))
-    return notes
+    # an FP32 peer is closer to FP32 by construction, and the light nets' quality is trivial: neither is a win
+    return peer_table.peer_wins(rows, "net", PEERS, lambda r, name: r["trained"] and name != "openvino_fp32")
 
 
 def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | None = None) -> str:
-    olive = any("olive_p50_ms" in r or "olive_error" in r for r in rows)
+    olive = peer_table.olive_ran(rows)
     shown = [(n, label) for n, label in CONTENDERS if olive or n != "olive"]
     int8_peers = ["naive", "metainfer", *(["olive"] if olive else []), "openvino_nncf"]
     header = ["net", *(f"{label} p50 / p95 ms" for _, label in shown), "speedup p50 / p95 (metainfer)"]
@@ -225,25 +203,11 @@ def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | No
         if r.get("status") != "measured":
             table.append([r["net"], *(["—"] * (len(header) - 2)), r.get("error", r.get("status"))])
             continue
-
-        def pair(name: str, r: dict[str, Any] = r) -> str:
-            return f"{r[f'{name}_p50_ms']:.2f} / {r[f'{name}_p95_ms']:.2f}" if f"{name}_p50_ms" in r else "—"
-
-        def q(name: str, r: dict[str, Any] = r) -> str:
-            return f"{r[f'{name}_quality']:.4f}" if f"{name}_quality" in r else "—"
-
-        speedup = (
-            f"{r['fp32_p50_ms'] / r['metainfer_p50_ms']:.2f}x / {r['fp32_p95_ms'] / r['metainfer_p95_ms']:.2f}x"
-            if "metainfer_p50_ms" in r
-            else "—"
-        )
-        naive_wall = f"{r['naive_wall_s']:.0f}" if "naive_wall_s" in r else "failed"
-        olive_wall = [f"{r['olive_wall_s']:.0f}" if "olive_wall_s" in r else "—"] if olive else []
-        nncf_wall = f"{r.get('openvino_nncf_wall_s') or 0:.0f}"
-        walls = " / ".join([f"{r['metainfer_wall_s']:.0f}", naive_wall, *olive_wall, nncf_wall])
-        quality = " / ".join(q(n) for n in int8_peers) + ("" if r["trained"] else " (trivial)")
+        quality = peer_table.qualities(r, int8_peers) + ("" if r["trained"] else " (trivial)")
         name = r["net"] + ("" if r["trained"] else " ¹")
-        table.append([name, *(pair(n) for n, _ in shown), speedup, quality, walls, r.get("recipe") or "no variant"])
+        shown_latency = (peer_table.latency(r, n, 2) for n, _ in shown)
+        walls = peer_table.walls(r, olive)
+        table.append([name, *shown_latency, peer_table.speedup(r), quality, walls, r.get("recipe") or "no variant"])
     lines = [
         f"Setup: batch {BATCH}, {SAMPLES} seeded crops of scikit-learn's two bundled photographs; metainfer {trials}"
         f" trials, seed {SEED}, quality budget {MAX_DROP} (1 − cosine of the first output vs the model's FP32)."

@@ -36,11 +36,11 @@ from typing import Any
 import numpy as np
 import onnx
 
-from bench import benchlib
+from bench import benchlib, peer_table
 from bench.exports import FLAVOURS, Environment, ExportSet, Flavour, build_exports, ensure_environment
 from bench.olive_peer import olive_contender
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import Reference, quality_of
+from metainfer.core.engine.evaluate import Reference
 from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.outputs import MODEL_FILE, write_outputs
 from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
@@ -177,39 +177,18 @@ def measure_flavour(
     with np.load(work / "outputs.npz") as npz:
         outputs = {k: npz[k] for k in npz.files}
     reference = Reference([outputs["fp32"]], None, None, mask) if "fp32" in outputs else None
-    for name, times in peers["times_ms"].items():
-        ms = np.asarray(times)
-        row[f"{name}_p50_ms"] = float(np.percentile(ms, 50))
-        row[f"{name}_p95_ms"] = float(np.percentile(ms, 95))
-        row[f"{name}_runs"] = len(ms)
-        if reference is not None:
-            row[f"{name}_quality"] = quality_of([outputs[name]], reference).value
-    row["openvino_nncf_wall_s"] = peers["prepare_s"].get("openvino_nncf")
-    row["peer_errors"] = peers["errors"]
-    row["status"] = "measured"
+    peer_table.add_timings(row, peers, outputs, reference)
     return row
 
 
 def peer_notes(rows: list[dict[str, Any]]) -> list[str]:
-    """Where a peer beats metainfer on a flavour, by how much (latency at p50 and p95, quality)."""
-    notes = []
-    for r in rows:
-        if "metainfer_p50_ms" not in r:
-            continue
-        for name, label in (("naive", "the naive one-liner"), ("olive", "Olive"), ("openvino_nncf", "OpenVINO + NNCF")):
-            if f"{name}_p50_ms" not in r:
-                continue
-            faster = r["metainfer_p50_ms"] / r[f"{name}_p50_ms"]
-            better = r.get(f"{name}_quality", 0.0) - r.get("metainfer_quality", 0.0)
-            wins = [f"{faster:.2f}x faster at p50"] if faster > 1 else []
-            wins += [f"{better:+.4f} cosine"] if better > 0 else []
-            if wins:
-                notes.append(f"{r['flavour']}: {label} beats metainfer by " + " and ".join(wins))
-    return notes
+    """Where a peer beats metainfer on a flavour, by how much (latency at p50, quality)."""
+    peers = (("naive", "the naive one-liner"), ("olive", "Olive"), ("openvino_nncf", "OpenVINO + NNCF"))
+    return peer_table.peer_wins(rows, "flavour", peers, lambda r, name: True)
 
 
 def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | None = None) -> str:
-    olive = any("olive_p50_ms" in r or "olive_error" in r for r in rows)
+    olive = peer_table.olive_ran(rows)
     names = [("fp32", "FP32 (ORT)"), ("naive", "naive"), ("metainfer", "metainfer")]
     names += [("olive", "Olive")] if olive else []
     names += [("openvino_fp32", "OpenVINO FP32"), ("openvino_nncf", "OpenVINO+NNCF")]
@@ -226,28 +205,13 @@ def render(rows: list[dict[str, Any]], trials: int, explanations: list[str] | No
         if r.get("status") != "measured":
             table.append([r["flavour"], *(["—"] * (len(header) - 2)), r.get("error", r.get("status"))])
             continue
-
-        def pair(name: str, r: dict[str, Any] = r) -> str:
-            return f"{r[f'{name}_p50_ms']:.1f} / {r[f'{name}_p95_ms']:.1f}" if f"{name}_p50_ms" in r else "—"
-
-        def q(name: str, r: dict[str, Any] = r) -> str:
-            return f"{r[f'{name}_quality']:.4f}" if f"{name}_quality" in r else "—"
-
-        speedup = (
-            f"{r['fp32_p50_ms'] / r['metainfer_p50_ms']:.2f}x / {r['fp32_p95_ms'] / r['metainfer_p95_ms']:.2f}x"
-            if "metainfer_p50_ms" in r
-            else "—"
-        )
-        olive_wall = [f"{r['olive_wall_s']:.0f}" if "olive_wall_s" in r else "—"] if olive else []
-        nncf_wall = f"{r.get('openvino_nncf_wall_s') or 0:.0f}"
-        walls = " / ".join([f"{r['metainfer_wall_s']:.0f}", f"{r['naive_wall_s']:.0f}", *olive_wall, nncf_wall])
         table.append(
             [
                 r["flavour"],
-                *(pair(n) for n, _ in names),
-                speedup,
-                " / ".join(q(n) for n in quality_of_peers),
-                walls,
+                *(peer_table.latency(r, n, 1) for n, _ in names),
+                peer_table.speedup(r),
+                peer_table.qualities(r, quality_of_peers),
+                peer_table.walls(r, olive),
                 r.get("recipe") or "no variant",
             ]
         )

@@ -1,0 +1,78 @@
+"""What the two peer matrices (bench/export_matrix.py, bench/cnn_matrix.py) share.
+
+Both time their contenders with bench/peers_driver.py and report one row per
+model: p50/p95 and quality per contender, metainfer's speedup, the wall time of
+each search, and where a peer beats metainfer. Only the models, the setup text
+and what counts as a quality win differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from metainfer.core.engine.evaluate import Reference, quality_of
+
+Row = dict[str, Any]
+
+
+def add_timings(row: Row, peers: dict[str, Any], outputs: dict[str, np.ndarray], reference: Reference | None) -> None:
+    """The driver's per-contender times (and quality against ``reference``) into ``row``; marks it measured."""
+    for name, times in peers["times_ms"].items():
+        ms = np.asarray(times)
+        row[f"{name}_p50_ms"] = float(np.percentile(ms, 50))
+        row[f"{name}_p95_ms"] = float(np.percentile(ms, 95))
+        row[f"{name}_runs"] = len(ms)
+        if reference is not None and name in outputs:
+            row[f"{name}_quality"] = quality_of([outputs[name]], reference).value
+    row["openvino_nncf_wall_s"] = peers["prepare_s"].get("openvino_nncf")
+    row["peer_errors"] = peers["errors"]
+    row["status"] = "measured"
+
+
+def olive_ran(rows: Sequence[Row]) -> bool:
+    """Whether the section gets Olive's columns: some row ran it (or tried to)."""
+    return any("olive_p50_ms" in r or "olive_error" in r for r in rows)
+
+
+def latency(r: Row, name: str, digits: int) -> str:
+    return f"{r[f'{name}_p50_ms']:.{digits}f} / {r[f'{name}_p95_ms']:.{digits}f}" if f"{name}_p50_ms" in r else "—"
+
+
+def qualities(r: Row, names: Sequence[str]) -> str:
+    return " / ".join(f"{r[f'{n}_quality']:.4f}" if f"{n}_quality" in r else "—" for n in names)
+
+
+def speedup(r: Row) -> str:
+    if "metainfer_p50_ms" not in r:
+        return "—"
+    return f"{r['fp32_p50_ms'] / r['metainfer_p50_ms']:.2f}x / {r['fp32_p95_ms'] / r['metainfer_p95_ms']:.2f}x"
+
+
+def walls(r: Row, olive: bool) -> str:
+    """Search wall times: metainfer / naive / (Olive) / NNCF, in seconds."""
+    naive = f"{r['naive_wall_s']:.0f}" if "naive_wall_s" in r else "failed"
+    olive_wall = [f"{r['olive_wall_s']:.0f}" if "olive_wall_s" in r else "—"] if olive else []
+    return " / ".join([f"{r['metainfer_wall_s']:.0f}", naive, *olive_wall, f"{r.get('openvino_nncf_wall_s') or 0:.0f}"])
+
+
+def peer_wins(
+    rows: Sequence[Row], key: str, peers: Sequence[tuple[str, str]], quality_counts: Callable[[Row, str], bool]
+) -> list[str]:
+    """Where a peer beats metainfer on a model: faster at p50, or better quality where ``quality_counts``."""
+    notes = []
+    for r in rows:
+        if "metainfer_p50_ms" not in r:
+            continue
+        for name, label in peers:
+            if f"{name}_p50_ms" not in r:
+                continue
+            faster = r["metainfer_p50_ms"] / r[f"{name}_p50_ms"]
+            better = r.get(f"{name}_quality", 0.0) - r.get("metainfer_quality", 0.0)
+            wins = [f"{faster:.2f}x faster at p50"] if faster > 1 else []
+            wins += [f"{better:+.4f} cosine"] if better > 0 and quality_counts(r, name) else []
+            if wins:
+                notes.append(f"{r[key]}: {label} beats metainfer by " + " and ".join(wins))
+    return notes
