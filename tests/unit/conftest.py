@@ -1,7 +1,10 @@
-"""Shared, session-scoped fixtures for the unit tests: small real models and a quick profile."""
+"""Shared, session-scoped fixtures for the unit tests (small real models, a quick profile), and the tier's guard:
+a unit test that opens a connection off this host fails (tests/conftest.py says what each tier may use)."""
 
 from __future__ import annotations
 
+import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -84,3 +87,29 @@ def tiny_conv(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     rng = np.random.default_rng(1)
     np.savez(out / "data.npz", x=rng.standard_normal((32, 3, 16, 16)).astype(np.float32))
     return path, out / "data.npz"
+
+
+# -- the unit tier's promise: nothing here reaches a network ---------------------------------------------------
+_LOOPBACK = ("127.", "::1", "localhost", "0.0.0.0")
+
+
+def _refuse_off_host(connect):  # type: ignore[no-untyped-def]
+    def guarded(sock: socket.socket, address, *args):  # type: ignore[no-untyped-def]
+        host = address[0] if isinstance(address, tuple) else address
+        if sock.family in (socket.AF_INET, socket.AF_INET6) and not str(host).startswith(_LOOPBACK):
+            raise AssertionError(f"a unit test connected to {address!r}: network tests belong in tests/integration")
+        return connect(sock, address, *args)
+
+    return guarded
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_network() -> Iterator[None]:
+    """In-process servers on loopback are fine (aiohttp's test client); any other address fails the test."""
+    real_connect, real_connect_ex = socket.socket.connect, socket.socket.connect_ex
+    socket.socket.connect = _refuse_off_host(real_connect)  # type: ignore[method-assign]
+    socket.socket.connect_ex = _refuse_off_host(real_connect_ex)  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        socket.socket.connect, socket.socket.connect_ex = real_connect, real_connect_ex  # type: ignore[method-assign]
