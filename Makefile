@@ -9,7 +9,9 @@ export PIP_CACHE_DIR ?= $(CACHE)/pip
 export PYTHONSAFEPATH := 1
 DEMO_DIR ?= build/demo
 
-.PHONY: venv helm image e2e bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-search bench-warm-start bench-real-node bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+PYTEST := $(BIN)/python -m pytest
+
+.PHONY: venv helm image e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-search bench-warm-start bench-real-node bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -73,8 +75,6 @@ lint: venv
 	PYTHONPATH=build/lint $(BIN)/lint-imports
 	cd build/lint && ../../$(BIN)/mypy --config-file ../../pyproject.toml --strict -p metainfer.core
 
-unit: venv
-	$(BIN)/python -m pytest tests/unit
 
 # A pinned helm (METAINFER_HELM if set, else built with Go and cached).
 helm: venv
@@ -103,11 +103,24 @@ cluster-down:
 demo-cluster: cluster-up
 	$(BIN)/python hack/demo_cluster.py
 
-integration: venv assets
-	$(BIN)/python -m pytest tests/integration
+# `make test` is what CI runs: lint, then every tier of tests/ (tests/conftest.py says what each may use).
+# The tiers run side by side, since they share no port, cluster or folder: unit needs only the venv and runs
+# while the Go-built binaries that integration and e2e need are built; exports spends its first run
+# downloading its peer environments (network, not CPU). Each tier prints its whole output when it ends
+# (--output-sync), every tier runs even when another fails (-k), and the run fails if any tier failed.
+test: lint
+	$(MAKE) --no-print-directory -k -j4 --output-sync=target test-unit test-integration test-e2e test-exports
 
-test: lint assets
-	$(BIN)/python -m pytest tests
+# One tier alone (`make unit` is the quick loop while coding: no network, no Go, about N minutes).
+unit test-unit: venv
+	$(PYTEST) tests/unit
+integration test-integration: assets
+	$(PYTEST) tests/integration
+test-e2e: assets
+	$(PYTEST) tests/e2e
+# Peer environments (torch and the exporters) are built by the tests themselves, once, under ~/.cache/metainfer.
+exports test-exports: venv
+	$(PYTEST) tests/exports
 
 # The project's image without a container engine or registry: the Dockerfile's runtime stage run in a
 # chroot over a local Debian root filesystem; loaded into the development node when one runs.
@@ -115,8 +128,7 @@ image: venv
 	$(BIN)/python hack/build_image.py
 
 # The product on a real node: helm install, a policy adapted by a Job pod, served, scraped, relabelled.
-e2e: venv assets
-	$(BIN)/python -m pytest tests/e2e
+e2e: test-e2e
 
 clean:
 	rm -rf build dist .pytest_cache

@@ -14,7 +14,7 @@ The binary lands in ``~/.cache/metainfer/helm/<version>/helm`` (``METAINFER_CACH
 moves the root) and is reused when present. ``METAINFER_HELM`` points at an
 existing helm instead (e.g. one a CI image already has); it is used as is.
 
-The chart's tests (tests/unit/test_chart.py, tests/integration/test_chart_on_cluster.py)
+The chart's tests (tests/integration/test_chart_render.py, tests/integration/test_chart_on_cluster.py)
 import ``provide`` and ``all_optional_on`` from ``hack.helm``.
 """
 

@@ -1,7 +1,8 @@
-"""The Helm chart without a cluster: CRDs in sync, values schema, RBAC without wildcards, real metric names.
+"""The Helm chart rendered by a real helm, without a cluster: CRDs in sync, values schema, RBAC without wildcards,
+real metric names.
 
-Rendering uses the pinned helm from hack/helm.py (built once with Go and cached,
-like the control plane; ``make test`` builds it through ``make assets``).
+An integration test because rendering runs the pinned helm from hack/helm.py (built once with Go and cached,
+like the control plane; ``make test-integration`` builds it through ``make assets``).
 PromQL is checked twice: every ``metainfer_*`` name must be a metric the code
 defines (found by reading the prometheus_client constructors in core/, agent/
 and operator/), and every expression must parse (promtool, when installed).
