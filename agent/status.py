@@ -122,7 +122,7 @@ class StatusObserver:
                 self.writer.status, self.writer.generation, RunStage.SEARCHING, Reason.SEARCHING, PipelinePhase.SEARCH
             )
         self.feasible += trial.status == TrialState.FEASIBLE
-        outcome = trial.status
+        outcome = str(trial.status)
         if trial.metrics is not None:
             outcome += f", p95 {trial.metrics.latency.p95_ms:.3f} ms"
         self.writer.log(f"trial {trial.index}/{self.trial_budget}: {trial.recipe.describe()} -> {outcome}")

@@ -79,6 +79,6 @@ def _release(patterns: list[str], logger: logging.Logger) -> list[str]:
 
 
 @kopf.on.startup()
-async def release_terminating_namespaces(logger: logging.Logger, **_: Any) -> None:
+async def release_terminating_namespaces(logger: kopf.Logger, **_: Any) -> None:
     if WATCHED_PATTERNS:
         await asyncio.to_thread(_release, list(WATCHED_PATTERNS), logger)

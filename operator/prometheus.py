@@ -84,7 +84,7 @@ def parse(status: int, text: str, url: str = "") -> Sample | MetricsUnavailable:
     if kind == "scalar":
         values = [result]
     elif kind == "vector" and isinstance(result, list):
-        values = [r.get("value") for r in result]
+        values = [r.get("value") if isinstance(r, dict) else None for r in result]
     else:
         return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"unexpected result type {kind!r}; expected a vector")
     if not values:

@@ -101,7 +101,7 @@ def ensure_peering_object(name: str, logger: logging.Logger) -> None:
 
 
 @kopf.on.startup()
-def on_startup(settings: kopf.OperatorSettings, logger: logging.Logger, **_: Any) -> None:
+def on_startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
     try:
         config = OperatorConfig()
     except ConfigError as exc:  # no retry fixes a bad value: stop, naming the variable (the pod's log says it)

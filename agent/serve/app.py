@@ -442,7 +442,7 @@ async def _serve(config: ServeConfig) -> int:
     loading: asyncio.Future[model_loader.LoadedModel] = loop.create_future()
     threading.Thread(target=_load_in_thread, args=(config, loop, loading), name="load", daemon=True).start()
     stopping = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([loading, stopping], return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([loading, stopping], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]  # typeshed: futures of two result types
     code = 0
     grpc_front = None
     if loading.done() and not stopping.done():

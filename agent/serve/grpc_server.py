@@ -76,8 +76,8 @@ class GrpcFrontEnd:
         log.info("gRPC listening on %s:%d (messages up to %d bytes)", host, bound, limit)
         return bound
 
-    def _handlers(self) -> dict[str, grpc.RpcMethodHandler]:
-        def unary(behaviour: Any, request: Any, response: Any) -> grpc.RpcMethodHandler:
+    def _handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
+        def unary(behaviour: Any, request: Any, response: Any) -> grpc.RpcMethodHandler[Any, Any]:
             return grpc.unary_unary_rpc_method_handler(
                 behaviour, request_deserializer=request.FromString, response_serializer=response.SerializeToString
             )
@@ -115,24 +115,24 @@ class GrpcFrontEnd:
         return cut
 
     # -- health and metadata ------------------------------------------------
-    async def server_live(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def server_live(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return pb.ServerLiveResponse(live=True)
 
-    async def server_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def server_ready(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return pb.ServerReadyResponse(ready=self.server.ready)
 
-    async def model_ready(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def model_ready(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             check_model(request.name, request.version, self.server.config.model_name, MODEL_VERSION)
         except ProtocolError as exc:
             await _abort(context, exc)
         return pb.ModelReadyResponse(ready=self.server.ready)
 
-    async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         # REST's binary_tensor_data is an HTTP extension; over gRPC tensors are binary anyway.
         return pb.ServerMetadataResponse(name="metainfer", version=_version(), extensions=[])
 
-    async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
             model = self._loaded(request.name, request.version)
         except ProtocolError as exc:
@@ -141,7 +141,7 @@ class GrpcFrontEnd:
         return model_metadata_response(doc)
 
     # -- inference ----------------------------------------------------------
-    async def model_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext) -> bytes:
+    async def model_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
         metrics = self.server.metrics
         metrics.requests.inc()
         received = time.perf_counter()
@@ -210,7 +210,7 @@ class _NoMessage(Exception):
     with a message over the limit is told RESOURCE_EXHAUSTED by gRPC itself, with the sizes."""
 
 
-async def _abort(context: grpc.aio.ServicerContext, error: ProtocolError) -> NoReturn:
+async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ProtocolError) -> NoReturn:
     """End the call with ``error``'s status; Retry-After travels as trailing metadata."""
     trailers = tuple((key.lower(), value) for key, value in error.headers.items() if key == "Retry-After")
     await context.abort(grpc_code(error.status), str(error), trailing_metadata=trailers)

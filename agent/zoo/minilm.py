@@ -248,13 +248,15 @@ def build_minilm(out_dir: Path, samples: int = SAMPLES, seq_len: int = SEQUENCE,
 def _layer_norm(x: np.ndarray, gamma: np.ndarray, beta: np.ndarray, eps: float) -> np.ndarray:
     mean = x.mean(-1, keepdims=True)
     var = ((x - mean) ** 2).mean(-1, keepdims=True)
-    return (x - mean) / np.sqrt(var + eps) * gamma + beta
+    normed: np.ndarray = (x - mean) / np.sqrt(var + eps) * gamma + beta
+    return normed
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
     from scipy.special import erf
 
-    return 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+    gelu: np.ndarray = 0.5 * x * (1.0 + erf(x / np.sqrt(2.0)))
+    return gelu
 
 
 def reference_forward(weights: Mapping[str, np.ndarray], inputs: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -303,4 +305,5 @@ def sentence_embeddings(last_hidden_state: np.ndarray, attention_mask: np.ndarra
     """sentence-transformers' pipeline for this model: mask-weighted mean pool, then L2 normalise."""
     weights = attention_mask[..., None].astype(np.float64)
     pooled = (last_hidden_state * weights).sum(1) / np.clip(weights.sum(1), 1e-9, None)
-    return pooled / np.clip(np.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12, None)
+    normalised: np.ndarray = pooled / np.clip(np.linalg.norm(pooled, axis=-1, keepdims=True), 1e-12, None)
+    return normalised
