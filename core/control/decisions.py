@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from metainfer.core.api.conditions import Reason
+from metainfer.core.api.names import LABEL_RUN_KEY
 from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, ClassStatus
 from metainfer.core.api.run import AdaptationRun
 from metainfer.core.control import manifests
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import LABEL_RUN_KEY, AgentJobSettings, ServingDefaults
+from metainfer.core.control.manifests import AgentJobSettings, ServingDefaults
 from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of
 from metainfer.core.control.workloads import DeploymentState
 

@@ -31,6 +31,22 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from metainfer.core.api._base import ApiModel
 from metainfer.core.api.k8s_syntax import VARIANT_STORE_MOUNT
+from metainfer.core.api.names import (
+    ANNOTATION_CLASS_NAME,
+    ANNOTATION_DRIFT_EPOCH,
+    ANNOTATION_TOLERATIONS,
+    API_VERSION,
+    COMPONENT,
+    LABEL_CLASS,
+    LABEL_POLICY,
+    LABEL_RECIPE_KEY,
+    LABEL_RUN,
+    LABEL_RUN_KEY,
+    LABEL_TRACK,
+    MANAGED_BY,
+    PRODUCT,
+    RUN_KIND,
+)
 from metainfer.core.api.policy import (
     AdaptationPolicy,
     AdaptationPolicySpec,
@@ -38,7 +54,6 @@ from metainfer.core.api.policy import (
     ResourceRequirements,
     VariantStore,
 )
-from metainfer.core.api.resources import API_VERSION
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.api.vocabulary import RunTrigger
 from metainfer.core.control.hardware import ClassGroup
@@ -57,17 +72,6 @@ from metainfer.core.control.objects import (
     variant_key,
 )
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-COMPONENT = "app.kubernetes.io/component"
-LABEL_POLICY = "metainfer.io/policy"
-LABEL_CLASS = "metainfer.io/class"
-LABEL_RUN = "metainfer.io/run"
-LABEL_RUN_KEY = "metainfer.io/run-key"
-LABEL_RECIPE_KEY = "metainfer.io/recipe-key"
-LABEL_TRACK = "metainfer.io/track"
-ANNOTATION_TOLERATIONS = "metainfer.io/tolerations"
-ANNOTATION_CLASS_NAME = "metainfer.io/class-name"
-ANNOTATION_DRIFT_EPOCH = "metainfer.io/drift-epoch"
 HTTP_PORT = 8080
 GRPC_PORT = 8081  # metainfer serve's KServe v2 gRPC API
 UID = 65532  # "nonroot" in distroless images
@@ -281,7 +285,7 @@ def owner_reference(obj: ApiObject) -> dict[str, Any]:
 
 def class_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
     """Labels every child of (policy, class) carries; the operator lists children by them."""
-    return {MANAGED_BY: "metainfer", LABEL_POLICY: label_value(policy_name), LABEL_CLASS: group.fingerprint}
+    return {MANAGED_BY: PRODUCT, LABEL_POLICY: label_value(policy_name), LABEL_CLASS: group.fingerprint}
 
 
 def build_run(
@@ -315,7 +319,7 @@ def build_run(
     tolerations = [t.to_api() for t in spec.hardware.tolerations or []]
     return {
         "apiVersion": API_VERSION,
-        "kind": "AdaptationRun",
+        "kind": RUN_KIND,
         "metadata": {
             "name": run_name(name, group.hardware_class.name(), key),
             "namespace": namespace_of(policy),

@@ -346,7 +346,8 @@ def test_agent_rbac_is_exactly_its_run_its_status_configmaps_and_profiles() -> N
 
 
 def test_pod_monitor_selects_the_operators_serving_pods() -> None:
-    from metainfer.core.control.manifests import COMPONENT, HTTP_PORT, MANAGED_BY
+    from metainfer.core.api.names import COMPONENT, MANAGED_BY
+    from metainfer.core.control.manifests import HTTP_PORT
 
     (pm,) = docs_of("PodMonitor")
     assert pm["spec"]["selector"]["matchLabels"] == {MANAGED_BY: "metainfer", COMPONENT: "serving"}

@@ -10,14 +10,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from metainfer.core.api.names import LABEL_CLASS, LABEL_POLICY, LABEL_RUN_KEY
 from metainfer.core.api.policy import AdaptationPolicy, ResourceRequirements
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.control.hardware import classify_node, group_nodes
 from metainfer.core.control.manifests import (
     DEFAULT_JOB_RESOURCES,
-    LABEL_CLASS,
-    LABEL_POLICY,
-    LABEL_RUN_KEY,
     AgentJobSettings,
     ContainerSecurityContext,
     PodSecurityContext,
