@@ -7,12 +7,9 @@ handlers stay thin. Specs go through core.api's pydantic types (camelCase,
 validated) so a builder can never emit a run the CRD rejects.
 
 Everything a builder emits is owned: runs and serving objects by the policy,
-Jobs by their run, so deleting a policy garbage-collects all of it. Pods run
-hardened by default: non-root, read-only root filesystem, no privilege
-escalation, no capabilities, RuntimeDefault seccomp, writable emptyDirs only at
-/tmp and the cache. The platform may change those security contexts (its
-operator settings, from Helm values): OpenShift's restricted SCC, for one,
-assigns each pod a UID from the namespace's range and refuses a pinned one.
+Jobs by their run, so deleting a policy garbage-collects all of it. Pods get
+the security contexts of the operator's settings (hardened by default:
+core.api.security) and writable emptyDirs only at /tmp and the cache.
 
 Resources: adaptation Jobs default to Guaranteed QoS (requests equal limits),
 so what a Job measures does not move with its neighbours' load; serving pods
@@ -25,11 +22,10 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from metainfer.core.api._base import ApiModel
 from metainfer.core.api.k8s_syntax import VARIANT_STORE_MOUNT
 from metainfer.core.api.names import (
     ANNOTATION_CLASS_NAME,
@@ -55,6 +51,12 @@ from metainfer.core.api.policy import (
     VariantStore,
 )
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
+from metainfer.core.api.security import (
+    DEFAULT_CONTAINER_SECURITY_CONTEXT,
+    DEFAULT_POD_SECURITY_CONTEXT,
+    ContainerSecurityContext,
+    PodSecurityContext,
+)
 from metainfer.core.api.vocabulary import RunTrigger
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.naming import canary_name, job_name, label_value, run_name, workload_name
@@ -74,113 +76,9 @@ from metainfer.core.control.objects import (
 
 HTTP_PORT = 8080
 GRPC_PORT = 8081  # metainfer serve's KServe v2 gRPC API
-UID = 65532  # "nonroot" in distroless images
 CACHE_DIR = "/var/cache/metainfer"
 DEADLINE_MARGIN_S = 600
 PullPolicy = Literal["Always", "IfNotPresent", "Never"]
-# The range the API server accepts for UIDs and GIDs in a security context.
-Id = Annotated[int, Field(ge=0, le=2**31 - 1)]
-
-
-class _Frozen(ApiModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class SeccompProfile(_Frozen):
-    type: Literal["RuntimeDefault", "Localhost", "Unconfined"]
-    localhost_profile: str | None = None
-
-
-class AppArmorProfile(_Frozen):
-    type: Literal["RuntimeDefault", "Localhost", "Unconfined"]
-    localhost_profile: str | None = None
-
-
-class SELinuxOptions(_Frozen):
-    user: str | None = None
-    role: str | None = None
-    type: str | None = None
-    level: str | None = None
-
-
-class WindowsOptions(_Frozen):
-    gmsa_credential_spec_name: str | None = None
-    gmsa_credential_spec: str | None = None
-    run_as_user_name: str | None = None
-    host_process: bool | None = None
-
-
-class Capabilities(_Frozen):
-    add: tuple[str, ...] | None = None
-    drop: tuple[str, ...] | None = None
-
-
-class Sysctl(_Frozen):
-    name: str = Field(min_length=1)
-    value: str
-
-
-class _IdentityContext(_Frozen):
-    """Fields a Pod's and a container's securityContext share. Unset stays unset in the manifest: where a platform
-    assigns UIDs itself (OpenShift's restricted SCC), a pinned one gets the pod refused."""
-
-    run_as_user: Id | None = None
-    run_as_group: Id | None = None
-    run_as_non_root: bool | None = None
-    seccomp_profile: SeccompProfile | None = None
-    app_armor_profile: AppArmorProfile | None = None
-    se_linux_options: SELinuxOptions | None = None
-    windows_options: WindowsOptions | None = None
-
-    @model_validator(mode="after")
-    def _can_start(self) -> _IdentityContext:
-        # The API server stores this pod, the kubelet then refuses to start it, forever: say so at startup instead.
-        if self.run_as_non_root and self.run_as_user == 0:
-            raise ValueError("runAsNonRoot with runAsUser 0 can never start")
-        return self
-
-
-class PodSecurityContext(_IdentityContext):
-    """A Pod's securityContext, as Kubernetes spells it (camelCase, unknown keys refused)."""
-
-    fs_group: Id | None = None
-    fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = None
-    supplemental_groups: tuple[Id, ...] | None = None
-    supplemental_groups_policy: Literal["Merge", "Strict"] | None = None
-    se_linux_change_policy: Literal["MountOption", "Recursive"] | None = None
-    sysctls: tuple[Sysctl, ...] | None = None
-
-
-class ContainerSecurityContext(_IdentityContext):
-    """A container's securityContext, as Kubernetes spells it (camelCase, unknown keys refused)."""
-
-    allow_privilege_escalation: bool | None = None
-    privileged: bool | None = None
-    read_only_root_filesystem: bool | None = None
-    capabilities: Capabilities | None = None
-    proc_mount: Literal["Default", "Unmasked"] | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ContainerSecurityContext:
-        # The API server refuses this combination in every pod the operator would create.
-        if self.privileged and self.allow_privilege_escalation is False:
-            raise ValueError("privileged: true needs allowPrivilegeEscalation to be true or unset")
-        return self
-
-
-RUNTIME_DEFAULT = SeccompProfile(type="RuntimeDefault")
-DEFAULT_POD_SECURITY_CONTEXT = PodSecurityContext(
-    run_as_non_root=True, run_as_user=UID, run_as_group=UID, fs_group=UID, seccomp_profile=RUNTIME_DEFAULT
-)
-# No UID here: the pod's says it once, so a platform that assigns UIDs clears a single place.
-DEFAULT_CONTAINER_SECURITY_CONTEXT = ContainerSecurityContext(
-    run_as_non_root=True,
-    read_only_root_filesystem=True,
-    allow_privilege_escalation=False,
-    privileged=False,
-    capabilities=Capabilities(drop=("ALL",)),
-    seccomp_profile=RUNTIME_DEFAULT,
-)
 # Guaranteed QoS (requests == limits, whole CPUs): the Job measures latency, and a Burstable pod's CPU time depends
 # on its neighbours; with the kubelet's static CPU manager policy whole CPUs are also exclusive.
 DEFAULT_JOB_RESOURCES = ResourceRequirements(

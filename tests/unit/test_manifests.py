@@ -13,12 +13,11 @@ from pydantic import ValidationError
 from metainfer.core.api.names import LABEL_CLASS, LABEL_POLICY, LABEL_RUN_KEY
 from metainfer.core.api.policy import AdaptationPolicy, ResourceRequirements
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
+from metainfer.core.api.security import ContainerSecurityContext, PodSecurityContext
 from metainfer.core.control.hardware import classify_node, group_nodes
 from metainfer.core.control.manifests import (
     DEFAULT_JOB_RESOURCES,
     AgentJobSettings,
-    ContainerSecurityContext,
-    PodSecurityContext,
     ServingDefaults,
     build_deployment,
     build_job,
