@@ -30,7 +30,7 @@ from metainfer.core.api.security import (
     PodSecurityContext,
 )
 from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
-from metainfer.core.control.manifests import (
+from metainfer.core.control.settings import (
     DEFAULT_JOB_RESOURCES,
     DEFAULT_SERVING_RESOURCES,
     AgentJobSettings,

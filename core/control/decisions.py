@@ -22,8 +22,8 @@ from metainfer.core.api.run import AdaptationRun
 from metainfer.core.control import manifests
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import AgentJobSettings, ServingDefaults
 from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of
+from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
 from metainfer.core.control.workloads import DeploymentState
 
 

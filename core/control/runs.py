@@ -32,9 +32,10 @@ from metainfer.core.control.decisions import (
 )
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import AgentJobSettings, build_job, build_run
+from metainfer.core.control.manifests import build_job, build_run
 from metainfer.core.control.naming import job_name
 from metainfer.core.control.objects import InvalidRun, annotation_of, latest, name_of, run_failure, run_phase
+from metainfer.core.control.settings import AgentJobSettings
 from metainfer.core.control.workloads import job_end
 
 MAX_HELD_MESSAGE = 1024

@@ -361,7 +361,7 @@ def test_pod_monitor_selects_the_operators_serving_pods() -> None:
 def test_chart_defaults_are_the_operators_own_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """A chart-installed operator builds the same pods as one started with no configuration at all (but for the
     image, which the chart takes from its appVersion)."""
-    from metainfer.core.control.manifests import DEFAULT_JOB_RESOURCES
+    from metainfer.core.control.settings import DEFAULT_JOB_RESOURCES
 
     charted = operator_config(operator_env(rendered(False)), monkeypatch)
     bare = operator_config({}, monkeypatch)
