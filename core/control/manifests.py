@@ -15,7 +15,6 @@ emptyDirs only at /tmp and the cache.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
@@ -39,7 +38,6 @@ from metainfer.core.api.names import (
 )
 from metainfer.core.api.policy import (
     AdaptationPolicy,
-    AdaptationPolicySpec,
     ModelVolume,
     VariantStore,
 )
@@ -60,40 +58,13 @@ from metainfer.core.control.objects import (
     uid_of,
     variant_key,
 )
+from metainfer.core.control.runkey import run_key
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults, WorkloadSettings, merged_resources
 
 HTTP_PORT = 8080
 GRPC_PORT = 8081  # metainfer serve's KServe v2 gRPC API
 CACHE_DIR = "/var/cache/metainfer"
 DEADLINE_MARGIN_S = 600
-
-
-def run_key(
-    policy_spec: AdaptationPolicySpec | Mapping[str, Any],
-    generation: int,
-    class_fingerprint: str,
-    drift_epoch: str | None = None,
-) -> str:
-    """16 hex digits identifying one adaptation: model sha256, batch size, class, and what the run snapshots.
-
-    ``generation`` is recorded in the run (spec.policyGeneration) but deliberately not hashed: hashing it would
-    re-adapt every class when only serving replicas or rollout settings change. Instead the key covers exactly the
-    spec the run copies (model, slo, objective, searchSpace, search), so any change that would change the run's
-    snapshot changes the key, and nothing else does.
-
-    ``drift_epoch`` (the class's last confirmed latency drift) salts the key: re-adapting the same spec after a drift
-    needs a new run name, and an unset epoch adds nothing, so a class that never drifted keeps its run names.
-    """
-    del generation  # see docstring
-    spec = _policy_spec(policy_spec)
-    snapshot = spec.model_dump(
-        mode="json", by_alias=True, include={"model", "slo", "objective", "search_space", "search"}
-    )
-    snapshot["search"].pop("maxConcurrentRuns", None)  # a scheduling limit, not part of the result
-    payload: list[Any] = [spec.model.sha256, spec.slo.batch_size, class_fingerprint, snapshot]
-    if drift_epoch:
-        payload.append({"driftEpoch": drift_epoch})
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def owner_reference(obj: ApiObject) -> dict[str, Any]:
@@ -370,10 +341,6 @@ def build_service(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGrou
             ],
         },
     }
-
-
-def _policy_spec(spec: AdaptationPolicySpec | Mapping[str, Any]) -> AdaptationPolicySpec:
-    return spec if isinstance(spec, AdaptationPolicySpec) else AdaptationPolicySpec.model_validate(spec)
 
 
 def _container(
