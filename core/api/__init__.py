@@ -1,4 +1,5 @@
-"""The metainfer.io/v1alpha1 API: pydantic types of the three CRDs.
+"""The metainfer.io/v1alpha1 API: pydantic types of the three CRDs, the Kubernetes names (names.py) and the
+securityContext types the operator's pods use (security.py).
 
 These types are the single source of truth: crds/*.yaml is generated from them
 (``python -m metainfer.core.api.crdgen crds/``) and the operator and agent parse and

@@ -54,7 +54,7 @@ PART_OF: Final = "app.kubernetes.io/part-of"
 LABEL_POLICY: Final = "metainfer.io/policy"
 LABEL_CLASS: Final = "metainfer.io/class"  # the class's fingerprint
 LABEL_RUN: Final = "metainfer.io/run"  # on a Job and a serving Deployment: the run it runs or serves
-LABEL_RUN_KEY: Final = "metainfer.io/run-key"  # one run per run key
+LABEL_RUN_KEY: Final = "metainfer.io/run-key"  # core.control.runkey: one run per key
 LABEL_RECIPE_KEY: Final = "metainfer.io/recipe-key"  # also an annotation of serving pods (the full key)
 LABEL_TRACK: Final = "metainfer.io/track"  # "stable" or "canary"
 
