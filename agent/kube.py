@@ -17,7 +17,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from metainfer.core.api import ADAPTATION_RUN, GROUP, HARDWARE_PROFILE, VERSION
+from metainfer.core.api.names import GROUP, PROFILE_PLURAL, RUN_PLURAL, VERSION
 
 REQUEST_TIMEOUT_S = 30.0
 MERGE_PATCH = "application/merge-patch+json"
@@ -69,7 +69,7 @@ class Kube:
         return _call(
             f"reading AdaptationRun {namespace}/{name}",
             self.custom.get_namespaced_custom_object,
-            GROUP, VERSION, namespace, ADAPTATION_RUN.plural, name,
+            GROUP, VERSION, namespace, RUN_PLURAL, name,
         )  # fmt: skip
 
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
@@ -77,7 +77,7 @@ class Kube:
         _call(
             f"writing the status of AdaptationRun {namespace}/{name}",
             self.custom.patch_namespaced_custom_object_status,
-            GROUP, VERSION, namespace, ADAPTATION_RUN.plural, name, {"status": status},
+            GROUP, VERSION, namespace, RUN_PLURAL, name, {"status": status},
             _content_type=MERGE_PATCH,
         )  # fmt: skip
 
@@ -94,7 +94,7 @@ class Kube:
             return _call(
                 f"reading HardwareProfile {name}",
                 self.custom.get_cluster_custom_object,
-                GROUP, VERSION, HARDWARE_PROFILE.plural, name,
+                GROUP, VERSION, PROFILE_PLURAL, name,
             )  # fmt: skip
         except KubeError as exc:
             if exc.status == 404:
@@ -106,14 +106,14 @@ class Kube:
         return _call(
             f"creating HardwareProfile {body['metadata']['name']}",
             self.custom.create_cluster_custom_object,
-            GROUP, VERSION, HARDWARE_PROFILE.plural, body,
+            GROUP, VERSION, PROFILE_PLURAL, body,
         )  # fmt: skip
 
     def patch_profile_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
         return _call(
             f"writing the status of HardwareProfile {name}",
             self.custom.patch_cluster_custom_object_status,
-            GROUP, VERSION, HARDWARE_PROFILE.plural, name, {"status": status},
+            GROUP, VERSION, PROFILE_PLURAL, name, {"status": status},
             _content_type=MERGE_PATCH,
         )  # fmt: skip
 

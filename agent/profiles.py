@@ -34,6 +34,7 @@ from metainfer.core.api.hardwareprofile import (
     HardwareProfileStatus,
     profile_name,
 )
+from metainfer.core.api.names import LABEL_CLASS_FINGERPRINT, LABEL_NAMESPACE
 from metainfer.core.api.run import AdaptationRunSpec
 from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.profile import BenchConfig, HardwareProfile, detect_machine, fingerprint, measure_profile
@@ -100,8 +101,8 @@ def ensure_profile(
             metadata={
                 "name": name,
                 "labels": {
-                    "metainfer.io/class-fingerprint": spec.class_fingerprint,
-                    "metainfer.io/namespace": namespace,
+                    LABEL_CLASS_FINGERPRINT: spec.class_fingerprint,
+                    LABEL_NAMESPACE: namespace,
                 },
             },
             spec=HardwareProfileSpec(

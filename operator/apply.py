@@ -20,13 +20,12 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from metainfer.core.api import ADAPTATION_POLICY, ADAPTATION_RUN
 from metainfer.core.api.conditions import Condition, ConditionType, set_condition
+from metainfer.core.api.names import LABEL_CLASS, POLICY_PLURAL, RUN_KIND, RUN_PLURAL
 from metainfer.core.api.policy import AdaptationPolicy
 from metainfer.core.api.vocabulary import ClassState, Reason
 from metainfer.core.control.events import coalesce, missing_agent_account
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import LABEL_CLASS
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
 from metainfer.core.control.platform import ForbiddenByPlatform, PlatformLimits, check_platform_limits
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
@@ -101,7 +100,7 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
             SERIES.child(RUNS_STARTED, namespace, name, fingerprint, planned.reason).inc()
             logger.info("created run %s (%s)", planned.manifest["metadata"]["name"], planned.reason)
     for run_name in plan.runs_to_delete:
-        await kube.delete("AdaptationRun", namespace, run_name)
+        await kube.delete(RUN_KIND, namespace, run_name)
     for job in plan.jobs_to_create:  # the Job first, its name in the run's status after: see plan_job
         account = job.manifest["spec"]["template"]["spec"].get("serviceAccountName")
         if account and await kube.service_account_missing(namespace, account):
@@ -109,11 +108,9 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
             kopf.event(body, type="Warning", reason=Reason.AGENT_SERVICE_ACCOUNT_MISSING.value,
                        message=missing_agent_account(namespace, account, job.run_name))  # fmt: skip
         await kube.create_if_absent(job.manifest)
-        await kube.patch_status(
-            ADAPTATION_RUN.plural, namespace, job.run_name, {"jobName": job.manifest["metadata"]["name"]}
-        )
+        await kube.patch_status(RUN_PLURAL, namespace, job.run_name, {"jobName": job.manifest["metadata"]["name"]})
     for failed in plan.runs_to_fail:
-        await kube.patch_status(ADAPTATION_RUN.plural, namespace, failed.run_name, failed.status)
+        await kube.patch_status(RUN_PLURAL, namespace, failed.run_name, failed.status)
     for action in plan.deployments_to_apply:
         await kube.apply(action.manifest)
     for service in plan.services:
@@ -126,7 +123,7 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
     publish_policy(namespace, name, policy.get("spec") or {}, new_status)
     if _changed(policy.get("status") or {}, new_status):
         _count_finished(namespace, name, policy.get("status") or {}, new_status)
-        stored = await kube.patch_status(ADAPTATION_POLICY.plural, namespace, name, new_status)
+        stored = await kube.patch_status(POLICY_PLURAL, namespace, name, new_status)
         for event in coalesce(plan.events):
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
         return stored or policy
@@ -174,5 +171,5 @@ async def refused_status(body: kopf.Body, reason: Reason, message: str) -> None:
         previous, ConditionType.READY, "False", reason, message, observed_generation=meta.get("generation")
     )
     status = {"observedGeneration": meta.get("generation"), "conditions": [c.to_api() for c in conditions]}
-    await kube.patch_status(ADAPTATION_POLICY.plural, meta["namespace"], meta["name"], status)
+    await kube.patch_status(POLICY_PLURAL, meta["namespace"], meta["name"], status)
     kopf.event(body, type="Warning", reason=reason, message=message[:1024])

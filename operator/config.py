@@ -23,15 +23,17 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from metainfer.core.api.k8s_syntax import DNS1123_SUBDOMAIN
 from metainfer.core.api.policy import ResourceRequirements
-from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
-from metainfer.core.control.manifests import (
+from metainfer.core.api.security import (
     DEFAULT_CONTAINER_SECURITY_CONTEXT,
-    DEFAULT_JOB_RESOURCES,
     DEFAULT_POD_SECURITY_CONTEXT,
-    DEFAULT_SERVING_RESOURCES,
-    AgentJobSettings,
     ContainerSecurityContext,
     PodSecurityContext,
+)
+from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
+from metainfer.core.control.settings import (
+    DEFAULT_JOB_RESOURCES,
+    DEFAULT_SERVING_RESOURCES,
+    AgentJobSettings,
     ServingDefaults,
 )
 

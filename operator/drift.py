@@ -26,8 +26,8 @@ from typing import Any
 
 import kopf
 
-from metainfer.core.api import ADAPTATION_POLICY
 from metainfer.core.api.conditions import Condition, ConditionType, Reason, set_condition
+from metainfer.core.api.names import POLICY_PLURAL
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
 from metainfer.core.api.vocabulary import ClassState
 from metainfer.core.control import drift, promql
@@ -52,7 +52,7 @@ class DriftStep:
 
 async def fetch_policy(namespace: str, name: str) -> dict[str, Any] | None:
     """The policy as the API server has it now (None once deleted)."""
-    return await kube.get_custom(ADAPTATION_POLICY.plural, namespace, name)
+    return await kube.get_custom(POLICY_PLURAL, namespace, name)
 
 
 def eligible(cls: ClassStatus) -> bool:
@@ -109,7 +109,7 @@ async def drift_step(
         status = status.model_copy(update={"conditions": _saturation_condition(status, now)})
         patch = status.to_api()
         stored = await kube.patch_status(
-            ADAPTATION_POLICY.plural, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]}
+            POLICY_PLURAL, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]}
         )
         step.policy = stored
         classes = [c for c in status.classes if eligible(c)]

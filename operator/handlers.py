@@ -17,9 +17,8 @@ from typing import Any
 import kopf
 from pydantic import ValidationError
 
-from metainfer.core.api import GROUP, VERSION
+from metainfer.core.api.names import GROUP, LABEL_POLICY, MANAGED_BY, POLICY_PLURAL, PRODUCT, RUN_PLURAL, VERSION
 from metainfer.core.api.vocabulary import IN_FLIGHT
-from metainfer.core.control.manifests import LABEL_POLICY, MANAGED_BY
 from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.platform import ForbiddenByPlatform
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
@@ -31,7 +30,7 @@ from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS, SERI
 from metainfer.operator.rollout import rollout_step
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
 
-MANAGED = {MANAGED_BY: "metainfer"}
+MANAGED = {MANAGED_BY: PRODUCT}
 VIEW = ClusterView()
 WAKEUPS = Wakeups()
 
@@ -65,12 +64,12 @@ def nodes_index(name: str, labels: dict[str, str], **_: Any) -> dict[str, dict[s
 # The indexes keep only what the reconcile reads (core.control.slim): full copies of 4,000 child objects are
 # most of the operator's memory at 100 policies x 20 classes. They stay plain mappings: the reconcile validates
 # only the runs of the policy it plans, not every run of the cluster on every event.
-@kopf.index(GROUP, VERSION, "adaptationruns")
+@kopf.index(GROUP, VERSION, RUN_PLURAL)
 def runs_index(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
     return {(namespace, body.get("spec", {}).get("policyName", "")): slim_run(body)}
 
 
-@kopf.index(GROUP, VERSION, "adaptationruns")
+@kopf.index(GROUP, VERSION, RUN_PLURAL)
 def in_flight_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[str, tuple[str, str]] | None:
     """Pending and Running runs by namespace, so the cluster's and a namespace's limits are len()s: a scan of every
     run per reconcile is quadratic (1.3 M run_phase calls while 100 policies converge)."""
@@ -96,7 +95,7 @@ async def on_node(**_: Any) -> None:
     WAKEUPS.wake_all()
 
 
-@kopf.on.event(GROUP, VERSION, "adaptationruns")
+@kopf.on.event(GROUP, VERSION, RUN_PLURAL)
 async def on_run(namespace: str, body: kopf.Body, **_: Any) -> None:
     WAKEUPS.wake(namespace, body.get("spec", {}).get("policyName"))
 
@@ -107,7 +106,7 @@ async def on_child(namespace: str, labels: dict[str, str], **_: Any) -> None:
     WAKEUPS.wake(namespace, labels.get(LABEL_POLICY))
 
 
-@kopf.daemon(GROUP, VERSION, "adaptationpolicies", cancellation_timeout=10.0)
+@kopf.daemon(GROUP, VERSION, POLICY_PLURAL, cancellation_timeout=10.0)
 async def policy_daemon(
     stopped: kopf.DaemonStopped,
     name: str,

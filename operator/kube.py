@@ -19,7 +19,7 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from metainfer.core.api import GROUP, VERSION
+from metainfer.core.api.names import GROUP, RUN_KIND, RUN_PLURAL, VERSION
 
 TRANSIENT = {409, 429, 500, 502, 503, 504}
 _SHARED: client.ApiClient | None = None
@@ -155,8 +155,8 @@ async def get_custom(plural: str, namespace: str, name: str) -> dict[str, Any] |
 
 def _create(manifest: dict[str, Any]) -> None:
     kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
-    if kind == "AdaptationRun":
-        client.CustomObjectsApi(_api()).create_namespaced_custom_object(GROUP, VERSION, ns, "adaptationruns", manifest)
+    if kind == RUN_KIND:
+        client.CustomObjectsApi(_api()).create_namespaced_custom_object(GROUP, VERSION, ns, RUN_PLURAL, manifest)
     elif kind == "Job":
         client.BatchV1Api(_api()).create_namespaced_job(ns, manifest)
     elif kind == "Deployment":
@@ -187,9 +187,9 @@ def _delete(kind: str, namespace: str, name: str) -> None:
         client.CoreV1Api(_api()).delete_namespaced_service(name, namespace)
     elif kind == "Job":
         client.BatchV1Api(_api()).delete_namespaced_job(name, namespace, body=background)
-    elif kind == "AdaptationRun":
+    elif kind == RUN_KIND:
         client.CustomObjectsApi(_api()).delete_namespaced_custom_object(
-            GROUP, VERSION, namespace, "adaptationruns", name, body=background
+            GROUP, VERSION, namespace, RUN_PLURAL, name, body=background
         )
     else:
         raise ValueError(f"no delete for kind {kind}")

@@ -22,10 +22,8 @@ from kopf._cogs.structs.references import match_namespace  # the exact semantics
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from metainfer.core.api import ADAPTATION_POLICY, GROUP, VERSION
-from metainfer.operator.startup import PREFIX
+from metainfer.core.api.names import FINALIZER, GROUP, POLICY_PLURAL, VERSION
 
-FINALIZER = f"{PREFIX}/finalizer"
 WATCHED_PATTERNS: list[str] = []  # set by main.run before kopf starts; empty: cluster-wide, nothing to do
 
 
@@ -57,16 +55,14 @@ def _release(patterns: list[str], logger: logging.Logger) -> list[str]:
     released = []
     for namespace in terminating_watched(client.CoreV1Api(api).list_namespace().items, patterns):
         custom = client.CustomObjectsApi(api)
-        for policy in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, ADAPTATION_POLICY.plural)[
-            "items"
-        ]:
+        for policy in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL)["items"]:
             patch = without_finalizer(policy)
             if patch is None:
                 continue
             name = policy["metadata"]["name"]
             try:
                 custom.patch_namespaced_custom_object(
-                    GROUP, VERSION, namespace, ADAPTATION_POLICY.plural, name, patch,
+                    GROUP, VERSION, namespace, POLICY_PLURAL, name, patch,
                     _content_type="application/json-patch+json", _request_timeout=30,
                 )  # fmt: skip
             except ApiException as exc:

@@ -23,8 +23,8 @@ from typing import Any
 
 import kopf
 
-from metainfer.core.api import ADAPTATION_POLICY
 from metainfer.core.api.conditions import Reason
+from metainfer.core.api.names import POLICY_PLURAL
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus, ClassStatus
 from metainfer.core.api.vocabulary import RolloutPhase
 from metainfer.core.control import canary
@@ -84,7 +84,7 @@ async def rollout_step(
             updated[cls.fingerprint] = ClassStatus.model_validate({**cls.model_dump(), "rollout": rollout.model_dump()})
     if changed:
         patch = status.model_copy(update={"classes": list(updated.values())}).to_api()
-        await kube.patch_status(ADAPTATION_POLICY.plural, namespace, name, {"classes": patch["classes"]})
+        await kube.patch_status(POLICY_PLURAL, namespace, name, {"classes": patch["classes"]})
     step.next_check_s = 0.0 if step.decided else (min(waits) if waits else None)
     return step
 

@@ -25,11 +25,10 @@ from typing import Any
 
 import kopf
 
+from metainfer.core.api.names import FINALIZER, KOPF_PREFIX
 from metainfer.operator import metrics
 from metainfer.operator.config import ConfigError, OperatorConfig
 from metainfer.operator.diffbase import LeanAnnotationsDiffBaseStorage
-
-PREFIX = "metainfer.io"
 
 
 class ApiRetryBackoffs:
@@ -57,10 +56,10 @@ def start_priority(now: float | None = None) -> int:
 
 
 def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
-    settings.persistence.finalizer = f"{PREFIX}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
     settings.persistence.diffbase_storage = LeanAnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
+        prefix=KOPF_PREFIX, key="last-handled-configuration"
     )
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

@@ -12,7 +12,6 @@ class, the fingerprint and the namespace are the identity and immutable.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Literal
 
 from pydantic import Field
 
@@ -20,6 +19,7 @@ from metainfer.core.api._base import ApiModel, cel, immutable, map_list
 from metainfer.core.api.conditions import Condition
 from metainfer.core.api.hardwareclass import FINGERPRINT_PATTERN, HardwareClass
 from metainfer.core.api.k8s_syntax import DNS1123_LABEL
+from metainfer.core.api.names import API_VERSION, PROFILE_KIND, ApiVersion, ProfileKind
 from metainfer.core.engine.profile.types import HardwareProfile as MeasuredProfile
 
 
@@ -49,8 +49,9 @@ class HardwareProfileStatus(ApiModel):
 
 
 class HardwareProfileResource(ApiModel):
-    api_version: Literal["metainfer.io/v1alpha1"] = "metainfer.io/v1alpha1"
-    kind: Literal["HardwareProfile"] = "HardwareProfile"
+    # Literal types (core.api.names says why): an object of another API version or kind fails validation.
+    api_version: ApiVersion = API_VERSION
+    kind: ProfileKind = PROFILE_KIND
     metadata: dict[str, object] = Field(default_factory=dict)
     spec: HardwareProfileSpec
     status: HardwareProfileStatus | None = None

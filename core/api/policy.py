@@ -41,6 +41,7 @@ from metainfer.core.api.k8s_syntax import (
     is_reserved_mount_path,
     parse_quantity,
 )
+from metainfer.core.api.names import API_VERSION, POLICY_KIND, ApiVersion, PolicyKind
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase
 from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
 from metainfer.core.engine.knobs import KNOBS, Knob, UpTo, check_knobs, overridable
@@ -576,8 +577,9 @@ class AdaptationPolicyStatus(ApiModel):
 class AdaptationPolicy(ApiModel):
     """The whole object, for code that reads one from the API server."""
 
-    api_version: Literal["metainfer.io/v1alpha1"] = "metainfer.io/v1alpha1"
-    kind: Literal["AdaptationPolicy"] = "AdaptationPolicy"
+    # Literal types (core.api.names says why): an object of another API version or kind fails validation.
+    api_version: ApiVersion = API_VERSION
+    kind: PolicyKind = POLICY_KIND
     metadata: dict[str, object] = Field(default_factory=dict)
     spec: AdaptationPolicySpec
     status: AdaptationPolicyStatus | None = None

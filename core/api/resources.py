@@ -13,14 +13,24 @@ from typing import Literal
 from pydantic import BaseModel
 
 from metainfer.core.api.hardwareprofile import HardwareProfileSpec, HardwareProfileStatus
+from metainfer.core.api.names import (
+    GROUP,
+    POLICY_KIND,
+    POLICY_PLURAL,
+    POLICY_SINGULAR,
+    PRODUCT,
+    PROFILE_KIND,
+    PROFILE_PLURAL,
+    PROFILE_SINGULAR,
+    RUN_KIND,
+    RUN_PLURAL,
+    RUN_SINGULAR,
+)
 from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStatus
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
 from metainfer.core.api.vocabulary import ConditionType
 
-GROUP = "metainfer.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-CATEGORY = "metainfer"
+CATEGORY = PRODUCT  # kubectl get metainfer
 
 
 @dataclass(frozen=True)
@@ -60,9 +70,9 @@ def _ready(type_: ConditionType = ConditionType.READY) -> tuple[PrinterColumn, P
 _AGE = PrinterColumn("Age", "date", ".metadata.creationTimestamp")
 
 ADAPTATION_POLICY = Resource(
-    kind="AdaptationPolicy",
-    plural="adaptationpolicies",
-    singular="adaptationpolicy",
+    kind=POLICY_KIND,
+    plural=POLICY_PLURAL,
+    singular=POLICY_SINGULAR,
     scope="Namespaced",
     spec=AdaptationPolicySpec,
     status=AdaptationPolicyStatus,
@@ -82,9 +92,9 @@ ADAPTATION_POLICY = Resource(
 )
 
 ADAPTATION_RUN = Resource(
-    kind="AdaptationRun",
-    plural="adaptationruns",
-    singular="adaptationrun",
+    kind=RUN_KIND,
+    plural=RUN_PLURAL,
+    singular=RUN_SINGULAR,
     scope="Namespaced",
     spec=AdaptationRunSpec,
     status=AdaptationRunStatus,
@@ -108,9 +118,9 @@ ADAPTATION_RUN = Resource(
 )
 
 HARDWARE_PROFILE = Resource(
-    kind="HardwareProfile",
-    plural="hardwareprofiles",
-    singular="hardwareprofile",
+    kind=PROFILE_KIND,
+    plural=PROFILE_PLURAL,
+    singular=PROFILE_SINGULAR,
     scope="Cluster",
     spec=HardwareProfileSpec,
     status=HardwareProfileStatus,

@@ -13,7 +13,7 @@ Recipe with its own snake_case keys: those keys are what Recipe.key() hashes.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated
 
 from pydantic import Field, StringConstraints
 
@@ -29,6 +29,7 @@ from metainfer.core.api._base import (
 )
 from metainfer.core.api.conditions import Condition
 from metainfer.core.api.hardwareclass import DESCRIPTION_MAX, FINGERPRINT_PATTERN, HardwareClass
+from metainfer.core.api.names import API_VERSION, RUN_KIND, ApiVersion, RunKind
 from metainfer.core.api.policy import (
     SHA256_PATTERN,
     ModelSource,
@@ -190,8 +191,9 @@ class AdaptationRunStatus(ApiModel):
 
 
 class AdaptationRun(ApiModel):
-    api_version: Literal["metainfer.io/v1alpha1"] = "metainfer.io/v1alpha1"
-    kind: Literal["AdaptationRun"] = "AdaptationRun"
+    # Literal types (core.api.names says why): an object of another API version or kind fails validation.
+    api_version: ApiVersion = API_VERSION
+    kind: RunKind = RUN_KIND
     metadata: dict[str, object] = Field(default_factory=dict)
     spec: AdaptationRunSpec
     status: AdaptationRunStatus | None = None

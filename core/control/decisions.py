@@ -16,13 +16,14 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from metainfer.core.api.conditions import Reason
+from metainfer.core.api.names import LABEL_RUN_KEY
 from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, ClassStatus
 from metainfer.core.api.run import AdaptationRun
-from metainfer.core.control import manifests
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import LABEL_RUN_KEY, AgentJobSettings, ServingDefaults
 from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of
+from metainfer.core.control.runkey import run_key
+from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
 from metainfer.core.control.workloads import DeploymentState
 
 
@@ -107,7 +108,7 @@ class ClassContext:
 
     def __post_init__(self) -> None:
         epoch = drift_epoch(self.previous)
-        key = manifests.run_key(self.policy.spec, generation_of(self.policy), self.group.fingerprint, epoch)
+        key = run_key(self.policy.spec, generation_of(self.policy), self.group.fingerprint, epoch)
         current = next((r for r in self.runs if label_of(r, LABEL_RUN_KEY) == key), None)
         object.__setattr__(self, "drift_epoch", epoch)  # a frozen dataclass sets its own derived fields this way
         object.__setattr__(self, "run_key", key)

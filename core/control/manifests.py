@@ -7,38 +7,40 @@ handlers stay thin. Specs go through core.api's pydantic types (camelCase,
 validated) so a builder can never emit a run the CRD rejects.
 
 Everything a builder emits is owned: runs and serving objects by the policy,
-Jobs by their run, so deleting a policy garbage-collects all of it. Pods run
-hardened by default: non-root, read-only root filesystem, no privilege
-escalation, no capabilities, RuntimeDefault seccomp, writable emptyDirs only at
-/tmp and the cache. The platform may change those security contexts (its
-operator settings, from Helm values): OpenShift's restricted SCC, for one,
-assigns each pod a UID from the namespace's range and refuses a pinned one.
-
-Resources: adaptation Jobs default to Guaranteed QoS (requests equal limits),
-so what a Job measures does not move with its neighbours' load; serving pods
-get the platform's defaults for every resource the policy's spec.serving.resources
-does not name.
+Jobs by their run, so deleting a policy garbage-collects all of it. Pods get
+the image, resources and security contexts of the operator's settings
+(core.control.settings; hardened by default, core.api.security) and writable
+emptyDirs only at /tmp and the cache.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from metainfer.core.api._base import ApiModel
 from metainfer.core.api.k8s_syntax import VARIANT_STORE_MOUNT
+from metainfer.core.api.names import (
+    ANNOTATION_CLASS_NAME,
+    ANNOTATION_DRIFT_EPOCH,
+    ANNOTATION_TOLERATIONS,
+    API_VERSION,
+    COMPONENT,
+    LABEL_CLASS,
+    LABEL_POLICY,
+    LABEL_RECIPE_KEY,
+    LABEL_RUN,
+    LABEL_RUN_KEY,
+    LABEL_TRACK,
+    MANAGED_BY,
+    PRODUCT,
+    RUN_KIND,
+)
 from metainfer.core.api.policy import (
     AdaptationPolicy,
-    AdaptationPolicySpec,
     ModelVolume,
-    ResourceRequirements,
     VariantStore,
 )
-from metainfer.core.api.resources import API_VERSION
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.api.vocabulary import RunTrigger
 from metainfer.core.control.hardware import ClassGroup
@@ -56,216 +58,13 @@ from metainfer.core.control.objects import (
     uid_of,
     variant_key,
 )
+from metainfer.core.control.runkey import run_key
+from metainfer.core.control.settings import AgentJobSettings, ServingDefaults, WorkloadSettings, merged_resources
 
-MANAGED_BY = "app.kubernetes.io/managed-by"
-COMPONENT = "app.kubernetes.io/component"
-LABEL_POLICY = "metainfer.io/policy"
-LABEL_CLASS = "metainfer.io/class"
-LABEL_RUN = "metainfer.io/run"
-LABEL_RUN_KEY = "metainfer.io/run-key"
-LABEL_RECIPE_KEY = "metainfer.io/recipe-key"
-LABEL_TRACK = "metainfer.io/track"
-ANNOTATION_TOLERATIONS = "metainfer.io/tolerations"
-ANNOTATION_CLASS_NAME = "metainfer.io/class-name"
-ANNOTATION_DRIFT_EPOCH = "metainfer.io/drift-epoch"
 HTTP_PORT = 8080
 GRPC_PORT = 8081  # metainfer serve's KServe v2 gRPC API
-UID = 65532  # "nonroot" in distroless images
 CACHE_DIR = "/var/cache/metainfer"
 DEADLINE_MARGIN_S = 600
-PullPolicy = Literal["Always", "IfNotPresent", "Never"]
-# The range the API server accepts for UIDs and GIDs in a security context.
-Id = Annotated[int, Field(ge=0, le=2**31 - 1)]
-
-
-class _Frozen(ApiModel):
-    model_config = ConfigDict(frozen=True)
-
-
-class SeccompProfile(_Frozen):
-    type: Literal["RuntimeDefault", "Localhost", "Unconfined"]
-    localhost_profile: str | None = None
-
-
-class AppArmorProfile(_Frozen):
-    type: Literal["RuntimeDefault", "Localhost", "Unconfined"]
-    localhost_profile: str | None = None
-
-
-class SELinuxOptions(_Frozen):
-    user: str | None = None
-    role: str | None = None
-    type: str | None = None
-    level: str | None = None
-
-
-class WindowsOptions(_Frozen):
-    gmsa_credential_spec_name: str | None = None
-    gmsa_credential_spec: str | None = None
-    run_as_user_name: str | None = None
-    host_process: bool | None = None
-
-
-class Capabilities(_Frozen):
-    add: tuple[str, ...] | None = None
-    drop: tuple[str, ...] | None = None
-
-
-class Sysctl(_Frozen):
-    name: str = Field(min_length=1)
-    value: str
-
-
-class _IdentityContext(_Frozen):
-    """Fields a Pod's and a container's securityContext share. Unset stays unset in the manifest: where a platform
-    assigns UIDs itself (OpenShift's restricted SCC), a pinned one gets the pod refused."""
-
-    run_as_user: Id | None = None
-    run_as_group: Id | None = None
-    run_as_non_root: bool | None = None
-    seccomp_profile: SeccompProfile | None = None
-    app_armor_profile: AppArmorProfile | None = None
-    se_linux_options: SELinuxOptions | None = None
-    windows_options: WindowsOptions | None = None
-
-    @model_validator(mode="after")
-    def _can_start(self) -> _IdentityContext:
-        # The API server stores this pod, the kubelet then refuses to start it, forever: say so at startup instead.
-        if self.run_as_non_root and self.run_as_user == 0:
-            raise ValueError("runAsNonRoot with runAsUser 0 can never start")
-        return self
-
-
-class PodSecurityContext(_IdentityContext):
-    """A Pod's securityContext, as Kubernetes spells it (camelCase, unknown keys refused)."""
-
-    fs_group: Id | None = None
-    fs_group_change_policy: Literal["OnRootMismatch", "Always"] | None = None
-    supplemental_groups: tuple[Id, ...] | None = None
-    supplemental_groups_policy: Literal["Merge", "Strict"] | None = None
-    se_linux_change_policy: Literal["MountOption", "Recursive"] | None = None
-    sysctls: tuple[Sysctl, ...] | None = None
-
-
-class ContainerSecurityContext(_IdentityContext):
-    """A container's securityContext, as Kubernetes spells it (camelCase, unknown keys refused)."""
-
-    allow_privilege_escalation: bool | None = None
-    privileged: bool | None = None
-    read_only_root_filesystem: bool | None = None
-    capabilities: Capabilities | None = None
-    proc_mount: Literal["Default", "Unmasked"] | None = None
-
-    @model_validator(mode="after")
-    def _consistent(self) -> ContainerSecurityContext:
-        # The API server refuses this combination in every pod the operator would create.
-        if self.privileged and self.allow_privilege_escalation is False:
-            raise ValueError("privileged: true needs allowPrivilegeEscalation to be true or unset")
-        return self
-
-
-RUNTIME_DEFAULT = SeccompProfile(type="RuntimeDefault")
-DEFAULT_POD_SECURITY_CONTEXT = PodSecurityContext(
-    run_as_non_root=True, run_as_user=UID, run_as_group=UID, fs_group=UID, seccomp_profile=RUNTIME_DEFAULT
-)
-# No UID here: the pod's says it once, so a platform that assigns UIDs clears a single place.
-DEFAULT_CONTAINER_SECURITY_CONTEXT = ContainerSecurityContext(
-    run_as_non_root=True,
-    read_only_root_filesystem=True,
-    allow_privilege_escalation=False,
-    privileged=False,
-    capabilities=Capabilities(drop=("ALL",)),
-    seccomp_profile=RUNTIME_DEFAULT,
-)
-# Guaranteed QoS (requests == limits, whole CPUs): the Job measures latency, and a Burstable pod's CPU time depends
-# on its neighbours; with the kubelet's static CPU manager policy whole CPUs are also exclusive.
-DEFAULT_JOB_RESOURCES = ResourceRequirements(
-    requests={"cpu": "2", "memory": "4Gi"}, limits={"cpu": "2", "memory": "4Gi"}
-)
-# The CPUs the Job measured with, so the served latency is the measured one; less memory: serving holds one variant.
-DEFAULT_SERVING_RESOURCES = ResourceRequirements(
-    requests={"cpu": "2", "memory": "2Gi"}, limits={"cpu": "2", "memory": "2Gi"}
-)
-
-
-class _Settings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    image: str = "ghcr.io/metainfer/metainfer:0.1.0"
-    image_pull_policy: PullPolicy = "IfNotPresent"
-    image_pull_secrets: tuple[str, ...] = Field((), description="Secrets of the pod's namespace to pull images with.")
-    tolerations: tuple[dict[str, Any], ...] = Field((), description="Added to the policy's tolerations.")
-    resources: ResourceRequirements | None = Field(None, description="Container requests/limits.")
-    pod_security_context: PodSecurityContext = DEFAULT_POD_SECURITY_CONTEXT
-    container_security_context: ContainerSecurityContext = DEFAULT_CONTAINER_SECURITY_CONTEXT
-
-
-class AgentJobSettings(_Settings):
-    """Operator-wide settings of adaptation Jobs (from its config / Helm values)."""
-
-    service_account: str = "metainfer-agent"
-    ttl_seconds_after_finished: int = Field(86400, ge=0, description="Long enough for the operator to read it.")
-    resources: ResourceRequirements | None = Field(DEFAULT_JOB_RESOURCES, description="Container requests/limits.")
-
-
-class ServingDefaults(_Settings):
-    """Operator-wide defaults of serving Deployments; the policy's spec.serving overrides the image, and the
-    resources it names (``merged_resources``)."""
-
-    service_account: str = "metainfer-serving"
-    resources: ResourceRequirements | None = Field(
-        DEFAULT_SERVING_RESOURCES, description="Requests/limits of each resource the policy names none of."
-    )
-
-
-def merged_resources(
-    own: ResourceRequirements | None, platform: ResourceRequirements | None
-) -> dict[str, dict[str, str]]:
-    """Container resources: for each resource the policy names (as a request or a limit), the policy's request and
-    limit; for every other resource, the platform's.
-
-    Each resource's pair comes from one side only, so requests <= limits, which each side has checked on its own,
-    still holds: a policy's 8Gi memory request never meets the platform's 2Gi memory limit. Quantities are strings,
-    as the Kubernetes client requires.
-    """
-    named = set() if own is None else {*(own.requests or {}), *(own.limits or {})}
-    out: dict[str, dict[str, str]] = {}
-    for part in ("requests", "limits"):
-        theirs = (getattr(platform, part) or {}) if platform else {}
-        mine = (getattr(own, part) or {}) if own else {}
-        amounts = {name: str(q) for name, q in theirs.items() if name not in named}
-        amounts |= {name: str(q) for name, q in mine.items()}
-        if amounts:
-            out[part] = amounts
-    return out
-
-
-def run_key(
-    policy_spec: AdaptationPolicySpec | Mapping[str, Any],
-    generation: int,
-    class_fingerprint: str,
-    drift_epoch: str | None = None,
-) -> str:
-    """16 hex digits identifying one adaptation: model sha256, batch size, class, and what the run snapshots.
-
-    ``generation`` is recorded in the run (spec.policyGeneration) but deliberately not hashed: hashing it would
-    re-adapt every class when only serving replicas or rollout settings change. Instead the key covers exactly the
-    spec the run copies (model, slo, objective, searchSpace, search), so any change that would change the run's
-    snapshot changes the key, and nothing else does.
-
-    ``drift_epoch`` (the class's last confirmed latency drift) salts the key: re-adapting the same spec after a drift
-    needs a new run name, and an unset epoch adds nothing, so a class that never drifted keeps its run names.
-    """
-    del generation  # see docstring
-    spec = _policy_spec(policy_spec)
-    snapshot = spec.model_dump(
-        mode="json", by_alias=True, include={"model", "slo", "objective", "search_space", "search"}
-    )
-    snapshot["search"].pop("maxConcurrentRuns", None)  # a scheduling limit, not part of the result
-    payload: list[Any] = [spec.model.sha256, spec.slo.batch_size, class_fingerprint, snapshot]
-    if drift_epoch:
-        payload.append({"driftEpoch": drift_epoch})
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 
 def owner_reference(obj: ApiObject) -> dict[str, Any]:
@@ -281,7 +80,7 @@ def owner_reference(obj: ApiObject) -> dict[str, Any]:
 
 def class_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
     """Labels every child of (policy, class) carries; the operator lists children by them."""
-    return {MANAGED_BY: "metainfer", LABEL_POLICY: label_value(policy_name), LABEL_CLASS: group.fingerprint}
+    return {MANAGED_BY: PRODUCT, LABEL_POLICY: label_value(policy_name), LABEL_CLASS: group.fingerprint}
 
 
 def build_run(
@@ -315,7 +114,7 @@ def build_run(
     tolerations = [t.to_api() for t in spec.hardware.tolerations or []]
     return {
         "apiVersion": API_VERSION,
-        "kind": "AdaptationRun",
+        "kind": RUN_KIND,
         "metadata": {
             "name": run_name(name, group.hardware_class.name(), key),
             "namespace": namespace_of(policy),
@@ -544,13 +343,9 @@ def build_service(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGrou
     }
 
 
-def _policy_spec(spec: AdaptationPolicySpec | Mapping[str, Any]) -> AdaptationPolicySpec:
-    return spec if isinstance(spec, AdaptationPolicySpec) else AdaptationPolicySpec.model_validate(spec)
-
-
 def _container(
     name: str,
-    settings: _Settings,
+    settings: WorkloadSettings,
     group: ClassGroup,
     *,
     image: str,
@@ -579,7 +374,7 @@ def _container(
 def _pod_spec(
     container: dict[str, Any],
     group: ClassGroup,
-    settings: _Settings,
+    settings: WorkloadSettings,
     service_account: str,
     tolerations: list[dict[str, Any]],
     volume: ModelVolume | None,

@@ -28,6 +28,7 @@ from functools import partial
 from typing import Any
 
 from metainfer.core.api.conditions import Condition, ConditionStatus, ConditionType, Reason, set_condition
+from metainfer.core.api.names import LABEL_RUN_KEY
 from metainfer.core.api.policy import (
     MAX_UNCLASSIFIED_NODES,
     AdaptationPolicy,
@@ -49,10 +50,11 @@ from metainfer.core.control.decisions import (
 )
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import LABEL_RUN_KEY, AgentJobSettings, ServingDefaults, build_run
+from metainfer.core.control.manifests import build_run
 from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of, run_phase
 from metainfer.core.control.runs import hold_class, job_decisions, plan_job, plan_runs, run_status_from_job, skipped
 from metainfer.core.control.serving import plan_serving
+from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
 from metainfer.core.control.workloads import DeploymentState
 
 __all__ = [

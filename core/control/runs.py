@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from metainfer.core.api.conditions import ConditionType, Reason, set_condition
+from metainfer.core.api.names import ANNOTATION_DRIFT_EPOCH
 from metainfer.core.api.policy import ClassStatus
 from metainfer.core.api.run import MAX_HISTORY_SOURCES, AdaptationRun, RunProgress
 from metainfer.core.api.vocabulary import IN_FLIGHT, ClassState, RunPhase
@@ -31,9 +32,10 @@ from metainfer.core.control.decisions import (
 )
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import ANNOTATION_DRIFT_EPOCH, AgentJobSettings, build_job, build_run
+from metainfer.core.control.manifests import build_job, build_run
 from metainfer.core.control.naming import job_name
 from metainfer.core.control.objects import InvalidRun, annotation_of, latest, name_of, run_failure, run_phase
+from metainfer.core.control.settings import AgentJobSettings
 from metainfer.core.control.workloads import job_end
 
 MAX_HELD_MESSAGE = 1024

@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from metainfer.core.api.conditions import Reason
+from metainfer.core.api.names import ANNOTATION_SPEC_HASH
 from metainfer.core.api.policy import ClassStatus, RolloutStatus, VariantSummary
 from metainfer.core.api.run import AdaptationRun
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase, RunPhase
@@ -22,7 +23,7 @@ from metainfer.core.control.events import Event
 from metainfer.core.control.manifests import build_deployment, build_service
 from metainfer.core.control.naming import canary_name, workload_name
 from metainfer.core.control.objects import latest, name_of, recipe_key, run_phase, variant_key
-from metainfer.core.control.workloads import SPEC_HASH, DeploymentState
+from metainfer.core.control.workloads import DeploymentState
 
 
 def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
@@ -153,7 +154,7 @@ def deployment_action(desired: dict[str, Any], existing: DeploymentState | None)
     # The digest covers the manifest as built, before the stamp adds metadata.annotations: that is the digest the
     # stamped Deployments in the cluster carry, so hashing after the stamp would re-apply every one of them.
     digest = spec_hash(desired)
-    desired["metadata"].setdefault("annotations", {})[SPEC_HASH] = digest
+    desired["metadata"].setdefault("annotations", {})[ANNOTATION_SPEC_HASH] = digest
     if existing is not None and existing.spec_hash == digest:
         return None
     return DeploymentAction("create" if existing is None else "update", desired)

@@ -11,11 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from metainfer.core.control.manifests import LABEL_CLASS
-
-# On each Deployment the operator applies: a digest of the manifest it applied, so an unchanged desired
-# Deployment costs no write, and a changed one (new recipe, replicas, image) is applied again.
-SPEC_HASH = "metainfer.io/spec-hash"
+from metainfer.core.api.names import ANNOTATION_SPEC_HASH, LABEL_CLASS
 
 
 @dataclass(frozen=True)
@@ -34,7 +30,7 @@ class DeploymentState:
         return cls(
             name=meta["name"],
             class_fingerprint=(meta.get("labels") or {}).get(LABEL_CLASS),
-            spec_hash=(meta.get("annotations") or {}).get(SPEC_HASH),
+            spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
             available=fresh and status.get("updatedReplicas", 0) >= want and status.get("availableReplicas", 0) >= want,
         )
 

@@ -26,7 +26,7 @@ from serve_harness import LABELS, ServingMetrics
 
 from hack.prometheus import PrometheusServer
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.control.manifests import LABEL_RUN, LABEL_TRACK
+from metainfer.core.api.names import LABEL_RUN, LABEL_TRACK
 from metainfer.core.engine.recipe import Recipe
 
 pytestmark = pytest.mark.integration

@@ -44,7 +44,7 @@ from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
 from metainfer.core.api.hardwareclass import HardwareClass
 from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, profile_name
-from metainfer.core.control.manifests import MANAGED_BY
+from metainfer.core.api.names import MANAGED_BY
 
 pytestmark = pytest.mark.integration
 

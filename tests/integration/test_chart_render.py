@@ -347,7 +347,8 @@ def test_agent_rbac_is_exactly_its_run_its_status_configmaps_and_profiles() -> N
 
 
 def test_pod_monitor_selects_the_operators_serving_pods() -> None:
-    from metainfer.core.control.manifests import COMPONENT, HTTP_PORT, MANAGED_BY
+    from metainfer.core.api.names import COMPONENT, MANAGED_BY
+    from metainfer.core.control.manifests import HTTP_PORT
 
     (pm,) = docs_of("PodMonitor")
     assert pm["spec"]["selector"]["matchLabels"] == {MANAGED_BY: "metainfer", COMPONENT: "serving"}
@@ -361,7 +362,7 @@ def test_pod_monitor_selects_the_operators_serving_pods() -> None:
 def test_chart_defaults_are_the_operators_own_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """A chart-installed operator builds the same pods as one started with no configuration at all (but for the
     image, which the chart takes from its appVersion)."""
-    from metainfer.core.control.manifests import DEFAULT_JOB_RESOURCES
+    from metainfer.core.control.settings import DEFAULT_JOB_RESOURCES
 
     charted = operator_config(operator_env(rendered(False)), monkeypatch)
     bare = operator_config({}, monkeypatch)

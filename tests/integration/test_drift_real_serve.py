@@ -52,7 +52,7 @@ from serve_harness import ServeProcess
 
 from hack.prometheus import PrometheusServer
 from metainfer.agent.zoo import ExampleModel, build_examples
-from metainfer.core.control.manifests import LABEL_TRACK
+from metainfer.core.api.names import LABEL_TRACK
 from metainfer.core.control.promql import p95_query
 
 pytestmark = pytest.mark.integration

@@ -33,7 +33,7 @@ from operator_harness import (
 
 from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.control.manifests import LABEL_CLASS
+from metainfer.core.api.names import LABEL_CLASS
 
 pytestmark = pytest.mark.integration
 

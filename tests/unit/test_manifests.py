@@ -10,26 +10,15 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
+from metainfer.core.api.names import LABEL_CLASS, LABEL_POLICY, LABEL_RUN_KEY
 from metainfer.core.api.policy import AdaptationPolicy, ResourceRequirements
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
+from metainfer.core.api.security import ContainerSecurityContext, PodSecurityContext
 from metainfer.core.control.hardware import classify_node, group_nodes
-from metainfer.core.control.manifests import (
-    DEFAULT_JOB_RESOURCES,
-    LABEL_CLASS,
-    LABEL_POLICY,
-    LABEL_RUN_KEY,
-    AgentJobSettings,
-    ContainerSecurityContext,
-    PodSecurityContext,
-    ServingDefaults,
-    build_deployment,
-    build_job,
-    build_run,
-    build_service,
-    merged_resources,
-    run_key,
-)
+from metainfer.core.control.manifests import build_deployment, build_job, build_run, build_service
 from metainfer.core.control.naming import JOB_MAX, canary_name, job_name, label_value, run_name, workload_name
+from metainfer.core.control.runkey import run_key
+from metainfer.core.control.settings import DEFAULT_JOB_RESOURCES, AgentJobSettings, ServingDefaults, merged_resources
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from metainfer.core.api.names import LABEL_POLICY
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import group_nodes, select_groups
-from metainfer.core.control.manifests import LABEL_POLICY
 from metainfer.core.control.naming import job_name, label_value
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
 

@@ -1,0 +1,49 @@
+"""The run key: what identifies one adaptation of a policy's model to one hardware class.
+
+One run per key: the key is part of the run's name (core.control.naming.run_name) and its run-key label, so the
+reconcile finds the run the policy's current spec asks for (core.control.decisions, ``ClassContext.run_key``),
+creates it if absent (core.control.runs, through core.control.manifests.build_run), and a restarted operator finds
+the same one. A leaf of core.control: the planning modules and the builders that use the key import it, and it
+imports none of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from metainfer.core.api.policy import AdaptationPolicySpec
+
+
+def run_key(
+    policy_spec: AdaptationPolicySpec | Mapping[str, Any],
+    generation: int,
+    class_fingerprint: str,
+    drift_epoch: str | None = None,
+) -> str:
+    """16 hex digits identifying one adaptation: model sha256, batch size, class, and what the run snapshots.
+
+    ``generation`` is recorded in the run (spec.policyGeneration) but deliberately not hashed: hashing it would
+    re-adapt every class when only serving replicas or rollout settings change. Instead the key covers exactly the
+    spec the run copies (model, slo, objective, searchSpace, search), so any change that would change the run's
+    snapshot changes the key, and nothing else does.
+
+    ``drift_epoch`` (the class's last confirmed latency drift) salts the key: re-adapting the same spec after a drift
+    needs a new run name, and an unset epoch adds nothing, so a class that never drifted keeps its run names.
+    """
+    del generation  # see docstring
+    spec = _policy_spec(policy_spec)
+    snapshot = spec.model_dump(
+        mode="json", by_alias=True, include={"model", "slo", "objective", "search_space", "search"}
+    )
+    snapshot["search"].pop("maxConcurrentRuns", None)  # a scheduling limit, not part of the result
+    payload: list[Any] = [spec.model.sha256, spec.slo.batch_size, class_fingerprint, snapshot]
+    if drift_epoch:
+        payload.append({"driftEpoch": drift_epoch})
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+
+
+def _policy_spec(spec: AdaptationPolicySpec | Mapping[str, Any]) -> AdaptationPolicySpec:
+    return spec if isinstance(spec, AdaptationPolicySpec) else AdaptationPolicySpec.model_validate(spec)

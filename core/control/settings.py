@@ -1,0 +1,91 @@
+"""The operator-wide settings of the pods the operator creates: image, pull policy and secrets, tolerations,
+resources, security contexts, service accounts.
+
+The operator reads them once at startup (operator/config.py, from the Helm values); the manifest builders
+(core.control.manifests) put them into each adaptation Job and serving Deployment. A policy names its own serving
+image and resources; ``merged_resources`` says how its resources and the platform's combine.
+
+Resources: adaptation Jobs default to Guaranteed QoS (requests equal limits), so what a Job measures does not move
+with its neighbours' load; serving pods get the platform's defaults for every resource the policy's
+spec.serving.resources does not name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.api.policy import ResourceRequirements
+from metainfer.core.api.security import (
+    DEFAULT_CONTAINER_SECURITY_CONTEXT,
+    DEFAULT_POD_SECURITY_CONTEXT,
+    ContainerSecurityContext,
+    PodSecurityContext,
+)
+
+PullPolicy = Literal["Always", "IfNotPresent", "Never"]
+# Guaranteed QoS (requests == limits, whole CPUs): the Job measures latency, and a Burstable pod's CPU time depends
+# on its neighbours; with the kubelet's static CPU manager policy whole CPUs are also exclusive.
+DEFAULT_JOB_RESOURCES = ResourceRequirements(
+    requests={"cpu": "2", "memory": "4Gi"}, limits={"cpu": "2", "memory": "4Gi"}
+)
+# The CPUs the Job measured with, so the served latency is the measured one; less memory: serving holds one variant.
+DEFAULT_SERVING_RESOURCES = ResourceRequirements(
+    requests={"cpu": "2", "memory": "2Gi"}, limits={"cpu": "2", "memory": "2Gi"}
+)
+
+
+class WorkloadSettings(BaseModel):
+    """What adaptation Jobs and serving pods share; each has its own values (``AgentJobSettings``,
+    ``ServingDefaults``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str = "ghcr.io/metainfer/metainfer:0.1.0"
+    image_pull_policy: PullPolicy = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = Field((), description="Secrets of the pod's namespace to pull images with.")
+    tolerations: tuple[dict[str, Any], ...] = Field((), description="Added to the policy's tolerations.")
+    resources: ResourceRequirements | None = Field(None, description="Container requests/limits.")
+    pod_security_context: PodSecurityContext = DEFAULT_POD_SECURITY_CONTEXT
+    container_security_context: ContainerSecurityContext = DEFAULT_CONTAINER_SECURITY_CONTEXT
+
+
+class AgentJobSettings(WorkloadSettings):
+    """Operator-wide settings of adaptation Jobs (from its config / Helm values)."""
+
+    service_account: str = "metainfer-agent"
+    ttl_seconds_after_finished: int = Field(86400, ge=0, description="Long enough for the operator to read it.")
+    resources: ResourceRequirements | None = Field(DEFAULT_JOB_RESOURCES, description="Container requests/limits.")
+
+
+class ServingDefaults(WorkloadSettings):
+    """Operator-wide defaults of serving Deployments; the policy's spec.serving overrides the image, and the
+    resources it names (``merged_resources``)."""
+
+    service_account: str = "metainfer-serving"
+    resources: ResourceRequirements | None = Field(
+        DEFAULT_SERVING_RESOURCES, description="Requests/limits of each resource the policy names none of."
+    )
+
+
+def merged_resources(
+    own: ResourceRequirements | None, platform: ResourceRequirements | None
+) -> dict[str, dict[str, str]]:
+    """Container resources: for each resource the policy names (as a request or a limit), the policy's request and
+    limit; for every other resource, the platform's.
+
+    Each resource's pair comes from one side only, so requests <= limits, which each side has checked on its own,
+    still holds: a policy's 8Gi memory request never meets the platform's 2Gi memory limit. Quantities are strings,
+    as the Kubernetes client requires.
+    """
+    named = set() if own is None else {*(own.requests or {}), *(own.limits or {})}
+    out: dict[str, dict[str, str]] = {}
+    for part in ("requests", "limits"):
+        theirs = (getattr(platform, part) or {}) if platform else {}
+        mine = (getattr(own, part) or {}) if own else {}
+        amounts = {name: str(q) for name, q in theirs.items() if name not in named}
+        amounts |= {name: str(q) for name, q in mine.items()}
+        if amounts:
+            out[part] = amounts
+    return out
