@@ -55,12 +55,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench import benchlib
+from bench import benchlib, peer_env
 
 TITLE = "Serving: side by side with ONNX Runtime and kserve, dynamic batching, liveness"
 CLIENTS = 32
@@ -70,9 +71,8 @@ MODEL_NAME = "bert"
 OUTPUT = "last_hidden_state"
 
 BENCH = Path(__file__).resolve().parent
-KSERVE_REQUIREMENTS = BENCH / "requirements-kserve.txt"
 KSERVE_SERVER = BENCH / "kserve_peer_server.py"
-DEFAULT_KSERVE_VENV = Path.home() / ".cache" / "metainfer" / "kserve-venv"
+DEFAULT_KSERVE_VENV = peer_env.KSERVE.venv
 
 PARTS = ("ratio", "matrix", "probes")
 SERVERS = ("in-process", "metainfer", "kserve")
@@ -142,38 +142,27 @@ class KServeUnavailable(RuntimeError):
 
 
 def _kserve_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PYTHONSAFEPATH"] = "1"
-    return env
+    return peer_env.subprocess_env()
 
 
 def kserve_version(venv: Path) -> str | None:
     """kserve's version if the venv imports kserve and onnxruntime, else None."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        return None
     probe = "import importlib.metadata as m, kserve, onnxruntime; print(m.version('kserve'))"
-    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=_kserve_env(), cwd="/")
-    return out.stdout.strip() if out.returncode == 0 else None
+    return peer_env.probe_output(venv / "bin" / "python", probe)
 
 
-def ensure_kserve(venv: Path, requirements: Path = KSERVE_REQUIREMENTS) -> dict[str, Any]:
-    """Reuse or build kserve's venv from the pinned requirements (as bench/olive_peer.py builds Olive's)."""
-    version = kserve_version(venv)
-    if version:
-        return {"venv": str(venv), "kserve": version, "installed_now": False}
-    print(f"[serving] building kserve's environment in {venv} from {requirements.name} ...", flush=True)
-    started = time.monotonic()
-    failure = benchlib.build_venv(venv, requirements, _kserve_env())
-    if failure is not None:
-        raise KServeUnavailable(failure)
+def ensure_kserve(venv: Path) -> dict[str, Any]:
+    """Reuse or build kserve's venv from its lock (bench/peer_env.py), and say which kserve it holds."""
+    try:
+        ready = peer_env.ensure(replace(peer_env.KSERVE, venv=venv))
+    except peer_env.PeerEnvUnavailable as exc:
+        raise KServeUnavailable(str(exc)) from exc
     version = kserve_version(venv)
     if not version:
-        probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import kserve, onnxruntime"],
-                               capture_output=True, text=True, env=_kserve_env(), cwd="/")  # fmt: skip
-        raise KServeUnavailable(f"kserve installed but does not import: {' | '.join(probe.stderr.splitlines()[-3:])}")
-    return {"venv": str(venv), "kserve": version, "installed_now": True,
-            "install_s": round(time.monotonic() - started, 1)}  # fmt: skip
+        raise KServeUnavailable(f"kserve in {venv} does not report its version")
+    if not ready.built_now:
+        return {"venv": str(venv), "kserve": version, "installed_now": False}
+    return {"venv": str(venv), "kserve": version, "installed_now": True, "install_s": ready.install_s}
 
 
 def start_kserve(venv: Path, variant: Path, session_options: dict[str, Any], port: int, log: Path) -> Any:
