@@ -18,7 +18,6 @@ import contextlib
 import datetime as dt
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -106,24 +105,6 @@ def retypeable(command: str) -> str:
     The raw results keep the command verbatim; sections and notes show this form.
     """
     return command.removeprefix("PYTHONPATH=bench ")
-
-
-def build_venv(venv: Path, requirements: Path, env: dict[str, str]) -> str | None:
-    """Replace ``venv`` with a fresh one holding exactly the pinned ``requirements`` (``--no-deps``: the file is a
-    complete lock); a peer that pins its own dependencies gets its own environment this way. Returns None, or why
-    it failed (the failing command and the tail of its output)."""
-    if venv.exists():
-        shutil.rmtree(venv)
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],  # venv builds on this interpreter's base Python
-        [str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps", "-r", str(requirements)],
-    ]
-    for step in steps:
-        out = subprocess.run(step, capture_output=True, text=True, env=env, cwd="/")
-        if out.returncode != 0:
-            tail = (out.stderr or out.stdout).strip().splitlines()[-5:]
-            return f"`{' '.join(step)}` failed (exit {out.returncode}): {' | '.join(tail)}"
-    return None
 
 
 def write_result(

@@ -37,7 +37,7 @@ import numpy as np
 from bench import benchlib, peer_table
 from bench.cnn_models import NETS, ConvNet, feed_for
 from bench.export_matrix import run_peers
-from bench.olive_peer import olive_contender
+from bench.olive_search import olive_contender
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import Reference
 from metainfer.core.engine.modelinfo import inspect_model

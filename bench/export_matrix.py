@@ -37,7 +37,7 @@ import onnx
 
 from bench import benchlib, peer_env, peer_table
 from bench.exports import FLAVOURS, ExportSet, Flavour, build_exports
-from bench.olive_peer import olive_contender
+from bench.olive_search import olive_contender
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import Reference
 from metainfer.core.engine.modelinfo import inspect_model
