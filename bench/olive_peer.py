@@ -56,11 +56,12 @@ from typing import Any
 
 from bench import benchlib
 from bench.olive_measure import load_dataset, measure, write_olive_reference
-from bench.olive_report import render, render_unavailable, verdict
+from bench.olive_report import verdict, why_slower
 from bench.olive_search import DEFAULT_VENV, OliveUnavailable, ensure_olive, run_metainfer, run_olive
 from bench.olive_workflow import MAX_DROP, SEED, olive_workflow, thread_choices
 from metainfer.agent.zoo.build import build_examples
 
+TITLE = "Peer comparison: Microsoft Olive"
 # Production batch per example model (the batch both searches optimise for).
 BATCHES = {"bert_mini": 8, "digits": 64}
 
@@ -82,15 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--render-only",
         action="store_true",
-        help="rewrite the section from bench/results/olive_peer.json (same numbers, command and machine facts)",
+        help="rewrite the section from bench/results/olive_peer.json (same as python -m bench.render)",
     )
     args = parser.parse_args(argv)
     if args.render_only:
         saved = json.loads((benchlib.RESULTS / "olive_peer.json").read_text())
         data = {k: v for k, v in saved.items() if k not in ("benchmark", "command", "machine")}
-        benchlib.write_result(
-            "olive_peer", "Peer comparison: Microsoft Olive", data, render(data), saved["command"], saved["machine"]
-        )
+        benchlib.write_result("olive_peer", TITLE, data, None, saved["command"], saved["machine"])
         return 0
     models = args.models or (["bert_mini"] if args.quick else ["bert_mini", "digits"])
     budget = args.budget or (4 if args.quick else 24)
@@ -110,13 +109,12 @@ def main(argv: list[str] | None = None) -> int:
         "load_start": _load(),
         "models": {},
     }
-    title = "Peer comparison: Microsoft Olive"
     try:
         results["olive_env"] = ensure_olive(args.olive_venv)
     except OliveUnavailable as exc:
         print(f"Olive unavailable: {exc}", file=sys.stderr)
         results["olive_unavailable"] = str(exc)
-        benchlib.write_result("olive_peer", title, results, render_unavailable(str(exc), results))
+        benchlib.write_result("olive_peer", TITLE, results)
         return 1
     print(f"Olive {results['olive_env']['olive']} in {args.olive_venv}; work dir {work}", flush=True)
     examples = build_examples(work / "examples", models)
@@ -147,11 +145,13 @@ def main(argv: list[str] | None = None) -> int:
             "metainfer": {k: v for k, v in ours.__dict__.items() if k != "tool"},
             "verdict": met,
             "verdict_text": text,
+            # Kept in the result: it reads metainfer's report.json in the work dir, which is temporary.
+            "why": why_slower(rows, {"model_path": str(ours.model_path or "")}) if met is False else None,
         }
         # Written after each model, so a long run that is stopped still leaves the models it finished.
         results["load_end"] = _load()
-        benchlib.write_result("olive_peer", title, results, render(results))
-    print(f"wrote bench/results/olive_peer.json and .md; work dir {work}")
+        benchlib.write_result("olive_peer", TITLE, results)
+    print(f"wrote bench/results/olive_peer.json and BENCHMARKS.md; work dir {work}")
     return 0
 
 

@@ -116,7 +116,8 @@ def render_model(name: str, result: dict[str, Any]) -> str:
         )
     lines.append(f"Verdict: {result['verdict_text']}")
     if result.get("verdict") is False:
-        lines.append(why_slower(rows, ours))
+        why = result.get("why")
+        lines.append(why if why is not None else why_slower(rows, ours))
     return "\n\n".join(lines)
 
 
@@ -157,7 +158,11 @@ def why_slower(rows: list[Measured], ours: dict[str, Any]) -> str:
 
 
 def render(results: dict[str, Any]) -> str:
+    """The section's text from the saved result (bench/records.OlivePeerResult, dumped)."""
+    if results.get("olive_unavailable"):
+        return render_unavailable(results["olive_unavailable"], results)
     env = results.get("olive_env", {})
+    cores = results["machine"]["logical_cores"] if "machine" in results else os.cpu_count()
     intro = (
         f"Olive {env.get('olive', '?')} (olive-ai, from the package registry, in its own virtual environment "
         f"built from `bench/requirements-olive.txt`) and metainfer search the same FP32 ONNX model with the same "
@@ -185,7 +190,7 @@ def render(results: dict[str, Any]) -> str:
     )
     load = (
         f"Load average (1 min) at start {results['load_start']}, at end {results['load_end']} on "
-        f"{os.cpu_count()} logical cores; other work on the machine slows all three models of a table alike "
+        f"{cores} logical cores; other work on the machine slows all three models of a table alike "
         "(interleaved timing) but makes the search wall times noisier."
     )
     parts = [intro, notes, load]

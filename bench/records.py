@@ -1,0 +1,134 @@
+"""The saved results as typed records: one pydantic model per benchmark, validated from bench/results/<name>.json.
+
+A record is what a section of BENCHMARKS.md is rendered from (bench/render.py),
+so a field the section shows is a field here. The frame every result carries
+(the benchmark's name, the command that made it, the machine it ran on) is
+``Record``; each benchmark adds its own fields, and ``extra="forbid"`` makes a
+result with a field no record declares fail loudly instead of being dropped.
+Rows of the peer matrices and of the operator-scale curve stay dicts: each
+matrix row carries one column set per contender that ran, which the renderers
+read with ``.get``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Machine(Strict):
+    """benchlib.machine(): where and when a result was measured."""
+
+    cpu_model: str
+    arch: str
+    logical_cores: int
+    physical_cores: int
+    cpu_flags: list[str]
+    memory_gib: int | float
+    onnxruntime: str
+    onnx: str
+    python: str
+    date: str
+    commit: str
+
+
+class Record(Strict):
+    benchmark: str
+    command: str
+    machine: Machine
+
+
+class MatrixResult(Record):
+    """bench/export_matrix.py and bench/cnn_matrix.py: one row per model, one column set per contender."""
+
+    trials: int
+    rows: list[dict[str, Any]]
+
+
+class OperatorScaleResult(Record):
+    quick: bool
+    plan: dict[str, Any]
+    points: list[dict[str, Any]]
+    load: str = "not recorded"
+    gpu_resource_workaround: bool
+    duration_s: float
+    # True when the section's text was rendered again after the run (operator_scale.py --render-from): the
+    # section then says when the numbers were measured.
+    rerendered: bool = False
+    note: str | None = None
+
+
+class RealNodeResult(Record):
+    cluster: list[dict[str, float]]
+    image: dict[str, Any]
+    e2e: dict[str, Any]
+    e2e_wall_s: float
+
+
+class PodStartResult(Record):
+    model: str
+    recipe: dict[str, Any]
+    variant_sha256: str
+    variant_bytes: int
+    base_bytes: int
+    build_in_process_s: float
+    seconds_to_ready: dict[str, list[float]]
+    median_s: dict[str, float]
+
+
+class OliveMeasured(Strict):
+    """One model measured again after the searches (bench/olive_measure.Measured)."""
+
+    name: str
+    options: str
+    p50_ms: float
+    p95_ms: float
+    quality: float
+    drop: float
+    metric: str
+    size_mib: float
+
+
+class OliveSearch(Strict):
+    """What one search produced (bench/olive_output.SearchOutcome, less its tool)."""
+
+    wall_s: float
+    model_path: str | None = None
+    session_options: dict[str, Any]
+    detail: dict[str, Any]
+    error: str | None = None
+
+
+class OliveModelResult(Strict):
+    batch: int
+    samples: int
+    budget: int
+    measured: list[OliveMeasured]
+    olive: OliveSearch
+    metainfer: OliveSearch
+    verdict: bool | None
+    verdict_text: str
+    # A missed verdict's explanation, computed from metainfer's report.json in the run's work dir when the
+    # run ends and kept here, since that dir is temporary.
+    why: str | None = None
+
+
+class OlivePeerResult(Record):
+    quick: bool
+    budget: int
+    rounds: int
+    max_accuracy_drop: float
+    seed: int
+    threads: list[int]
+    olive_venv: str
+    work: str
+    load_start: str
+    load_end: str | None = None
+    olive_env: dict[str, Any] = {}
+    olive_unavailable: str | None = None
+    models: dict[str, OliveModelResult]
