@@ -12,7 +12,7 @@ read with ``.get``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -132,3 +132,33 @@ class OlivePeerResult(Record):
     olive_env: dict[str, Any] = {}
     olive_unavailable: str | None = None
     models: dict[str, OliveModelResult]
+
+
+class AdaptationProfile(Strict):
+    """The hardware profile an adaptation result depends on (bench/adaptation.profile_summary)."""
+
+    fingerprint: str
+    peak_gemm_gflops_fp32: float
+    peak_gemm_gflops_int8: float
+    memory_bandwidth_gbps: float
+    measured_at: str  # ISO 8601
+    # Saved since the section became data-rendered; older results lack them (logical_cores was migrated from the
+    # section's text, the probe sizes were never shown there and stay unknown).
+    logical_cores: int | None = None
+    gemm_n: int | None = None
+    bandwidth_mib: int | None = None
+
+
+class AdaptationResult(Record):
+    """bench/adaptation.py: one result per model (a dict: adapted and failed models carry different fields)."""
+
+    mode: Literal["quick", "full"]
+    models_planned: int
+    seed: int
+    max_quality_drop: float
+    profile: AdaptationProfile
+    # The profile the run itself used, when --reroof recomputed the roofline against a newer one.
+    run_profile: AdaptationProfile | None = None
+    notes: list[str]
+    wall_s: float
+    results: list[dict[str, Any]]

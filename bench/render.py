@@ -21,7 +21,7 @@ from typing import Any
 from bench import benchlib, records
 
 # Still stitched from the .md their benchmark writes: their text depends on more than their JSON holds.
-FROM_MARKDOWN = ("adaptation", "search_efficiency", "warm_start", "serving")
+FROM_MARKDOWN = ("search_efficiency", "warm_start", "serving")
 
 PREAMBLE = (
     "# Benchmarks\n\n"
@@ -42,6 +42,12 @@ class Section:
     title: str
     record: type[records.Record]
     body: Callable[[Any], str]  # the validated record -> the section's markdown between machine line and raw path
+
+
+def _adaptation(r: records.AdaptationResult) -> str:
+    from bench import adaptation
+
+    return adaptation.render(r.model_dump())
 
 
 def _export_matrix(r: records.MatrixResult) -> str:
@@ -87,6 +93,7 @@ def _real_node(r: records.RealNodeResult) -> str:
 
 # Titles are data: the one place a section's heading is written.
 SECTIONS: dict[str, Section] = {
+    "adaptation": Section("Adaptation quality", records.AdaptationResult, _adaptation),
     "export_matrix": Section(
         "Adaptation on models as users export them (export matrix)", records.MatrixResult, _export_matrix
     ),
@@ -101,7 +108,7 @@ SECTIONS: dict[str, Section] = {
 
 
 def load(name: str, results: Path | None = None) -> records.Record:
-    """The saved result of a data-rendered section, validated."""
+    """The saved result of a section, validated."""
     path = (results or benchlib.RESULTS) / f"{name}.json"
     return SECTIONS[name].record.model_validate_json(path.read_text())
 
