@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class Strict(BaseModel):
@@ -162,3 +162,49 @@ class AdaptationResult(Record):
     notes: list[str]
     wall_s: float
     results: list[dict[str, Any]]
+
+
+class WarmClass(Strict):
+    """One hardware class's landscape (bench/warm_start.landscape_facts)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    class_: str = Field(alias="class")
+    what: str
+    file: str
+    allowed_points: int
+    optimum: float
+    optimum_recipe: str
+    optimum_p50_ms: float
+    baseline_p50_ms: float
+    fingerprint: str
+    measured_at: str | None = None
+    wall_s: float | None = None
+
+
+class WarmScenario(Strict):
+    target: str
+    source: str
+    what: str
+    useless: bool
+    similarity: dict[str, float]
+    landscapes_differ: dict[str, Any]
+    # start (warm, cold, space-filling) -> search_replay.AlgorithmResult.summary()
+    results: dict[str, dict[str, Any]]
+    verdict: dict[str, Any]
+    warm_first_evaluation_fraction: float
+
+
+class WarmStartResult(Record):
+    seeds: int
+    budgets: list[int]
+    top_budget: int
+    source_budget: int
+    level: float
+    classes: dict[str, WarmClass]
+    scenarios: list[WarmScenario]
+    why: str
+    # Saved since the section became data-rendered; the committed result's were migrated from its text (so whole
+    # seconds).
+    replay_wall_s: float
+    jobs: int  # replay processes

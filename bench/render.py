@@ -21,7 +21,7 @@ from typing import Any
 from bench import benchlib, records
 
 # Still stitched from the .md their benchmark writes: their text depends on more than their JSON holds.
-FROM_MARKDOWN = ("search_efficiency", "warm_start", "serving")
+FROM_MARKDOWN = ("search_efficiency", "serving")
 
 PREAMBLE = (
     "# Benchmarks\n\n"
@@ -48,6 +48,12 @@ def _adaptation(r: records.AdaptationResult) -> str:
     from bench import adaptation
 
     return adaptation.render(r.model_dump())
+
+
+def _warm_start(r: records.WarmStartResult) -> str:
+    from bench import warm_start
+
+    return warm_start.render(r.model_dump(by_alias=True))
 
 
 def _export_matrix(r: records.MatrixResult) -> str:
@@ -98,6 +104,7 @@ SECTIONS: dict[str, Section] = {
         "Adaptation on models as users export them (export matrix)", records.MatrixResult, _export_matrix
     ),
     "cnn_matrix": Section("Conv nets at batch 1 (CNN matrix)", records.MatrixResult, _cnn_matrix),
+    "warm_start": Section("Warm start across hardware classes", records.WarmStartResult, _warm_start),
     "operator_scale": Section("Operator scale on the real control plane", records.OperatorScaleResult, _operator_scale),
     "olive_peer": Section("Peer comparison: Microsoft Olive", records.OlivePeerResult, _olive_peer),
     "pod_start": Section("Serving: pod start, rebuild vs variant store", records.PodStartResult, _pod_start),
