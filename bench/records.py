@@ -208,3 +208,36 @@ class WarmStartResult(Record):
     # seconds).
     replay_wall_s: float
     jobs: int  # replay processes
+
+
+class ProbeStats(Strict):
+    probes: int
+    p50_ms: float
+    p99_ms: float
+    max_ms: float
+
+
+class ServingMatrix(Strict):
+    """bench/serving.run_matrix: one cell per (server, protocol, batch, clients)."""
+
+    cells: list[dict[str, Any]]
+    agreement: dict[str, float]
+    variant_sha256: str
+    metainfer_variant_sha256: str | None = None
+    kserve_env: dict[str, Any] | None = None
+    kserve_unavailable: str | None = None
+
+
+class ServingResult(Record):
+    """bench/serving.py: the parts that ran (matrix, ratio, probes), each optional."""
+
+    seconds: float
+    warmup_s: float
+    parts: list[str]
+    load_start: list[float]
+    load_end: list[float]
+    matrix: ServingMatrix | None = None
+    cases: dict[str, dict[str, Any]] | None = None
+    ratio: float | None = None
+    ratio_unbatched: float | None = None
+    probes: dict[str, ProbeStats] | None = None

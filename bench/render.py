@@ -21,7 +21,7 @@ from typing import Any
 from bench import benchlib, records
 
 # Still stitched from the .md their benchmark writes: their text depends on more than their JSON holds.
-FROM_MARKDOWN = ("search_efficiency", "serving")
+FROM_MARKDOWN = ("search_efficiency",)
 
 PREAMBLE = (
     "# Benchmarks\n\n"
@@ -54,6 +54,12 @@ def _warm_start(r: records.WarmStartResult) -> str:
     from bench import warm_start
 
     return warm_start.render(r.model_dump(by_alias=True))
+
+
+def _serving(r: records.ServingResult) -> str:
+    from bench import serving
+
+    return serving.render(r.model_dump())
 
 
 def _export_matrix(r: records.MatrixResult) -> str:
@@ -107,6 +113,11 @@ SECTIONS: dict[str, Section] = {
     "warm_start": Section("Warm start across hardware classes", records.WarmStartResult, _warm_start),
     "operator_scale": Section("Operator scale on the real control plane", records.OperatorScaleResult, _operator_scale),
     "olive_peer": Section("Peer comparison: Microsoft Olive", records.OlivePeerResult, _olive_peer),
+    "serving": Section(
+        "Serving: side by side with ONNX Runtime and kserve, dynamic batching, liveness",
+        records.ServingResult,
+        _serving,
+    ),
     "pod_start": Section("Serving: pod start, rebuild vs variant store", records.PodStartResult, _pod_start),
     "real_node": Section(
         "Real node: cluster-up, image, apply to Ready, drift to canary", records.RealNodeResult, _real_node

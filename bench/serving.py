@@ -336,6 +336,13 @@ def agreement(port: int, data: dict[str, np.ndarray], reference: np.ndarray, pro
 # ---------------------------------------------------------------- liveness under attack
 
 PROBE_TARGET_MS = 100.0
+# What the server is doing while probed, in the order attacks() runs (and the section lists) them.
+SATURATED, GZIP_BOMBS, IDLE_AND_STALLED = (
+    "saturated (32 clients)",
+    "3 gzip bombs (200 MiB inflated each)",
+    "500 idle + 20 stalled uploads",
+)
+PROBE_ORDER = (SATURATED, GZIP_BOMBS, IDLE_AND_STALLED)
 
 
 class Probe:
@@ -378,7 +385,7 @@ def attacks(port: int, data: dict[str, np.ndarray], seconds: float) -> dict[str,
     out: dict[str, dict[str, float]] = {}
     probe = Probe(port)
     drive(port, data, CLIENTS, 1, seconds)
-    out["saturated (32 clients)"] = probe.stop()
+    out[SATURATED] = probe.stop()
 
     bomb = gzip.compress(b" " * (200 << 20), compresslevel=9)
     head = (f"POST /v2/models/{MODEL_NAME}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -392,7 +399,7 @@ def attacks(port: int, data: dict[str, np.ndarray], seconds: float) -> dict[str,
         conn.recv(4096)  # the 413
         conn.close()
     time.sleep(1)
-    out["3 gzip bombs (200 MiB inflated each)"] = probe.stop()
+    out[GZIP_BOMBS] = probe.stop()
 
     probe = Probe(port)
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(500)]
@@ -403,7 +410,7 @@ def attacks(port: int, data: dict[str, np.ndarray], seconds: float) -> dict[str,
                      .encode())  # fmt: skip
         stalled.append(conn)
     time.sleep(seconds)
-    out["500 idle + 20 stalled uploads"] = probe.stop()
+    out[IDLE_AND_STALLED] = probe.stop()
     for conn in [*idle, *stalled]:
         conn.close()
     return out
@@ -502,15 +509,19 @@ def run_matrix(args: argparse.Namespace, ex: Example, work: Path) -> dict[str, A
     return out
 
 
+# (name, serve's extra arguments, clients, batch per request), in the order the section lists them.
+RATIO_CASES: tuple[tuple[str, tuple[str, ...], int, int], ...] = (
+    ("batch32-1client", (), 1, BATCH),
+    ("batch1-32clients", (), CLIENTS, 1),
+    ("batch1-32clients-unbatched", ("--batch-size", "1"), CLIENTS, 1),
+)
+
+
 def run_ratio(args: argparse.Namespace, ex: Example, work: Path) -> dict[str, Any]:
     from hack.controlplane.processes import free_port
 
     cases: dict[str, dict[str, Any]] = {}
-    for name, extra, clients, batch in [
-        ("batch32-1client", (), 1, BATCH),
-        ("batch1-32clients", (), CLIENTS, 1),
-        ("batch1-32clients-unbatched", ("--batch-size", "1"), CLIENTS, 1),
-    ]:
+    for name, extra, clients, batch in RATIO_CASES:
         port = free_port()
         proc = start_server(ex.model_path, ex.sha256, port, work / f"{name}.log", *extra)
         try:
@@ -544,8 +555,31 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _loads(values: tuple[float, float, float]) -> str:
+def _loads(values: list[float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values)
+
+
+def _ordered(items: dict[str, Any], order: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
+    """A saved dict's items in the order the run made them (the JSON sorts its keys), unknown keys last."""
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(items.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))
+
+
+def render(saved: dict[str, Any]) -> str:
+    """The section's body from the saved result (``records.ServingResult``): bench/render.py calls it."""
+    bodies = []
+    if saved.get("matrix"):
+        bodies.append(render_matrix(saved["matrix"], saved["machine"], saved["seconds"], saved["warmup_s"]))
+    if saved.get("cases"):
+        bodies.append(render_ratio(saved))
+    if saved.get("probes"):
+        bodies.append(render_probes(saved["probes"]))
+    bodies.append(
+        f"Load average (1, 5, 15 min) at the start {_loads(saved['load_start'])}, at the end"
+        f" {_loads(saved['load_end'])} on {saved['machine'].get('logical_cores', '?')} cores: other processes ran"
+        " beside the benchmark when these are high."
+    )
+    return "\n\n".join(bodies)
 
 
 def render_matrix(matrix: dict[str, Any], facts: dict[str, Any], seconds: float, warmup: float) -> str:
@@ -610,7 +644,7 @@ def render_matrix(matrix: dict[str, Any], facts: dict[str, Any], seconds: float,
         worst = max(agree.values())
         lines.append(
             "Answers agree with in-process ONNX Runtime (batch 8, largest absolute difference: "
-            + ", ".join(f"{k} {v:.2g}" for k, v in agree.items())
+            + ", ".join(f"{k} {v:.2g}" for k, v in _ordered(agree, [f"{s}/{p}" for s in SERVERS for p in PROTOCOLS]))
             + f"){'.' if worst == 0 else ' - not bit-identical.'}"
         )
     served = matrix.get("metainfer_variant_sha256")
@@ -636,7 +670,7 @@ def render_ratio(ratio: dict[str, Any]) -> str:
     rows = "\n".join(
         f"| {name} | {c['clients']} | {c['batch']} | {c['items_per_s']:.1f} | {_num(c['p50_ms'])} | {_num(c['p99_ms'])}"
         f" | {c['mean_run_rows']:.1f} | {c['client_cpu_cores']:.2f} | {c['error_count']} |"
-        for name, c in cases.items()
+        for name, c in _ordered(cases, [case[0] for case in RATIO_CASES])
     )
     r, before = ratio["ratio"], ratio["ratio_unbatched"]
     verdict = "met" if r >= TARGET_RATIO else "missed"
@@ -660,7 +694,7 @@ def render_probes(probes: dict[str, dict[str, float]]) -> str:
     worst = max(p["max_ms"] for p in probes.values())
     probe_rows = "\n".join(
         f"| {name} | {p['probes']} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {p['max_ms']:.1f} |"
-        for name, p in probes.items()
+        for name, p in _ordered(probes, PROBE_ORDER)
     )
     return (
         "Liveness (`GET /v2/health/live`, a new connection every 20 ms) while the server is saturated or attacked:\n\n"
@@ -671,16 +705,22 @@ def render_probes(probes: dict[str, dict[str, float]]) -> str:
     )
 
 
-def write_elsewhere(directory: Path, data: dict[str, Any], body: str, facts: dict[str, Any]) -> None:
-    """serving.json and serving.md as benchlib.write_result writes them, in ``directory``, BENCHMARKS.md untouched."""
+def write_elsewhere(directory: Path, payload: dict[str, Any]) -> None:
+    """serving.json, and its section as bench/render.py renders it, in ``directory``; BENCHMARKS.md untouched."""
     directory.mkdir(parents=True, exist_ok=True)
-    command = benchlib.command_line()
-    payload = {"benchmark": "serving", "command": command, "machine": facts, **data}
     (directory / "serving.json").write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    section = "\n\n".join([f"## {TITLE}", f"Command: `{benchlib.retypeable(command)}`", benchlib.machine_line(facts),
-                           body.strip(), f"Raw results: `{directory / 'serving.json'}`."])  # fmt: skip
+    section = "\n\n".join([f"## {TITLE}", f"Command: `{benchlib.retypeable(payload['command'])}`",
+                           benchlib.machine_line(payload["machine"]), body(payload),
+                           f"Raw results: `{directory / 'serving.json'}`."])  # fmt: skip
     (directory / "serving.md").write_text(section + "\n")
     print(f"[serving] results in {directory}/serving.{{json,md}} (BENCHMARKS.md untouched)", flush=True)
+
+
+def body(payload: dict[str, Any]) -> str:
+    """The section's body of a result about to be saved, validated as bench/render.py will read it."""
+    from bench.records import ServingResult
+
+    return render(ServingResult.model_validate(payload).model_dump())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -732,28 +772,19 @@ def main(argv: list[str] | None = None) -> int:
     facts = benchlib.machine()
     data: dict[str, Any] = {"seconds": args.seconds, "warmup_s": args.warmup, "parts": args.only,
                             "load_start": os.getloadavg()}  # fmt: skip
-    bodies = []
     if "matrix" in args.only:
         data["matrix"] = run_matrix(args, ex, work)
-        bodies.append(render_matrix(data["matrix"], facts, args.seconds, args.warmup))
     if "ratio" in args.only:
-        ratio = run_ratio(args, ex, work)
-        data.update(ratio)
-        bodies.append(render_ratio(ratio))
+        data.update(run_ratio(args, ex, work))
     if "probes" in args.only:
         data["probes"] = run_probes(args, ex, work)
-        bodies.append(render_probes(data["probes"]))
     data["load_end"] = os.getloadavg()
-    bodies.append(
-        f"Load average (1, 5, 15 min) at the start {_loads(data['load_start'])}, at the end {_loads(data['load_end'])}"
-        f" on {facts.get('logical_cores', '?')} cores: other processes ran beside the benchmark when these are high."
-    )
-    body = "\n\n".join(bodies)
+    payload = {"benchmark": "serving", "command": benchlib.command_line(), "machine": facts, **data}
     if results_dir is None:
-        benchlib.write_result("serving", TITLE, data, body, facts=facts)
+        benchlib.write_result("serving", TITLE, data, facts=facts)
     else:
-        write_elsewhere(results_dir, data, body, facts)
-    print(body, flush=True)
+        write_elsewhere(results_dir, payload)
+    print(body(payload), flush=True)
     failed = [c for c in data.get("matrix", {}).get("cells", []) if c["error_count"] or not c["requests"]]
     failed += [c for c in data.get("cases", {}).values() if c["error_count"] or not c["requests"]]
     return 1 if failed or data.get("matrix", {}).get("kserve_unavailable") else 0

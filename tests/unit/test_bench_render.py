@@ -47,7 +47,7 @@ def test_write_result_renders_a_data_section_from_its_json(tmp_path: Path, monke
     assert not (tmp_path / "pod_start.md").exists()
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "Command: `python x.py`" in text and "saves 1.50 s per pod start (4.00x faster" in text
-    shutil.copy(benchlib.ROOT / "bench" / "results" / "serving.md", tmp_path / "serving.md")
-    assert "## Serving: side by side" in render.benchmarks_md(tmp_path)  # a markdown section is still stitched in
+    shutil.copy(benchlib.ROOT / "bench" / "results" / "search_efficiency.md", tmp_path / "search_efficiency.md")
+    assert "## Search efficiency" in render.benchmarks_md(tmp_path)  # a markdown section is still stitched in
     with pytest.raises(ValueError, match="title"):
         benchlib.write_result("pod_start", "Another title", data, None, "python x.py", saved["machine"])
