@@ -241,3 +241,72 @@ class ServingResult(Record):
     ratio: float | None = None
     ratio_unbatched: float | None = None
     probes: dict[str, ProbeStats] | None = None
+
+
+class LandscapeSummary(Strict):
+    """What a search-efficiency section says of one measured landscape (bench/search_efficiency.landscape_summary)."""
+
+    points: int
+    feasible: int
+    failed: int
+    optimum_score: float
+    optimum_recipe: str
+    optimum_p50_ms: float
+    baseline_p50_ms: float
+    measured_at: str
+    wall_s: float
+    load_before: float  # 1-minute load average
+    load_after: float
+    niceness: int | None = None
+
+
+class WinnerPick(Strict):
+    """What the winning algorithm found within a budget on seed 0 (found None: nothing feasible)."""
+
+    algorithm: str
+    found: str | None = None
+    fraction: float | None = None
+    at: int | None = None
+
+
+class BeatenAt(Strict):
+    """Why the hybrid was beaten at one budget (bench/search_efficiency.why_facts)."""
+
+    budget: int
+    n_initial: int
+    start: Literal["prior", "space-filling"]
+    pick: WinnerPick
+    chance: float  # that `budget` uniform draws include a point within 5 % of the optimum
+
+
+class WhyBeaten(Strict):
+    near_optimal_points: int
+    size: int
+    top5_spread: float
+    baseline_p50_ms: float
+    budgets: list[BeatenAt]
+
+
+class SearchModelResult(Strict):
+    batch: int
+    landscape: str
+    landscape_key: dict[str, Any]
+    landscape_summary: LandscapeSummary
+    reused: bool  # the landscape came from the cache, not measured by this run
+    allowed_points: int
+    optimum: float
+    # algorithm -> search_replay.AlgorithmResult.summary()
+    results: dict[str, dict[str, Any]]
+    verdict: dict[str, Any]
+    why_beaten: WhyBeaten | None = None
+    plot: str
+    replayed_at: str
+
+
+class SearchEfficiencyResult(Record):
+    seeds: int
+    budgets: list[int]
+    algorithms: list[str]
+    models: dict[str, SearchModelResult]
+    notes: list[str] = []
+    why: str

@@ -5,10 +5,9 @@
 A section is a frame (title, the command, the machine line, the raw results'
 path) around a body its benchmark's render function writes from the record
 (bench/records.py); hand-written prose lives with that function, as a
-template or as data in its module (EXPLANATIONS, docstrings). Sections in
-``FROM_MARKDOWN`` are not data-rendered yet: their text is still the
-``bench/results/<name>.md`` the benchmark wrote. Sections are ordered as
-``benchlib.SECTIONS`` says, a name not listed last.
+template or as data in its module (EXPLANATIONS, docstrings). No benchmark
+writes markdown. Sections are ordered as ``benchlib.SECTIONS`` says, a name
+not listed last.
 """
 
 from __future__ import annotations
@@ -19,9 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from bench import benchlib, records
-
-# Still stitched from the .md their benchmark writes: their text depends on more than their JSON holds.
-FROM_MARKDOWN = ("search_efficiency",)
 
 PREAMBLE = (
     "# Benchmarks\n\n"
@@ -60,6 +56,12 @@ def _serving(r: records.ServingResult) -> str:
     from bench import serving
 
     return serving.render(r.model_dump())
+
+
+def _search_efficiency(r: records.SearchEfficiencyResult) -> str:
+    from bench import search_efficiency
+
+    return search_efficiency.render(r.model_dump())
 
 
 def _export_matrix(r: records.MatrixResult) -> str:
@@ -110,6 +112,7 @@ SECTIONS: dict[str, Section] = {
         "Adaptation on models as users export them (export matrix)", records.MatrixResult, _export_matrix
     ),
     "cnn_matrix": Section("Conv nets at batch 1 (CNN matrix)", records.MatrixResult, _cnn_matrix),
+    "search_efficiency": Section("Search efficiency", records.SearchEfficiencyResult, _search_efficiency),
     "warm_start": Section("Warm start across hardware classes", records.WarmStartResult, _warm_start),
     "operator_scale": Section("Operator scale on the real control plane", records.OperatorScaleResult, _operator_scale),
     "olive_peer": Section("Peer comparison: Microsoft Olive", records.OlivePeerResult, _olive_peer),
@@ -132,10 +135,7 @@ def load(name: str, results: Path | None = None) -> records.Record:
 
 
 def section(name: str, results: Path | None = None) -> str:
-    """One section's markdown (ending in a newline), from its JSON or, for FROM_MARKDOWN ones, its .md."""
-    results = results or benchlib.RESULTS
-    if name not in SECTIONS:
-        return (results / f"{name}.md").read_text()
+    """One section's markdown (ending in a newline), from its JSON."""
     record = load(name, results)
     parts = [
         f"## {SECTIONS[name].title}",
@@ -150,7 +150,7 @@ def section(name: str, results: Path | None = None) -> str:
 def present(results: Path | None = None) -> list[str]:
     """The sections that have a saved result, in BENCHMARKS.md's order."""
     results = results or benchlib.RESULTS
-    names = {p.stem for p in results.glob("*.md")} | {n for n in SECTIONS if (results / f"{n}.json").exists()}
+    names = {n for n in SECTIONS if (results / f"{n}.json").exists()}
     order = benchlib.SECTIONS
     return sorted(names, key=lambda n: (order.index(n) if n in order else 99, n))
 
