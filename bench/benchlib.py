@@ -2,10 +2,8 @@
 
 Each benchmark writes ``bench/results/<name>.json`` (machine-readable, with the
 machine and the exact command); bench/render.py renders its section of
-BENCHMARKS.md from that JSON through the benchmark's typed record
-(bench/records.py). The few sections not data-rendered yet
-(``render.FROM_MARKDOWN``) also write ``bench/results/<name>.md``, their text as
-the benchmark rendered it. ``write_benchmarks_md`` puts the sections in a fixed
+BENCHMARKS.md from that JSON alone, through the benchmark's typed record
+(bench/records.py). ``write_benchmarks_md`` puts the sections in a fixed
 order, so a benchmark rerun alone replaces only its own section.
 
 The bench scripts import each other as modules of the development package
@@ -114,44 +112,28 @@ def write_result(
     name: str,
     title: str,
     data: dict[str, Any],
-    body_md: str | None = None,
     command: str | None = None,
     facts: dict[str, Any] | None = None,
 ) -> Path:
-    """Save ``data`` as JSON (and, for a section not data-rendered yet, ``body_md`` as its markdown), then
-    refresh BENCHMARKS.md.
+    """Save ``data`` as bench/results/<name>.json, then render BENCHMARKS.md from the saved results.
 
-    A data-rendered section (bench/render.py) is rendered from the saved JSON, so ``body_md`` is not used for
-    it; the JSON is validated against its record at once, so a result its renderer cannot read fails here.
-    ``facts`` keeps the machine facts (and date) of an earlier run when a section is only rendered again from
-    saved measurements.
+    The JSON is validated against the section's record (bench/records.py) at once, so a result its renderer
+    cannot read fails here, and ``title`` must be the one bench/render.py renders. ``facts`` keeps the machine
+    facts (and date) of an earlier run when a section is only rendered again from saved measurements.
     """
     from bench import render
 
+    if name not in render.SECTIONS:
+        raise ValueError(f"{name}: no section in bench/render.py renders it")
+    if title != render.SECTIONS[name].title:
+        raise ValueError(f"{name}: title {title!r} is not the one bench/render.py renders")
     RESULTS.mkdir(parents=True, exist_ok=True)
     facts = facts or machine()
     command = command or command_line()
     payload = {"benchmark": name, "command": command, "machine": facts, **data}
     json_path = RESULTS / f"{name}.json"
     json_path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    if name in render.SECTIONS:
-        if title != render.SECTIONS[name].title:
-            raise ValueError(f"{name}: title {title!r} is not the one bench/render.py renders")
-        render.load(name)
-        (RESULTS / f"{name}.md").unlink(missing_ok=True)
-    else:
-        if body_md is None:
-            raise ValueError(f"{name} is not data-rendered (bench/render.py): its markdown is needed")
-        section = "\n\n".join(
-            [
-                f"## {title}",
-                f"Command: `{retypeable(command)}`",
-                machine_line(facts),
-                body_md.strip(),
-                f"Raw results: `{json_path.relative_to(ROOT)}`.",
-            ]
-        )
-        (RESULTS / f"{name}.md").write_text(section + "\n")
+    render.load(name)
     write_benchmarks_md()
     return json_path
 

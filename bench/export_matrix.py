@@ -254,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
             "export_matrix",
             TITLE,
             {"trials": saved["trials"], "rows": saved["rows"]},
-            render(saved["rows"], saved["trials"], EXPLANATIONS),
             command=saved["command"],
             facts=saved["machine"],
         )
@@ -280,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     command = None
     if args.only:  # a partial rerun replaces its rows in the saved section and keeps the others
         rows, command = benchlib.merge_into_saved("export_matrix", rows, "flavour")
-    section = render(rows, trials, EXPLANATIONS)
-    benchlib.write_result("export_matrix", TITLE, {"trials": trials, "rows": rows}, section, command=command)
+    benchlib.write_result("export_matrix", TITLE, {"trials": trials, "rows": rows}, command=command)
     return 0 if measured_all else 1
 
 

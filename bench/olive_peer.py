@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.render_only:
         saved = json.loads((benchlib.RESULTS / "olive_peer.json").read_text())
         data = {k: v for k, v in saved.items() if k not in ("benchmark", "command", "machine")}
-        benchlib.write_result("olive_peer", TITLE, data, None, saved["command"], saved["machine"])
+        benchlib.write_result("olive_peer", TITLE, data, saved["command"], saved["machine"])
         return 0
     models = args.models or (["bert_mini"] if args.quick else ["bert_mini", "digits"])
     budget = args.budget or (4 if args.quick else 24)

@@ -515,7 +515,7 @@ def main() -> int:
     }
     data["load"] = machine_load()
     body = render(points, args.quick, data["load"], workaround)
-    path = benchlib.write_result("operator_scale", TITLE, data, body)
+    path = benchlib.write_result("operator_scale", TITLE, data)
     log(f"wrote {path} in {data['duration_s']:.0f}s")
     print(body)
     return 0

@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     body = render(data)
     digest = hashlib.sha256(variant).hexdigest()
     assert digest == sha256
-    benchlib.write_result("pod_start", TITLE, data, body)
+    benchlib.write_result("pod_start", TITLE, data)
     print(body)
     return 0
 

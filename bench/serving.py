@@ -38,8 +38,9 @@ uploads are held open. Target: liveness under 100 ms throughout.
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py --quick    # 5 s per case: about 4 minutes
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py --matrix --seconds 2 --servers in-process kserve
 
-A run of everything with the default selection writes bench/results/serving.{json,md} and its BENCHMARKS.md
-section; any narrower run (or ``--results-dir``) writes to a directory of its own and leaves those alone.
+A run of everything with the default selection writes bench/results/serving.json and renders its BENCHMARKS.md
+section from it; any narrower run (or ``--results-dir``) writes serving.json and the section it renders to
+(serving.md) to a directory of its own and leaves those alone.
 """
 
 from __future__ import annotations

@@ -41,11 +41,11 @@ def test_write_result_renders_a_data_section_from_its_json(tmp_path: Path, monke
     saved = json.loads((Path(render.__file__).parent / "results" / "pod_start.json").read_text())
     data = {k: v for k, v in saved.items() if k not in ("benchmark", "command", "machine")}
     data["median_s"] = {"rebuild": 2.0, "store": 0.5}
-    benchlib.write_result("pod_start", render.SECTIONS["pod_start"].title, data, None, "python x.py", saved["machine"])
+    benchlib.write_result("pod_start", render.SECTIONS["pod_start"].title, data, "python x.py", saved["machine"])
     assert not (tmp_path / "pod_start.md").exists()
     text = (tmp_path / "BENCHMARKS.md").read_text()
     assert "Command: `python x.py`" in text and "saves 1.50 s per pod start (4.00x faster" in text
     (tmp_path / "serving.md").write_text("## A section someone wrote in markdown\n")
     assert "wrote in markdown" not in render.benchmarks_md(tmp_path)  # markdown beside the results is never stitched in
     with pytest.raises(ValueError, match="title"):
-        benchlib.write_result("pod_start", "Another title", data, None, "python x.py", saved["machine"])
+        benchlib.write_result("pod_start", "Another title", data, "python x.py", saved["machine"])
