@@ -41,8 +41,8 @@ bench: bench-deps assets
 	$(BIN)/python bench/run_all.py --quick
 bench-adaptation: bench-deps
 	$(BIN)/python bench/adaptation.py
-# The export matrix builds its exporters' and OpenVINO's venvs under ~/.cache/metainfer (torch: about 3 GiB
-# each to download) and the exports once; see bench/exports.py and bench/export_matrix.py.
+# The export matrix builds its exporters' and OpenVINO's venvs under ~/.cache/metainfer (torch: about 3 GiB,
+# installed once in a layer both exporter venvs share) and the exports once; see bench/peer_env.py and bench/exports.py.
 bench-export-matrix: bench-deps
 	$(BIN)/python bench/export_matrix.py
 bench-cnn-matrix: bench-deps

@@ -20,6 +20,7 @@ bert_mini and two small light nets with 12 trials each (a few minutes).
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import sys
@@ -280,7 +281,10 @@ def _fmt(value: float | None, spec: str) -> str:
     return "—" if value is None else format(value, spec)
 
 
-def render(results: list[dict[str, Any]], profile: HardwareProfile, quick: bool, notes: list[str]) -> str:
+def render(saved: dict[str, Any]) -> str:
+    """The section's body from the saved result (``records.AdaptationResult``): bench/render.py calls it."""
+    results, profile, notes = saved["results"], saved["profile"], saved["notes"]
+    quick = saved["mode"] == "quick"
     rows, roof_rows = [], []
     for r in results:
         if r.get("status") != "adapted":
@@ -350,12 +354,12 @@ def render(results: list[dict[str, Any]], profile: HardwareProfile, quick: bool,
     loads = [r["load_1m_before"] for r in results if "load_1m_before" in r]
     load_note = f"1-minute load average before each comparison: {min(loads):.2f}–{max(loads):.2f}." if loads else ""
     definitions = f"""
-Setup ({mode}; seed {SEED}; quality budget {MAX_QUALITY_DROP} = 1 pt top-1 or 1 − cosine 0.01; the
+Setup ({mode}; seed {saved["seed"]}; quality budget {saved["max_quality_drop"]} = 1 pt top-1 or 1 − cosine 0.01; the
 engine's default `hybrid` search; no latency SLO). The engine (`metainfer.core.engine.pipeline.Adaptation`,
 as `metainfer adapt` runs it) picks the variant; this benchmark then measures it again on its own. Hardware
 profile (cached by
-machine fingerprint): peak GEMM fp32 {profile.peak_gemm_gflops_fp32:.1f} GFLOP/s, int8
-{profile.peak_gemm_gflops_int8:.1f} GOP/s, memory bandwidth {profile.memory_bandwidth_gbps:.1f} GB/s.
+machine fingerprint): peak GEMM fp32 {profile["peak_gemm_gflops_fp32"]:.1f} GFLOP/s, int8
+{profile["peak_gemm_gflops_int8"]:.1f} GOP/s, memory bandwidth {profile["memory_bandwidth_gbps"]:.1f} GB/s.
 
 {table}
 
@@ -398,7 +402,7 @@ Roofline of the best variant (`bench/roofline.py`):
         "but absolute milliseconds move with load.",
         *notes,
     ]
-    cores = profile.machine.logical_cores
+    cores = profile["logical_cores"] or saved["machine"]["logical_cores"]
     if loads and max(loads) > cores:
         caveats.insert(
             0,
@@ -410,10 +414,13 @@ Roofline of the best variant (`bench/roofline.py`):
     over = [r["model"] for r in results if r.get("variant_roofline", {}).get("achieved_fraction", 0) > 1]
     over += [r["model"] for r in results if r.get("fp32_roofline", {}).get("achieved_fraction", 0) > 1]
     if over:
+        gemm = "one" if profile["gemm_n"] is None else f"one n={profile['gemm_n']}"
+        add = "an" if profile["bandwidth_mib"] is None else f"a {profile['bandwidth_mib']} MiB"
+        measured = dt.datetime.fromisoformat(profile["measured_at"])
         caveats.append(
             f"A roofline fraction above 100 % ({', '.join(sorted(set(over)))}) means the run beat the profile's "
-            f"measured peak: the fraction is relative to the profile's micro-benchmarks (one n={profile.config.gemm_n} "
-            f"GEMM, a {profile.config.bandwidth_mib} MiB Add; measured {profile.measured_at:%Y-%m-%d %H:%M} UTC), "
+            f"measured peak: the fraction is relative to the profile's micro-benchmarks ({gemm} "
+            f"GEMM, {add} Add; measured {measured:%Y-%m-%d %H:%M} UTC), "
             "which understate the hardware when taken on a loaded machine or when ORT's model kernels (fused, "
             "cache-resident at small sizes) beat the probe. Refresh with `metainfer profile --refresh` on an idle "
             "machine before reading these as absolute."
@@ -498,6 +505,9 @@ def profile_summary(profile: HardwareProfile) -> dict[str, Any]:
         "peak_gemm_gflops_int8": profile.peak_gemm_gflops_int8,
         "memory_bandwidth_gbps": profile.memory_bandwidth_gbps,
         "measured_at": profile.measured_at.isoformat(),
+        "logical_cores": profile.machine.logical_cores,
+        "gemm_n": profile.config.gemm_n,
+        "bandwidth_mib": profile.config.bandwidth_mib,
     }
 
 
@@ -522,7 +532,7 @@ def save(
         "wall_s": time.monotonic() - started,
         "results": results,
     }
-    return benchlib.write_result("adaptation", "Adaptation quality", data, render(results, profile, quick, notes))
+    return benchlib.write_result("adaptation", "Adaptation quality", data)
 
 
 def reroof() -> int:
@@ -561,14 +571,7 @@ def reroof() -> int:
         run_profile=run_profile,
         profile=profile_summary(profile),
     )
-    benchlib.write_result(
-        "adaptation",
-        "Adaptation quality",
-        data,
-        render(results, profile, saved["mode"] == "quick", notes),
-        command=saved["command"],
-        facts=saved["machine"],
-    )
+    benchlib.write_result("adaptation", "Adaptation quality", data, command=saved["command"], facts=saved["machine"])
     print(f"rewrote {path} with the roofline against the profile of {profile.measured_at:%Y-%m-%d %H:%M} UTC")
     return 0
 

@@ -1,9 +1,10 @@
 """What every benchmark shares: the machine it ran on, where results go, BENCHMARKS.md.
 
 Each benchmark writes ``bench/results/<name>.json`` (machine-readable, with the
-machine and the exact command) and ``bench/results/<name>.md`` (its section of
-BENCHMARKS.md). ``write_benchmarks_md`` stitches the sections in a fixed order,
-so a benchmark rerun alone replaces only its own section.
+machine and the exact command); bench/render.py renders its section of
+BENCHMARKS.md from that JSON alone, through the benchmark's typed record
+(bench/records.py). ``write_benchmarks_md`` puts the sections in a fixed
+order, so a benchmark rerun alone replaces only its own section.
 
 The bench scripts import each other as modules of the development package
 ``bench`` (bench/pyproject.toml, installed editable by ``make venv``), so they
@@ -18,7 +19,6 @@ import contextlib
 import datetime as dt
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -108,53 +108,32 @@ def retypeable(command: str) -> str:
     return command.removeprefix("PYTHONPATH=bench ")
 
 
-def build_venv(venv: Path, requirements: Path, env: dict[str, str]) -> str | None:
-    """Replace ``venv`` with a fresh one holding exactly the pinned ``requirements`` (``--no-deps``: the file is a
-    complete lock); a peer that pins its own dependencies gets its own environment this way. Returns None, or why
-    it failed (the failing command and the tail of its output)."""
-    if venv.exists():
-        shutil.rmtree(venv)
-    steps = [
-        [sys.executable, "-m", "venv", str(venv)],  # venv builds on this interpreter's base Python
-        [str(venv / "bin" / "pip"), "install", "--quiet", "--no-deps", "-r", str(requirements)],
-    ]
-    for step in steps:
-        out = subprocess.run(step, capture_output=True, text=True, env=env, cwd="/")
-        if out.returncode != 0:
-            tail = (out.stderr or out.stdout).strip().splitlines()[-5:]
-            return f"`{' '.join(step)}` failed (exit {out.returncode}): {' | '.join(tail)}"
-    return None
-
-
 def write_result(
     name: str,
     title: str,
     data: dict[str, Any],
-    body_md: str,
     command: str | None = None,
     facts: dict[str, Any] | None = None,
 ) -> Path:
-    """Save ``data`` as JSON and the markdown section, then refresh BENCHMARKS.md.
+    """Save ``data`` as bench/results/<name>.json, then render BENCHMARKS.md from the saved results.
 
-    ``facts`` keeps the machine facts (and date) of an earlier run when a section
-    is only rendered again from saved measurements.
+    The JSON is validated against the section's record (bench/records.py) at once, so a result its renderer
+    cannot read fails here, and ``title`` must be the one bench/render.py renders. ``facts`` keeps the machine
+    facts (and date) of an earlier run when a section is only rendered again from saved measurements.
     """
+    from bench import render
+
+    if name not in render.SECTIONS:
+        raise ValueError(f"{name}: no section in bench/render.py renders it")
+    if title != render.SECTIONS[name].title:
+        raise ValueError(f"{name}: title {title!r} is not the one bench/render.py renders")
     RESULTS.mkdir(parents=True, exist_ok=True)
     facts = facts or machine()
     command = command or command_line()
     payload = {"benchmark": name, "command": command, "machine": facts, **data}
     json_path = RESULTS / f"{name}.json"
     json_path.write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    section = "\n\n".join(
-        [
-            f"## {title}",
-            f"Command: `{retypeable(command)}`",
-            machine_line(facts),
-            body_md.strip(),
-            f"Raw results: `{json_path.relative_to(ROOT)}`.",
-        ]
-    )
-    (RESULTS / f"{name}.md").write_text(section + "\n")
+    render.load(name)
     write_benchmarks_md()
     return json_path
 
@@ -175,20 +154,7 @@ def merge_into_saved(name: str, rows: list[dict[str, Any]], key: str) -> tuple[l
 
 
 def write_benchmarks_md() -> None:
-    """BENCHMARKS.md = a fixed preamble + every saved section, in SECTIONS order."""
-    sections = sorted(
-        RESULTS.glob("*.md"), key=lambda p: (SECTIONS.index(p.stem) if p.stem in SECTIONS else 99, p.stem)
-    )
-    preamble = (
-        "# Benchmarks\n\n"
-        "Every number below was produced by the command shown in its section on the machine it names; "
-        "`make bench` reruns all of them quickly, `make bench-<name>` one of them in full. "
-        "Targets are the product's claims; where one is missed, its section says so and why. "
-        "Sections are written by the benchmarks themselves (bench/results/*.md), never edited by hand.\n\n"
-        "Sections measured before commit ab73106 used the earlier example models: since then "
-        "`metainfer examples build` makes digits and bert_mini in integer arithmetic, so that the sha256 the "
-        "example policies pin holds on every machine (same architectures and graph patterns, new weights and data; "
-        "digits is trained in fixed point, 98.05 % top-1 on its 359 held-out images, where the earlier "
-        "sklearn-trained MLP had 98.06 % on 360). Each section names the commit it was measured at.\n"
-    )
-    BENCHMARKS_MD.write_text(preamble + "".join("\n" + p.read_text() for p in sections))
+    """BENCHMARKS.md = a fixed preamble + every saved section, in SECTIONS order (bench/render.py)."""
+    from bench import render
+
+    BENCHMARKS_MD.write_text(render.benchmarks_md())

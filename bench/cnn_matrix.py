@@ -37,7 +37,7 @@ import numpy as np
 from bench import benchlib, peer_table
 from bench.cnn_models import NETS, ConvNet, feed_for
 from bench.export_matrix import run_peers
-from bench.olive_peer import olive_contender
+from bench.olive_search import olive_contender
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import Reference
 from metainfer.core.engine.modelinfo import inspect_model
@@ -257,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
             "cnn_matrix",
             TITLE,
             {"trials": saved["trials"], "rows": saved["rows"]},
-            render(saved["rows"], saved["trials"], EXPLANATIONS),
             command=saved["command"],
             facts=saved["machine"],
         )
@@ -286,8 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     command = None
     if args.only:  # a partial rerun replaces its rows in the saved section and keeps the others
         rows, command = benchlib.merge_into_saved("cnn_matrix", rows, "net")
-    section = render(rows, trials, EXPLANATIONS)
-    benchlib.write_result("cnn_matrix", TITLE, {"trials": trials, "rows": rows}, section, command=command)
+    benchlib.write_result("cnn_matrix", TITLE, {"trials": trials, "rows": rows}, command=command)
     return 0 if measured_all else 1
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -36,9 +35,9 @@ from typing import Any
 import numpy as np
 import onnx
 
-from bench import benchlib, peer_table
-from bench.exports import FLAVOURS, Environment, ExportSet, Flavour, build_exports, ensure_environment
-from bench.olive_peer import olive_contender
+from bench import benchlib, peer_env, peer_table
+from bench.exports import FLAVOURS, ExportSet, Flavour, build_exports
+from bench.olive_search import olive_contender
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import Reference
 from metainfer.core.engine.modelinfo import inspect_model
@@ -49,12 +48,6 @@ from metainfer.core.engine.scoring import Constraints
 
 BENCH = Path(__file__).resolve().parent
 DRIVER = BENCH / "peers_driver.py"
-OPENVINO = Environment(
-    "openvino",
-    Path.home() / ".cache" / "metainfer" / "openvino-venv",
-    BENCH / "requirements-openvino.txt",
-    probe="openvino, nncf, onnxruntime",
-)
 WORK = benchlib.ROOT / "build" / "bench" / "export_matrix"
 BATCH, TRIALS, QUICK_TRIALS, SEED, MAX_DROP = 8, 40, 8, 1, 0.01
 QUICK_FLAVOURS = ("transformers-5.24_torchscript_op14_sdpa", "transformers-4.57_optimum_op17")
@@ -95,11 +88,10 @@ def _naive(base: Path, out: Path) -> float:
 
 def run_peers(request: dict[str, Any], work: Path) -> dict[str, Any]:
     """bench/peers_driver.py on ``request`` in the OpenVINO venv (built on first use); its JSON result."""
-    python = ensure_environment(OPENVINO)
+    python = peer_env.ensure(peer_env.OPENVINO).python
     path = work / "peers.json"
     path.write_text(json.dumps(request))
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PYTHONSAFEPATH"] = "1"
+    env = peer_env.subprocess_env()
     run = subprocess.run([str(python), str(DRIVER), str(path)], capture_output=True, text=True, env=env, cwd="/")
     if run.returncode != 0:
         raise RuntimeError(f"peers driver failed: {' | '.join(run.stderr.strip().splitlines()[-3:])}")
@@ -262,7 +254,6 @@ def main(argv: list[str] | None = None) -> int:
             "export_matrix",
             TITLE,
             {"trials": saved["trials"], "rows": saved["rows"]},
-            render(saved["rows"], saved["trials"], EXPLANATIONS),
             command=saved["command"],
             facts=saved["machine"],
         )
@@ -288,8 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     command = None
     if args.only:  # a partial rerun replaces its rows in the saved section and keeps the others
         rows, command = benchlib.merge_into_saved("export_matrix", rows, "flavour")
-    section = render(rows, trials, EXPLANATIONS)
-    benchlib.write_result("export_matrix", TITLE, {"trials": trials, "rows": rows}, section, command=command)
+    benchlib.write_result("export_matrix", TITLE, {"trials": trials, "rows": rows}, command=command)
     return 0 if measured_all else 1
 
 

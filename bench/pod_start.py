@@ -53,6 +53,26 @@ def time_to_ready(cmd: list[str], port: int, log: Path) -> float:
         proc.wait(30)
 
 
+def render(data: dict[str, Any]) -> str:
+    """The section's text from the saved result alone."""
+    from metainfer.core.engine.recipe import Recipe
+
+    modes, medians, sha256 = data["seconds_to_ready"], data["median_s"], data["variant_sha256"]
+    rows = [
+        [mode, len(values), f"{medians[mode]:.2f}", f"{min(values):.2f}", f"{max(values):.2f}"]
+        for mode, values in modes.items()
+    ]
+    return "\n\n".join([
+        __doc__.split("\n\n", 1)[1].strip(),
+        f"Variant: `{Recipe.model_validate(data['recipe']).describe()}`, {data['variant_bytes'] / 2**20:.1f} MiB (base"
+        f" {data['base_bytes'] / 2**20:.1f} MiB); building it in-process takes {data['build_in_process_s']:.2f} s.",
+        benchlib.markdown_table(["mode", "starts", "median s", "min s", "max s"], rows),
+        f"Loading from the store saves {medians['rebuild'] - medians['store']:.2f} s per pod start"
+        f" ({medians['rebuild'] / medians['store']:.2f}x faster to ready). Both modes end with the same bytes:"
+        f" the rebuild is checked against sha256 `{sha256[:16]}…` (serve refuses to start otherwise).",
+    ])  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5, help="starts per mode (default 5)")
@@ -102,22 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         "seconds_to_ready": modes,
         "median_s": medians,
     }
-    rows = [
-        [mode, len(values), f"{medians[mode]:.2f}", f"{min(values):.2f}", f"{max(values):.2f}"]
-        for mode, values in modes.items()
-    ]
-    body = "\n\n".join([
-        __doc__.split("\n\n", 1)[1].strip(),
-        f"Variant: `{Recipe.model_validate(RECIPE).describe()}`, {len(variant) / 2**20:.1f} MiB (base"
-        f" {len(base) / 2**20:.1f} MiB); building it in-process takes {build_s:.2f} s.",
-        benchlib.markdown_table(["mode", "starts", "median s", "min s", "max s"], rows),
-        f"Loading from the store saves {medians['rebuild'] - medians['store']:.2f} s per pod start"
-        f" ({medians['rebuild'] / medians['store']:.2f}x faster to ready). Both modes end with the same bytes:"
-        f" the rebuild is checked against sha256 `{sha256[:16]}…` (serve refuses to start otherwise).",
-    ])  # fmt: skip
+    body = render(data)
     digest = hashlib.sha256(variant).hexdigest()
     assert digest == sha256
-    benchlib.write_result("pod_start", TITLE, data, body)
+    benchlib.write_result("pod_start", TITLE, data)
     print(body)
     return 0
 

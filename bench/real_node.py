@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.render:
         data = json.loads(args.render.read_text())
-        benchlib.write_result("real_node", TITLE, data, render(data), command="python bench/real_node.py")
+        benchlib.write_result("real_node", TITLE, data, command="python bench/real_node.py")
         return 0
     if os.geteuid() != 0:
         print("needs root (the node changes the host)", file=sys.stderr)
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     raw.write_text(json.dumps(data, indent=2, default=str))  # kept if rendering fails: the run took minutes
     print(f"raw measurements: {raw}", file=sys.stderr)
     body = render(data)
-    benchlib.write_result("real_node", TITLE, data, body)
+    benchlib.write_result("real_node", TITLE, data)
     print(body)
     return 0
 

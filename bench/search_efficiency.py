@@ -291,12 +291,12 @@ def plot(model: str, results: dict[str, sr.AlgorithmResult], target_budget: int,
     plt.close(fig)
 
 
-def _evals_cell(res: sr.AlgorithmResult, level: float) -> str:
-    counts = res.reach[level]
-    med = sr.median_evals(counts)
-    reached = sum(c is not None for c in counts)
-    shown = f">{max(res.fractions)}" if med is None else f"{med:g}"
-    return f"{shown} ({reached}/{len(counts)})"
+def _evals_cell(summary: dict[str, Any], level: float) -> str:
+    """Evaluations to ``level`` of the optimum from a saved ``AlgorithmResult.summary()``."""
+    reach = summary["evals_to"][f"{level:.2f}"]
+    med = reach["median"]
+    shown = f">{max(int(b) for b in summary['median_fraction'])}" if med is None else f"{med:g}"
+    return f"{shown} ({reach['reached']}/{len(reach['per_seed'])})"
 
 
 def verdicts(model: str, results: dict[str, sr.AlgorithmResult], target_budget: int, size: int) -> dict[str, Any]:
@@ -321,41 +321,59 @@ def verdicts(model: str, results: dict[str, sr.AlgorithmResult], target_budget: 
     }
 
 
-def model_section(
-    model: Model | Cached,
-    data: dict[str, Any],
-    reused: bool,
-    results: dict[str, sr.AlgorithmResult],
-    verdict: dict[str, Any],
-    why: list[str],
-    replayed_at: str,
-) -> str:
+def landscape_summary(data: dict[str, Any]) -> dict[str, Any]:
+    """What the section says of a landscape file (``records.LandscapeSummary``), saved with the replay."""
     points = data["points"]
     feasible = [p for p in points if p["score"] is not None]
     best = max(feasible, key=lambda p: p["score"])
-    failed = sum(p["status"] == "failed" for p in points)
-    budgets = sorted(results["hybrid"].fractions)
+    return {
+        "points": len(points),
+        "feasible": len(feasible),
+        "failed": sum(p["status"] == "failed" for p in points),
+        "optimum_score": best["score"],
+        "optimum_recipe": best["recipe"],
+        "optimum_p50_ms": best["p50_ms"],
+        "baseline_p50_ms": data["baseline"]["p50_ms"],
+        "measured_at": data["measured_at"],
+        "wall_s": data["wall_s"],
+        "load_before": data["load_average_before"][0],
+        "load_after": data["load_average_after"][0],
+        "niceness": data.get("niceness"),
+    }
+
+
+def model_section(name: str, entry: dict[str, Any], algorithms: list[str]) -> str:
+    """One model's subsection from its saved entry (``records.SearchModelResult``)."""
+    land, verdict, results = entry["landscape_summary"], entry["verdict"], entry["results"]
+    budgets = sorted(int(b) for b in results["hybrid"]["median_fraction"])
     header = ["algorithm", *(f"@{b}" for b in budgets), "evals to 95%", "evals to 98%"]
+    order = [a for a in algorithms if a in results] + sorted(set(results) - set(algorithms))
     rows = [
-        [name, *(f"{res.median_fraction(b):.3f}" for b in budgets), _evals_cell(res, 0.95), _evals_cell(res, 0.98)]
-        for name, res in results.items()
+        [
+            alg,
+            *(f"{results[alg]['median_fraction'][str(b)]:.3f}" for b in budgets),
+            _evals_cell(results[alg], 0.95),
+            _evals_cell(results[alg], 0.98),
+        ]
+        for alg in order
     ]
-    load = data["load_average_before"][0], data["load_average_after"][0]
+    why = why_lines(name, entry["why_beaten"], verdict)
     lines = [
-        f"### {model.name} (batch {model.batch})",
-        f"Landscape: {len(points)} allowed points of the engine's space, {len(feasible)} feasible, {failed} failed; "
-        f"optimum score {best['score']:.3f} (`{best['recipe']}`, p50 {best['p50_ms']:.3f} ms vs FP32 "
-        f"{data['baseline']['p50_ms']:.3f} ms). Measured {data['measured_at']} in {data['wall_s']:.0f} s "
-        f"(1-min load average {load[0]:.2f} before, {load[1]:.2f} after)"
-        + (f", at niceness {data['niceness']} (timings suspect)" if data.get("niceness") else "")
-        + (", reused from the cache" if reused else "")
-        + f"; algorithms replayed on it {replayed_at}.",
+        f"### {name} (batch {entry['batch']})",
+        f"Landscape: {land['points']} allowed points of the engine's space, {land['feasible']} feasible, "
+        f"{land['failed']} failed; optimum score {land['optimum_score']:.3f} (`{land['optimum_recipe']}`, p50 "
+        f"{land['optimum_p50_ms']:.3f} ms vs FP32 {land['baseline_p50_ms']:.3f} ms). Measured {land['measured_at']} "
+        f"in {land['wall_s']:.0f} s (1-min load average {land['load_before']:.2f} before, {land['load_after']:.2f} "
+        "after)"
+        + (f", at niceness {land['niceness']} (timings suspect)" if land["niceness"] else "")
+        + (", reused from the cache" if entry["reused"] else "")
+        + f"; algorithms replayed on it {entry['replayed_at']}.",
         "Median fraction of the optimum reached at each budget (hybrids: a dedicated run per budget; "
         f"@{verdict['target_budget']} is 10 % of the space); evaluations to 95 % / 98 % of the optimum: "
         "median over seeds (how many seeds got there within 40).",
         benchlib.markdown_table(header, rows),
         *(["\n".join(why)] if why else []),
-        f"![{model.name}](bench/results/{NAME}_{model.name}.png)",
+        f"![{name}](bench/results/{NAME}_{name}.png)",
     ]
     return "\n\n".join(lines)
 
@@ -372,61 +390,91 @@ def _chance_of_a_near_optimal_point(landscape: sr.Landscape, budget: int) -> tup
     return good, 1.0 - miss
 
 
-def _winner_pick(landscape: sr.Landscape, algorithm: str, budget: int, recipes: dict[Key, str]) -> str:
+def _winner_pick(landscape: sr.Landscape, algorithm: str, budget: int, recipes: dict[Key, str]) -> dict[str, Any]:
     """What the winning algorithm found within ``budget`` on seed 0, and at which evaluation."""
     scores = sr.runners(include_tpe=algorithm == "tpe")[algorithm](landscape, 0, budget)
     feasible = [(s, i) for i, s in enumerate(scores, start=1) if s is not None]
     if not feasible:
-        return f"{algorithm} found nothing feasible on seed 0"
+        return {"algorithm": algorithm}
     best, at = max(feasible)
     key = next(k for k, v in landscape.scores.items() if v == best)
     found = recipes.get(key, landscape.space.point(key))
-    return f"{algorithm} (seed 0) found `{found}` ({best / landscape.optimum:.3f} of the optimum) at evaluation {at}"
+    return {"algorithm": algorithm, "found": str(found), "fraction": best / landscape.optimum, "at": at}
 
 
-def why_lines(
-    name: str,
+def why_facts(
     landscape: sr.Landscape,
     verdict: dict[str, Any],
     baseline_p50_ms: float,
     recipes: dict[Key, str] | None = None,
-) -> list[str]:
-    """Why the hybrid was beaten where it was, from the landscape and the hybrid's own schedule.
+) -> dict[str, Any] | None:
+    """Why the hybrid was beaten where it was, from the landscape and the hybrid's own schedule
+    (``records.WhyBeaten``; None when it was not beaten).
 
     ``recipes`` names points in the text (the landscape file's recipe descriptions); otherwise the raw point.
     """
     recipes = recipes or {}
     if verdict["at_least_as_good_met"]:
-        return []
+        return None
     good, _ = _chance_of_a_near_optimal_point(landscape, 1)
     ranked = sorted((s for s in landscape.scores.values() if s is not None), reverse=True)
     top = ranked[: min(5, len(ranked))]
-    spread = top[-1] / top[0]
-    lines = [
-        f"Why the hybrid is beaten on {name}: {good} of {landscape.size} points lie within 5 % of the optimum, "
-        f"and the five best scores span {spread:.3f}-1.000 of it, for a model whose FP32 batch takes "
-        f"{baseline_p50_ms:.3f} ms"
-        + (": the ranking among them is within this machine's timing noise." if spread >= NEAR_OPTIMUM else ".")
-    ]
+    budgets = []
     for budget in sorted({b["budget"] for b in verdict["beaten"]}):
         beaten = [b for b in verdict["beaten"] if b["budget"] == budget]
         best_other = max(beaten, key=lambda b: b["other"])
         hybrid = HybridSearcher(landscape.space, 0, budget=budget, prior=landscape.prior)
-        _, chance = _chance_of_a_near_optimal_point(landscape, budget)
-        pick = _winner_pick(landscape, best_other["by"], budget, recipes)
+        budgets.append(
+            {
+                "budget": budget,
+                "n_initial": hybrid.n_initial,
+                "start": "prior" if landscape.prior is not None else "space-filling",
+                "pick": _winner_pick(landscape, best_other["by"], budget, recipes),
+                "chance": _chance_of_a_near_optimal_point(landscape, budget)[1],
+            }
+        )
+    return {
+        "near_optimal_points": good,
+        "size": landscape.size,
+        "top5_spread": top[-1] / top[0],
+        "baseline_p50_ms": baseline_p50_ms,
+        "budgets": budgets,
+    }
+
+
+def why_lines(name: str, facts: dict[str, Any] | None, verdict: dict[str, Any]) -> list[str]:
+    """The why-text of ``why_facts`` (nothing when the hybrid was not beaten)."""
+    if facts is None:
+        return []
+    spread = facts["top5_spread"]
+    lines = [
+        f"Why the hybrid is beaten on {name}: {facts['near_optimal_points']} of {facts['size']} points lie within 5 % "
+        f"of the optimum, and the five best scores span {spread:.3f}-1.000 of it, for a model whose FP32 batch takes "
+        f"{facts['baseline_p50_ms']:.3f} ms"
+        + (": the ranking among them is within this machine's timing noise." if spread >= NEAR_OPTIMUM else ".")
+    ]
+    for at in facts["budgets"]:
+        budget, pick = at["budget"], at["pick"]
+        beaten = [b for b in verdict["beaten"] if b["budget"] == budget]
         by = ", ".join(f"{b['by']} {b['other']:.3f}" for b in beaten)
         start = (
             "its built-in prior's best point, then one-knob moves from the best point measured so far (untried "
             "knobs the prior is least sure of first)"
-            if landscape.prior is not None
+            if at["start"] == "prior"
             else "its space-filling design (points chosen to cover every level of every dimension, so the surrogate "
             "learns the main effects; not chosen for score)"
         )
+        found = (
+            f"{pick['algorithm']} found nothing feasible on seed 0"
+            if pick["found"] is None
+            else f"{pick['algorithm']} (seed 0) found `{pick['found']}` ({pick['fraction']:.3f} of the optimum) at "
+            f"evaluation {pick['at']}"
+        )
         lines.append(
-            f"- @{budget}: hybrid {beaten[0]['hybrid']:.3f} against {by}. The hybrid's first {hybrid.n_initial} of "
-            f"{budget} evaluations are {start}; its guided phase has {budget - hybrid.n_initial} left. {pick}. "
+            f"- @{budget}: hybrid {beaten[0]['hybrid']:.3f} against {by}. The hybrid's first {at['n_initial']} of "
+            f"{budget} evaluations are {start}; its guided phase has {budget - at['n_initial']} left. {found}. "
             f"{budget} uniformly random distinct points include one within 5 % of the optimum with probability "
-            f"{chance:.2f}."
+            f"{at['chance']:.2f}."
         )
     return lines
 
@@ -447,6 +495,50 @@ def verdict_lines(all_verdicts: list[dict[str, Any]]) -> str:
                 f"- {v['model']}: hybrid at least as good as every other algorithm: MISSED, beaten by {worst}."
             )
     return "\n".join(lines)
+
+
+def in_order(models: dict[str, Any]) -> list[dict[str, Any]]:
+    """The models' verdicts in the section's order: FULL_MODELS' order, then any other model by name."""
+    return [models[name]["verdict"] for name in _model_order(models)]
+
+
+def _model_order(models: dict[str, Any]) -> list[str]:
+    return [m for m in FULL_MODELS if m in models] + sorted(set(models) - set(FULL_MODELS))
+
+
+def render(saved: dict[str, Any]) -> str:
+    """The section's body from the saved result (``records.SearchEfficiencyResult``): bench/render.py calls it."""
+    models = saved["models"]
+    order = _model_order(models)
+    # the timing the landscapes were measured with (their cache key), this module's when no model says
+    measure = models[order[0]]["landscape_key"].get("measure") if order else None
+    measure = measure or LANDSCAPE_MEASURE.model_dump()
+    return "\n\n".join(
+        [
+            "Each model's whole landscape (every allowed point of the engine's search space) is measured and scored "
+            "once by the engine itself, then every algorithm is replayed against those cached scores through "
+            f"ask/tell for {saved['seeds']} seeds. Landscape measurements use shorter timing than a real search "
+            f"({measure['min_runs']}-{measure['max_runs']} runs, at most "
+            f"{measure['max_seconds']:g} s per point), so the optimum can be a point that won by timing noise; "
+            "scores within a few per cent of each other are not distinguishable on this machine. TPE is Optuna's "
+            "TPESampler over categorical choice indices; forbidden and repeated proposals are told back without "
+            "costing an evaluation (see `bench/search_replay.py`). `hybrid` is the default search as the engine runs "
+            "it without history: its start follows the engine's built-in prior (the knobs' known-good defaults, int8 "
+            "where the profile's int8/fp32 GEMM peaks say it pays, threads at the physical cores; then one untried "
+            "knob at a time from the best point so far, see `core/engine/search/prior.py`); `hybrid (space-filling "
+            "start)` is the same search with the space-filling start it had before; `hybrid (no surrogate)` takes "
+            "the prior's start but not the surrogate filter. Landscapes are replayed from their files alone "
+            "(`search_replay.from_document`: the dimensions the engine declared when they were measured, and the "
+            "model and hardware features the surrogate and prior read), so they replay exactly as measured on the "
+            "machine they name.",
+            *saved["notes"],
+            "Targets: hybrid reaches >= 98 % of the exhaustive optimum with <= 10 % of the evaluations, and is at "
+            "least as good as every other algorithm at every budget (median over seeds).",
+            verdict_lines(in_order(models)),
+            *([f"Note: {saved['why']}"] if saved["why"] else []),
+            *(model_section(name, models[name], saved["algorithms"]) for name in order),
+        ]
+    )
 
 
 def load_saved() -> dict[str, Any]:
@@ -531,8 +623,8 @@ def main(argv: list[str] | None = None) -> int:
                 "on the same landscapes and seeds (not replayable here; its code is unchanged)."
             )
     if args.render_only:
-        seeds, algorithms, notes = range(saved["seeds"]), saved["algorithms"], []
-    sections, payload, all_verdicts = [], {}, []
+        seeds, algorithms, notes = range(saved["seeds"]), saved["algorithms"], saved.get("notes", [])
+    payload: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="search_eff_") as tmp:
         loaded: dict[str, tuple[Model | Cached, dict[str, Any], bool]] = {}
         for name, batch in models.items():
@@ -571,14 +663,14 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 print(f"{name}: reusing the replay of {replayed_at}", flush=True)
             verdict = verdicts(name, results, target_budget, landscape.size)
-            all_verdicts.append(verdict)
             recipes = {tuple(p["key"]): p["recipe"] for p in data["points"]}
-            why = why_lines(name, landscape, verdict, data["baseline"]["p50_ms"], recipes)
-            sections.append(model_section(model, data, reused, results, verdict, why, replayed_at))
             payload[name] = {
                 "batch": model.batch,
                 "landscape": str(landscape_path(name).relative_to(benchlib.ROOT)),
                 "landscape_key": model.cache_key,
+                "landscape_summary": landscape_summary(data),
+                "reused": reused,
+                "why_beaten": why_facts(landscape, verdict, data["baseline"]["p50_ms"], recipes),
                 "allowed_points": landscape.size,
                 "optimum": landscape.optimum,
                 "results": {alg: res.summary() for alg, res in results.items()},
@@ -586,41 +678,22 @@ def main(argv: list[str] | None = None) -> int:
                 "plot": f"bench/results/{NAME}_{name}.png",
                 "replayed_at": replayed_at,
             }
-    body = "\n\n".join(
-        [
-            "Each model's whole landscape (every allowed point of the engine's search space) is measured and scored "
-            "once by the engine itself, then every algorithm is replayed against those cached scores through "
-            f"ask/tell for {len(seeds)} seeds. Landscape measurements use shorter timing than a real search "
-            f"({LANDSCAPE_MEASURE.min_runs}-{LANDSCAPE_MEASURE.max_runs} runs, at most "
-            f"{LANDSCAPE_MEASURE.max_seconds:g} s per point), so the optimum can be a point that won by timing noise; "
-            "scores within a few per cent of each other are not distinguishable on this machine. TPE is Optuna's "
-            "TPESampler over categorical choice indices; forbidden and repeated proposals are told back without "
-            "costing an evaluation (see `bench/search_replay.py`). `hybrid` is the default search as the engine runs "
-            "it without history: its start follows the engine's built-in prior (the knobs' known-good defaults, int8 "
-            "where the profile's int8/fp32 GEMM peaks say it pays, threads at the physical cores; then one untried "
-            "knob at a time from the best point so far, see `core/engine/search/prior.py`); `hybrid (space-filling "
-            "start)` is the same search with the space-filling start it had before; `hybrid (no surrogate)` takes "
-            "the prior's start but not the surrogate filter. Landscapes are replayed from their files alone "
-            "(`search_replay.from_document`: the dimensions the engine declared when they were measured, and the "
-            "model and hardware features the surrogate and prior read), so they replay exactly as measured on the "
-            "machine they name.",
-            *notes,
-            "Targets: hybrid reaches >= 98 % of the exhaustive optimum with <= 10 % of the evaluations, and is at "
-            "least as good as every other algorithm at every budget (median over seeds).",
-            verdict_lines(all_verdicts),
-            *([f"Note: {args.why}"] if args.why else []),
-            *sections,
-        ]
-    )
+    result = {
+        "seeds": len(seeds),
+        "budgets": list(BUDGETS),
+        "algorithms": algorithms,
+        "models": payload,
+        "notes": notes,
+        "why": args.why,
+    }
     benchlib.write_result(
         NAME,
         "Search efficiency",
-        {"seeds": len(seeds), "budgets": list(BUDGETS), "algorithms": algorithms, "models": payload, "why": args.why},
-        body,
+        result,
         command=saved.get("command") if args.render_only else None,
         facts=saved.get("machine") if args.render_only else None,
     )
-    print(verdict_lines(all_verdicts))
+    print(verdict_lines(in_order(payload)))
     return 0
 
 

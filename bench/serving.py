@@ -38,8 +38,9 @@ uploads are held open. Target: liveness under 100 ms throughout.
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py --quick    # 5 s per case: about 4 minutes
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py --matrix --seconds 2 --servers in-process kserve
 
-A run of everything with the default selection writes bench/results/serving.{json,md} and its BENCHMARKS.md
-section; any narrower run (or ``--results-dir``) writes to a directory of its own and leaves those alone.
+A run of everything with the default selection writes bench/results/serving.json and renders its BENCHMARKS.md
+section from it; any narrower run (or ``--results-dir``) writes serving.json and the section it renders to
+(serving.md) to a directory of its own and leaves those alone.
 """
 
 from __future__ import annotations
@@ -55,12 +56,13 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench import benchlib
+from bench import benchlib, peer_env
 
 TITLE = "Serving: side by side with ONNX Runtime and kserve, dynamic batching, liveness"
 CLIENTS = 32
@@ -70,9 +72,8 @@ MODEL_NAME = "bert"
 OUTPUT = "last_hidden_state"
 
 BENCH = Path(__file__).resolve().parent
-KSERVE_REQUIREMENTS = BENCH / "requirements-kserve.txt"
 KSERVE_SERVER = BENCH / "kserve_peer_server.py"
-DEFAULT_KSERVE_VENV = Path.home() / ".cache" / "metainfer" / "kserve-venv"
+DEFAULT_KSERVE_VENV = peer_env.KSERVE.venv
 
 PARTS = ("ratio", "matrix", "probes")
 SERVERS = ("in-process", "metainfer", "kserve")
@@ -142,38 +143,27 @@ class KServeUnavailable(RuntimeError):
 
 
 def _kserve_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env["PYTHONSAFEPATH"] = "1"
-    return env
+    return peer_env.subprocess_env()
 
 
 def kserve_version(venv: Path) -> str | None:
     """kserve's version if the venv imports kserve and onnxruntime, else None."""
-    python = venv / "bin" / "python"
-    if not python.exists():
-        return None
     probe = "import importlib.metadata as m, kserve, onnxruntime; print(m.version('kserve'))"
-    out = subprocess.run([str(python), "-c", probe], capture_output=True, text=True, env=_kserve_env(), cwd="/")
-    return out.stdout.strip() if out.returncode == 0 else None
+    return peer_env.probe_output(venv / "bin" / "python", probe)
 
 
-def ensure_kserve(venv: Path, requirements: Path = KSERVE_REQUIREMENTS) -> dict[str, Any]:
-    """Reuse or build kserve's venv from the pinned requirements (as bench/olive_peer.py builds Olive's)."""
-    version = kserve_version(venv)
-    if version:
-        return {"venv": str(venv), "kserve": version, "installed_now": False}
-    print(f"[serving] building kserve's environment in {venv} from {requirements.name} ...", flush=True)
-    started = time.monotonic()
-    failure = benchlib.build_venv(venv, requirements, _kserve_env())
-    if failure is not None:
-        raise KServeUnavailable(failure)
+def ensure_kserve(venv: Path) -> dict[str, Any]:
+    """Reuse or build kserve's venv from its lock (bench/peer_env.py), and say which kserve it holds."""
+    try:
+        ready = peer_env.ensure(replace(peer_env.KSERVE, venv=venv))
+    except peer_env.PeerEnvUnavailable as exc:
+        raise KServeUnavailable(str(exc)) from exc
     version = kserve_version(venv)
     if not version:
-        probe = subprocess.run([str(venv / "bin" / "python"), "-c", "import kserve, onnxruntime"],
-                               capture_output=True, text=True, env=_kserve_env(), cwd="/")  # fmt: skip
-        raise KServeUnavailable(f"kserve installed but does not import: {' | '.join(probe.stderr.splitlines()[-3:])}")
-    return {"venv": str(venv), "kserve": version, "installed_now": True,
-            "install_s": round(time.monotonic() - started, 1)}  # fmt: skip
+        raise KServeUnavailable(f"kserve in {venv} does not report its version")
+    if not ready.built_now:
+        return {"venv": str(venv), "kserve": version, "installed_now": False}
+    return {"venv": str(venv), "kserve": version, "installed_now": True, "install_s": ready.install_s}
 
 
 def start_kserve(venv: Path, variant: Path, session_options: dict[str, Any], port: int, log: Path) -> Any:
@@ -347,6 +337,13 @@ def agreement(port: int, data: dict[str, np.ndarray], reference: np.ndarray, pro
 # ---------------------------------------------------------------- liveness under attack
 
 PROBE_TARGET_MS = 100.0
+# What the server is doing while probed, in the order attacks() runs (and the section lists) them.
+SATURATED, GZIP_BOMBS, IDLE_AND_STALLED = (
+    "saturated (32 clients)",
+    "3 gzip bombs (200 MiB inflated each)",
+    "500 idle + 20 stalled uploads",
+)
+PROBE_ORDER = (SATURATED, GZIP_BOMBS, IDLE_AND_STALLED)
 
 
 class Probe:
@@ -389,7 +386,7 @@ def attacks(port: int, data: dict[str, np.ndarray], seconds: float) -> dict[str,
     out: dict[str, dict[str, float]] = {}
     probe = Probe(port)
     drive(port, data, CLIENTS, 1, seconds)
-    out["saturated (32 clients)"] = probe.stop()
+    out[SATURATED] = probe.stop()
 
     bomb = gzip.compress(b" " * (200 << 20), compresslevel=9)
     head = (f"POST /v2/models/{MODEL_NAME}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
@@ -403,7 +400,7 @@ def attacks(port: int, data: dict[str, np.ndarray], seconds: float) -> dict[str,
         conn.recv(4096)  # the 413
         conn.close()
     time.sleep(1)
-    out["3 gzip bombs (200 MiB inflated each)"] = probe.stop()
+    out[GZIP_BOMBS] = probe.stop()
 
     probe = Probe(port)
     idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(500)]
@@ -414,7 +411,7 @@ def attacks(port: int, data: dict[str, np.ndarray], seconds: float) -> dict[str,
                      .encode())  # fmt: skip
         stalled.append(conn)
     time.sleep(seconds)
-    out["500 idle + 20 stalled uploads"] = probe.stop()
+    out[IDLE_AND_STALLED] = probe.stop()
     for conn in [*idle, *stalled]:
         conn.close()
     return out
@@ -513,15 +510,19 @@ def run_matrix(args: argparse.Namespace, ex: Example, work: Path) -> dict[str, A
     return out
 
 
+# (name, serve's extra arguments, clients, batch per request), in the order the section lists them.
+RATIO_CASES: tuple[tuple[str, tuple[str, ...], int, int], ...] = (
+    ("batch32-1client", (), 1, BATCH),
+    ("batch1-32clients", (), CLIENTS, 1),
+    ("batch1-32clients-unbatched", ("--batch-size", "1"), CLIENTS, 1),
+)
+
+
 def run_ratio(args: argparse.Namespace, ex: Example, work: Path) -> dict[str, Any]:
     from hack.controlplane.processes import free_port
 
     cases: dict[str, dict[str, Any]] = {}
-    for name, extra, clients, batch in [
-        ("batch32-1client", (), 1, BATCH),
-        ("batch1-32clients", (), CLIENTS, 1),
-        ("batch1-32clients-unbatched", ("--batch-size", "1"), CLIENTS, 1),
-    ]:
+    for name, extra, clients, batch in RATIO_CASES:
         port = free_port()
         proc = start_server(ex.model_path, ex.sha256, port, work / f"{name}.log", *extra)
         try:
@@ -555,8 +556,31 @@ def _num(value: float | None, digits: int = 1) -> str:
     return "-" if value is None else f"{value:.{digits}f}"
 
 
-def _loads(values: tuple[float, float, float]) -> str:
+def _loads(values: list[float]) -> str:
     return " / ".join(f"{v:.2f}" for v in values)
+
+
+def _ordered(items: dict[str, Any], order: list[str] | tuple[str, ...]) -> list[tuple[str, Any]]:
+    """A saved dict's items in the order the run made them (the JSON sorts its keys), unknown keys last."""
+    rank = {name: i for i, name in enumerate(order)}
+    return sorted(items.items(), key=lambda kv: (rank.get(kv[0], len(rank)), kv[0]))
+
+
+def render(saved: dict[str, Any]) -> str:
+    """The section's body from the saved result (``records.ServingResult``): bench/render.py calls it."""
+    bodies = []
+    if saved.get("matrix"):
+        bodies.append(render_matrix(saved["matrix"], saved["machine"], saved["seconds"], saved["warmup_s"]))
+    if saved.get("cases"):
+        bodies.append(render_ratio(saved))
+    if saved.get("probes"):
+        bodies.append(render_probes(saved["probes"]))
+    bodies.append(
+        f"Load average (1, 5, 15 min) at the start {_loads(saved['load_start'])}, at the end"
+        f" {_loads(saved['load_end'])} on {saved['machine'].get('logical_cores', '?')} cores: other processes ran"
+        " beside the benchmark when these are high."
+    )
+    return "\n\n".join(bodies)
 
 
 def render_matrix(matrix: dict[str, Any], facts: dict[str, Any], seconds: float, warmup: float) -> str:
@@ -621,7 +645,7 @@ def render_matrix(matrix: dict[str, Any], facts: dict[str, Any], seconds: float,
         worst = max(agree.values())
         lines.append(
             "Answers agree with in-process ONNX Runtime (batch 8, largest absolute difference: "
-            + ", ".join(f"{k} {v:.2g}" for k, v in agree.items())
+            + ", ".join(f"{k} {v:.2g}" for k, v in _ordered(agree, [f"{s}/{p}" for s in SERVERS for p in PROTOCOLS]))
             + f"){'.' if worst == 0 else ' - not bit-identical.'}"
         )
     served = matrix.get("metainfer_variant_sha256")
@@ -647,7 +671,7 @@ def render_ratio(ratio: dict[str, Any]) -> str:
     rows = "\n".join(
         f"| {name} | {c['clients']} | {c['batch']} | {c['items_per_s']:.1f} | {_num(c['p50_ms'])} | {_num(c['p99_ms'])}"
         f" | {c['mean_run_rows']:.1f} | {c['client_cpu_cores']:.2f} | {c['error_count']} |"
-        for name, c in cases.items()
+        for name, c in _ordered(cases, [case[0] for case in RATIO_CASES])
     )
     r, before = ratio["ratio"], ratio["ratio_unbatched"]
     verdict = "met" if r >= TARGET_RATIO else "missed"
@@ -671,7 +695,7 @@ def render_probes(probes: dict[str, dict[str, float]]) -> str:
     worst = max(p["max_ms"] for p in probes.values())
     probe_rows = "\n".join(
         f"| {name} | {p['probes']} | {p['p50_ms']:.1f} | {p['p99_ms']:.1f} | {p['max_ms']:.1f} |"
-        for name, p in probes.items()
+        for name, p in _ordered(probes, PROBE_ORDER)
     )
     return (
         "Liveness (`GET /v2/health/live`, a new connection every 20 ms) while the server is saturated or attacked:\n\n"
@@ -682,16 +706,22 @@ def render_probes(probes: dict[str, dict[str, float]]) -> str:
     )
 
 
-def write_elsewhere(directory: Path, data: dict[str, Any], body: str, facts: dict[str, Any]) -> None:
-    """serving.json and serving.md as benchlib.write_result writes them, in ``directory``, BENCHMARKS.md untouched."""
+def write_elsewhere(directory: Path, payload: dict[str, Any]) -> None:
+    """serving.json, and its section as bench/render.py renders it, in ``directory``; BENCHMARKS.md untouched."""
     directory.mkdir(parents=True, exist_ok=True)
-    command = benchlib.command_line()
-    payload = {"benchmark": "serving", "command": command, "machine": facts, **data}
     (directory / "serving.json").write_text(json.dumps(payload, indent=2, sort_keys=True, default=str) + "\n")
-    section = "\n\n".join([f"## {TITLE}", f"Command: `{benchlib.retypeable(command)}`", benchlib.machine_line(facts),
-                           body.strip(), f"Raw results: `{directory / 'serving.json'}`."])  # fmt: skip
+    section = "\n\n".join([f"## {TITLE}", f"Command: `{benchlib.retypeable(payload['command'])}`",
+                           benchlib.machine_line(payload["machine"]), body(payload),
+                           f"Raw results: `{directory / 'serving.json'}`."])  # fmt: skip
     (directory / "serving.md").write_text(section + "\n")
     print(f"[serving] results in {directory}/serving.{{json,md}} (BENCHMARKS.md untouched)", flush=True)
+
+
+def body(payload: dict[str, Any]) -> str:
+    """The section's body of a result about to be saved, validated as bench/render.py will read it."""
+    from bench.records import ServingResult
+
+    return render(ServingResult.model_validate(payload).model_dump())
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -743,28 +773,19 @@ def main(argv: list[str] | None = None) -> int:
     facts = benchlib.machine()
     data: dict[str, Any] = {"seconds": args.seconds, "warmup_s": args.warmup, "parts": args.only,
                             "load_start": os.getloadavg()}  # fmt: skip
-    bodies = []
     if "matrix" in args.only:
         data["matrix"] = run_matrix(args, ex, work)
-        bodies.append(render_matrix(data["matrix"], facts, args.seconds, args.warmup))
     if "ratio" in args.only:
-        ratio = run_ratio(args, ex, work)
-        data.update(ratio)
-        bodies.append(render_ratio(ratio))
+        data.update(run_ratio(args, ex, work))
     if "probes" in args.only:
         data["probes"] = run_probes(args, ex, work)
-        bodies.append(render_probes(data["probes"]))
     data["load_end"] = os.getloadavg()
-    bodies.append(
-        f"Load average (1, 5, 15 min) at the start {_loads(data['load_start'])}, at the end {_loads(data['load_end'])}"
-        f" on {facts.get('logical_cores', '?')} cores: other processes ran beside the benchmark when these are high."
-    )
-    body = "\n\n".join(bodies)
+    payload = {"benchmark": "serving", "command": benchlib.command_line(), "machine": facts, **data}
     if results_dir is None:
-        benchlib.write_result("serving", TITLE, data, body, facts=facts)
+        benchlib.write_result("serving", TITLE, data, facts=facts)
     else:
-        write_elsewhere(results_dir, data, body, facts)
-    print(body, flush=True)
+        write_elsewhere(results_dir, payload)
+    print(body(payload), flush=True)
     failed = [c for c in data.get("matrix", {}).get("cells", []) if c["error_count"] or not c["requests"]]
     failed += [c for c in data.get("cases", {}).values() if c["error_count"] or not c["requests"]]
     return 1 if failed or data.get("matrix", {}).get("kserve_unavailable") else 0

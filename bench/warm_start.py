@@ -257,8 +257,8 @@ def _evals(res: sr.AlgorithmResult) -> float | None:
     return sr.median_evals(res.reach[LEVEL])
 
 
-def _cell(value: float | None) -> str:
-    return f">{TOP_BUDGET}" if value is None else f"{value:g}"
+def _cell(value: float | None, top: int = TOP_BUDGET) -> str:
+    return f">{top}" if value is None else f"{value:g}"
 
 
 def landscape_facts(name: str) -> dict[str, Any]:
@@ -349,37 +349,63 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     results = replay_all(seeds, args.jobs)
     wall = time.perf_counter() - started
-    payload, rows, verdicts = [], [], []
+    payload = []
     from metainfer.core.engine.history import similarity
 
     for i, sc in enumerate(scenarios):
         res = {start: results[(i, start)] for start in STARTS}
         tgt, src = _LANDSCAPES[sc.target], _LANDSCAPES[sc.source]
         assert tgt.features is not None and src.features is not None
-        sim = similarity(tgt.features, src.features)
-        v = verdict(sc, res)
-        verdicts.append((sc, v))
+        first = float(np.median(res["warm"].curves[:, 0])) if res["warm"].curves.size else float("nan")
         payload.append(
             {
                 "target": sc.target,
                 "source": sc.source,
                 "what": sc.what,
                 "useless": sc.useless,
-                "similarity": sim.model_dump(),
+                "similarity": similarity(tgt.features, src.features).model_dump(),
                 "landscapes_differ": differ(sc.target, sc.source),
                 "results": {start: r.summary() for start, r in res.items()},
-                "verdict": v,
+                "verdict": verdict(sc, res),
+                "warm_first_evaluation_fraction": first,
             }
         )
-        order = ("space-filling", "cold", "warm")
-        first = float(np.median(res["warm"].curves[:, 0])) if res["warm"].curves.size else float("nan")
-        payload[-1]["warm_first_evaluation_fraction"] = first
-        cells = [f"{sc.target} <- {sc.source}", sc.what, f"{sim.total:.2f}"]
-        cells.append(" / ".join(_cell(_evals(res[s])) for s in order))
-        for b in BUDGETS:
-            cells.append(" / ".join(f"{res[s].median_fraction(b):.3f}" for s in order))
-        cells.append("n/a (unrelated: cold start)" if sc.useless else f"{first:.3f}")
-        if sc.useless:
+    data = {
+        "seeds": len(seeds),
+        "budgets": list(BUDGETS),
+        "top_budget": TOP_BUDGET,
+        "source_budget": SOURCE_BUDGET,
+        "level": LEVEL,
+        "classes": {n: landscape_facts(n) for n in sorted(names)},
+        "scenarios": payload,
+        "why": args.why,
+        "replay_wall_s": wall,
+        "jobs": args.jobs,
+    }
+    benchlib.write_result(NAME, "Warm start across hardware classes", data)
+    for row in result_rows(data):
+        print(" | ".join(str(c) for c in row))
+    return 0
+
+
+def _median_evals(p: dict[str, Any], start: str, level: float) -> float | None:
+    median: float | None = p["results"][start]["evals_to"][f"{level:.2f}"]["median"]
+    return median
+
+
+def result_rows(saved: dict[str, Any]) -> list[list[Any]]:
+    """The results table's rows: one per scenario."""
+    level, top = saved["level"], saved["top_budget"]
+    order = ("space-filling", "cold", "warm")
+    rows = []
+    for p in saved["scenarios"]:
+        v, res = p["verdict"], p["results"]
+        cells = [f"{p['target']} <- {p['source']}", p["what"], f"{p['similarity']['total']:.2f}"]
+        cells.append(" / ".join(_cell(_median_evals(p, s, level), top) for s in order))
+        for b in saved["budgets"]:
+            cells.append(" / ".join(f"{res[s]['median_fraction'][str(b)]:.3f}" for s in order))
+        cells.append("n/a (unrelated: cold start)" if p["useless"] else f"{p['warm_first_evaluation_fraction']:.3f}")
+        if p["useless"]:
             cells.append("no harm: " + ("met" if v["met"] else "MISSED"))
         else:
             cells.append(
@@ -393,50 +419,53 @@ def main(argv: list[str] | None = None) -> int:
                 )
             )
         rows.append(cells)
+    return rows
+
+
+def render(saved: dict[str, Any]) -> str:
+    """The section's body from the saved result (``records.WarmStartResult``): bench/render.py calls it."""
+    level, top = saved["level"], saved["top_budget"]
     header = [
         "target <- source",
         "what changed",
         "similarity",
         "evals to 98 %: space-filling / cold / warm",
-        *(f"@{b}: space-filling / cold / warm" for b in BUDGETS),
+        *(f"@{b}: space-filling / cold / warm" for b in saved["budgets"]),
         "warm's 1st evaluation",
         "targets (warm)",
     ]
-    classes = sorted(names)
-    class_rows = []
-    for n in classes:
-        f = landscape_facts(n)
-        class_rows.append(
-            [
-                n,
-                f["what"],
-                f["fingerprint"],
-                f["allowed_points"],
-                f"{f['optimum']:.3f}",
-                f"`{f['optimum_recipe']}` ({f['optimum_p50_ms']:.3f} ms vs FP32 {f['baseline_p50_ms']:.3f} ms)",
-            ]
-        )
+    class_rows = [
+        [
+            n,
+            f["what"],
+            f["fingerprint"],
+            f["allowed_points"],
+            f"{f['optimum']:.3f}",
+            f"`{f['optimum_recipe']}` ({f['optimum_p50_ms']:.3f} ms vs FP32 {f['baseline_p50_ms']:.3f} ms)",
+        ]
+        for n, f in sorted(saved["classes"].items())
+    ]
     differ_rows = []
-    for sc in scenarios:
-        d = differ(sc.target, sc.source)
+    for p in saved["scenarios"]:
+        d = p["landscapes_differ"]
         rho = "n/a" if d["rank_correlation"] is None else f"{d['rank_correlation']:.2f}"
         frac = (
             "not in the target's space"
             if d["source_optimum_in_target"] is None
             else f"{d['source_optimum_in_target']:.3f}"
         )
-        differ_rows.append([f"{sc.target} <- {sc.source}", d["shared_points"], rho, frac])
-    body = "\n\n".join(
+        differ_rows.append([f"{p['target']} <- {p['source']}", d["shared_points"], rho, frac])
+    return "\n\n".join(
         [
             "Each class's whole landscape is measured once by the engine's own code and cached; the search is then "
-            f"replayed against it for {len(seeds)} seeds. A source's history is what one default cold run of "
-            f"{SOURCE_BUDGET} trials measured on the source class (same seed), carried as a `TrialHistory` source "
-            "with the source's model and hardware features; the warm run is the hybrid with "
+            f"replayed against it for {saved['seeds']} seeds. A source's history is what one default cold run of "
+            f"{saved['source_budget']} trials measured on the source class (same seed), carried as a `TrialHistory` "
+            "source with the source's model and hardware features; the warm run is the hybrid with "
             "`history.warm_start`'s prior (the most similar related source's winner re-measured first, a surrogate "
             "centred on what the history measured, known failures skipped). Cold = the hybrid's default start "
             "without history (its built-in prior); space-filling = the start the hybrid had before this change. "
-            f"Evaluations to reach {LEVEL:.0%} of the target's exhaustive optimum: median over seeds (a seed that "
-            f"never got there within {TOP_BUDGET} counts as slowest). Fractions of the optimum: median over seeds, a "
+            f"Evaluations to reach {level:.0%} of the target's exhaustive optimum: median over seeds (a seed that "
+            f"never got there within {top} counts as slowest). Fractions of the optimum: median over seeds, a "
             "dedicated run per budget.",
             "Targets: with a related history, warm reaches 98 % in <= 5 evaluations (median) and at most half of "
             "what a cold start needs; the issue measured against the space-filling start the hybrid had, and the "
@@ -454,68 +483,52 @@ def main(argv: list[str] | None = None) -> int:
                 ["target <- source", "shared points", "rank correlation", "source optimum on target"], differ_rows
             ),
             "Results:",
-            benchlib.markdown_table(header, rows),
-            *why_lines(verdicts, payload),
-            *([f"Note: {args.why}"] if args.why else []),
-            f"Replay wall time {wall:.0f} s ({args.jobs} process(es)).",
+            benchlib.markdown_table(header, result_rows(saved)),
+            *why_lines(saved),
+            *([f"Note: {saved['why']}"] if saved["why"] else []),
+            f"Replay wall time {saved['replay_wall_s']:.0f} s ({saved['jobs']} process(es)).",
         ]
     )
-    benchlib.write_result(
-        NAME,
-        "Warm start across hardware classes",
-        {
-            "seeds": len(seeds),
-            "budgets": list(BUDGETS),
-            "top_budget": TOP_BUDGET,
-            "source_budget": SOURCE_BUDGET,
-            "level": LEVEL,
-            "classes": {n: landscape_facts(n) for n in classes},
-            "scenarios": payload,
-            "why": args.why,
-        },
-        body,
-    )
-    for row in rows:
-        print(" | ".join(str(c) for c in row))
-    return 0
 
 
-def why_lines(verdicts: list[tuple[Scenario, dict[str, Any]]], payload: list[dict[str, Any]]) -> list[str]:
+def why_lines(saved: dict[str, Any]) -> list[str]:
     """For each missed target, what the data says."""
+    level, top = saved["level"], saved["top_budget"]
     out = []
-    for (sc, v), p in zip(verdicts, payload, strict=True):
-        if v["met"] and (sc.useless or v["half_of_cold"]):
+    for p in saved["scenarios"]:
+        v = p["verdict"]
+        if v["met"] and (p["useless"] or v["half_of_cold"]):
             continue
-        r = p["results"]
-        warm, cold = r["warm"]["evals_to"][f"{LEVEL:.2f}"]["median"], r["cold"]["evals_to"][f"{LEVEL:.2f}"]["median"]
+        warm, cold = _median_evals(p, "warm", level), _median_evals(p, "cold", level)
         d = p["landscapes_differ"]
-        if sc.useless:
+        if p["useless"]:
             out.append(
-                f"- {sc.target} <- {sc.source}: the unrelated history cost the warm start "
+                f"- {p['target']} <- {p['source']}: the unrelated history cost the warm start "
                 f"{', '.join(f'@{b}' for b in v['worse_at']) or 'evaluations to 98 %'} (similarity "
                 f"{p['similarity']['total']:.2f})."
             )
             continue
         reasons = []
         if not v["within_5"]:
-            reasons.append(f"warm needs {_cell(warm)} evaluations")
+            reasons.append(f"warm needs {_cell(warm, top)} evaluations")
         first = p["warm_first_evaluation_fraction"]
         if not v["half_of_cold"] and cold is not None and cold <= 3:
             reasons.append(
-                f"the cold start already needs only {_cell(cold)} (the built-in prior's first points are at or near "
-                "the optimum here), while the warm start spends its first evaluation re-measuring the source's winner"
+                f"the cold start already needs only {_cell(cold, top)} (the built-in prior's first points are at or "
+                "near the optimum here), while the warm start spends its first evaluation re-measuring the source's "
+                "winner"
             )
         if not v["half_of_cold"] or not v["within_5"]:
             reasons.append(
                 f"the source's winner scores {first:.3f} of the optimum here (median over seeds)"
-                + (": the two classes' best recipes differ" if first < LEVEL else "")
+                + (": the two classes' best recipes differ" if first < level else "")
             )
         if not v["half_of_space_filling"]:
             reasons.append("warm is not at most half of the space-filling start")
         so = d["source_optimum_in_target"]
         rho = "n/a" if d["rank_correlation"] is None else f"{d['rank_correlation']:.2f}"
         out.append(
-            f"- {sc.target} <- {sc.source}: {'; '.join(reasons)}. The source's exhaustive optimum scores "
+            f"- {p['target']} <- {p['source']}: {'; '.join(reasons)}. The source's exhaustive optimum scores "
             + ("nothing comparable (not in this space)" if so is None else f"{so:.3f} of this class's optimum")
             + f"; rank correlation over the shared points {rho}."
         )

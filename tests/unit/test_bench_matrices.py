@@ -55,7 +55,7 @@ def test_olive_contender_turns_olive_output_into_a_peer(tmp_path: Path, monkeypa
     import onnx
     from onnx import TensorProto, helper
 
-    from bench import olive_peer
+    from bench import olive_output, olive_search
 
     graph = helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])],
@@ -69,16 +69,16 @@ def test_olive_contender_turns_olive_output_into_a_peer(tmp_path: Path, monkeypa
     np.savez(data, x=np.random.default_rng(0).standard_normal((8, 4)).astype(np.float32))
     seen: dict[str, object] = {}
 
-    def fake_run(venv: Path, config: dict[str, object], work: Path, timeout_s: float) -> olive_peer.SearchOutcome:
+    def fake_run(venv: Path, config: dict[str, object], work: Path, timeout_s: float) -> olive_output.SearchOutcome:
         seen["config"] = config
         settings = {"intra_op_num_threads": 2, "graph_optimization_level": 2, "execution_mode": 1}
         detail = {"quantization": {"quant_mode": "static", "per_channel": True, "precision": "int8"}}
         detail["olive_candidates_evaluated"] = 7
-        return olive_peer.SearchOutcome("olive", 12.5, model, settings, detail)
+        return olive_output.SearchOutcome("olive", 12.5, model, settings, detail)
 
-    monkeypatch.setattr(olive_peer, "ensure_olive", lambda venv, requirements: {"olive": "test"})
-    monkeypatch.setattr(olive_peer, "run_olive", fake_run)
-    contender, row = olive_peer.olive_contender("relu", model, data, 4, 8, tmp_path / "work", 60.0)
+    monkeypatch.setattr(olive_search, "ensure_olive", lambda venv: {"olive": "test"})
+    monkeypatch.setattr(olive_search, "run_olive", fake_run)
+    contender, row = olive_search.olive_contender("relu", model, data, 4, 8, tmp_path / "work", 60.0)
     assert contender == {
         "name": "olive",
         "kind": "ort",
@@ -98,11 +98,11 @@ def test_olive_contender_turns_olive_output_into_a_peer(tmp_path: Path, monkeypa
 
 
 def test_olive_failing_is_reported_not_raised(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    from bench import olive_peer
+    from bench import olive_search
 
-    def unavailable(venv: Path, requirements: Path) -> dict[str, object]:
-        raise olive_peer.OliveUnavailable("no wheel for torch")
+    def unavailable(venv: Path) -> dict[str, object]:
+        raise olive_search.OliveUnavailable("no wheel for torch")
 
-    monkeypatch.setattr(olive_peer, "ensure_olive", unavailable)
-    contender, row = olive_peer.olive_contender("m", tmp_path / "m.onnx", tmp_path / "d.npz", 1, 8, tmp_path, 1.0)
+    monkeypatch.setattr(olive_search, "ensure_olive", unavailable)
+    contender, row = olive_search.olive_contender("m", tmp_path / "m.onnx", tmp_path / "d.npz", 1, 8, tmp_path, 1.0)
     assert contender is None and "no wheel for torch" in row["olive_error"]

@@ -2,7 +2,9 @@
 
 The comparison is only as right as its reading of Olive's outputs (which
 candidate Olive ranked best, which session options it chose, how they map to
-ORT) and its verdict rule, so those are checked on synthetic footprints.
+ORT: bench/olive_output.py), its verdict rule (bench/olive_report.py) and the
+workflow it hands Olive (bench/olive_workflow.py), so those are checked on
+synthetic footprints and configs.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from bench import olive_peer as op
+from bench import olive_output as oo
+from bench import olive_report as orp
+from bench import olive_workflow as ow
+from bench.olive_measure import Measured
 
 
 def _node(parent: str | None, latency: float | None = None, quality: float = 1.0, ok: bool = True, **cfg: object):
@@ -44,41 +49,41 @@ def _footprint(tmp_path: Path) -> Path:
 
 
 def test_best_quantization_is_the_fastest_candidate_within_the_goal(tmp_path: Path) -> None:
-    best = op.olive_best_quantization(_footprint(tmp_path))
+    best = oo.olive_best_quantization(_footprint(tmp_path))
     assert best == {"quant_mode": "dynamic", "precision": "int8", "per_channel": True}
 
 
 def test_search_stats_count_candidates_not_the_input_model(tmp_path: Path) -> None:
-    stats = op.olive_search_stats(_footprint(tmp_path), "x ... FAILED.\ny ... FAILED.\n")
+    stats = oo.olive_search_stats(_footprint(tmp_path), "x ... FAILED.\ny ... FAILED.\n")
     assert stats["olive_candidates_evaluated"] == 3
     assert stats["olive_candidates_meeting_goal"] == 2
     assert stats["olive_steps_failed"] == 2
 
 
 def test_olive_session_options_map_to_ort_as_olive_applies_them() -> None:
-    so = op.olive_session_options(
+    so = oo.olive_session_options(
         {"execution_mode": 1, "graph_optimization_level": 2, "intra_op_num_threads": 2, "inter_op_num_threads": 0}
     )
     assert so.execution_mode == ort.ExecutionMode.ORT_PARALLEL
     assert so.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     assert so.intra_op_num_threads == 2
     assert so.inter_op_num_threads == 0  # 0 is "not set" for Olive too
-    assert op.describe_olive_settings({}) == "ORT defaults"
+    assert oo.describe_olive_settings({}) == "ORT defaults"
 
 
-def _row(name: str, p50: float, drop: float) -> op.Measured:
-    return op.Measured(name, "", p50, p50 * 1.1, 1 - drop, drop, "cosine", 1.0)
+def _row(name: str, p50: float, drop: float) -> Measured:
+    return Measured(name, "", p50, p50 * 1.1, 1 - drop, drop, "cosine", 1.0)
 
 
 def test_verdict_needs_speed_and_quality() -> None:
     fp32 = _row("ORT FP32, default options", 100.0, 0.0)
-    met, _ = op.verdict([fp32, _row("Olive best", 40.0, 0.002), _row("metainfer best", 39.0, 0.0025)])
+    met, _ = orp.verdict([fp32, _row("Olive best", 40.0, 0.002), _row("metainfer best", 39.0, 0.0025)])
     assert met is True  # within the quality tie
-    met, text = op.verdict([fp32, _row("Olive best", 40.0, 0.002), _row("metainfer best", 41.0, 0.001)])
+    met, text = orp.verdict([fp32, _row("Olive best", 40.0, 0.002), _row("metainfer best", 41.0, 0.001)])
     assert met is False and "faster" in text
-    met, text = op.verdict([fp32, _row("Olive best", 40.0, 0.001), _row("metainfer best", 30.0, 0.008)])
+    met, text = orp.verdict([fp32, _row("Olive best", 40.0, 0.001), _row("metainfer best", 30.0, 0.008)])
     assert met is False and "quality" in text
-    met, _ = op.verdict([fp32, _row("metainfer best", 30.0, 0.0)])
+    met, _ = orp.verdict([fp32, _row("metainfer best", 30.0, 0.0)])
     assert met is None
 
 
@@ -90,12 +95,37 @@ def test_a_missed_verdict_says_by_how_much_and_how_the_search_ranked_it(tmp_path
     report = {"trials": [trial(False, 0.0362, 1.67), trial(True, 0.0382, 1.58)]}
     (tmp_path / "report.json").write_text(json.dumps(report))
     rows = [
-        op.Measured("ORT FP32, default options", "ORT defaults", 0.068, 0.09, 0.98, 0.0, "top1_accuracy", 0.2),
-        op.Measured("Olive best", "int8 dynamic, per-channel", 0.0479, 0.08, 0.98, 0.0, "top1_accuracy", 0.1),
-        op.Measured("metainfer best", "int8_dynamic, per-tensor", 0.0525, 0.066, 0.98, 0.0, "top1_accuracy", 0.1),
+        Measured("ORT FP32, default options", "ORT defaults", 0.068, 0.09, 0.98, 0.0, "top1_accuracy", 0.2),
+        Measured("Olive best", "int8 dynamic, per-channel", 0.0479, 0.08, 0.98, 0.0, "top1_accuracy", 0.1),
+        Measured("metainfer best", "int8_dynamic, per-tensor", 0.0525, 0.066, 0.98, 0.0, "top1_accuracy", 0.1),
     ]
-    text = op.why_slower(rows, {"model_path": str(tmp_path / "model.onnx")})
+    text = orp.why_slower(rows, {"model_path": str(tmp_path / "model.onnx")})
     assert text.startswith("Why: Olive's variant measured 4.6 µs (10%) faster per batch here.")
     assert "chosen variant at 36.2 µs and its best per-channel int8 variant" in text and "38.2 µs (+6%)" in text
-    gone = op.why_slower(rows, {"model_path": str(tmp_path / "gone" / "model.onnx")})
+    gone = orp.why_slower(rows, {"model_path": str(tmp_path / "gone" / "model.onnx")})
     assert gone == "Why: Olive's variant measured 4.6 µs (10%) faster per batch here."
+
+
+def test_the_workflow_searches_quantization_and_session_jointly_for_k_samples(tmp_path: Path) -> None:
+    from metainfer.agent.zoo.build import ExampleModel
+
+    example = ExampleModel(
+        name="m",
+        model_path=tmp_path / "model.onnx",
+        data_path=tmp_path / "data.npz",
+        sha256="0" * 64,
+        data_sha256="0" * 64,
+        input_names=("x",),
+        samples=32,
+        has_labels=True,
+        fixed_batch=None,
+        description="m",
+    )
+    config = ow.olive_workflow(example, 8, 12, tmp_path / "ref.npz", tmp_path / "work", [1, 2])
+    assert list(config["passes"]) == ["quantization", "session_params_tuning"]
+    assert config["passes"]["session_params_tuning"]["intra_thread_num_list"] == [1, 2]
+    assert config["search_strategy"]["sampler_config"] == {"max_samples": 12, "seed": ow.SEED}
+    quality = config["evaluators"]["peer_evaluator"]["metrics"][1]["sub_types"][0]
+    assert quality["goal"] == {"type": "max-degradation", "value": ow.MAX_DROP}
+    data = {d["name"]: d["load_dataset_config"]["params"]["max_samples"] for d in config["data_configs"]}
+    assert data == {"calibration_data": ow.CALIBRATION_SAMPLES, "latency_data": 8, "quality_data": 32}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 
+from bench import records
 from bench import search_replay as sr
 from metainfer.core.engine.search import GridSearcher, RandomSearcher
 from metainfer.core.engine.search.space import Dimension, Space
@@ -117,13 +118,17 @@ def test_why_lines_explain_each_lost_budget_from_the_landscape() -> None:
             {"budget": 5, "by": "random", "hybrid": 0.6, "other": 0.7},
         ],
     }
-    lines = se.why_lines("toy", land, verdict, baseline_p50_ms=0.05)
+    facts = se.why_facts(land, verdict, baseline_p50_ms=0.05)
+    assert facts is not None
+    records.WhyBeaten.model_validate(facts)  # what the script saves is what the section is rendered from
+    lines = se.why_lines("toy", facts, verdict)
     assert lines[0].startswith("Why the hybrid is beaten on toy: 1 of 11 points lie within 5 % of the optimum")
     (budget_line,) = lines[1:]
     assert budget_line.startswith("- @5: hybrid 0.600 against grid 0.800, random 0.700.")
     assert "first 3 of 5 evaluations are its space-filling design" in budget_line
     assert "grid (seed 0) found" in budget_line and "probability 0.45" in budget_line
-    assert se.why_lines("toy", land, {"at_least_as_good_met": True, "beaten": []}, 0.05) == []
+    assert se.why_facts(land, {"at_least_as_good_met": True, "beaten": []}, 0.05) is None
+    assert se.why_lines("toy", None, {"at_least_as_good_met": True, "beaten": []}) == []
 
 
 def test_a_landscape_file_replays_without_the_engine() -> None:
