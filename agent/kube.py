@@ -35,13 +35,16 @@ class KubeError(Exception):
 def api_client(kubeconfig: str | None) -> client.ApiClient:
     """``--kubeconfig`` if given, else in-cluster config, else the default kubeconfig (KUBECONFIG)."""
     try:
+        # the config module is untyped: say what it returns
         if kubeconfig:
-            return config.new_client_from_config(config_file=kubeconfig)
+            from_file: client.ApiClient = config.new_client_from_config(config_file=kubeconfig)
+            return from_file
         try:
             config.load_incluster_config()
             return client.ApiClient()
         except ConfigException:
-            return config.new_client_from_config()
+            default: client.ApiClient = config.new_client_from_config()
+            return default
     except (ConfigException, OSError) as exc:
         raise KubeError(f"no usable Kubernetes configuration: {exc}", transient=False) from exc
 
@@ -66,11 +69,12 @@ class Kube:
         return client.CustomObjectsApi(self.api)
 
     def get_run(self, namespace: str, name: str) -> dict[str, Any]:
-        return _call(
+        result: dict[str, Any] = _call(
             f"reading AdaptationRun {namespace}/{name}",
             self.custom.get_namespaced_custom_object,
             GROUP, VERSION, namespace, RUN_PLURAL, name,
         )  # fmt: skip
+        return result
 
     def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         """Merge-patch the status subresource: lists (conditions, trials) are replaced whole."""
@@ -82,20 +86,22 @@ class Kube:
         )  # fmt: skip
 
     def read_config_map(self, namespace: str, name: str) -> client.V1ConfigMap:
-        return _call(
+        result: client.V1ConfigMap = _call(
             f"reading ConfigMap {namespace}/{name}",
             client.CoreV1Api(self.api).read_namespaced_config_map,
             name, namespace,
         )  # fmt: skip
+        return result
 
     def get_profile(self, name: str) -> dict[str, Any] | None:
         """The HardwareProfile ``name``, or None when there is none yet."""
         try:
-            return _call(
+            found: dict[str, Any] = _call(
                 f"reading HardwareProfile {name}",
                 self.custom.get_cluster_custom_object,
                 GROUP, VERSION, PROFILE_PLURAL, name,
             )  # fmt: skip
+            return found
         except KubeError as exc:
             if exc.status == 404:
                 return None
@@ -103,19 +109,21 @@ class Kube:
 
     def create_profile(self, body: dict[str, Any]) -> dict[str, Any]:
         """Create the profile object (spec only: status is a subresource); 409 is a KubeError with status 409."""
-        return _call(
+        result: dict[str, Any] = _call(
             f"creating HardwareProfile {body['metadata']['name']}",
             self.custom.create_cluster_custom_object,
             GROUP, VERSION, PROFILE_PLURAL, body,
         )  # fmt: skip
+        return result
 
     def patch_profile_status(self, name: str, status: dict[str, Any]) -> dict[str, Any]:
-        return _call(
+        result: dict[str, Any] = _call(
             f"writing the status of HardwareProfile {name}",
             self.custom.patch_cluster_custom_object_status,
             GROUP, VERSION, PROFILE_PLURAL, name, {"status": status},
             _content_type=MERGE_PATCH,
         )  # fmt: skip
+        return result
 
 
 def _call(what: str, method: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -12,7 +12,7 @@ a unit test compares both on real object shapes.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -28,4 +28,4 @@ class LeanAnnotationsDiffBaseStorage(kopf.AnnotationsDiffBaseStorage):
         meta = body.get("metadata") or {}
         lean = {k: v for k, v in dict(body).items() if k not in ("metadata", "status")}
         lean["metadata"] = {k: meta[k] for k in _METADATA_READ if k in meta}
-        return super().build(body=kopf.Body(lean), extra_fields=extra)
+        return super().build(body=kopf.Body(cast(kopf.RawBody, lean)), extra_fields=extra)

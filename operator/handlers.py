@@ -36,7 +36,7 @@ WAKEUPS = Wakeups()
 
 
 @kopf.on.startup()
-def load_label_mapping(logger: logging.Logger, **_: Any) -> None:
+def load_label_mapping(logger: kopf.Logger, **_: Any) -> None:
     """A cluster with its own node labels supplies a LabelMapping file; a bad file stops the operator at once."""
     from metainfer.core.control.hardware import LabelMapping
     from metainfer.core.engine.errors import InputError
@@ -57,7 +57,7 @@ def load_label_mapping(logger: logging.Logger, **_: Any) -> None:
 
 
 @kopf.index("", "v1", "nodes")
-def nodes_index(name: str, labels: dict[str, str], **_: Any) -> dict[str, dict[str, str]]:
+def nodes_index(*, name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
     return {name: dict(labels)}
 
 
@@ -65,25 +65,28 @@ def nodes_index(name: str, labels: dict[str, str], **_: Any) -> dict[str, dict[s
 # most of the operator's memory at 100 policies x 20 classes. They stay plain mappings: the reconcile validates
 # only the runs of the policy it plans, not every run of the cluster on every event.
 @kopf.index(GROUP, VERSION, RUN_PLURAL)
-def runs_index(namespace: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(namespace, body.get("spec", {}).get("policyName", "")): slim_run(body)}
+def runs_index(*, namespace: str | None, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(namespace or "", body.get("spec", {}).get("policyName", "")): slim_run(body)}
 
 
 @kopf.index(GROUP, VERSION, RUN_PLURAL)
-def in_flight_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[str, tuple[str, str]] | None:
+def in_flight_index(
+    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
+) -> dict[str, tuple[str, str]] | None:
     """Pending and Running runs by namespace, so the cluster's and a namespace's limits are len()s: a scan of every
     run per reconcile is quadratic (1.3 M run_phase calls while 100 policies converge)."""
+    namespace = namespace or ""  # runs are namespaced: kopf always names it
     return {namespace: (namespace, name)} if run_phase_from_body(body) in IN_FLIGHT else None
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED)
-def jobs_index(namespace: str, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
-    return {(namespace, name): slim_job(body)}
+def jobs_index(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[tuple[str, str], dict[str, Any]]:
+    return {(namespace or "", name): slim_job(body)}
 
 
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
-def deployments_index(namespace: str, labels: dict[str, str], body: kopf.Body, **_: Any) -> dict[Any, Any]:
-    return {(namespace, labels.get(LABEL_POLICY, "")): slim_deployment(body)}
+def deployments_index(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
+    return {(namespace or "", labels.get(LABEL_POLICY, "")): slim_deployment(body)}
 
 
 # The wake-up handlers are async so kopf runs them on the event loop: asyncio.Event is not thread-safe, and set()
@@ -96,17 +99,19 @@ async def on_node(**_: Any) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, RUN_PLURAL)
-async def on_run(namespace: str, body: kopf.Body, **_: Any) -> None:
+async def on_run(*, namespace: str | None, body: kopf.Body, **_: Any) -> None:
     WAKEUPS.wake(namespace, body.get("spec", {}).get("policyName"))
 
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def on_child(namespace: str, labels: dict[str, str], **_: Any) -> None:
+async def on_child(*, namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
     WAKEUPS.wake(namespace, labels.get(LABEL_POLICY))
 
 
-@kopf.daemon(GROUP, VERSION, POLICY_PLURAL, cancellation_timeout=10.0)
+# kopf passes each index as an extra keyword named after its handler, which its DaemonFn protocol (every keyword
+# fixed) cannot express; and a policy is namespaced, so kopf always gives a namespace.
+@kopf.daemon(GROUP, VERSION, POLICY_PLURAL, cancellation_timeout=10.0)  # type: ignore[arg-type]  # see above
 async def policy_daemon(
     stopped: kopf.DaemonStopped,
     name: str,

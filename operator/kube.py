@@ -155,14 +155,15 @@ async def get_custom(plural: str, namespace: str, name: str) -> dict[str, Any] |
 
 def _create(manifest: dict[str, Any]) -> None:
     kind, ns = manifest["kind"], manifest["metadata"]["namespace"]
+    body: Any = manifest  # the client sends a plain dict as it is; its hints name only its own model classes
     if kind == RUN_KIND:
         client.CustomObjectsApi(_api()).create_namespaced_custom_object(GROUP, VERSION, ns, RUN_PLURAL, manifest)
     elif kind == "Job":
-        client.BatchV1Api(_api()).create_namespaced_job(ns, manifest)
+        client.BatchV1Api(_api()).create_namespaced_job(ns, body)
     elif kind == "Deployment":
-        client.AppsV1Api(_api()).create_namespaced_deployment(ns, manifest)
+        client.AppsV1Api(_api()).create_namespaced_deployment(ns, body)
     elif kind == "Service":
-        client.CoreV1Api(_api()).create_namespaced_service(ns, manifest)
+        client.CoreV1Api(_api()).create_namespaced_service(ns, body)
     else:
         raise ValueError(f"no create for kind {kind}")
 

@@ -13,9 +13,8 @@ are watched already and handled by kopf as usual.
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from kopf._cogs.structs.references import match_namespace  # the exact semantics of --namespace patterns
@@ -50,12 +49,13 @@ def without_finalizer(policy: dict[str, Any]) -> list[dict[str, Any]] | None:
     ]
 
 
-def _release(patterns: list[str], logger: logging.Logger) -> list[str]:
+def _release(patterns: list[str], logger: kopf.Logger) -> list[str]:
     api = client.ApiClient()
     released = []
     for namespace in terminating_watched(client.CoreV1Api(api).list_namespace().items, patterns):
         custom = client.CustomObjectsApi(api)
-        for policy in custom.list_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL)["items"]:
+        listing = cast(dict[str, Any], custom.list_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL))
+        for policy in listing["items"]:
             patch = without_finalizer(policy)
             if patch is None:
                 continue

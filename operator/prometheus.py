@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -81,6 +82,7 @@ def parse(status: int, text: str, url: str = "") -> Sample | MetricsUnavailable:
         )
     data = body.get("data") or {}
     kind, result = data.get("resultType"), data.get("result")
+    values: list[Any]
     if kind == "scalar":
         values = [result]
     elif kind == "vector" and isinstance(result, list):

@@ -119,7 +119,7 @@ async def _observe(
         if isinstance(result, MetricsUnavailable):
             return canary.Observation(unavailable=result.reason, message=f"{what}: {result.message}")
     # Every MetricsUnavailable returned above, so each result is a sample with a value.
-    canary_p95, stable_p95, errors = (r.value for r in results)  # type: ignore[union-attr]
+    canary_p95, stable_p95, errors = (r.value for r in results)  # type: ignore[union-attr]  # narrowed above
     return canary.Observation(canary_p95_s=canary_p95, stable_p95_s=stable_p95, canary_error_ratio=errors)
 
 

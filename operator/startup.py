@@ -85,7 +85,7 @@ def load_client_config() -> None:
         kube_config.load_kube_config()
 
 
-def ensure_peering_object(name: str, logger: logging.Logger) -> None:
+def ensure_peering_object(name: str, logger: kopf.Logger) -> None:
     """Create the ClusterKopfPeering object replicas share; kopf does not create it itself."""
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException

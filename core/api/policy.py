@@ -279,7 +279,7 @@ def search_space_fields(knobs: Sequence[Knob] = KNOBS) -> dict[str, Any]:
         else:
             # The item type is the knob's, known only at run time: mypy cannot read it as a type.
             fields[override.field] = (
-                list[override.item] | None,  # type: ignore[name-defined]
+                list[override.item] | None,  # type: ignore[name-defined]  # a run-time type, see above
                 Field(
                     None,
                     min_length=1,

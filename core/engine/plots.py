@@ -24,8 +24,8 @@ from metainfer.core.engine.trial import Trial, TrialStatus
 
 
 def _xy(trials: list[Trial]) -> tuple[list[float], list[float]]:
-    done = [t for t in trials if t.metrics is not None]
-    return [t.metrics.latency.p95_ms for t in done], [t.metrics.quality.value for t in done]  # type: ignore[union-attr]
+    done = [t.metrics for t in trials if t.metrics is not None]
+    return [m.latency.p95_ms for m in done], [m.quality.value for m in done]
 
 
 def pareto_plot(report: Report, path: Path) -> None:
