@@ -35,8 +35,8 @@ from metainfer.core.engine.errors import (
 from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.knobs import KNOBS, QUANTIZATION, QUANTIZATION_MODES, Knob, overridable
 from metainfer.core.engine.modelinfo import ModelInfo
-from metainfer.core.engine.pipeline import AdaptSettings, Report
 from metainfer.core.engine.profile.types import CPU_PROVIDER, HardwareProfile
+from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.scoring import Constraints, Objective, miss_distance
 from metainfer.core.engine.trial import Trial, TrialMetrics
 

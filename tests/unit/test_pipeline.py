@@ -30,10 +30,11 @@ from metainfer.core.engine.measurer import OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.outputs import write_outputs
 from metainfer.core.engine.phases import SilentObserver
-from metainfer.core.engine.pipeline import Adaptation, AdaptSettings, Report
+from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import HardwareProfile
 from metainfer.core.engine.profile.types import MachineInfo
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints, Objective, measurement_noise
 from metainfer.core.engine.transforms import build_variant
@@ -299,7 +300,7 @@ def test_no_feasible_candidate_reports_the_closest(digits: Digits, tmp_path: Pat
     # The report is still produced, with no model.
     written = write_outputs(tmp_path, report, variant)
     assert tmp_path / "report.json" in written and not (tmp_path / "model.onnx").exists()
-    assert json.loads((tmp_path / "report.json").read_text())["best"] is None
+    assert Report.model_validate_json((tmp_path / "report.json").read_text()) == report
 
 
 def test_same_seed_same_search(digits: Digits) -> None:
@@ -545,9 +546,10 @@ def test_cli_writes_the_four_outputs(adapted: tuple[Path, Path]) -> None:
     assert recipe_doc["providers"][-1] == "CPUExecutionProvider"
     recipe = Recipe.model_validate(recipe_doc)
     onnx.checker.check_model(onnx.load(str(out / "model.onnx")))
-    report = json.loads((out / "report.json").read_text())
-    assert len(report["trials"]) == 5 and report["baseline"]["metrics"]["latency"]["p95_ms"] > 0
-    assert report["profile"]["fingerprint"] and report["search_wall_s"] > 0
+    report = Report.model_validate_json((out / "report.json").read_text())
+    assert len(report.trials) == 5 and report.baseline.metrics is not None
+    assert report.baseline.metrics.latency.p95_ms > 0
+    assert report.profile.fingerprint and report.search_wall_s > 0
     assert recipe.batch == 16
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
 
