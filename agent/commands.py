@@ -12,7 +12,7 @@ from rich.table import Table
 from metainfer.agent.progress import progress_for
 from metainfer.core.engine.errors import InputError, NoFeasibleCandidate
 from metainfer.core.engine.phases import PipelinePhase
-from metainfer.core.engine.trial import Trial, TrialStatus
+from metainfer.core.engine.trial import TrialStatus
 
 if TYPE_CHECKING:  # the report module loads ONNX Runtime: imported when a command runs, not for --help
     from metainfer.core.engine.report import Report
@@ -106,7 +106,7 @@ def adapt_command(args: argparse.Namespace) -> int:
     if report.best is None:
         raise NoFeasibleCandidate(
             f"none of {len(report.trials)} candidates met every constraint (report: {args.out / 'report.json'})",
-            closest=_closest(report.trials, settings.constraints),
+            closest=report.closest_misses(),
         )
     return 0
 
@@ -140,20 +140,6 @@ def examples_command(out_dir: Path, only: list[str] | None) -> int:
     for name, example in built.items():
         out.print(f"[bold]{name}[/]: {example.model_path} + {example.data_path} — {example.description}")
     return 0
-
-
-def _closest(trials: list[Trial], constraints: object) -> list[tuple[str, list[str]]]:
-    from metainfer.core.engine.scoring import Constraints, miss_distance
-
-    assert isinstance(constraints, Constraints)
-    misses = sorted(
-        (t for t in trials if t.status == TrialStatus.INFEASIBLE),
-        key=lambda t: miss_distance(t.violations, t.metrics, constraints),
-    )
-    rows = [(t.recipe.describe(), t.violations) for t in misses[:5]]
-    failed = [t for t in trials if t.status == TrialStatus.FAILED][:3]
-    rows += [(t.recipe.describe(), [f"failed: {t.error}"]) for t in failed]
-    return rows
 
 
 def _print_summary(report: Report) -> None:

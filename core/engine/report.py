@@ -21,7 +21,7 @@ from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.history_use import HistoryUse
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.profile.types import HardwareProfile
-from metainfer.core.engine.scoring import Constraints, Objective
+from metainfer.core.engine.scoring import Constraints, Objective, closest_misses
 from metainfer.core.engine.sensitivity import SensitivityReport
 from metainfer.core.engine.trial import Trial, TrialMetrics
 from metainfer.core.engine.validate import ValidationReport
@@ -109,3 +109,11 @@ class Report(BaseModel):
     )
     total_wall_s: float
     stop_reason: str
+
+    def candidates(self) -> list[Trial]:
+        """Every measured candidate, the FP32 baseline first."""
+        return [self.baseline, *self.trials]
+
+    def closest_misses(self) -> list[tuple[str, list[str]]]:
+        """What "no feasible candidate" lists, the FP32 baseline included (``scoring.closest_misses``)."""
+        return closest_misses(self.candidates(), self.settings.constraints)

@@ -36,9 +36,9 @@ from metainfer.core.engine.profile.types import MachineInfo
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.runtime import create_session
-from metainfer.core.engine.scoring import Constraints, Objective, measurement_noise
+from metainfer.core.engine.scoring import Constraints, Objective, measurement_noise, violations
 from metainfer.core.engine.transforms import build_variant
-from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics
+from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics, TrialStatus
 
 Digits = tuple[bytes, ModelInfo, Dataset]
 
@@ -301,6 +301,39 @@ def test_no_feasible_candidate_reports_the_closest(digits: Digits, tmp_path: Pat
     written = write_outputs(tmp_path, report, variant)
     assert tmp_path / "report.json" in written and not (tmp_path / "model.onnx").exists()
     assert Report.model_validate_json((tmp_path / "report.json").read_text()) == report
+
+
+def test_the_cli_and_the_job_list_the_same_closest_candidates(
+    digits: Digits,
+    examples: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One ranking of the closest candidates: ``metainfer adapt`` prints the list the Job writes into the status."""
+    from metainfer.agent.cli import EXIT_INFEASIBLE, main
+    from metainfer.core.engine import pipeline, profile
+
+    slo = Constraints(slo_p95_ms=0.5, max_quality_drop=QUALITY_BUDGET)
+    report, _ = _adapt_fake(digits, FakeMeasurer(), slo)
+    # FP32 the nearest miss (it is a candidate too), and one crash: the failures' place in the list
+    assert report.baseline.metrics is not None
+    near = report.baseline.metrics.latency.model_copy(update={"p95_ms": 0.55})
+    metrics = report.baseline.metrics.model_copy(update={"latency": near})
+    report.baseline = report.baseline.model_copy(update={"metrics": metrics, "violations": violations(metrics, slo)})
+    crashed = {"status": TrialStatus.FAILED, "metrics": None, "score": None, "violations": [], "error": "boom"}
+    report.trials[3] = report.trials[3].model_copy(update=crashed)
+    monkeypatch.setattr(pipeline.Adaptation, "run", lambda self, *args, **kwargs: (report, None))
+    monkeypatch.setattr(profile, "load_or_measure", lambda **kwargs: fixed_profile())
+    model = examples["digits"]
+    data = str(model.parent / "data.npz")
+    code = main(["adapt", str(model), "--data", data, "--slo-p95-ms", "0.5", "--out", str(tmp_path)])
+    printed = [line[2:] for line in capsys.readouterr().err.splitlines() if line.startswith("  ")]
+    job = infeasible_error(Report.model_validate_json((tmp_path / "report.json").read_text())).closest
+    assert code == EXIT_INFEASIBLE and len(job) == 6  # the five closest misses, then the failure
+    assert job[0][0] == report.baseline.recipe.describe()
+    assert job[-1] == (report.trials[3].recipe.describe(), ["failed: boom"])
+    assert printed == [f"{described}: " + "; ".join(missed) for described, missed in job]
 
 
 def test_same_seed_same_search(digits: Digits) -> None:
