@@ -69,6 +69,7 @@ from metainfer.core.engine.evaluate import (
 )
 from metainfer.core.engine.profile.fingerprint import detect_machine
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.report import Report
 from metainfer.core.engine.runtime import create_session
 
 BENCH = Path(__file__).resolve().parent
@@ -541,12 +542,12 @@ def run_metainfer(example: ExampleModel, batch: int, budget: int, work: Path, ti
         tail = " | ".join(log.read_text().strip().splitlines()[-4:])
         return SearchOutcome("metainfer", wall, error=f"metainfer adapt exited {code}: {tail}")
     recipe = Recipe.model_validate_json((out / "recipe.json").read_text())
-    report = json.loads((out / "report.json").read_text())
+    report = Report.model_validate_json((out / "report.json").read_text())
     detail = {
         "recipe": json.loads((out / "recipe.json").read_text()),
-        "trials": len(report.get("trials", [])),
-        "search_wall_s": report.get("search_wall_s"),
-        "stop_reason": report.get("stop_reason"),
+        "trials": len(report.trials),
+        "search_wall_s": report.search_wall_s,
+        "stop_reason": report.stop_reason,
         "log": str(log),
     }
     return SearchOutcome("metainfer", wall, out / "model.onnx", recipe.session_options, detail)
@@ -745,20 +746,20 @@ def why_slower(rows: list[Measured], ours: dict[str, Any]) -> str:
     olive_per_channel = "per-channel" in theirs.options
     if not report_path.is_file():
         return text
-    report = json.loads(report_path.read_text())
-    trials = [t for t in report.get("trials", []) if t.get("score") and t.get("metrics")]
+    report = Report.model_validate_json(report_path.read_text())
+    trials = [t for t in report.trials if t.score and t.metrics is not None]
     same_kind = [
         t
         for t in trials
-        if t["recipe"]["transform"]["quantization"]["mode"] != "fp32"
-        and bool(t["recipe"]["transform"]["quantization"].get("per_channel")) == olive_per_channel
+        if t.recipe.transform.quantization.mode != "fp32"
+        and t.recipe.transform.quantization.per_channel == olive_per_channel
     ]
-    best = max(trials, key=lambda t: t["score"], default=None)
-    closest = max(same_kind, key=lambda t: t["score"], default=None)
-    if best is None or closest is None or closest is best:
+    best = max(trials, key=lambda t: t.score or 0.0, default=None)
+    closest = max(same_kind, key=lambda t: t.score or 0.0, default=None)
+    if best is None or closest is None or closest is best or best.metrics is None or closest.metrics is None:
         return text
-    chosen_ms = best["metrics"]["latency"]["p50_ms"]
-    other_ms = closest["metrics"]["latency"]["p50_ms"]
+    chosen_ms = best.metrics.latency.p50_ms
+    other_ms = closest.metrics.latency.p50_ms
     granularity = "per-channel" if olive_per_channel else "per-tensor"
     return (
         f"{text} metainfer's search had measured its chosen variant at {chosen_ms * 1000:.1f} µs and its best "
