@@ -33,7 +33,7 @@ from metainfer.core.engine.phases import SilentObserver
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import HardwareProfile
 from metainfer.core.engine.profile.types import MachineInfo
-from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.recipe import INT8_MODES, Recipe
 from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints, Objective, measurement_noise, violations
@@ -57,7 +57,6 @@ SMALL_SPACE: dict[str, list[str | int | float | bool]] = {
     "graph_optimization_level": ["all"],
     "execution_mode": ["sequential"],
 }
-INT8_MODES = ("int8_dynamic", "int8_static")
 
 OfRecipe = Callable[[Recipe], float]
 

@@ -30,10 +30,8 @@ from metainfer.core.engine.knobs import graph, quantization, session
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
     INT8_DYNAMIC_OPS,
-    INT8_MODES,
     INT8_STATIC_CONV_OPS,
     INT8_STATIC_OPS,
-    QUANTIZATION_MODES,
     SLOW_VARIANT_FACTOR,
     ChoiceList,
     Knob,
@@ -64,6 +62,7 @@ from metainfer.core.engine.knobs.session import (
     INTRA_OP_NUM_THREADS,
     thread_choices,
 )
+from metainfer.core.engine.recipe import INT8_MODES, QUANTIZATION_MODES
 
 # Areas in a fixed order: the order of KNOBS is the order of the space's dimensions.
 KNOBS: tuple[Knob, ...] = (*quantization.KNOBS, *graph.KNOBS, *session.KNOBS)

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 from metainfer.core.engine.profile.types import HardwareProfile
-from metainfer.core.engine.recipe import QuantizationMode, Recipe
+from metainfer.core.engine.recipe import INT8_MODES, Recipe
 
 if TYPE_CHECKING:
     from metainfer.core.engine.modelinfo import ModelInfo
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     # (chosen value, the whole point, ranked_layers) -> {dotted Recipe field: value}
     ToRecipe = Callable[[Scalar, Point, RankedLayers], dict[str, object]]
 
-INT8_MODES = ("int8_dynamic", "int8_static")
-QUANTIZATION_MODES: tuple[str, ...] = get_args(QuantizationMode)
 COMPUTE_OPS = {"MatMul", "Gemm", "Conv", "Attention"}
 # What a quantization mode turns the model's compute ops into, for support checks.
 INT8_DYNAMIC_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul"}

@@ -11,10 +11,8 @@ from typing import TYPE_CHECKING
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
     INT8_DYNAMIC_OPS,
-    INT8_MODES,
     INT8_STATIC_CONV_OPS,
     INT8_STATIC_OPS,
-    QUANTIZATION_MODES,
     SLOW_VARIANT_FACTOR,
     ChoiceList,
     Knob,
@@ -25,7 +23,7 @@ from metainfer.core.engine.knobs.base import (
     point_rule,
 )
 from metainfer.core.engine.profile.types import Dtype, HardwareProfile, int8_variant
-from metainfer.core.engine.recipe import QuantizationMode
+from metainfer.core.engine.recipe import INT8_MODES, QUANTIZATION_MODES, QuantizationMode
 
 if TYPE_CHECKING:
     from metainfer.core.engine.knobs.base import Predicate, RankedLayers
@@ -34,12 +32,10 @@ if TYPE_CHECKING:
 
 
 def _quantization_values(context: SpaceContext) -> tuple[Scalar, ...]:
-    quant: list[Scalar] = ["fp32", "fp16", "int8_dynamic"]
     if context.options.allow_static:
-        quant.append("int8_static")
-    else:
-        context.notes.append("int8_static left out: needs at least a few calibration samples")
-    return tuple(quant)
+        return QUANTIZATION_MODES
+    context.notes.append("int8_static left out: needs at least a few calibration samples")
+    return tuple(mode for mode in QUANTIZATION_MODES if mode != "int8_static")
 
 
 def _format_runs_on_provider(context: SpaceContext) -> Predicate:

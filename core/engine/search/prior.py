@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from metainfer.core.engine.recipe import INT8_MODES
 from metainfer.core.engine.search.space import Key, Point, Scalar, Space
 
-INT8_MODES = ("int8_dynamic", "int8_static")
 # How unsure the built-in prior is about a dimension, in log-score units: the bonus an untried
 # dimension gets when the start picks its next move. Threads and numeric format move latency the most
 # and the prior cannot call threads; opt level, scales and calibration rarely matter much.
