@@ -12,7 +12,9 @@ Recipe field its value lands in, and how a policy may restrict it
 - ``core.api.policy.SearchSpaceOverrides``: one optional field per knob with an
   ``override``, so the CRD schema follows the declarations;
 - ``core.control.runstatus``: policy field -> dimension, and the choices a
-  policy's value allows.
+  policy's value allows;
+- ``search.prior.builtin_prior``: each dimension's spread and known effects,
+  what the search believes of the knob before measuring.
 
 Adding a knob is one declaration in the module of its area (quantization,
 graph, session), appended to that module's ``KNOBS``, plus its test; a new
@@ -29,6 +31,7 @@ from __future__ import annotations
 from metainfer.core.engine.knobs import graph, quantization, session
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
+    DEFAULT_SPREAD,
     INT8_DYNAMIC_OPS,
     INT8_STATIC_CONV_OPS,
     INT8_STATIC_OPS,
@@ -74,6 +77,7 @@ __all__ = [
     "BATCH",
     "CALIBRATION",
     "COMPUTE_OPS",
+    "DEFAULT_SPREAD",
     "EXECUTION_MODE",
     "EXECUTION_PROVIDER",
     "FUSION",
