@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -12,7 +12,10 @@ from rich.table import Table
 from metainfer.agent.progress import progress_for
 from metainfer.core.engine.errors import InputError, NoFeasibleCandidate
 from metainfer.core.engine.phases import PipelinePhase
-from metainfer.core.engine.trial import Trial, TrialStatus
+from metainfer.core.engine.trial import TrialStatus
+
+if TYPE_CHECKING:  # the report module loads ONNX Runtime: imported when a command runs, not for --help
+    from metainfer.core.engine.report import Report
 
 # Tables are read in CI logs and pipes too, where rich would assume 80 columns.
 console = Console(stderr=True, width=None if Console(stderr=True).is_terminal else 120)
@@ -52,8 +55,9 @@ def adapt_command(args: argparse.Namespace) -> int:
     from metainfer.core.engine.evaluate import MeasureSettings
     from metainfer.core.engine.modelinfo import inspect_model, load_model
     from metainfer.core.engine.outputs import write_outputs
-    from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+    from metainfer.core.engine.pipeline import Adaptation
     from metainfer.core.engine.profile import load_or_measure
+    from metainfer.core.engine.report import AdaptSettings
     from metainfer.core.engine.scoring import Constraints, Objective
 
     model = load_model(args.model)
@@ -102,7 +106,7 @@ def adapt_command(args: argparse.Namespace) -> int:
     if report.best is None:
         raise NoFeasibleCandidate(
             f"none of {len(report.trials)} candidates met every constraint (report: {args.out / 'report.json'})",
-            closest=_closest(report.trials, settings.constraints),
+            closest=report.closest_misses(),
         )
     return 0
 
@@ -138,24 +142,7 @@ def examples_command(out_dir: Path, only: list[str] | None) -> int:
     return 0
 
 
-def _closest(trials: list[Trial], constraints: object) -> list[tuple[str, list[str]]]:
-    from metainfer.core.engine.scoring import Constraints, miss_distance
-
-    assert isinstance(constraints, Constraints)
-    misses = sorted(
-        (t for t in trials if t.status == TrialStatus.INFEASIBLE),
-        key=lambda t: miss_distance(t.violations, t.metrics, constraints),
-    )
-    rows = [(t.recipe.describe(), t.violations) for t in misses[:5]]
-    failed = [t for t in trials if t.status == TrialStatus.FAILED][:3]
-    rows += [(t.recipe.describe(), [f"failed: {t.error}"]) for t in failed]
-    return rows
-
-
-def _print_summary(report: object) -> None:
-    from metainfer.core.engine.pipeline import Report
-
-    assert isinstance(report, Report)
+def _print_summary(report: Report) -> None:
     table = Table(title=f"{Path(report.model.path).name}: baseline vs adapted (batch {report.settings.batch})")
     for column in ("", "recipe", "p50 ms", "p95 ms", "quality", "size MiB", "peak MiB"):
         table.add_column(column, justify="right" if column.endswith(("ms", "MiB")) else "left")
@@ -214,10 +201,8 @@ def _print_summary(report: object) -> None:
             out.print(f"  {mark} {check.name}: {check.detail}")
 
 
-def _print_history(report: object) -> None:
-    from metainfer.core.engine.pipeline import Report
-
-    assert isinstance(report, Report) and report.history is not None
+def _print_history(report: Report) -> None:
+    assert report.history is not None
     h = report.history
     used = ", ".join(f"{u.label} (similarity {u.similarity.total:.2f}, {u.trials} trials)" for u in h.sources)
     if not h.warm:

@@ -54,7 +54,9 @@ from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
 from metainfer.core.api.vocabulary import Reason, RunStage
 from metainfer.core.control import checkpoint, runstatus, trial_history
 from metainfer.core.engine.errors import MetainferError, ModelError
-from metainfer.core.engine.history import MAX_SOURCES, TrialHistory
+from metainfer.core.engine.history import TrialHistory, source_from_report
+from metainfer.core.engine.history_use import MAX_SOURCES
+from metainfer.core.engine.report import Report
 from metainfer.core.engine.trial import Trial
 
 EXIT_OK, EXIT_FAILED_UNEXPECTEDLY, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 75
@@ -213,7 +215,7 @@ def _checkpointed(status: AdaptationRunStatus) -> tuple[list[Trial], float]:
     return trials, status.checkpoint.search_seconds
 
 
-def _fail(writer: RunStatusWriter, reason: str, message: str, report: Any = None, label: str = "") -> int:
+def _fail(writer: RunStatusWriter, reason: str, message: str, report: Report | None = None, label: str = "") -> int:
     log(f"failed: {reason}: {message.splitlines()[0]}")
     failed = runstatus.mark_failed(writer.status, writer.generation, reason, message, report)
     writer.write(_keep_history(failed, report, label) if report is not None else failed, final=True)
@@ -244,11 +246,11 @@ def _history(kube: Kube, namespace: str, spec: AdaptationRunSpec) -> TrialHistor
     return TrialHistory(sources=sources[:MAX_SOURCES])
 
 
-def _keep_history(status: AdaptationRunStatus, report: Any, label: str) -> AdaptationRunStatus:
+def _keep_history(status: AdaptationRunStatus, report: Report, label: str) -> AdaptationRunStatus:
     """The ended run's status with its own trials kept for later runs (and what its history did)."""
     try:
-        source = trial_history.source_of(report.model_dump_json(), label)
-    except (ValueError, KeyError) as exc:  # a report the history cannot read loses only the history
+        source = source_from_report(report, label)
+    except ValueError as exc:  # a trial the bounded history cannot hold loses only the history
         log(f"history: this run's trials are not kept ({type(exc).__name__}: {str(exc)[:200]})")
         source = None
     return trial_history.with_history(status, source, report.search_wall_s, report.history)

@@ -8,7 +8,6 @@ section's text. It measures nothing.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 from bench import benchlib
 from bench.olive_measure import Measured
 from bench.olive_workflow import MAX_DROP, OLIVE_REPEAT, SEED
+from metainfer.core.engine.report import Report
 
 QUALITY_TIE = 0.001  # quality within a tenth of the accuracy budget counts as equal
 
@@ -133,20 +133,20 @@ def why_slower(rows: list[Measured], ours: dict[str, Any]) -> str:
     olive_per_channel = "per-channel" in theirs.options
     if not report_path.is_file():
         return text
-    report = json.loads(report_path.read_text())
-    trials = [t for t in report.get("trials", []) if t.get("score") and t.get("metrics")]
+    report = Report.model_validate_json(report_path.read_text())
+    trials = [t for t in report.trials if t.score and t.metrics is not None]
     same_kind = [
         t
         for t in trials
-        if t["recipe"]["transform"]["quantization"]["mode"] != "fp32"
-        and bool(t["recipe"]["transform"]["quantization"].get("per_channel")) == olive_per_channel
+        if t.recipe.transform.quantization.mode != "fp32"
+        and t.recipe.transform.quantization.per_channel == olive_per_channel
     ]
-    best = max(trials, key=lambda t: t["score"], default=None)
-    closest = max(same_kind, key=lambda t: t["score"], default=None)
-    if best is None or closest is None or closest is best:
+    best = max(trials, key=lambda t: t.score or 0.0, default=None)
+    closest = max(same_kind, key=lambda t: t.score or 0.0, default=None)
+    if best is None or closest is None or closest is best or best.metrics is None or closest.metrics is None:
         return text
-    chosen_ms = best["metrics"]["latency"]["p50_ms"]
-    other_ms = closest["metrics"]["latency"]["p50_ms"]
+    chosen_ms = best.metrics.latency.p50_ms
+    other_ms = closest.metrics.latency.p50_ms
     granularity = "per-channel" if olive_per_channel else "per-tensor"
     return (
         f"{text} metainfer's search had measured its chosen variant at {chosen_ms * 1000:.1f} µs and its best "

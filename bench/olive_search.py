@@ -29,6 +29,7 @@ from bench.olive_output import SearchOutcome, describe_olive_quantization, descr
 from bench.olive_workflow import MAX_DROP, SEED, olive_workflow, thread_choices
 from metainfer.agent.zoo.build import ExampleModel
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.report import Report
 
 DRIVER = Path(__file__).resolve().parent / "olive_peer_driver.py"
 DEFAULT_VENV = peer_env.OLIVE.venv
@@ -135,12 +136,12 @@ def run_metainfer(example: ExampleModel, batch: int, budget: int, work: Path, ti
         tail = " | ".join(log.read_text().strip().splitlines()[-4:])
         return SearchOutcome("metainfer", wall, error=f"metainfer adapt exited {code}: {tail}")
     recipe = Recipe.model_validate_json((out / "recipe.json").read_text())
-    report = json.loads((out / "report.json").read_text())
+    report = Report.model_validate_json((out / "report.json").read_text())
     detail = {
         "recipe": json.loads((out / "recipe.json").read_text()),
-        "trials": len(report.get("trials", [])),
-        "search_wall_s": report.get("search_wall_s"),
-        "stop_reason": report.get("stop_reason"),
+        "trials": len(report.trials),
+        "search_wall_s": report.search_wall_s,
+        "stop_reason": report.stop_reason,
         "log": str(log),
     }
     return SearchOutcome("metainfer", wall, out / "model.onnx", recipe.session_options, detail)

@@ -35,14 +35,13 @@ from metainfer.core.engine.errors import (
 from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.knobs import KNOBS, QUANTIZATION, QUANTIZATION_MODES, Knob, overridable
 from metainfer.core.engine.modelinfo import ModelInfo
-from metainfer.core.engine.pipeline import AdaptSettings, Report
 from metainfer.core.engine.profile.types import CPU_PROVIDER, HardwareProfile
-from metainfer.core.engine.scoring import Constraints, Objective, miss_distance
+from metainfer.core.engine.report import AdaptSettings, Report
+from metainfer.core.engine.scoring import Constraints, Objective, by_closeness
 from metainfer.core.engine.trial import Trial, TrialMetrics
 
 FINISHED = "finished"  # the Progressing message once a run is over
 MAX_KEEP_FAILED = 5  # failed trials kept in the summary even when better ones would fill it
-CLOSEST_SHOWN = 5
 _UNSUPPORTED_MARKERS = ("NOT_IMPLEMENTED", "Could not find an implementation", "is not a registered function/op")
 
 # SearchSpaceOverrides field -> the engine's search-space dimension name, from the knob declarations.
@@ -161,10 +160,7 @@ def _summary(trial: Trial) -> TrialSummary:
 def rank_trials(trials: list[Trial], constraints: Constraints) -> list[Trial]:
     """Feasible by score (best first), then infeasible by how close they came, then failed by index."""
     feasible = sorted((t for t in trials if t.score is not None), key=lambda t: (-(t.score or 0.0), t.index))
-    infeasible = sorted(
-        (t for t in trials if t.score is None and t.status != TrialState.FAILED),
-        key=lambda t: (miss_distance(t.violations, t.metrics, constraints), t.index),
-    )
+    infeasible = by_closeness(trials, constraints)
     failed = sorted((t for t in trials if t.score is None and t.status == TrialState.FAILED), key=lambda t: t.index)
     return [*feasible, *infeasible, *failed]
 
@@ -183,17 +179,9 @@ def trial_counts(trials: list[Trial]) -> dict[str, int]:
     return {s.value: sum(t.status == s for t in trials) for s in TrialState}
 
 
-def closest_misses(trials: list[Trial], constraints: Constraints) -> list[tuple[str, list[str]]]:
-    """The candidates nearest to feasible and what each missed, then a few failures with their error."""
-    ranked = rank_trials(trials, constraints)
-    rows = [(t.recipe.describe(), t.violations) for t in ranked if t.status == TrialState.INFEASIBLE][:CLOSEST_SHOWN]
-    rows += [(t.recipe.describe(), [f"failed: {t.error}"]) for t in ranked if t.status == TrialState.FAILED][:3]
-    return rows
-
-
 def infeasible_error(report: Report) -> NoFeasibleCandidate:
     """Why a finished search has no result: every candidate missed, or validation rejected the best ones."""
-    trials = [report.baseline, *report.trials]
+    trials = report.candidates()
     counts = trial_counts(trials)
     message = (
         f"none of {len(trials)} candidates (FP32 baseline included) met every constraint"
@@ -202,7 +190,7 @@ def infeasible_error(report: Report) -> NoFeasibleCandidate:
     if counts["feasible"] and report.validation is not None and not report.validation.passed:
         failed_checks = [f"{c.name}: {c.detail}" for c in report.validation.checks if not c.passed]
         message += "; the best feasible ones failed validation on all samples: " + "; ".join(failed_checks)
-    return NoFeasibleCandidate(message, closest_misses(trials, report.settings.constraints))
+    return NoFeasibleCandidate(message, report.closest_misses())
 
 
 # -- errors -> reasons ---------------------------------------------------------------------
@@ -324,7 +312,7 @@ def mark_succeeded(
     now = now or _now()
     best = report.best
     metrics = best_metrics(report)
-    trials = [report.baseline, *report.trials]
+    trials = report.candidates()
     counts = trial_counts(report.trials)
     parts = [f"best {best.recipe.describe()} (key {best.recipe.key()})"]
     if metrics is not None:
@@ -389,7 +377,7 @@ def mark_failed(
     update: dict[str, object] = {"phase": RunPhase.FAILED, "completion_time": now, "checkpoint": None}
     progress = (out.progress or _progress()).model_copy(update={"stage": RunStage.FAILED})
     if report is not None:
-        trials = [report.baseline, *report.trials]
+        trials = report.candidates()
         update["trials"] = trial_summaries(trials, report.settings.constraints)
         progress = progress.model_copy(
             update={

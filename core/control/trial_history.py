@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import gzip
-import json
 
 from pydantic import ValidationError
 
@@ -28,7 +27,8 @@ from metainfer.core.api.run import (
     RunHistory,
     SearchCheckpoint,
 )
-from metainfer.core.engine.history import HistorySource, HistoryUse, bounded_trials, source_from_report
+from metainfer.core.engine.history import HistorySource, bounded_trials
+from metainfer.core.engine.history_use import HistoryUse
 
 HISTORY_MAX_CHARS = CHECKPOINT_MAX_CHARS // 4  # a quarter of the checkpoint's room: 64 trials take ~10 KB
 
@@ -45,11 +45,6 @@ def source_label(run: str, class_description: str) -> str:
 def _run_and_class(label: str) -> tuple[str, str | None]:
     run, _, rest = label.partition(" (")
     return run, rest.removesuffix(")") or None
-
-
-def source_of(report_json: str, label: str) -> HistorySource:
-    """The history source a finished run leaves behind, from its engine report (Report.model_dump_json())."""
-    return source_from_report(json.loads(report_json), label=label)
 
 
 def encode(source: HistorySource, search_seconds: float, limit: int = HISTORY_MAX_CHARS) -> SearchCheckpoint | None:

@@ -24,17 +24,27 @@ can keep it in the API server and hand it to the agent Job as JSON.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import Field, StringConstraints, ValidationError
 
+from metainfer.core.engine.history_use import (
+    FIRST_WINNERS,
+    MAX_SOURCES,
+    HistoryUse,
+    Plain,
+    Scalar,
+    Short,
+    Similarity,
+    SourceUse,
+)
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.profile.types import HardwareProfile, SupportStatus
+from metainfer.core.engine.report import REPORT_FILE, AdaptSettings, Report
 from metainfer.core.engine.scoring import Constraints, Objective
 from metainfer.core.engine.search.prior import (
     Evidence,
@@ -48,27 +58,15 @@ from metainfer.core.engine.search.prior import (
 from metainfer.core.engine.search.space import Key, Space
 from metainfer.core.engine.trial import TrialStatus
 
-if TYPE_CHECKING:
-    from metainfer.core.engine.pipeline import AdaptSettings
-
-MAX_SOURCES = 8
 MAX_TRIALS = 64
 MAX_OPS = 512
 RELATED = 0.5  # similarity from which a source's winner is re-measured first and its failures are skipped
 USEFUL = 0.2  # similarity below which a source is ignored
-FIRST_WINNERS = 2  # winners of the most similar related sources measured first
-REPORT_FILE = "report.json"
 
 Name = Annotated[str, StringConstraints(max_length=128)]
-Short = Annotated[str, StringConstraints(max_length=64)]
-Scalar = str | int | float | bool | None
 
 
-class _Plain(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class HistoryTrial(_Plain):
+class HistoryTrial(Plain):
     """One measured candidate: enough to replay it into a searcher."""
 
     point: dict[Short, Annotated[str, StringConstraints(max_length=64)] | int | float | bool | None] = Field(
@@ -82,7 +80,7 @@ class HistoryTrial(_Plain):
     failure: str | None = Field(None, max_length=200, description="The first violation or error.")
 
 
-class ModelFeatures(_Plain):
+class ModelFeatures(Plain):
     sha256: Short
     name: Name = ""
     size_bytes: int = Field(0, ge=0)
@@ -103,7 +101,7 @@ class ModelFeatures(_Plain):
         )
 
 
-class HardwareFeatures(_Plain):
+class HardwareFeatures(Plain):
     fingerprint: Short
     cpu_model: Name = ""
     arch: Short = ""
@@ -140,7 +138,7 @@ class HardwareFeatures(_Plain):
         )
 
 
-class SearchSpec(_Plain):
+class SearchSpec(Plain):
     """What of the run's settings changes the landscape: the batch, the objective, the constraints."""
 
     batch: int = Field(1, ge=1)
@@ -158,7 +156,7 @@ class SearchSpec(_Plain):
         )
 
 
-class RunFeatures(_Plain):
+class RunFeatures(Plain):
     """What similarity compares: the model, the hardware class and the spec of a run."""
 
     model: ModelFeatures
@@ -181,7 +179,7 @@ class HistorySource(RunFeatures):
         return max(feasible, key=lambda t: t.score or 0.0) if feasible else None
 
 
-class TrialHistory(_Plain):
+class TrialHistory(Plain):
     """Earlier runs' trials, per source; bounded so that it fits a Kubernetes object."""
 
     sources: list[HistorySource] = Field(default_factory=list, max_length=MAX_SOURCES)
@@ -189,13 +187,6 @@ class TrialHistory(_Plain):
     @property
     def trials(self) -> int:
         return sum(len(s.trials) for s in self.sources)
-
-
-class Similarity(_Plain):
-    total: float = Field(ge=0, le=1)
-    hardware: float = Field(ge=0, le=1)
-    model: float = Field(ge=0, le=1)
-    spec: float = Field(ge=0, le=1)
 
 
 # -- building sources -------------------------------------------------------------------------------------
@@ -208,37 +199,27 @@ def bounded_trials(trials: Sequence[HistoryTrial], limit: int = MAX_TRIALS) -> l
     return good[: limit - len(bad)] + bad
 
 
-def source_from_report(doc: dict[str, Any], label: str = "") -> HistorySource:
-    """A source from a parsed report.json (any version whose model, profile and trials still validate)."""
-    settings = doc.get("settings", {})
-    model = ModelFeatures.of(ModelInfo.model_validate(doc["model"]))
-    hardware = HardwareFeatures.of(HardwareProfile.model_validate(doc["profile"]))
-    spec = SearchSpec(
-        batch=int(settings.get("batch", 1)),
-        search_batch=bool(settings.get("search_batch", False)),
-        objective=Objective.model_validate(settings.get("objective", {})),
-        constraints=Constraints.model_validate(settings.get("constraints", {})),
-    )
+def source_from_report(report: Report, label: str = "") -> HistorySource:
+    """A source from a finished run's report: its model, hardware and spec, and every trial's point and outcome."""
     trials: list[HistoryTrial] = []
-    for t in doc.get("trials", []):
-        metrics = t.get("metrics") or {}
-        latency = metrics.get("latency") or {}
-        failure = (t.get("violations") or [None])[0] or t.get("error")
+    for t in report.trials:
+        latency = t.metrics.latency if t.metrics is not None else None
+        failure = (t.violations[0] if t.violations else None) or t.error
         trials.append(
             HistoryTrial(
-                point={str(k)[:64]: v for k, v in (t.get("point") or {}).items()},
-                status=TrialStatus(t["status"]),
-                score=t.get("score"),
-                p50_ms=latency.get("p50_ms"),
-                p95_ms=latency.get("p95_ms"),
-                quality_drop=(metrics.get("quality") or {}).get("drop"),
+                point={str(k)[:64]: v for k, v in t.point.items()},
+                status=t.status,
+                score=t.score,
+                p50_ms=latency.p50_ms if latency is not None else None,
+                p95_ms=latency.p95_ms if latency is not None else None,
+                quality_drop=t.metrics.quality.drop if t.metrics is not None else None,
                 failure=None if failure is None else str(failure)[:200],
             )
         )
     return HistorySource(
-        model=model,
-        hardware=hardware,
-        spec=spec,
+        model=ModelFeatures.of(report.model),
+        hardware=HardwareFeatures.of(report.profile),
+        spec=SearchSpec.of(report.settings),
         label=label[:256],
         trials=bounded_trials([t for t in trials if t.point]),
     )
@@ -260,7 +241,8 @@ def load_reports(paths: Iterable[Path]) -> tuple[list[HistorySource], list[str]]
     """Sources from report.json files and directories; and, for each file that could not be used, why.
 
     Raises ``FileNotFoundError`` for a path that does not exist. A file that is not a readable report
-    (another JSON, an older schema) is skipped with its reason rather than failing the run.
+    (another JSON, an older schema that no longer validates as ``Report``) is skipped with its reason rather
+    than failing the run.
     """
     paths = list(paths)
     for path in paths:
@@ -270,12 +252,20 @@ def load_reports(paths: Iterable[Path]) -> tuple[list[HistorySource], list[str]]
     skipped: list[str] = []
     for path in report_paths(paths):
         try:
-            doc = json.loads(path.read_text())
-            sources.append(source_from_report(doc, label=str(path)))
-        except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+            sources.append(source_from_report(Report.model_validate_json(path.read_bytes()), label=str(path)))
+        except ValidationError as exc:
+            skipped.append(f"{path}: {_first_error(exc)[:200]}")
+        except (OSError, ValueError) as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             skipped.append(f"{path}: {first[:200]}")
     return sources, skipped
+
+
+def _first_error(exc: ValidationError) -> str:
+    """Why a file is no report, in one line: its first error and where (``started_at: Field required``)."""
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    return f"{where}: {first['msg']}" if where else str(first["msg"])
 
 
 # -- similarity -----------------------------------------------------------------------------------------
@@ -366,34 +356,6 @@ def select(current: RunFeatures, sources: Sequence[HistorySource], limit: int = 
 
 
 # -- warm start -----------------------------------------------------------------------------------------
-class SourceUse(_Plain):
-    label: Annotated[str, StringConstraints(max_length=256)]
-    model_sha256: Short
-    hardware_fingerprint: Short
-    batch: int
-    similarity: Similarity
-    trials: int = Field(ge=0, description="Its trials that shaped the prior.")
-    winner: dict[str, Scalar] | None = None
-
-
-class HistoryUse(_Plain):
-    """What the history did for a run: the report's (and the run status's) account of it."""
-
-    offered: int = Field(0, ge=0, description="Sources offered.")
-    sources: list[SourceUse] = Field(default_factory=list, max_length=MAX_SOURCES)
-    ignored: list[Annotated[str, StringConstraints(max_length=300)]] = Field(default_factory=list, max_length=32)
-    warm: bool = Field(False, description="A source was related enough to start from its winner.")
-    trials_used: int = Field(0, ge=0, description="History trials that shaped the search's prior.")
-    first_points: list[dict[str, Scalar]] = Field(default_factory=list, max_length=FIRST_WINNERS)
-    skipped_known_failures: int = Field(0, ge=0, description="Points not measured: they failed on matching hardware.")
-    best_found_at: int | None = Field(None, description="1-based trial that first measured the search's best.")
-    trials_saved: int = Field(
-        0,
-        ge=0,
-        description="Trials of the budget left unmeasured because the warm-started search converged early.",
-    )
-
-
 INT8_OPS = (
     "MatMulInteger",
     "DynamicQuantizeLinear",

@@ -13,10 +13,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from metainfer.core.engine.pipeline import Report
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.report import REPORT_FILE, Report
 
-MODEL_FILE, RECIPE_FILE, REPORT_FILE, PLOT_FILE = "model.onnx", "recipe.json", "report.json", "pareto.png"
+MODEL_FILE, RECIPE_FILE, PLOT_FILE = "model.onnx", "recipe.json", "pareto.png"
 
 
 def recipe_document(recipe: Recipe, base_sha256: str, variant_sha256: str | None) -> dict[str, Any]:

@@ -18,21 +18,21 @@ from datetime import UTC, datetime
 
 import numpy as np
 import onnx
-from pydantic import BaseModel, ConfigDict, Field
 
-from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError
-from metainfer.core.engine.evaluate import MeasureSettings, Reference, Screen
+from metainfer.core.engine.evaluate import Reference, Screen
 from metainfer.core.engine.history import HardwareFeatures as HistoryHardware
-from metainfer.core.engine.history import HistoryUse, ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
+from metainfer.core.engine.history import ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
+from metainfer.core.engine.history_use import HistoryUse
 from metainfer.core.engine.measurer import Measurer, OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.phases import Observer, PipelinePhase, SilentObserver
 from metainfer.core.engine.profile.types import HardwareProfile
 from metainfer.core.engine.recipe import Recipe
-from metainfer.core.engine.scoring import Constraints, Objective, noise_band, rank, score, violations, within_noise
+from metainfer.core.engine.report import AdaptSettings, FinalComparison, Report, SpaceSummary
+from metainfer.core.engine.scoring import noise_band, rank, score, violations, within_noise
 from metainfer.core.engine.search import Prior, SearchContext, Searcher, builtin_prior, context_features, make_searcher
 from metainfer.core.engine.search.space import Key, Point, Space
 from metainfer.core.engine.sensitivity import SensitivityReport, analyse
@@ -57,88 +57,6 @@ SENSITIVITY_SAMPLES = 32
 # Racing: a candidate whose running median is this much slower than the best so far (or three noise bands,
 # whichever is more) cannot win on speed, so its timing stops after one round.
 RACE_MARGIN = 0.3
-
-
-class AdaptSettings(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    batch: int = Field(1, ge=1, description="Production batch size.")
-    search_batch: bool = Field(False, description="Also search the batch size (off: the batch is fixed).")
-    constraints: Constraints = Constraints()
-    objective: Objective = Objective()
-    budget_trials: int = Field(24, ge=1, le=MAX_TRIAL_BUDGET)
-    time_budget_s: float | None = Field(None, gt=0)
-    algorithm: Algorithm = DEFAULT_ALGORITHM
-    seed: int = 0
-    measure: MeasureSettings = MeasureSettings()
-    calibration_samples: int = Field(64, ge=1)
-    sensitivity_layers: int = Field(16, ge=1, description="Largest layers probed for mixed precision.")
-    overrides: dict[str, list[str | int | float | bool]] = Field(
-        default_factory=dict, description="Restrict a search dimension to these choices."
-    )
-
-
-class SpaceSummary(BaseModel):
-    dimensions: dict[str, list[str | int | float | bool | None]]
-    allowed_points: int
-    notes: list[str]
-
-
-class FinalComparison(BaseModel):
-    """Baseline and winner re-measured back to back, so machine noise hits both alike."""
-
-    baseline: TrialMetrics
-    best: TrialMetrics
-    speedup_p50: float
-    speedup_p95: float
-    kept_baseline: bool = Field(
-        False, description="The search's winner lost to FP32 when re-measured back to back, so FP32 was kept."
-    )
-    note: str = ""
-    slo_percentile: str = Field(
-        "p95",
-        description="The tail percentile the SLO is written in (p99 where the policy bounds p99): a winner slower"
-        " than FP32 there, beyond the timing noise, is never shipped.",
-    )
-
-
-class Report(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    started_at: datetime
-    model: ModelInfo
-    profile: HardwareProfile
-    settings: AdaptSettings
-    space: SpaceSummary
-    baseline: Trial
-    trials: list[Trial]
-    best: Trial | None
-    validation: ValidationReport | None = None
-    final: FinalComparison | None = None
-    sensitivity: list[SensitivityReport] = Field(default_factory=list)
-    latency_noise_band: float | None = Field(
-        None,
-        ge=0,
-        description=(
-            "Relative latency difference the measurements cannot resolve: the median over the baseline and"
-            " every measured candidate of what its own runs resolve (scoring.noise_band). Candidates timing"
-            " within it of each other are ranked as ties, decided by memory and quality. None in reports"
-            " written before it was measured."
-        ),
-    )
-    history: HistoryUse | None = Field(
-        None,
-        description="What earlier runs' trials (--history, or the operator's) did for this search; None without.",
-    )
-    search_wall_s: float
-    sensitivity_wall_s: float = Field(
-        0.0,
-        ge=0,
-        description="Of search_wall_s, the time the mixed-precision sensitivity scans took (run once per mode,"
-        " when the search first proposes keeping layers in float; not counted as trials).",
-    )
-    total_wall_s: float
-    stop_reason: str
 
 
 class Adaptation:

@@ -19,7 +19,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from metainfer.core.engine.pipeline import Report
+from metainfer.core.engine.report import Report
 from metainfer.core.engine.trial import Trial, TrialStatus
 
 

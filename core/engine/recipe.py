@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 QuantizationMode = Literal["fp32", "fp16", "int8_dynamic", "int8_static"]
+# The numeric formats, and those that run integer kernels: defined once, here, for every module that asks.
+QUANTIZATION_MODES: tuple[str, ...] = get_args(QuantizationMode)
+INT8_MODES: tuple[str, ...] = ("int8_dynamic", "int8_static")
 GraphOptimizationLevel = Literal["disable", "basic", "extended", "all"]
 Layout = Literal["NCHW", "NHWC"]
 ExecutionMode = Literal["sequential", "parallel"]
@@ -150,7 +153,7 @@ class Recipe(_Frozen):
         q = self.transform.quantization
         head = {"fp32": "FP32", "fp16": "FP16", "int8_dynamic": "int8 dynamic", "int8_static": "int8 static"}[q.mode]
         parts: list[str] = []
-        if q.mode in ("int8_dynamic", "int8_static"):
+        if q.mode in INT8_MODES:
             head += " per-channel" if q.per_channel else " per-tensor"
             if q.weight_type != "int8":
                 parts.append(f"{q.weight_type} weights")

@@ -34,7 +34,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from metainfer.core.engine.trial import LatencyStats, Trial, TrialMetrics
+from metainfer.core.engine.trial import LatencyStats, Trial, TrialMetrics, TrialStatus
 
 # The default weights everywhere (CLI flags, AdaptSettings, the policy's spec.objective): latency
 # decides, quality breaks what remains close; ties inside the noise band go to quality regardless.
@@ -42,6 +42,10 @@ DEFAULT_LATENCY_WEIGHT = 1.0
 DEFAULT_THROUGHPUT_WEIGHT = 0.0
 DEFAULT_MEMORY_WEIGHT = 0.0
 DEFAULT_QUALITY_WEIGHT = 0.1
+
+# What "no feasible candidate" lists: the infeasible candidates nearest to feasible, then the first failures.
+CLOSEST_SHOWN = 5
+FAILURES_SHOWN = 3
 
 # Two-sided 95% normal quantile; and the factor turning (p95 - p50) into a standard deviation
 # (exact for a normal distribution, an overestimate for the right-skewed ones latency has: conservative).
@@ -214,3 +218,21 @@ def miss_distance(violation_list: list[str], metrics: TrialMetrics | None, const
     if constraints.max_memory_mib is not None:
         total += max(0.0, metrics.peak_memory_mib / constraints.max_memory_mib - 1)
     return total
+
+
+def by_closeness(trials: Sequence[T], constraints: Constraints) -> list[T]:
+    """The unscored trials that were measured (infeasible, not failed), nearest to feasible first; ties by index."""
+    missed = (t for t in trials if t.score is None and t.status != TrialStatus.FAILED)
+    return sorted(missed, key=lambda t: (miss_distance(t.violations, t.metrics, constraints), t.index))
+
+
+def closest_misses(trials: Sequence[Trial], constraints: Constraints) -> list[tuple[str, list[str]]]:
+    """The candidates nearest to feasible and what each missed, then the first few failures with their error.
+
+    The one ranking of "closest candidates": ``metainfer adapt`` and the agent Job both list it when no candidate
+    met every constraint (through ``Report.closest_misses``), so the CLI and the run's status agree.
+    """
+    nearest = [t for t in by_closeness(trials, constraints) if t.status == TrialStatus.INFEASIBLE][:CLOSEST_SHOWN]
+    failed = sorted((t for t in trials if t.status == TrialStatus.FAILED), key=lambda t: t.index)[:FAILURES_SHOWN]
+    rows = [(t.recipe.describe(), t.violations) for t in nearest]
+    return rows + [(t.recipe.describe(), [f"failed: {t.error}"]) for t in failed]

@@ -10,6 +10,7 @@ synthetic footprints and configs.
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import onnxruntime as ort
@@ -18,6 +19,11 @@ from bench import olive_output as oo
 from bench import olive_report as orp
 from bench import olive_workflow as ow
 from bench.olive_measure import Measured
+from metainfer.core.engine.modelinfo import ModelInfo
+from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo
+from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
+from metainfer.core.engine.report import AdaptSettings, Report, SpaceSummary
+from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics
 
 
 def _node(parent: str | None, latency: float | None = None, quality: float = 1.0, ok: bool = True, **cfg: object):
@@ -87,13 +93,54 @@ def test_verdict_needs_speed_and_quality() -> None:
     assert met is None
 
 
-def test_a_missed_verdict_says_by_how_much_and_how_the_search_ranked_it(tmp_path: Path) -> None:
-    def trial(per_channel: bool, p50: float, score: float) -> dict:
-        q = {"mode": "int8_dynamic", "per_channel": per_channel}
-        return {"score": score, "recipe": {"transform": {"quantization": q}}, "metrics": {"latency": {"p50_ms": p50}}}
+def _report(trials: list[tuple[bool, float, float]]) -> Report:
+    """A metainfer report whose trials are int8 dynamic with (per_channel, p50 ms, score)."""
 
-    report = {"trials": [trial(False, 0.0362, 1.67), trial(True, 0.0382, 1.58)]}
-    (tmp_path / "report.json").write_text(json.dumps(report))
+    def metrics(p50: float) -> TrialMetrics:
+        latency = LatencyStats(
+            p50_ms=p50, p95_ms=p50, p99_ms=p50, mean_ms=p50, runs=10, warmup_runs=1, throughput_per_s=1 / p50
+        )
+        quality = Quality(metric="top1_accuracy", value=0.98, reference=0.98, drop=0.0, samples=10)
+        return TrialMetrics(latency=latency, quality=quality, peak_memory_mib=1.0, model_size_mib=1.0)
+
+    def trial(index: int, per_channel: bool, p50: float, score: float) -> Trial:
+        q = QuantizationSpec(mode="int8_dynamic", per_channel=per_channel)
+        recipe = Recipe(transform=TransformSpec(quantization=q))
+        return Trial(index=index, point={}, recipe=recipe, status="feasible", metrics=metrics(p50), score=score)
+
+    machine = MachineInfo(
+        cpu_model="c", arch="x86_64", logical_cores=1, physical_cores=1, total_memory_bytes=1, onnxruntime_version="1"
+    )
+    when = datetime(2025, 1, 1, tzinfo=UTC)
+    return Report(
+        started_at=when,
+        model=ModelInfo(
+            path="m.onnx", sha256="a" * 64, size_bytes=1, opset=17, inputs=(), outputs=(), op_counts={}, parameters=0
+        ),
+        profile=HardwareProfile(
+            fingerprint="0" * 16,
+            machine=machine,
+            providers_profiled=["CPUExecutionProvider"],
+            peak_gemm_gflops_fp32=1,
+            peak_gemm_gflops_int8=1,
+            memory_bandwidth_gbps=1,
+            measured_at=when,
+            duration_s=0,
+        ),
+        settings=AdaptSettings(),
+        space=SpaceSummary(dimensions={}, allowed_points=1, notes=[]),
+        baseline=Trial(index=0, point={}, recipe=Recipe(), status="feasible", metrics=metrics(0.068), score=1.0),
+        trials=[trial(i + 1, *t) for i, t in enumerate(trials)],
+        best=None,
+        search_wall_s=1.0,
+        total_wall_s=1.0,
+        stop_reason="trial budget reached",
+    )
+
+
+def test_a_missed_verdict_says_by_how_much_and_how_the_search_ranked_it(tmp_path: Path) -> None:
+    report = _report([(False, 0.0362, 1.67), (True, 0.0382, 1.58)])
+    (tmp_path / "report.json").write_text(report.model_dump_json())
     rows = [
         Measured("ORT FP32, default options", "ORT defaults", 0.068, 0.09, 0.98, 0.0, "top1_accuracy", 0.2),
         Measured("Olive best", "int8 dynamic, per-channel", 0.0479, 0.08, 0.98, 0.0, "top1_accuracy", 0.1),

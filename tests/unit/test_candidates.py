@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 
 from metainfer.core.engine.candidates import KNOBS, SpaceOptions, build_space, recipe_for, unsupported_reason
+from metainfer.core.engine.knobs import DEFAULT_SPREAD
 from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
 from metainfer.core.engine.profile import HardwareProfile, MachineInfo, OpSupport
+from metainfer.core.engine.search import SearchContext, builtin_prior
 from metainfer.core.engine.search.space import Point
 
 
@@ -371,3 +373,28 @@ def test_every_knob_maps_into_the_recipe_and_reads_back(
                 assert (type(value), value) == (type(point[knob.name]), point[knob.name]), knob.name
                 seen[knob.name].add((type(value), value))
     assert seen == offered  # every value of every knob is reachable and lands in the recipe
+
+
+def test_every_knob_states_its_prior_and_names_only_its_own_choices(
+    digits, bert_info: ModelInfo, tiny_conv: tuple[Path, Path]
+) -> None:
+    """A knob's prior belief is part of its declaration: a spread (``DEFAULT_SPREAD`` only on purpose), and
+    machine-independent effects for choices the knob offers on some model and machine, never for a stale name."""
+    offered: dict[str, set[object]] = {k.name: set() for k in KNOBS}
+    conv = inspect_model(tiny_conv[0])
+    cases = list(_cases(digits[1], bert_info, conv).values())
+    fusable = conv.model_copy(update={"op_counts": {**conv.op_counts, "LRN": 1}})  # what conv fusion rewrites
+    cases.append((fusable, synthetic_profile(), SpaceOptions(), 3))
+    for info, profile, options, layers in cases:
+        space, _ = build_space(info, profile, options, layers)
+        for d in space.dimensions:
+            offered[d.name].update((type(c), c) for c in d.choices)
+    for knob in KNOBS:
+        assert isinstance(knob.spread, float) and 0 < knob.spread <= 1, knob.name
+        named = {(type(c), c) for c in knob.effects}
+        assert named <= offered[knob.name], (knob.name, named - offered[knob.name])
+    on_purpose = {k.name for k in KNOBS if k.spread == DEFAULT_SPREAD}
+    assert on_purpose == {"quant_format", "graph_optimization_level", "execution_mode"}
+    # the search's built-in prior reads them from the declarations
+    space, _ = build_space(bert_info, synthetic_profile(), SpaceOptions(padding_removable=True), 3)
+    assert builtin_prior(space, SearchContext()).spread == tuple(k.spread for k in KNOBS)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import json
 import re
 import subprocess
 import sys
@@ -20,6 +19,7 @@ from metainfer.agent.progress import LogObserver, RichObserver, progress_for
 from metainfer.core.engine.algorithms import ALGORITHM_NAMES
 from metainfer.core.engine.phases import PipelinePhase
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
+from metainfer.core.engine.report import Report
 from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics, TrialStatus
 
 # What a model run imports and a flag or path error must not wait for.
@@ -239,10 +239,11 @@ def test_adapt_in_a_log_warns_about_a_batch_larger_than_the_data(examples: dict[
     assert len(re.findall(r"^\[\s*[\d.]+s\] search \d/2: ", err, re.MULTILINE)) == 2, err
     assert "\x1b[" not in err and "━" not in err
     assert re.search(r"timing noise band ±\d+\.\d%", proc.stdout), proc.stdout
-    report = json.loads((out / "report.json").read_text())
-    assert report["latency_noise_band"] > 0
+    report = Report.model_validate_json((out / "report.json").read_text())
+    assert report.latency_noise_band is not None and report.latency_noise_band > 0
     # The peak memory column is the process's peak, not a growth that rounds to 0.
-    peak = report["baseline"]["metrics"]["peak_memory_mib"]
+    assert report.baseline.metrics is not None
+    peak = report.baseline.metrics.peak_memory_mib
     assert peak > 20 and f"{peak:.1f}" in proc.stdout
 
 

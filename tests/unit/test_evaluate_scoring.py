@@ -265,8 +265,8 @@ def test_pareto_latency_axis_is_logarithmic(digits) -> None:
 def _fake_report(digits, p50s: list[float]):  # type: ignore[no-untyped-def]
     from datetime import UTC, datetime
 
-    from metainfer.core.engine.pipeline import AdaptSettings, Report, SpaceSummary
     from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo
+    from metainfer.core.engine.report import AdaptSettings, Report, SpaceSummary
 
     _, info, _ = digits
     baseline = _metrics(p50s[0])

@@ -17,7 +17,6 @@ import pytest
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import MeasureSettings, Reference, Screen
 from metainfer.core.engine.history import (
-    MAX_SOURCES,
     MAX_TRIALS,
     HardwareFeatures,
     HistorySource,
@@ -32,11 +31,13 @@ from metainfer.core.engine.history import (
     similarity,
     warm_start,
 )
+from metainfer.core.engine.history_use import MAX_SOURCES
 from metainfer.core.engine.measurer import OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
-from metainfer.core.engine.pipeline import Adaptation, AdaptSettings, Report
+from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo, OpSupport
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.search import HybridSearcher, builtin_prior
 from metainfer.core.engine.search.space import Dimension, Point, Space
 from metainfer.core.engine.trial import LatencyStats, Quality, TrialMetrics, TrialStatus

@@ -7,6 +7,7 @@ import datetime as dt
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from metainfer.core.api import crdgen
@@ -14,6 +15,7 @@ from metainfer.core.api.policy import SearchSpaceOverrides, search_space_fields,
 from metainfer.core.control import runstatus
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.knobs import (
+    DEFAULT_SPREAD,
     INT8_MODES,
     KNOBS,
     ChoiceList,
@@ -25,6 +27,7 @@ from metainfer.core.engine.knobs import (
 )
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.profile import HardwareProfile, MachineInfo, OpSupport
+from metainfer.core.engine.search import SearchContext, builtin_prior
 from metainfer.core.engine.search.space import Point
 
 CPU = "CPUExecutionProvider"
@@ -70,6 +73,8 @@ REDUCE_RANGE = Knob(
     name="reduce_range",
     values=(False, True),
     recipe_field="transform.quantization.reduce_range",
+    spread=0.07,
+    effects={False: 0.0, True: -0.02},
     cast=bool,
     rules=(_reduce_range_needs_int8,),
     override=ChoiceList("reduce_ranges", 1000, bool, max_items=2, description="7-bit weights or not."),
@@ -118,6 +123,18 @@ def test_a_new_knob_maps_into_the_recipe(digits) -> None:
                 )
             }
         )
+
+
+def test_a_new_knob_states_what_the_prior_believes_of_it(digits) -> None:
+    space, _ = build_space(digits[1], cpu_profile(), SpaceOptions(), 3, knobs=WITH_TOY)
+    context = SearchContext.from_peaks(100, 200, 4, 2, False)
+    prior = builtin_prior(space, context, knobs=WITH_TOY)
+    assert prior.spread == tuple(k.spread for k in WITH_TOY)
+    assert list(prior.effects[-1]) == [0.0, -0.02]
+    # The registry's prior has no declaration for it: the default spread, and its choices rank by position.
+    registered = builtin_prior(space, context)
+    assert registered.spread[-1] == DEFAULT_SPREAD and list(registered.effects[-1]) == [0.0, -0.01]
+    assert all(np.array_equal(a, b) for a, b in zip(registered.effects[:-1], prior.effects[:-1], strict=True))
 
 
 def test_a_new_knob_becomes_a_policy_restriction_and_run_setting() -> None:
@@ -203,22 +220,24 @@ def test_recipe_for_backfills_only_declared_knobs(digits) -> None:
 
 
 def test_declaration_mistakes_are_refused() -> None:
-    clash = Knob(name="fusion", values=("none",), recipe_field="transform.quantization.reduce_range")
+    clash = Knob(name="fusion", values=("none",), recipe_field="transform.quantization.reduce_range", spread=0.1)
     with pytest.raises(ValueError, match="duplicate knob names"):
         check_knobs((*KNOBS, clash))
     same_field = Knob(
         name="other",
         values=(1,),
         recipe_field="transform.quantization.reduce_range",
+        spread=0.1,
         override=ChoiceList("layouts", 2000, int, max_items=1),
     )
     with pytest.raises(ValueError, match="duplicate override fields"):
         search_space_fields((*KNOBS, same_field))
-    same_recipe = Knob(name="other", values=(1,), recipe_field="batch")
+    same_recipe = Knob(name="other", values=(1,), recipe_field="batch", spread=0.1)
     with pytest.raises(ValueError, match="duplicate recipe fields"):
         check_knobs((*KNOBS, same_recipe))
     with pytest.raises(ValueError, match="duplicate override positions"):
-        check_knobs((*KNOBS, Knob(name="x", values=(0,), recipe_field="y", override=UpTo("x", 10, maximum=1))))
+        clashing_position = UpTo("x", 10, maximum=1)
+        check_knobs((*KNOBS, Knob(name="x", values=(0,), recipe_field="y", spread=0.1, override=clashing_position)))
 
 
 def test_the_declarations_import_nothing_heavy() -> None:

@@ -30,14 +30,15 @@ from metainfer.core.engine.measurer import OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.outputs import write_outputs
 from metainfer.core.engine.phases import SilentObserver
-from metainfer.core.engine.pipeline import Adaptation, AdaptSettings, Report
+from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import HardwareProfile
 from metainfer.core.engine.profile.types import MachineInfo
-from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.recipe import INT8_MODES, Recipe
+from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.runtime import create_session
-from metainfer.core.engine.scoring import Constraints, Objective, measurement_noise
+from metainfer.core.engine.scoring import Constraints, Objective, measurement_noise, violations
 from metainfer.core.engine.transforms import build_variant
-from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics
+from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics, TrialStatus
 
 Digits = tuple[bytes, ModelInfo, Dataset]
 
@@ -56,7 +57,6 @@ SMALL_SPACE: dict[str, list[str | int | float | bool]] = {
     "graph_optimization_level": ["all"],
     "execution_mode": ["sequential"],
 }
-INT8_MODES = ("int8_dynamic", "int8_static")
 
 OfRecipe = Callable[[Recipe], float]
 
@@ -299,7 +299,40 @@ def test_no_feasible_candidate_reports_the_closest(digits: Digits, tmp_path: Pat
     # The report is still produced, with no model.
     written = write_outputs(tmp_path, report, variant)
     assert tmp_path / "report.json" in written and not (tmp_path / "model.onnx").exists()
-    assert json.loads((tmp_path / "report.json").read_text())["best"] is None
+    assert Report.model_validate_json((tmp_path / "report.json").read_text()) == report
+
+
+def test_the_cli_and_the_job_list_the_same_closest_candidates(
+    digits: Digits,
+    examples: dict[str, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """One ranking of the closest candidates: ``metainfer adapt`` prints the list the Job writes into the status."""
+    from metainfer.agent.cli import EXIT_INFEASIBLE, main
+    from metainfer.core.engine import pipeline, profile
+
+    slo = Constraints(slo_p95_ms=0.5, max_quality_drop=QUALITY_BUDGET)
+    report, _ = _adapt_fake(digits, FakeMeasurer(), slo)
+    # FP32 the nearest miss (it is a candidate too), and one crash: the failures' place in the list
+    assert report.baseline.metrics is not None
+    near = report.baseline.metrics.latency.model_copy(update={"p95_ms": 0.55})
+    metrics = report.baseline.metrics.model_copy(update={"latency": near})
+    report.baseline = report.baseline.model_copy(update={"metrics": metrics, "violations": violations(metrics, slo)})
+    crashed = {"status": TrialStatus.FAILED, "metrics": None, "score": None, "violations": [], "error": "boom"}
+    report.trials[3] = report.trials[3].model_copy(update=crashed)
+    monkeypatch.setattr(pipeline.Adaptation, "run", lambda self, *args, **kwargs: (report, None))
+    monkeypatch.setattr(profile, "load_or_measure", lambda **kwargs: fixed_profile())
+    model = examples["digits"]
+    data = str(model.parent / "data.npz")
+    code = main(["adapt", str(model), "--data", data, "--slo-p95-ms", "0.5", "--out", str(tmp_path)])
+    printed = [line[2:] for line in capsys.readouterr().err.splitlines() if line.startswith("  ")]
+    job = infeasible_error(Report.model_validate_json((tmp_path / "report.json").read_text())).closest
+    assert code == EXIT_INFEASIBLE and len(job) == 6  # the five closest misses, then the failure
+    assert job[0][0] == report.baseline.recipe.describe()
+    assert job[-1] == (report.trials[3].recipe.describe(), ["failed: boom"])
+    assert printed == [f"{described}: " + "; ".join(missed) for described, missed in job]
 
 
 def test_same_seed_same_search(digits: Digits) -> None:
@@ -545,9 +578,10 @@ def test_cli_writes_the_four_outputs(adapted: tuple[Path, Path]) -> None:
     assert recipe_doc["providers"][-1] == "CPUExecutionProvider"
     recipe = Recipe.model_validate(recipe_doc)
     onnx.checker.check_model(onnx.load(str(out / "model.onnx")))
-    report = json.loads((out / "report.json").read_text())
-    assert len(report["trials"]) == 5 and report["baseline"]["metrics"]["latency"]["p95_ms"] > 0
-    assert report["profile"]["fingerprint"] and report["search_wall_s"] > 0
+    report = Report.model_validate_json((out / "report.json").read_text())
+    assert len(report.trials) == 5 and report.baseline.metrics is not None
+    assert report.baseline.metrics.latency.p95_ms > 0
+    assert report.profile.fingerprint and report.search_wall_s > 0
     assert recipe.batch == 16
     assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -14,9 +14,9 @@ from metainfer.core.control import runstatus
 from metainfer.core.engine.errors import DataError, InputError, ModelError, NoFeasibleCandidate, UnsupportedModelError
 from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo
-from metainfer.core.engine.pipeline import AdaptSettings, FinalComparison, Report, SpaceSummary
 from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo, OpSupport
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
+from metainfer.core.engine.report import AdaptSettings, FinalComparison, Report, SpaceSummary
 from metainfer.core.engine.scoring import Constraints
 from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics
 

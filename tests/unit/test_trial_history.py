@@ -6,15 +6,8 @@ import pytest
 
 from metainfer.core.api.run import SearchCheckpoint
 from metainfer.core.control import trial_history
-from metainfer.core.engine.history import (
-    HardwareFeatures,
-    HistorySource,
-    HistoryTrial,
-    HistoryUse,
-    ModelFeatures,
-    Similarity,
-    SourceUse,
-)
+from metainfer.core.engine.history import HardwareFeatures, HistorySource, HistoryTrial, ModelFeatures
+from metainfer.core.engine.history_use import HistoryUse, Similarity, SourceUse
 from metainfer.core.engine.trial import TrialStatus
 
 

@@ -12,7 +12,9 @@ Recipe field its value lands in, and how a policy may restrict it
 - ``core.api.policy.SearchSpaceOverrides``: one optional field per knob with an
   ``override``, so the CRD schema follows the declarations;
 - ``core.control.runstatus``: policy field -> dimension, and the choices a
-  policy's value allows.
+  policy's value allows;
+- ``search.prior.builtin_prior``: each dimension's spread and known effects,
+  what the search believes of the knob before measuring.
 
 Adding a knob is one declaration in the module of its area (quantization,
 graph, session), appended to that module's ``KNOBS``, plus its test; a new
@@ -29,11 +31,10 @@ from __future__ import annotations
 from metainfer.core.engine.knobs import graph, quantization, session
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
+    DEFAULT_SPREAD,
     INT8_DYNAMIC_OPS,
-    INT8_MODES,
     INT8_STATIC_CONV_OPS,
     INT8_STATIC_OPS,
-    QUANTIZATION_MODES,
     SLOW_VARIANT_FACTOR,
     ChoiceList,
     Knob,
@@ -64,6 +65,7 @@ from metainfer.core.engine.knobs.session import (
     INTRA_OP_NUM_THREADS,
     thread_choices,
 )
+from metainfer.core.engine.recipe import INT8_MODES, QUANTIZATION_MODES
 
 # Areas in a fixed order: the order of KNOBS is the order of the space's dimensions.
 KNOBS: tuple[Knob, ...] = (*quantization.KNOBS, *graph.KNOBS, *session.KNOBS)
@@ -75,6 +77,7 @@ __all__ = [
     "BATCH",
     "CALIBRATION",
     "COMPUTE_OPS",
+    "DEFAULT_SPREAD",
     "EXECUTION_MODE",
     "EXECUTION_PROVIDER",
     "FUSION",

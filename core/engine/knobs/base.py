@@ -1,23 +1,26 @@
 """The knob declaration: what one search dimension says about itself, and the
 space-building context its values and rules read.
 
-``Knob`` bundles a dimension's values, rules, Recipe mapping and policy
-override (``ChoiceList`` or ``UpTo``); ``SpaceContext`` is what values and rules
-are computed from (model, profile, options, sensitive layers), and where rules
+``Knob`` bundles a dimension's values, rules, Recipe mapping, policy override
+(``ChoiceList`` or ``UpTo``) and what the search believes about it before
+measuring (its prior spread and known effects, read by
+``core.engine.search.prior``); ``SpaceContext`` is what values and rules are
+computed from (model, profile, options, sensitive layers), and where rules
 leave notes. Declarations live beside this module, one module per area.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 from metainfer.core.engine.profile.types import HardwareProfile
-from metainfer.core.engine.recipe import QuantizationMode, Recipe
+from metainfer.core.engine.recipe import INT8_MODES, Recipe
 
 if TYPE_CHECKING:
     from metainfer.core.engine.modelinfo import ModelInfo
+    from metainfer.core.engine.search.prior import SearchContext
     from metainfer.core.engine.search.space import Point, Scalar
 
     Predicate = Callable[[Point], bool]
@@ -26,15 +29,17 @@ if TYPE_CHECKING:
     RankedLayers = Callable[[str], list[str]]
     # (chosen value, the whole point, ranked_layers) -> {dotted Recipe field: value}
     ToRecipe = Callable[[Scalar, Point, RankedLayers], dict[str, object]]
+    # (a choice, the hardware and model facts of the search) -> its expected log-score effect; None: no opinion
+    ContextEffect = Callable[[Scalar, SearchContext], float | None]
 
-INT8_MODES = ("int8_dynamic", "int8_static")
-QUANTIZATION_MODES: tuple[str, ...] = get_args(QuantizationMode)
 COMPUTE_OPS = {"MatMul", "Gemm", "Conv", "Attention"}
 # What a quantization mode turns the model's compute ops into, for support checks.
 INT8_DYNAMIC_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul"}
 INT8_STATIC_OPS = {"QuantizeLinear", "DequantizeLinear"}
 INT8_STATIC_CONV_OPS = {"QLinearConv"}
 SLOW_VARIANT_FACTOR = 2.0
+# The prior spread of a knob the built-in prior has no particular view of (and of a dimension that is no knob).
+DEFAULT_SPREAD = 0.1
 # A value a policy may name: a point's scalars, less None (the API has no nulls in lists).
 Choice = str | int | float | bool
 
@@ -124,17 +129,32 @@ class Knob:
     ``recipe_field`` alone cannot.
     ``backfill``: the value a point recorded before this knob existed stands
     for; without one such a point is an error.
+
+    What the built-in prior (``core.engine.search.prior``) believes before any
+    measurement, in log-score units: ``spread``, how unsure it is about the
+    knob, which is the bonus an untried knob gets when the start picks its next
+    move (threads and numeric format move latency the most, opt level, scales
+    and calibration rarely matter much); every knob states it, ``DEFAULT_SPREAD``
+    when it has no particular view. ``effects``: the expected effect of those
+    choices whose effect does not depend on the machine (the first choice is
+    usually 0); ``context_effect``: the effect of a choice that does (int8 on
+    the profile's int8 gain, threads against the cores), which wins over
+    ``effects`` where it has an opinion. A choice with neither ranks by its
+    position in ``values``.
     """
 
     name: str
     values: tuple[Scalar, ...] | Callable[[SpaceContext], tuple[Scalar, ...]]
     recipe_field: str
+    spread: float
     cast: Callable[[Scalar], object] = _unchanged
     to_recipe: ToRecipe | None = None
     from_recipe: Callable[[Recipe], Scalar] | None = None
     rules: tuple[Rule, ...] = ()
     override: Override | None = None
     backfill: tuple[Scalar] | None = None
+    effects: Mapping[Scalar, float] = field(default_factory=dict, hash=False)
+    context_effect: ContextEffect | None = None
 
     def choices(self, context: SpaceContext) -> tuple[Scalar, ...]:
         return self.values if isinstance(self.values, tuple) else self.values(context)

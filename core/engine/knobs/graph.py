@@ -27,6 +27,8 @@ FUSION = Knob(
     name="fusion",
     values=_fusions,
     recipe_field="transform.fusion",
+    spread=0.3,
+    effects={"none": 0.0, "transformer": 0.2, "conv": 0.2},
     override=ChoiceList("fusions", 40, GraphFusion, max_items=3),
 )
 
@@ -44,6 +46,7 @@ LAYOUT = Knob(
     name="layout",
     values=lambda c: ("NCHW", "NHWC") if c.model.has_convs else ("NCHW",),
     recipe_field="transform.layout",
+    spread=0.15,
     rules=(_nhwc_runs_natively,),
     override=ChoiceList("layouts", 30, Layout, max_items=2),
 )
@@ -59,6 +62,8 @@ PADDING = Knob(
     name="padding",
     values=lambda c: ("keep", "remove") if c.options.padding_removable else ("keep",),
     recipe_field="transform.padding",
+    spread=0.2,
+    effects={"keep": 0.0, "remove": 0.1},
     rules=(_padding_removal_on_fused_float_or_int8,),
     backfill=("keep",),
 )

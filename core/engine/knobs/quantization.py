@@ -6,15 +6,15 @@ or through a type variant far slower than another) before any evaluation.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
+    DEFAULT_SPREAD,
     INT8_DYNAMIC_OPS,
-    INT8_MODES,
     INT8_STATIC_CONV_OPS,
     INT8_STATIC_OPS,
-    QUANTIZATION_MODES,
     SLOW_VARIANT_FACTOR,
     ChoiceList,
     Knob,
@@ -25,21 +25,20 @@ from metainfer.core.engine.knobs.base import (
     point_rule,
 )
 from metainfer.core.engine.profile.types import Dtype, HardwareProfile, int8_variant
-from metainfer.core.engine.recipe import QuantizationMode
+from metainfer.core.engine.recipe import INT8_MODES, QUANTIZATION_MODES, QuantizationMode
 
 if TYPE_CHECKING:
     from metainfer.core.engine.knobs.base import Predicate, RankedLayers
     from metainfer.core.engine.modelinfo import ModelInfo
+    from metainfer.core.engine.search.prior import SearchContext
     from metainfer.core.engine.search.space import Point, Scalar
 
 
 def _quantization_values(context: SpaceContext) -> tuple[Scalar, ...]:
-    quant: list[Scalar] = ["fp32", "fp16", "int8_dynamic"]
     if context.options.allow_static:
-        quant.append("int8_static")
-    else:
-        context.notes.append("int8_static left out: needs at least a few calibration samples")
-    return tuple(quant)
+        return QUANTIZATION_MODES
+    context.notes.append("int8_static left out: needs at least a few calibration samples")
+    return tuple(mode for mode in QUANTIZATION_MODES if mode != "int8_static")
 
 
 def _format_runs_on_provider(context: SpaceContext) -> Predicate:
@@ -80,10 +79,22 @@ def _measured_ops(profile: HardwareProfile) -> set[str]:
     return {o.op_type for o in profile.ops}
 
 
+def _int8_gain(mode: Scalar, context: SearchContext) -> float | None:
+    """int8 pays by a quarter of the profile's int8 GEMM gain, in log terms (bounded); static costs a little more
+    (the activation quantize/dequantize pairs)."""
+    if mode not in INT8_MODES:
+        return None
+    gain = min(max(0.25 * math.log(2) * context.int8_gain, -0.3), 0.5)
+    return gain if mode == "int8_dynamic" else gain - 0.1
+
+
 QUANTIZATION = Knob(
     name="quantization",
     values=_quantization_values,
     recipe_field="transform.quantization.mode",
+    spread=0.3,
+    effects={"fp32": 0.0, "fp16": 0.1},
+    context_effect=_int8_gain,
     rules=(_format_runs_on_provider,),
     override=ChoiceList("quantization", 10, QuantizationMode, max_items=4, description="Numeric formats to try."),
 )
@@ -103,6 +114,8 @@ PER_CHANNEL = Knob(
     name="per_channel",
     values=(False, True),
     recipe_field="transform.quantization.per_channel",
+    spread=0.05,
+    effects={False: 0.0, True: -0.03},
     cast=bool,
     rules=(_per_channel_needs_int8,),
 )
@@ -117,6 +130,7 @@ WEIGHT_TYPE = Knob(
     name="weight_type",
     values=("int8", "uint8"),
     recipe_field="transform.quantization.weight_type",
+    spread=0.03,
     rules=(_weight_type_needs_int8,),
 )
 
@@ -178,6 +192,7 @@ ACTIVATION_TYPE = Knob(
     name="activation_type",
     values=("uint8", "int8"),
     recipe_field="transform.quantization.activation_type",
+    spread=0.03,
     rules=(_int8_variant_runs_well, _activation_type_needs_static, _activation_weight_format_exists),
 )
 
@@ -199,6 +214,7 @@ CALIBRATION = Knob(
     name="calibration",
     values=("minmax", "percentile"),
     recipe_field="transform.quantization.calibration",
+    spread=0.03,
     rules=(_calibration_needs_static, _fused_static_calibrates_minmax),
 )
 
@@ -221,6 +237,7 @@ QUANT_FORMAT = Knob(
     name="quant_format",
     values=_quant_format_values,
     recipe_field="transform.quantization.format",
+    spread=DEFAULT_SPREAD,
     rules=(_quant_format_is_static_on_cpu,),
     backfill=("qdq",),  # points recorded before the knob existed were QDQ
 )
@@ -263,6 +280,7 @@ KEEP_FLOAT = Knob(
     name="keep_float",
     values=_keep_float_values,
     recipe_field="transform.quantization.keep_float",
+    spread=0.05,
     to_recipe=_kept_layers,
     from_recipe=lambda recipe: len(recipe.transform.quantization.keep_float),
     rules=(_keep_float_needs_int8, _keep_float_unfused),

@@ -4,6 +4,7 @@ execution mode) and the batch size.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Annotated
 
 from pydantic import Field, StringConstraints
@@ -20,6 +21,7 @@ from metainfer.core.engine.recipe import ExecutionMode, GraphOptimizationLevel
 
 if TYPE_CHECKING:
     from metainfer.core.engine.knobs.base import RankedLayers
+    from metainfer.core.engine.search.prior import SearchContext
     from metainfer.core.engine.search.space import Point, Scalar
 
 
@@ -29,10 +31,17 @@ def _provider_values(context: SpaceContext) -> tuple[Scalar, ...]:
     return tuple(providers or ["CPUExecutionProvider"])
 
 
+def _accelerator_first(provider: Scalar, context: SearchContext) -> float:
+    """An accelerator's execution provider is expected to beat the CPU's."""
+    return 0.0 if provider == "CPUExecutionProvider" else 0.3
+
+
 EXECUTION_PROVIDER = Knob(
     name="execution_provider",
     values=_provider_values,
     recipe_field="session.execution_provider",
+    spread=0.4,
+    context_effect=_accelerator_first,
     cast=str,
     override=ChoiceList(
         "execution_providers",
@@ -47,6 +56,8 @@ GRAPH_OPTIMIZATION_LEVEL = Knob(
     name="graph_optimization_level",
     values=("all", "extended", "basic"),
     recipe_field="session.graph_optimization_level",
+    spread=0.1,
+    effects={"all": 0.0, "extended": -0.03, "basic": -0.1},
     override=ChoiceList("graph_optimization_levels", 20, GraphOptimizationLevel, max_items=4),
 )
 
@@ -57,10 +68,20 @@ def thread_choices(profile: HardwareProfile) -> tuple[int, ...]:
     return tuple(sorted({1, max(1, cores // 2), cores, logical}))
 
 
+def _threads_near_the_cores(choice: Scalar, context: SearchContext) -> float:
+    """Best at the physical cores (ONNX Runtime's default, which 0 stands for), worse by octaves away from them."""
+    cores = threads = float(context.physical_cores)
+    if isinstance(choice, int | float) and not isinstance(choice, bool) and choice > 0:
+        threads = float(choice)
+    return -0.1 * abs(math.log2(threads / cores))
+
+
 INTRA_OP_NUM_THREADS = Knob(
     name="intra_op_num_threads",
     values=lambda c: thread_choices(c.profile),
     recipe_field="session.intra_op_num_threads",
+    spread=0.4,
+    context_effect=_threads_near_the_cores,
     cast=as_int,
     override=ChoiceList(
         "intra_op_threads",
@@ -87,6 +108,8 @@ EXECUTION_MODE = Knob(
     name="execution_mode",
     values=("sequential", "parallel"),
     recipe_field="session.execution_mode",
+    spread=0.1,
+    effects={"sequential": 0.0, "parallel": -0.1},
     to_recipe=_execution_mode,
     rules=(_parallel_needs_threads,),
     override=ChoiceList("execution_modes", 50, ExecutionMode, max_items=2),
@@ -108,7 +131,7 @@ def _batch_values(context: SpaceContext) -> tuple[Scalar, ...]:
     return tuple(sorted(choices))
 
 
-BATCH = Knob(name="batch", values=_batch_values, recipe_field="batch", cast=as_int)
+BATCH = Knob(name="batch", values=_batch_values, recipe_field="batch", spread=0.3, cast=as_int)
 
 
 # This area's knobs, in the order they join the space (core.engine.knobs.KNOBS).

@@ -8,6 +8,9 @@ the first trial: its knobs list their choices best-known first (opt level
 ``all``, per-tensor scales, no kept float layers, sequential execution), the
 hardware profile says whether int8 pays here (int8 vs fp32 GEMM peak) and how
 many cores there are, and the model says whether transformer fusion applies.
+Each knob declares what the prior believes of it (``Knob.spread``,
+``Knob.effects``, ``Knob.context_effect`` in ``core.engine.knobs``), so a new
+knob states its own belief and this module names no knob.
 
 A ``Prior`` is plain data: an additive table of expected log-score effects per
 dimension and choice (so the mean of any point is a sum of lookups), optional
@@ -22,35 +25,15 @@ its surrogate, whose ridge then only learns the corrections.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from metainfer.core.engine.knobs import DEFAULT_SPREAD, KNOBS, Knob
+from metainfer.core.engine.recipe import INT8_MODES
 from metainfer.core.engine.search.space import Key, Point, Scalar, Space
 
-INT8_MODES = ("int8_dynamic", "int8_static")
-# How unsure the built-in prior is about a dimension, in log-score units: the bonus an untried
-# dimension gets when the start picks its next move. Threads and numeric format move latency the most
-# and the prior cannot call threads; opt level, scales and calibration rarely matter much.
-SPREAD: dict[str, float] = {
-    "quantization": 0.3,
-    "intra_op_num_threads": 0.4,
-    "execution_provider": 0.4,
-    "fusion": 0.3,
-    "padding": 0.2,
-    "batch": 0.3,
-    "layout": 0.15,
-    "graph_optimization_level": 0.1,
-    "execution_mode": 0.1,
-    "keep_float": 0.05,
-    "per_channel": 0.05,
-    "calibration": 0.03,
-    "weight_type": 0.03,
-    "activation_type": 0.03,
-}
-DEFAULT_SPREAD = 0.1
 # A choice the prior knows nothing about ranks by its position: the knobs list known-good values first.
 ORDER_STEP = 0.01
 
@@ -142,60 +125,62 @@ def _tag(value: object) -> tuple[bool, object]:
     return (isinstance(value, bool), value)  # True == 1 in Python: keep (1, True) apart
 
 
-def known_effects(name: str, choices: Sequence[Scalar], context: SearchContext) -> dict[tuple[bool, object], float]:
+def known_effects(
+    knob: Knob | None, choices: Sequence[Scalar], context: SearchContext
+) -> dict[tuple[bool, object], float]:
     """The built-in prior's expected log-score effect of each choice it has an opinion on (by tagged value).
 
-    Rough guesses: a quarter of the int8 GEMM gain in log terms, fusion and padding removal on
-    transformers, threads best at the physical cores (ONNX Runtime's default), an accelerator's EP
-    over the CPU's; choices without an opinion rank by their declared position (``ORDER_STEP``).
+    The knob's own declaration: its machine-independent ``effects``, and its ``context_effect`` of each of
+    ``choices`` on this hardware and model, which wins where it has an opinion. Choices without an opinion
+    (and every choice of a dimension that is no declared knob) rank by their position (``ORDER_STEP``).
     """
-    gain = float(np.clip(0.25 * math.log(2) * context.int8_gain, -0.3, 0.5))
-    known: dict[str, dict[object, float]] = {
-        "quantization": {"fp32": 0.0, "fp16": 0.1, "int8_dynamic": gain, "int8_static": gain - 0.1},
-        "per_channel": {False: 0.0, True: -0.03},
-        "fusion": {"none": 0.0, "transformer": 0.2, "conv": 0.2},
-        "padding": {"keep": 0.0, "remove": 0.1},
-        "graph_optimization_level": {"all": 0.0, "extended": -0.03, "basic": -0.1, "disable": -0.3},
-        "execution_mode": {"sequential": 0.0, "parallel": -0.1},
-    }
-    values = {_tag(v): e for v, e in known.get(name, {}).items()}
-    if name == "intra_op_num_threads":
-        cores = float(context.physical_cores)
+    if knob is None:
+        return {}
+    values = {_tag(v): e for v, e in knob.effects.items()}
+    if knob.context_effect is not None:
         for c in choices:
-            t = float(c) if isinstance(c, int | float) and not isinstance(c, bool) and c > 0 else cores
-            values[_tag(c)] = -0.1 * abs(math.log2(t / cores))
-    if name == "execution_provider":
-        values.update({_tag(c): 0.0 if c == "CPUExecutionProvider" else 0.3 for c in choices})
+            effect = knob.context_effect(c, context)
+            if effect is not None:
+                values[_tag(c)] = effect
     return values
 
 
-def builtin_prior(space: Space, context: SearchContext) -> Prior:
+def _declared(knobs: Sequence[Knob]) -> dict[str, Knob]:
+    return {k.name: k for k in knobs}
+
+
+def builtin_prior(space: Space, context: SearchContext, *, knobs: Sequence[Knob] = KNOBS) -> Prior:
     """The engine's own prior for ``space`` on ``context``: defaults first, int8 where the profile says it pays.
 
     Effects (``known_effects``) only rank the start and centre the surrogate, whose ridge learns the
-    corrections from this run's measurements.
+    corrections from this run's measurements. Each dimension's spread is its knob's (``DEFAULT_SPREAD`` for
+    a dimension no knob declares).
     """
+    declared = _declared(knobs)
     effects = []
     for dim in space.dimensions:
-        known = known_effects(dim.name, dim.choices, context)
+        known = known_effects(declared.get(dim.name), dim.choices, context)
         effects.append(np.array([known.get(_tag(c), -ORDER_STEP * i) for i, c in enumerate(dim.choices)]))
-    spread = tuple(SPREAD.get(d.name, DEFAULT_SPREAD) for d in space.dimensions)
+    spread = tuple(declared[d.name].spread if d.name in declared else DEFAULT_SPREAD for d in space.dimensions)
     return Prior(tuple(effects), spread)
 
 
-def builtin_mean(space: Space, points: Sequence[Mapping[str, object]], context: SearchContext) -> np.ndarray:
+def builtin_mean(
+    space: Space, points: Sequence[Mapping[str, object]], context: SearchContext, *, knobs: Sequence[Knob] = KNOBS
+) -> np.ndarray:
     """The built-in prior's mean of points that need not lie in ``space`` (another class's trials).
 
     Knobs ``space`` lacks are ignored; a value it does not offer gets the effect the prior gives it
     on ``context`` (threads=2 on a 1-core class) or none.
     """
+    declared = _declared(knobs)
     out = np.zeros(len(points))
     for dim in space.dimensions:
         values = [p.get(dim.name, dim.choices[0]) for p in points]
         extra = tuple(
             v for v in values if isinstance(v, str | int | float | bool) and _tag(v) not in map(_tag, dim.choices)
         )
-        known = known_effects(dim.name, (*dim.choices, *extra), context)
+        known = known_effects(declared.get(dim.name), (*dim.choices, *extra), context)
         position = {_tag(c): i for i, c in enumerate(dim.choices)}
         out += np.array([known.get(_tag(v), -ORDER_STEP * position.get(_tag(v), 0)) for v in values])
     return out

@@ -16,7 +16,7 @@ import hashlib
 import onnx
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.recipe import TransformSpec
+from metainfer.core.engine.recipe import INT8_MODES, TransformSpec
 from metainfer.core.engine.transforms.conv import fuse_conv
 from metainfer.core.engine.transforms.fusion import fuse_transformer
 from metainfer.core.engine.transforms.layout import to_nhwc
@@ -42,7 +42,7 @@ def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None 
     q = spec.quantization
     if q.mode == "fp16":
         model = to_fp16(model, q.keep_float)
-    elif q.mode in ("int8_dynamic", "int8_static"):
+    elif q.mode in INT8_MODES:
         model = to_int8(model, q, calibration)
     _stamp(model, base, spec)
     serialized: bytes = model.SerializeToString(deterministic=True)

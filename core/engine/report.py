@@ -1,0 +1,119 @@
+"""The engine's report of one adaptation: one typed document, written and read back.
+
+``Adaptation.run`` returns a ``Report``; ``metainfer adapt`` writes it as
+report.json, the agent Job turns it into the run's status and keeps its trials
+as history, and both read it back as this model (``Report.model_validate_json``),
+never as a walked dict: a report.json that no longer validates is skipped with
+its reason (``core.engine.history.load_reports``). It lives apart from the
+pipeline so that history, the CLI and the control layer can read it without
+importing the search loop; what the history did for the run is
+``core.engine.history_use.HistoryUse``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
+from metainfer.core.engine.evaluate import MeasureSettings
+from metainfer.core.engine.history_use import HistoryUse
+from metainfer.core.engine.modelinfo import ModelInfo
+from metainfer.core.engine.profile.types import HardwareProfile
+from metainfer.core.engine.scoring import Constraints, Objective, closest_misses
+from metainfer.core.engine.sensitivity import SensitivityReport
+from metainfer.core.engine.trial import Trial, TrialMetrics
+from metainfer.core.engine.validate import ValidationReport
+
+REPORT_FILE = "report.json"
+
+
+class AdaptSettings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    batch: int = Field(1, ge=1, description="Production batch size.")
+    search_batch: bool = Field(False, description="Also search the batch size (off: the batch is fixed).")
+    constraints: Constraints = Constraints()
+    objective: Objective = Objective()
+    budget_trials: int = Field(24, ge=1, le=MAX_TRIAL_BUDGET)
+    time_budget_s: float | None = Field(None, gt=0)
+    algorithm: Algorithm = DEFAULT_ALGORITHM
+    seed: int = 0
+    measure: MeasureSettings = MeasureSettings()
+    calibration_samples: int = Field(64, ge=1)
+    sensitivity_layers: int = Field(16, ge=1, description="Largest layers probed for mixed precision.")
+    overrides: dict[str, list[str | int | float | bool]] = Field(
+        default_factory=dict, description="Restrict a search dimension to these choices."
+    )
+
+
+class SpaceSummary(BaseModel):
+    dimensions: dict[str, list[str | int | float | bool | None]]
+    allowed_points: int
+    notes: list[str]
+
+
+class FinalComparison(BaseModel):
+    """Baseline and winner re-measured back to back, so machine noise hits both alike."""
+
+    baseline: TrialMetrics
+    best: TrialMetrics
+    speedup_p50: float
+    speedup_p95: float
+    kept_baseline: bool = Field(
+        False, description="The search's winner lost to FP32 when re-measured back to back, so FP32 was kept."
+    )
+    note: str = ""
+    slo_percentile: str = Field(
+        "p95",
+        description="The tail percentile the SLO is written in (p99 where the policy bounds p99): a winner slower"
+        " than FP32 there, beyond the timing noise, is never shipped.",
+    )
+
+
+class Report(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    started_at: datetime
+    model: ModelInfo
+    profile: HardwareProfile
+    settings: AdaptSettings
+    space: SpaceSummary
+    baseline: Trial
+    trials: list[Trial]
+    best: Trial | None
+    validation: ValidationReport | None = None
+    final: FinalComparison | None = None
+    sensitivity: list[SensitivityReport] = Field(default_factory=list)
+    latency_noise_band: float | None = Field(
+        None,
+        ge=0,
+        description=(
+            "Relative latency difference the measurements cannot resolve: the median over the baseline and"
+            " every measured candidate of what its own runs resolve (scoring.noise_band). Candidates timing"
+            " within it of each other are ranked as ties, decided by memory and quality. None in reports"
+            " written before it was measured."
+        ),
+    )
+    history: HistoryUse | None = Field(
+        None,
+        description="What earlier runs' trials (--history, or the operator's) did for this search; None without.",
+    )
+    search_wall_s: float
+    sensitivity_wall_s: float = Field(
+        0.0,
+        ge=0,
+        description="Of search_wall_s, the time the mixed-precision sensitivity scans took (run once per mode,"
+        " when the search first proposes keeping layers in float; not counted as trials).",
+    )
+    total_wall_s: float
+    stop_reason: str
+
+    def candidates(self) -> list[Trial]:
+        """Every measured candidate, the FP32 baseline first."""
+        return [self.baseline, *self.trials]
+
+    def closest_misses(self) -> list[tuple[str, list[str]]]:
+        """What "no feasible candidate" lists, the FP32 baseline included (``scoring.closest_misses``)."""
+        return closest_misses(self.candidates(), self.settings.constraints)
