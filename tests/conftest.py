@@ -17,6 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from metainfer.agent.zoo import build_examples
+from metainfer.core.engine.data import Dataset, load_npz
+from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
+from metainfer.core.engine.profile import BenchConfig, HardwareProfile, measure_profile
+
 TIERS = ("unit", "integration", "e2e", "exports")
 _ROOT = Path(__file__).resolve().parent
 
@@ -41,3 +46,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier is None:
             raise pytest.UsageError(f"{item.nodeid}: every test lives in one of tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
+
+
+# -- small real models and a quick profile, for every tier ------------------------------------------------------
+@pytest.fixture(scope="session")
+def examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("examples")
+    built = build_examples(out, ["digits"])
+    return {name: e.model_path for name, e in built.items()}
+
+
+@pytest.fixture(scope="session")
+def digits(examples: dict[str, Path]) -> tuple[bytes, ModelInfo, Dataset]:
+    path = examples["digits"]
+    info = inspect_model(path)
+    return path.read_bytes(), info, load_npz(path.parent / "data.npz", info)
+
+
+@pytest.fixture(scope="session")
+def quick_profile() -> HardwareProfile:
+    """A real profile of this machine with tiny benchmark sizes (a few seconds)."""
+    return measure_profile(
+        BenchConfig(
+            op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2
+        )
+    )

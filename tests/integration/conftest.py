@@ -27,6 +27,7 @@ from operator_harness import Nodes
 from hack.controlplane import assets, cluster, crds
 from hack.controlplane.errors import ControlPlaneError
 from hack.prometheus import PrometheusServer, PrometheusUnavailable, find_binary
+from metainfer.agent.zoo import ExampleModel, build_examples
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -153,3 +154,9 @@ def prometheus(
     finally:
         for server in started:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
+    """The digits example model and its data, built by code (what the serving tests serve)."""
+    return build_examples(tmp_path_factory.mktemp("examples"), ["digits"])["digits"]

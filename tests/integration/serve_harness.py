@@ -17,6 +17,8 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
 from hack.controlplane.processes import free_port, stop_child
+from metainfer.agent.zoo.build import ExampleModel
+from metainfer.core.engine.recipe import Recipe
 
 LABELS = ["policy", "hardware_class", "variant"]  # serve's series labels, in its order
 BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
@@ -77,6 +79,33 @@ class ServeProcess:
     def stop(self) -> None:
         """SIGTERM (serve drains its requests in flight), SIGKILL after 15 s."""
         stop_child(self.proc)
+
+
+# What the serving tests serve: the digits example, int8 dynamic, batches of up to 4.
+SERVED_RECIPE = Recipe.model_validate({"transform": {"quantization": {"mode": "int8_dynamic"}}, "batch": 4})
+
+
+def start_serving(
+    example: ExampleModel,
+    log_dir: Path,
+    *extra: str,
+    model_name: str | None = None,
+    env: dict[str, str] | None = None,
+    grpc: bool = False,
+    ready: bool = True,
+) -> ServeProcess:
+    """``metainfer serve`` of ``example`` with ``SERVED_RECIPE`` on free loopback ports, ``extra`` flags last;
+    waits until it is ready unless ``ready`` is False (a test that watches it start)."""
+    served = ServeProcess(log_dir, grpc=grpc)
+    args = [
+        "serve", "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
+        "--recipe-json", SERVED_RECIPE.model_dump_json(), "--host", "127.0.0.1", "--port", str(served.port),
+        *(["--model-name", model_name] if model_name else []), *extra,
+    ]  # fmt: skip
+    served.start(args, env or {})
+    if ready:
+        served.wait_ready()
+    return served
 
 
 class ServingMetrics:

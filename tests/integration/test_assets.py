@@ -14,8 +14,6 @@ import pytest
 from hack.controlplane import assets
 from hack.controlplane.errors import AssetError
 
-pytestmark = pytest.mark.integration
-
 
 def _fake_binary(path: Path) -> None:
     path.write_text("#!/bin/sh\nexit 0\n")

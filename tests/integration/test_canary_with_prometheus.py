@@ -29,8 +29,6 @@ from metainfer.core.api import GROUP, VERSION
 from metainfer.core.api.names import LABEL_RUN, LABEL_TRACK
 from metainfer.core.engine.recipe import Recipe
 
-pytestmark = pytest.mark.integration
-
 WINDOW_S = 30  # rollout.analysisWindowSeconds (the API's minimum)
 INTERVAL_S = 5  # the check cadence: readaptation.checkIntervalSeconds (the API's minimum)
 SHA = "a" * 64

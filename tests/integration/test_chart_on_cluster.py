@@ -46,8 +46,6 @@ from metainfer.core.api.hardwareclass import HardwareClass
 from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, profile_name
 from metainfer.core.api.names import MANAGED_BY
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "metainfer"
 ALL_ON = all_optional_on()

@@ -13,10 +13,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = REPO / "hack" / "cluster.py"
 

@@ -14,8 +14,6 @@ from kubernetes.client.exceptions import ApiException
 
 from metainfer.core.api import GROUP, RESOURCES, VERSION, AdaptationPolicySpec, set_condition
 
-pytestmark = pytest.mark.integration
-
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 

@@ -55,8 +55,6 @@ from metainfer.agent.zoo import ExampleModel, build_examples
 from metainfer.core.api.names import LABEL_TRACK
 from metainfer.core.control.promql import p95_query
 
-pytestmark = pytest.mark.integration
-
 POLICY = "digits"
 INTERVAL_S = 5  # readaptation.checkIntervalSeconds (the API's minimum)
 WINDOW_S = 10  # readaptation.windowSeconds (the API's minimum)

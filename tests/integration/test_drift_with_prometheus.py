@@ -26,8 +26,6 @@ from hack.prometheus import PrometheusServer
 from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
 
-pytestmark = pytest.mark.integration
-
 INTERVAL_S = 5  # readaptation.checkIntervalSeconds (the API's minimum)
 WINDOW_S = 10  # readaptation.windowSeconds (the API's minimum)
 BREACHES = 4  # > window/interval + 1: a spike shorter than one interval can never fill the count

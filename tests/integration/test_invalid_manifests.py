@@ -17,8 +17,6 @@ from kubernetes.client.exceptions import ApiException
 
 from metainfer.core.api import GROUP, VERSION
 
-pytestmark = pytest.mark.integration
-
 Case = tuple[str, Callable[[], dict[str, Any]], list[str]]
 
 

@@ -35,8 +35,6 @@ from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
 from metainfer.core.api.names import LABEL_CLASS
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:

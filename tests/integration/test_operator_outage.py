@@ -27,8 +27,6 @@ from outage_proxy import OutageProxy
 from hack.controlplane.processes import free_port
 from metainfer.agent.zoo import build_examples
 
-pytestmark = pytest.mark.integration
-
 # Longer than kopf's retries (1+1+2+3+5+8+13+21 = 54 s) and than its keep-alive period (<= 60 s), so the
 # keep-alive is certain to hit the outage and to exhaust kopf's own backoffs within it.
 OUTAGE_S = 130.0

@@ -21,44 +21,31 @@ import pytest
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from serve_harness import ServeProcess  # noqa: E402
+from serve_harness import SERVED_RECIPE, ServeProcess, start_serving  # noqa: E402
 from tritonclient.utils import InferenceServerException  # noqa: E402
 
-from metainfer.agent.zoo import ExampleModel, build_examples  # noqa: E402
+from metainfer.agent.zoo import ExampleModel  # noqa: E402
 from metainfer.core.engine.recipe import Recipe  # noqa: E402
 from metainfer.core.engine.runtime import create_session  # noqa: E402
 from metainfer.core.engine.transforms import build_variant  # noqa: E402
 
-RECIPE = Recipe.model_validate({"transform": {"quantization": {"mode": "int8_dynamic"}}, "batch": 4})
+RECIPE = SERVED_RECIPE
 LABELS = {"policy": "digits-policy", "hardware_class": "cls-test", "variant": "rk-test"}
 MODEL = LABELS["policy"]
 
 
-def _start(example: ExampleModel, log_dir: Path, *extra: str) -> ServeProcess:
-    served = ServeProcess(log_dir)
-    env = {
-        "METAINFER_POLICY": LABELS["policy"],
-        "METAINFER_CLASS": LABELS["hardware_class"],
-        "METAINFER_RECIPE_KEY": LABELS["variant"],
-    }
-    return served.start([
-        "serve",
-        "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
-        "--recipe-json", RECIPE.model_dump_json(), "--host", "127.0.0.1", "--port", str(served.port),
-        "--drain-timeout", "10", *extra,
-    ], env)  # fmt: skip
+ENV = {"METAINFER_POLICY": LABELS["policy"], "METAINFER_CLASS": LABELS["hardware_class"],
+       "METAINFER_RECIPE_KEY": LABELS["variant"]}  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
-    return build_examples(tmp_path_factory.mktemp("examples"), ["digits"])["digits"]
+def _start(example: ExampleModel, log_dir: Path, *extra: str, ready: bool = True) -> ServeProcess:
+    return start_serving(example, log_dir, "--drain-timeout", "10", *extra, env=ENV, ready=ready)
 
 
 @pytest.fixture(scope="module")
 def server(example: ExampleModel, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
     served = _start(example, tmp_path_factory.mktemp("serve"))
     try:
-        served.wait_ready()
         yield served
     finally:
         served.stop()
@@ -196,7 +183,6 @@ def test_metrics_count_requests_errors_and_latency(
 def test_sigterm_drains_the_request_in_flight_and_exits_0(example: ExampleModel, tmp_path: Path) -> None:
     served = _start(example, tmp_path)
     try:
-        served.wait_ready()
         with np.load(example.data_path) as npz:
             sample = npz["input"][:1].astype(np.float32)
         body = json.dumps(
@@ -230,7 +216,7 @@ def test_prebuilt_variant_must_match_the_recipe(example: ExampleModel, tmp_path:
     other = Recipe.model_validate({"transform": {"quantization": {"mode": "fp16"}}})
     variant = tmp_path / "variant.onnx"
     variant.write_bytes(build_variant(example.model_path.read_bytes(), other.transform))
-    served = _start(example, tmp_path, "--variant", str(variant))
+    served = _start(example, tmp_path, "--variant", str(variant), ready=False)
     try:
         assert served.proc is not None and served.proc.wait(timeout=30) == 2
         assert "was built with transform" in served.log.read_text()

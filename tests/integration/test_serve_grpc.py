@@ -21,34 +21,19 @@ import pytest
 import tritonclient.grpc as tritongrpc
 import tritonclient.http as tritonhttp
 from prometheus_client.parser import text_string_to_metric_families
-from serve_harness import ServeProcess
+from serve_harness import SERVED_RECIPE, ServeProcess, start_serving
 from tritonclient.grpc import service_pb2
 from tritonclient.utils import InferenceServerException
 
-from metainfer.agent.zoo import ExampleModel, build_examples
-from metainfer.core.engine.recipe import Recipe
+from metainfer.agent.zoo import ExampleModel
 
-pytestmark = pytest.mark.integration
-
-RECIPE = Recipe.model_validate({"transform": {"quantization": {"mode": "int8_dynamic"}}, "batch": 4})
+RECIPE = SERVED_RECIPE
 MODEL = "digits"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
 def _start(example: ExampleModel, log_dir: Path, *extra: str) -> ServeProcess:
-    served = ServeProcess(log_dir, grpc=True)
-    served.start([
-        "serve", "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
-        "--recipe-json", RECIPE.model_dump_json(), "--model-name", MODEL, "--host", "127.0.0.1",
-        "--port", str(served.port), *extra,
-    ], {})  # fmt: skip
-    served.wait_ready()
-    return served
-
-
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
-    return build_examples(tmp_path_factory.mktemp("examples"), ["digits"])["digits"]
+    return start_serving(example, log_dir, *extra, model_name=MODEL, grpc=True)
 
 
 @pytest.fixture(scope="module")

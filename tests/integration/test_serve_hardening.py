@@ -24,32 +24,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_harness import ServeProcess
+from serve_harness import SERVED_RECIPE, ServeProcess, start_serving
 
-from metainfer.agent.zoo import ExampleModel, build_examples
+from metainfer.agent.zoo import ExampleModel
 from metainfer.core.engine.recipe import Recipe
 
-pytestmark = pytest.mark.integration
-
-RECIPE = Recipe.model_validate({"transform": {"quantization": {"mode": "int8_dynamic"}}, "batch": 4})
+RECIPE = SERVED_RECIPE
 MODEL = "digits"
 LIVENESS_BOUND_S = 1.0
 
 
-@pytest.fixture(scope="module")
-def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
-    return build_examples(tmp_path_factory.mktemp("examples"), ["digits"])["digits"]
-
-
 def start(example: ExampleModel, log_dir: Path, *extra: str) -> ServeProcess:
-    served = ServeProcess(log_dir)
-    served.start([
-        "serve", "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
-        "--recipe-json", RECIPE.model_dump_json(), "--model-name", MODEL, "--host", "127.0.0.1",
-        "--port", str(served.port), *extra,
-    ], {})  # fmt: skip
-    served.wait_ready()
-    return served
+    return start_serving(example, log_dir, *extra, model_name=MODEL)
 
 
 @pytest.fixture(scope="module")

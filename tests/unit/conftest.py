@@ -1,5 +1,5 @@
-"""Shared, session-scoped fixtures for the unit tests (small real models, a quick profile), and the tier's guard:
-a unit test that opens a connection off this host fails (tests/conftest.py says what each tier may use)."""
+"""The unit tier: a tiny conv model for the conv paths (the digits model and a quick profile, which every tier
+uses, are in tests/conftest.py), and the tier's guard: a unit test that opens a connection off this host fails."""
 
 from __future__ import annotations
 
@@ -11,35 +11,6 @@ import numpy as np
 import onnx
 import pytest
 from onnx import TensorProto, helper
-
-from metainfer.agent.zoo import build_examples
-from metainfer.core.engine.data import Dataset, load_npz
-from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
-from metainfer.core.engine.profile import BenchConfig, HardwareProfile, measure_profile
-
-
-@pytest.fixture(scope="session")
-def examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = tmp_path_factory.mktemp("examples")
-    built = build_examples(out, ["digits"])
-    return {name: e.model_path for name, e in built.items()}
-
-
-@pytest.fixture(scope="session")
-def digits(examples: dict[str, Path]) -> tuple[bytes, ModelInfo, Dataset]:
-    path = examples["digits"]
-    info = inspect_model(path)
-    return path.read_bytes(), info, load_npz(path.parent / "data.npz", info)
-
-
-@pytest.fixture(scope="session")
-def quick_profile() -> HardwareProfile:
-    """A real profile of this machine with tiny benchmark sizes (a few seconds)."""
-    return measure_profile(
-        BenchConfig(
-            op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2
-        )
-    )
 
 
 def conv_model(seed: int = 0) -> onnx.ModelProto:

@@ -8,14 +8,12 @@ order, never depends on the machine's timing.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from fakes import FakeMeasurer, fixed_profile
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import MeasureSettings, Reference, Screen
 from metainfer.core.engine.history import (
     MAX_TRIALS,
     HardwareFeatures,
@@ -32,27 +30,23 @@ from metainfer.core.engine.history import (
     warm_start,
 )
 from metainfer.core.engine.history_use import MAX_SOURCES
-from metainfer.core.engine.measurer import OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.pipeline import Adaptation
-from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo, OpSupport
+from metainfer.core.engine.profile.types import HardwareProfile, SupportStatus
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.search import HybridSearcher, builtin_prior
 from metainfer.core.engine.search.space import Dimension, Point, Space
-from metainfer.core.engine.trial import LatencyStats, Quality, TrialMetrics, TrialStatus
+from metainfer.core.engine.trial import TrialStatus
 
 Digits = tuple[bytes, ModelInfo, Dataset]
 SMALL = {"keep_float": [0], "execution_mode": ["sequential"]}
 
 
-class Fake:
+def _fake() -> FakeMeasurer:
     """Latency: int8 dynamic with 2 threads and per-channel scales is the one fast point; fp32 is slow."""
 
-    def reference(self, model: bytes, recipe: Recipe, data: Dataset) -> Reference:
-        return OnnxRuntimeMeasurer().reference(model, recipe, data)
-
-    def latency(self, recipe: Recipe) -> float:
+    def latency(recipe: Recipe) -> float:
         q = recipe.transform.quantization
         ms = 2.0 if q.mode == "int8_dynamic" else 3.0 if q.mode == "int8_static" else 4.0
         ms *= 0.8 if q.per_channel else 1.0
@@ -60,68 +54,19 @@ class Fake:
         ms *= {"all": 1.0, "extended": 1.1, "basic": 1.3}[recipe.session.graph_optimization_level]
         return ms
 
-    def measure(
-        self,
-        variant: bytes,
-        recipe: Recipe,
-        latency_data: Dataset,
-        quality_data: Dataset,
-        reference: Reference,
-        settings: MeasureSettings,
-        screen: Screen | None = None,
-    ) -> TrialMetrics:
-        return TrialMetrics(
-            latency=self._stats(self.latency(recipe)), quality=_quality(), peak_memory_mib=100.0, model_size_mib=1.0
-        )
-
-    def compare(
-        self, contenders: Sequence[tuple[bytes, Recipe]], data: Dataset, batch: int, settings: MeasureSettings
-    ) -> list[LatencyStats]:
-        return [self._stats(self.latency(recipe)) for _, recipe in contenders]
-
-    @staticmethod
-    def _stats(ms: float) -> LatencyStats:
-        return LatencyStats(
-            p50_ms=ms, p95_ms=1.02 * ms, p99_ms=1.05 * ms, mean_ms=ms, runs=50, warmup_runs=1, throughput_per_s=1e3 / ms
-        )
+    return FakeMeasurer(latency_ms=latency, p95_ratio=1.02, p99_ratio=1.05, runs=50)
 
 
-def _quality() -> Quality:
-    return Quality(metric="top1_accuracy", value=0.95, reference=0.95, drop=0.0, samples=8)
-
-
-def _profile(fingerprint: str = "0123456789abcdef", cores: int = 2, int8_status: str = "native") -> HardwareProfile:
-    ops = [
-        OpSupport(op_type="MatMul", dtype="fp32", provider="CPUExecutionProvider", status="native"),
-        OpSupport(
-            op_type="MatMulInteger", dtype="int8", variant="u8s8", provider="CPUExecutionProvider", status=int8_status
-        ),  # type: ignore[arg-type]
-    ]
-    return HardwareProfile(
-        fingerprint=fingerprint,
-        machine=MachineInfo(
-            cpu_model="test CPU",
-            arch="x86_64",
-            logical_cores=cores,
-            physical_cores=cores,
-            total_memory_bytes=8 << 30,
-            onnxruntime_version="test",
-            execution_providers=["CPUExecutionProvider"],
-        ),
-        providers_profiled=["CPUExecutionProvider"],
-        ops=ops,
-        peak_gemm_gflops_fp32=100.0 * cores,
-        peak_gemm_gflops_int8=300.0 * cores,
-        memory_bandwidth_gbps=10.0,
-        measured_at=datetime(2025, 1, 1, tzinfo=UTC),
-        duration_s=0.0,
-    )
+def _profile(
+    fingerprint: str = "0123456789abcdef", cores: int = 2, int8_status: SupportStatus = "native"
+) -> HardwareProfile:
+    return fixed_profile(fingerprint, cores, int8_status)
 
 
 def _adapt(digits: Digits, budget: int, history: TrialHistory | None = None, seed: int = 0) -> Report:
     base, info, data = digits
     settings = AdaptSettings(batch=8, budget_trials=budget, overrides=SMALL, seed=seed)  # type: ignore[arg-type]
-    report, _ = Adaptation(base, info, data, _profile(), settings, measurer=Fake(), history=history).run()  # type: ignore[arg-type]
+    report, _ = Adaptation(base, info, data, _profile(), settings, measurer=_fake(), history=history).run()
     return report
 
 

@@ -4,41 +4,35 @@ The decisions (which candidate wins, when FP32 is kept, when nothing is
 feasible) are tested against ``FakeMeasurer``, whose latency and quality are
 pure functions of the recipe, on a small space searched exhaustively, so each
 test asserts one outcome every time. The real path (ONNX Runtime timings,
-in-process and through the CLI) is tested for what holds whatever the timings.
+in-process and through the CLI) is an integration test: tests/integration/test_adapt_real_timing.py.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import onnx
 import pytest
+from fakes import FakeMeasurer as SharedFake
+from fakes import OfRecipe, fixed_profile
 
 from metainfer.core.control.runstatus import infeasible_error
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import NoFeasibleCandidate
-from metainfer.core.engine.evaluate import MeasureSettings, Reference, Screen
+from metainfer.core.engine.evaluate import MeasureSettings, Screen
 from metainfer.core.engine.measurer import OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.outputs import write_outputs
 from metainfer.core.engine.phases import SilentObserver
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import HardwareProfile
-from metainfer.core.engine.profile.types import MachineInfo
 from metainfer.core.engine.recipe import INT8_MODES, Recipe
 from metainfer.core.engine.report import AdaptSettings, Report
-from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints, Objective, measurement_noise, violations
 from metainfer.core.engine.transforms import build_variant
-from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics, TrialStatus
+from metainfer.core.engine.trial import LatencyStats, Trial, TrialMetrics, TrialStatus
 
 Digits = tuple[bytes, ModelInfo, Dataset]
 
@@ -58,9 +52,6 @@ SMALL_SPACE: dict[str, list[str | int | float | bool]] = {
     "execution_mode": ["sequential"],
 }
 
-OfRecipe = Callable[[Recipe], float]
-
-
 def search_latency_ms(recipe: Recipe) -> float:
     """int8 beats fp32, per-tensor beats per-channel, int8 weights beat uint8, more threads beat fewer."""
     q = recipe.transform.quantization
@@ -76,79 +67,15 @@ def quality_drop(recipe: Recipe) -> float:
 
 
 def _stats(ms: float, batch: int) -> LatencyStats:
-    return LatencyStats(
-        p50_ms=ms,
-        p95_ms=1.2 * ms,
-        p99_ms=1.5 * ms,
-        mean_ms=ms,
-        runs=20,
-        warmup_runs=0,
-        throughput_per_s=batch * 1e3 / ms,
-    )
+    return FakeMeasurer().stats(ms, batch)
 
 
 @dataclass
-class FakeMeasurer:
-    """Latency and quality as pure functions of the recipe: no clock, no timed run."""
+class FakeMeasurer(SharedFake):
+    """The shared fake on this module's landscape: ``search_latency_ms`` and ``quality_drop``."""
 
     latency_ms: OfRecipe = search_latency_ms
-    final_latency_ms: OfRecipe | None = None  # the back-to-back re-measurement; None: as in the search
     drop: OfRecipe = quality_drop
-    memory_mib: OfRecipe = lambda recipe: 100.0
-    compared: list[list[Recipe]] = field(default_factory=list)
-
-    def reference(self, model: bytes, recipe: Recipe, data: Dataset) -> Reference:
-        # Validation compares the real outputs of the chosen variant with this, so it must be real too.
-        return OnnxRuntimeMeasurer().reference(model, recipe, data)
-
-    def measure(
-        self,
-        variant: bytes,
-        recipe: Recipe,
-        latency_data: Dataset,
-        quality_data: Dataset,
-        reference: Reference,
-        settings: MeasureSettings,
-        screen: Screen | None = None,
-    ) -> TrialMetrics:
-        drop = self.drop(recipe)
-        return TrialMetrics(
-            latency=_stats(self.latency_ms(recipe), recipe.batch),
-            quality=Quality(
-                metric="top1_accuracy", value=0.95 - drop, reference=0.95, drop=drop, samples=quality_data.n_samples
-            ),
-            peak_memory_mib=self.memory_mib(recipe),
-            model_size_mib=len(variant) / (1 << 20),
-        )
-
-    def compare(
-        self, contenders: Sequence[tuple[bytes, Recipe]], data: Dataset, batch: int, settings: MeasureSettings
-    ) -> list[LatencyStats]:
-        self.compared.append([recipe for _, recipe in contenders])
-        final = self.final_latency_ms or self.latency_ms
-        return [_stats(final(recipe), batch) for _, recipe in contenders]
-
-
-def fixed_profile() -> HardwareProfile:
-    """A two-core CPU with nothing measured: the search space does not depend on the machine running the tests."""
-    return HardwareProfile(
-        fingerprint="0123456789abcdef",
-        machine=MachineInfo(
-            cpu_model="test CPU",
-            arch="x86_64",
-            logical_cores=2,
-            physical_cores=2,
-            total_memory_bytes=8 << 30,
-            onnxruntime_version="test",
-            execution_providers=["CPUExecutionProvider"],
-        ),
-        providers_profiled=["CPUExecutionProvider"],
-        peak_gemm_gflops_fp32=100.0,
-        peak_gemm_gflops_int8=300.0,
-        memory_bandwidth_gbps=10.0,
-        measured_at=datetime(2025, 1, 1, tzinfo=UTC),
-        duration_s=0.0,
-    )
 
 
 def _adapt_fake(
@@ -486,154 +413,6 @@ def test_a_lossy_winner_within_noise_of_fp32_back_to_back_is_not_shipped(digits:
     report, _ = _adapt_fake(digits, fake)
     assert report.final is not None and not report.final.kept_baseline
     assert report.best is not None and report.best.recipe != FP32
-
-
-# -- the real path: ONNX Runtime timings ---------------------------------------------------
-
-
-def _run(
-    digits: Digits, profile: HardwareProfile, constraints: Constraints | None = None
-) -> tuple[Report, bytes | None]:
-    base, info, data = digits
-    settings = AdaptSettings(
-        batch=BATCH, budget_trials=6, seed=3, measure=FAST, constraints=constraints or Constraints()
-    )
-    return Adaptation(base, info, data, profile, settings).run()
-
-
-def test_adaptation_finds_a_valid_variant(digits: Digits, quick_profile: HardwareProfile) -> None:
-    report, variant = _run(digits, quick_profile)
-    assert len(report.trials) == 6
-    assert report.best is not None and variant is not None
-    assert report.best.score is not None and report.best.metrics is not None
-    assert report.validation is not None and report.validation.passed
-    assert report.best.metrics.quality.drop <= report.settings.constraints.max_quality_drop
-    assert report.baseline.metrics is not None
-    lat = report.baseline.metrics.latency
-    assert 0 < lat.p50_ms <= lat.p95_ms <= lat.p99_ms and FAST.min_runs <= lat.runs <= FAST.max_runs
-    final = report.final
-    assert final is not None and final.speedup_p50 > 0
-    assert final.baseline.quality == report.baseline.metrics.quality  # re-measured for latency only
-    # Whatever the timings: what ships is FP32, or a variant not slower than FP32 back to back beyond the
-    # timing noise; FP32 is kept only for a winner that re-measured slower, or faster only within the noise.
-    band = report.latency_noise_band
-    assert band is not None and band > 0
-    assert report.best.index == 0 or final.speedup_p50 >= 1 / (1 + band)
-    assert not final.kept_baseline or (report.best.recipe == FP32 and final.speedup_p50 < 1 + band)
-    # The variant returned is runnable as is with the recipe's session settings.
-    _, _, data = digits
-    out = create_session(variant, report.best.recipe).run(None, data.batch(0, 4))
-    assert out[0].shape == (4, 10)
-
-
-def test_impossible_slo_yields_no_best(digits: Digits, quick_profile: HardwareProfile) -> None:
-    report, variant = _run(digits, quick_profile, Constraints(slo_p95_ms=1e-6))
-    assert report.best is None and variant is None
-    assert all(t.status in ("infeasible", "failed") for t in report.trials)
-    assert report.baseline.violations
-
-
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "metainfer.agent.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
-    )
-
-
-@pytest.fixture(scope="module")
-def adapted(examples: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    out = tmp_path_factory.mktemp("adapt")
-    model = examples["digits"]
-    proc = _cli(
-        "adapt",
-        str(model),
-        "--data",
-        str(model.parent / "data.npz"),
-        "--batch",
-        "16",
-        "--budget-trials",
-        "5",
-        "--max-accuracy-drop",
-        "0.02",
-        "--out",
-        str(out),
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return model, out
-
-
-def test_cli_writes_the_four_outputs(adapted: tuple[Path, Path]) -> None:
-    _, out = adapted
-    assert {p.name for p in out.iterdir()} >= {"model.onnx", "recipe.json", "report.json", "pareto.png"}
-    recipe_doc = json.loads((out / "recipe.json").read_text())
-    assert set(recipe_doc["session_options"]) >= {
-        "graph_optimization_level",
-        "intra_op_num_threads",
-        "inter_op_num_threads",
-        "execution_mode",
-    }
-    assert recipe_doc["providers"][-1] == "CPUExecutionProvider"
-    recipe = Recipe.model_validate(recipe_doc)
-    onnx.checker.check_model(onnx.load(str(out / "model.onnx")))
-    report = Report.model_validate_json((out / "report.json").read_text())
-    assert len(report.trials) == 5 and report.baseline.metrics is not None
-    assert report.baseline.metrics.latency.p95_ms > 0
-    assert report.profile.fingerprint and report.search_wall_s > 0
-    assert recipe.batch == 16
-    assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
-
-
-@pytest.mark.parametrize(
-    ("args", "needle"),
-    [
-        (["adapt", "/nonexistent.onnx", "--data", "x.npz", "--out", "o"], "no such file"),
-        (["adapt", "{model}", "--data", "{wrong_npz}", "--out", "{out}"], "not model inputs"),
-        (["adapt", "{text}", "--data", "{npz}", "--out", "{out}"], "not an ONNX model"),
-        (["adapt", "{model}", "--data", "{npz}", "--budget-trials", "0", "--out", "{out}"], "must be >= 1"),
-        (["adapt", "{model}", "--data", "{npz}", "--max-accuracy-drop", "2", "--out", "{out}"], "between 0 and 1"),
-    ],
-)
-def test_cli_bad_input_exits_2_with_one_line(
-    args: list[str], needle: str, examples: dict[str, Path], tmp_path: Path
-) -> None:
-    model = examples["digits"]
-    wrong = tmp_path / "wrong.npz"
-    np.savez(wrong, pixels=np.zeros((4, 64), np.float32))
-    text = tmp_path / "model.onnx"
-    text.write_text("hello")
-    values = {
-        "model": str(model),
-        "npz": str(model.parent / "data.npz"),
-        "wrong_npz": str(wrong),
-        "text": str(text),
-        "out": str(tmp_path / "out"),
-    }
-    proc = _cli(*(a.format(**values) for a in args))
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and needle in lines[0], proc.stderr
-
-
-def test_cli_no_feasible_candidate_exits_3(examples: dict[str, Path], tmp_path: Path) -> None:
-    model = examples["digits"]
-    proc = _cli(
-        "adapt",
-        str(model),
-        "--data",
-        str(model.parent / "data.npz"),
-        "--slo-p95-ms",
-        "0.000001",
-        "--budget-trials",
-        "3",
-        "--out",
-        str(tmp_path),
-    )
-    assert proc.returncode == 3, proc.stderr[-2000:]
-    assert "no feasible candidate" in proc.stderr and "latency: p95" in proc.stderr
-    assert (tmp_path / "report.json").exists() and not (tmp_path / "model.onnx").exists()
 
 
 class _Interrupted(BaseException):  # a kill is not a candidate failure the pipeline could catch

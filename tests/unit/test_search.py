@@ -203,7 +203,6 @@ def test_hybrid_records_predictions() -> None:
     assert preds[0] is None and all(isinstance(v, float) for v in preds[-3:])
 
 
-@pytest.mark.slow
 def test_hybrid_beats_random_at_budget_20() -> None:
     """Median fraction of the exhaustive optimum over two landscapes x four seeds."""
     space, budget = ort_space(), 20

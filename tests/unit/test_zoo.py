@@ -22,7 +22,7 @@ from metainfer.agent.zoo.bert import BertConfig, build_bert_model
 ROOT = Path(__file__).resolve().parents[2]
 LIGHT_MODELS = sorted(list_light_models())
 # The three with >60 M parameters materialise hundreds of MB when ORT folds their fills.
-HEAVY_LIGHT = {"light_bvlc_alexnet", "light_vgg19", "light_zfnet512"}
+
 
 
 @pytest.fixture(scope="module")
@@ -162,9 +162,7 @@ def test_light_models_are_the_nine_shipped() -> None:
     assert len(LIGHT_MODELS) == 9 and "light_resnet50" in LIGHT_MODELS
 
 
-@pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.slow) if n in HEAVY_LIGHT else n for n in LIGHT_MODELS]
-)
+@pytest.mark.parametrize("name", LIGHT_MODELS)
 def test_light_model_runs_on_its_data(name: str, tmp_path: Path) -> None:
     example = build_examples(tmp_path, [name])[name]
     assert example.fixed_batch == 1 and not example.has_labels and example.samples == 16

@@ -1,4 +1,4 @@
-"""A running ONNX Runtime call is stopped at its request's deadline, and only then."""
+"""A running ONNX Runtime call is stopped at its request's deadline, and only then (wall-clock: integration)."""
 
 from __future__ import annotations
 

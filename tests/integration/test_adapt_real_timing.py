@@ -1,0 +1,176 @@
+"""The local pipeline on the digits model, timed for real by ONNX Runtime, in-process and through `metainfer adapt`.
+
+An integration test: what it measures depends on the machine, so it asserts only what holds whatever the timings
+(the decisions themselves are unit-tested against tests/fakes.py's FakeMeasurer in tests/unit/test_pipeline.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.evaluate import MeasureSettings
+from metainfer.core.engine.modelinfo import ModelInfo
+from metainfer.core.engine.pipeline import Adaptation
+from metainfer.core.engine.profile import HardwareProfile
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.report import AdaptSettings, Report
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.scoring import Constraints
+
+Digits = tuple[bytes, ModelInfo, Dataset]
+FAST = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=30, max_seconds=0.3)
+BATCH = 32
+FP32 = Recipe(batch=BATCH)
+
+
+def _run(
+    digits: Digits, profile: HardwareProfile, constraints: Constraints | None = None
+) -> tuple[Report, bytes | None]:
+    base, info, data = digits
+    settings = AdaptSettings(
+        batch=BATCH, budget_trials=6, seed=3, measure=FAST, constraints=constraints or Constraints()
+    )
+    return Adaptation(base, info, data, profile, settings).run()
+
+
+def test_adaptation_finds_a_valid_variant(digits: Digits, quick_profile: HardwareProfile) -> None:
+    report, variant = _run(digits, quick_profile)
+    assert len(report.trials) == 6
+    assert report.best is not None and variant is not None
+    assert report.best.score is not None and report.best.metrics is not None
+    assert report.validation is not None and report.validation.passed
+    assert report.best.metrics.quality.drop <= report.settings.constraints.max_quality_drop
+    assert report.baseline.metrics is not None
+    lat = report.baseline.metrics.latency
+    assert 0 < lat.p50_ms <= lat.p95_ms <= lat.p99_ms and FAST.min_runs <= lat.runs <= FAST.max_runs
+    final = report.final
+    assert final is not None and final.speedup_p50 > 0
+    assert final.baseline.quality == report.baseline.metrics.quality  # re-measured for latency only
+    # Whatever the timings: what ships is FP32, or a variant not slower than FP32 back to back beyond the
+    # timing noise; FP32 is kept only for a winner that re-measured slower, or faster only within the noise.
+    band = report.latency_noise_band
+    assert band is not None and band > 0
+    assert report.best.index == 0 or final.speedup_p50 >= 1 / (1 + band)
+    assert not final.kept_baseline or (report.best.recipe == FP32 and final.speedup_p50 < 1 + band)
+    # The variant returned is runnable as is with the recipe's session settings.
+    _, _, data = digits
+    out = create_session(variant, report.best.recipe).run(None, data.batch(0, 4))
+    assert out[0].shape == (4, 10)
+
+
+def test_impossible_slo_yields_no_best(digits: Digits, quick_profile: HardwareProfile) -> None:
+    report, variant = _run(digits, quick_profile, Constraints(slo_p95_ms=1e-6))
+    assert report.best is None and variant is None
+    assert all(t.status in ("infeasible", "failed") for t in report.trials)
+    assert report.baseline.violations
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "metainfer.agent.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={"PYTHONSAFEPATH": "1", "PATH": "/usr/bin:/bin", "HOME": str(Path.home())},
+    )
+
+
+@pytest.fixture(scope="module")
+def adapted(examples: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    out = tmp_path_factory.mktemp("adapt")
+    model = examples["digits"]
+    proc = _cli(
+        "adapt",
+        str(model),
+        "--data",
+        str(model.parent / "data.npz"),
+        "--batch",
+        "16",
+        "--budget-trials",
+        "5",
+        "--max-accuracy-drop",
+        "0.02",
+        "--out",
+        str(out),
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return model, out
+
+
+def test_cli_writes_the_four_outputs(adapted: tuple[Path, Path]) -> None:
+    _, out = adapted
+    assert {p.name for p in out.iterdir()} >= {"model.onnx", "recipe.json", "report.json", "pareto.png"}
+    recipe_doc = json.loads((out / "recipe.json").read_text())
+    assert set(recipe_doc["session_options"]) >= {
+        "graph_optimization_level",
+        "intra_op_num_threads",
+        "inter_op_num_threads",
+        "execution_mode",
+    }
+    assert recipe_doc["providers"][-1] == "CPUExecutionProvider"
+    recipe = Recipe.model_validate(recipe_doc)
+    onnx.checker.check_model(onnx.load(str(out / "model.onnx")))
+    report = Report.model_validate_json((out / "report.json").read_text())
+    assert len(report.trials) == 5 and report.baseline.metrics is not None
+    assert report.baseline.metrics.latency.p95_ms > 0
+    assert report.profile.fingerprint and report.search_wall_s > 0
+    assert recipe.batch == 16
+    assert (out / "pareto.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["adapt", "/nonexistent.onnx", "--data", "x.npz", "--out", "o"], "no such file"),
+        (["adapt", "{model}", "--data", "{wrong_npz}", "--out", "{out}"], "not model inputs"),
+        (["adapt", "{text}", "--data", "{npz}", "--out", "{out}"], "not an ONNX model"),
+        (["adapt", "{model}", "--data", "{npz}", "--budget-trials", "0", "--out", "{out}"], "must be >= 1"),
+        (["adapt", "{model}", "--data", "{npz}", "--max-accuracy-drop", "2", "--out", "{out}"], "between 0 and 1"),
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(
+    args: list[str], needle: str, examples: dict[str, Path], tmp_path: Path
+) -> None:
+    model = examples["digits"]
+    wrong = tmp_path / "wrong.npz"
+    np.savez(wrong, pixels=np.zeros((4, 64), np.float32))
+    text = tmp_path / "model.onnx"
+    text.write_text("hello")
+    values = {
+        "model": str(model),
+        "npz": str(model.parent / "data.npz"),
+        "wrong_npz": str(wrong),
+        "text": str(text),
+        "out": str(tmp_path / "out"),
+    }
+    proc = _cli(*(a.format(**values) for a in args))
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_cli_no_feasible_candidate_exits_3(examples: dict[str, Path], tmp_path: Path) -> None:
+    model = examples["digits"]
+    proc = _cli(
+        "adapt",
+        str(model),
+        "--data",
+        str(model.parent / "data.npz"),
+        "--slo-p95-ms",
+        "0.000001",
+        "--budget-trials",
+        "3",
+        "--out",
+        str(tmp_path),
+    )
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "no feasible candidate" in proc.stderr and "latency: p95" in proc.stderr
+    assert (tmp_path / "report.json").exists() and not (tmp_path / "model.onnx").exists()
