@@ -11,7 +11,8 @@ lost that way would make the reconcile delete the LatencyDrift run it just
 created as "superseded".
 
 A confirmed drift is written as ``drift.lastReadaptationTime`` in the class
-status, and nothing else: that time salts the run key (core.control.reconcile), so the
+status, and nothing else: that time salts the run key (core.control.decisions reads it as the class's drift
+epoch, core.control.runkey hashes it), so the
 next reconcile creates the LatencyDrift run, idempotently and even after a
 crash between the two writes.
 """

@@ -1,7 +1,7 @@
 """Canary analysis: promote or roll back a new variant, decided without side effects.
 
 A new variant never replaces the stable one blindly: it first runs as a canary
-Deployment beside it (core.control.reconcile), and the operator's rollout step feeds
+Deployment beside it (core.control.serving decides that), and the operator's rollout step feeds
 this module what Prometheus says about both over the analysis window. All state
 is the class's ``RolloutStatus`` (``startedAt`` above all), so a restarted
 operator continues the same analysis instead of starting a new one.

@@ -5,6 +5,7 @@ A moved module leaves its old path in the prose, where nothing but a reader trip
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -59,3 +60,23 @@ def test_bare_module_names_in_the_architecture_page_exist() -> None:
     files = {p.name for root in ("core", "agent", "operator") for p in (REPO / root).rglob("*.py")}
     missing = sorted({m.group(1) for m in BARE.finditer(text)} - files)
     assert not missing, f"docs/architecture.md names modules that do not exist: {missing}"
+
+
+# In docstrings, modules are named by their import path, with or without the `metainfer.` prefix.
+DOTTED = re.compile(r"(?<![\w./-])(?:metainfer\.)?((?:core|agent|operator)(?:\.[a-z_][a-z0-9_]*)+)")
+
+
+def test_every_module_a_docstring_points_to_exists() -> None:
+    """Module docstrings say where the rest of a flow lives (core.control.serving, operator.rollout): a rename
+    must not leave them pointing nowhere."""
+    missing = []
+    for root in ("core", "agent", "operator"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+            for match in DOTTED.finditer(doc):
+                dotted = match.group(1).rstrip(".")
+                if dotted.endswith(".py"):
+                    continue
+                if not _module_exists(f"metainfer.{dotted}"):
+                    missing.append(f"{path.relative_to(REPO)}: {dotted}")
+    assert not missing, "module docstrings point at modules that do not exist:\n" + "\n".join(missing)
