@@ -566,6 +566,13 @@ class AdaptationPolicyStatus(ApiModel):
         ge=0,
         description="The highest p95 among the variants the classes serve: the latency every class meets, ms.",
     )
+    endpoint: str | None = Field(
+        None,
+        max_length=320,
+        description="The policy's stable in-cluster address (Service <policy> in the policy's namespace): every"
+        " Ready serving pod of every class, REST on port 8080 and gRPC on 8081. It does not change with hardware"
+        " classes, drivers or model versions.",
+    )
     unclassified_nodes: list[UnclassifiedNode] = Field(
         default_factory=list,
         max_length=MAX_UNCLASSIFIED_NODES,

@@ -44,7 +44,14 @@ from metainfer.core.api.policy import (
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.api.vocabulary import RunTrigger
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.naming import canary_name, job_name, label_value, run_name, workload_name
+from metainfer.core.control.naming import (
+    canary_name,
+    job_name,
+    label_value,
+    policy_service_name,
+    run_name,
+    workload_name,
+)
 from metainfer.core.control.objects import (
     ApiObject,
     annotation_of,
@@ -341,6 +348,47 @@ def build_service(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGrou
             ],
         },
     }
+
+
+def policy_serving_labels(policy_name: str) -> dict[str, str]:
+    """What the policy's own Service selects: the serving pods of every class of the policy, stable and canary."""
+    return {MANAGED_BY: PRODUCT, LABEL_POLICY: label_value(policy_name), COMPONENT: "serving"}
+
+
+def build_policy_service(policy: AdaptationPolicy | Mapping[str, Any]) -> dict[str, Any]:
+    """The policy's one stable address: a ClusterIP Service named after the policy (``policy_service_name``) in
+    front of every Ready serving pod of every class, REST on 8080 and gRPC on 8081.
+
+    Classes come and go with hardware and drivers, and their Services with them; this one stays for the policy's
+    life (owned by it), so a client never has to rediscover where the policy serves. Traffic spreads over the Ready
+    pods of all classes and tracks, so the canary's share is its share of the pods, as the policy sets it.
+    """
+    policy = as_policy(policy)
+    name = name_of(policy)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": policy_service_name(name),
+            "namespace": namespace_of(policy),
+            "labels": policy_serving_labels(name),
+            "ownerReferences": [owner_reference(policy)],
+        },
+        "spec": {
+            "type": "ClusterIP",
+            "selector": policy_serving_labels(name),
+            "ports": [
+                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
+                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def policy_endpoint(policy: AdaptationPolicy | Mapping[str, Any]) -> str:
+    """The in-cluster address of ``build_policy_service``'s Service, as status.endpoint shows it."""
+    policy = as_policy(policy)
+    return f"{policy_service_name(name_of(policy))}.{namespace_of(policy)}.svc:{HTTP_PORT}"
 
 
 def _container(

@@ -25,6 +25,7 @@ RUN_MAX = JOB_MAX  # a run's Job has the run's own name: one name to look for, n
 HASH_LEN = 8
 
 _INVALID = re.compile(r"[^a-z0-9-]+")
+_SERVICE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
@@ -64,6 +65,15 @@ def job_name(run: str) -> str:
 def workload_name(policy_name: str, class_name: str) -> str:
     """Deployment and Service serving one policy on one class (a Service name: <= 63, starts with a letter)."""
     return compose([policy_name, class_name], LABEL_MAX, letter_first=True)
+
+
+def policy_service_name(policy_name: str) -> str:
+    """The one Service of a policy, in front of every serving pod of every class: the policy's own name when it is
+    a valid Service name (DNS-1035, <= 63), else a readable prefix plus a hash. It never changes with classes,
+    drivers or model versions, so it is the address clients keep."""
+    if len(policy_name) <= LABEL_MAX and _SERVICE.match(policy_name):
+        return policy_name
+    return compose([policy_name], LABEL_MAX, letter_first=True)
 
 
 def canary_name(policy_name: str, class_name: str) -> str:

@@ -50,7 +50,7 @@ from metainfer.core.control.decisions import (
 )
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.manifests import build_run
+from metainfer.core.control.manifests import build_policy_service, build_run, policy_endpoint
 from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of, run_phase
 from metainfer.core.control.runs import hold_class, job_decisions, plan_job, plan_runs, run_status_from_job, skipped
 from metainfer.core.control.serving import plan_serving
@@ -163,7 +163,11 @@ def plan_policy(
     )
     unclassified = _unclassified(unclassified_nodes or {})
     leftovers += _newly_unclassified(unclassified, previous.unclassified_nodes)
-    return merge(class_plans, leftovers, previous.conditions, generation_of(policy), now, unclassified)
+    # The policy's stable address exists from the start, whatever serves behind it (classes come and go).
+    leftovers += Decisions(services=(build_policy_service(policy),))
+    return merge(
+        class_plans, leftovers, previous.conditions, generation_of(policy), now, unclassified, policy_endpoint(policy)
+    )
 
 
 def _unclassified(nodes: Mapping[str, str]) -> list[UnclassifiedNode]:
@@ -218,6 +222,7 @@ def merge(
     generation: int,
     now: dt.datetime,
     unclassified: list[UnclassifiedNode] | None = None,
+    endpoint: str | None = None,
 ) -> Plan:
     """The classes' plans in class order, then what the policy decided beyond them; conditions and status last."""
     decisions = sum((p.decisions for p in class_plans), Decisions()) + leftovers
@@ -234,7 +239,7 @@ def merge(
         class_statuses=classes,
         conditions=conditions,
         events=list(decisions.events),
-        status=policy_status(generation, conditions, classes, unclassified or []),
+        status=policy_status(generation, conditions, classes, unclassified or [], endpoint),
     )
 
 
@@ -290,6 +295,7 @@ def policy_status(
     conditions: list[Condition],
     classes: list[ClassStatus],
     unclassified: list[UnclassifiedNode] | None = None,
+    endpoint: str | None = None,
 ) -> AdaptationPolicyStatus:
     ready = sum(c.state == ClassState.READY for c in classes)
     p95s = [c.current.p95_ms for c in classes if c.current and c.current.p95_ms is not None]
@@ -302,4 +308,5 @@ def policy_status(
         classes_summary=f"{ready}/{len(classes)}",
         worst_class_p95_ms=round(max(p95s), 3) if p95s else None,  # to the microsecond: kubectl prints it as is
         unclassified_nodes=unclassified or [],
+        endpoint=endpoint,
     )

@@ -142,10 +142,14 @@ def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service
     )
     assert pod["status"]["qosClass"] == "Guaranteed"
 
-    # A KServe v2 request through the Service (kube-proxy's DNAT from this host) against the variant run here.
+    # A KServe v2 request through the policy's own Service (kube-proxy's DNAT from this host), the address that
+    # status.endpoint gives and that stays when classes change, against the variant run here.
     services = platform.get("services", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
-    assert len(services) == 1, [s["metadata"]["name"] for s in services]
-    cluster_ip = services[0]["spec"]["clusterIP"]
+    names = sorted(s["metadata"]["name"] for s in services)
+    assert len(services) == 2 and POLICY in names, names  # the class's Service and the policy's
+    stored = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
+    assert stored["status"]["endpoint"] == f"{POLICY}.{WORKLOAD_NAMESPACE}.svc:8080"
+    cluster_ip = platform.get("service", POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
     recipe = Recipe.model_validate(run["status"]["bestRecipe"])
     variant = build_variant(digits.read_bytes(), recipe.transform)
     session = create_session(variant, recipe)
@@ -181,7 +185,7 @@ def test_prometheus_discovers_and_scrapes_the_serving_pods_and_the_operator_read
     assert {s["metric"]["pod"] for s in up} == names
     assert all(s["metric"]["namespace"] == WORKLOAD_NAMESPACE for s in up)
     # Traffic, so the compute histogram has samples; then the operator's drift check reads a p95 from Prometheus.
-    cluster_ip = platform.get("services", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"][0]["spec"]["clusterIP"]
+    cluster_ip = platform.get("service", POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
     client = tritonhttp.InferenceServerClient(f"{cluster_ip}:8080")
     request = tritonhttp.InferInput("input", [16, 64], "FP32")
     request.set_data_from_numpy(np.zeros((16, 64), dtype=np.float32), binary_data=True)
@@ -384,7 +388,7 @@ def test_sustained_load_on_a_cpu_limited_pod_drifts_the_p95_and_a_drift_run_and_
     platform.wait(
         "the heavy policy's first serving pod", lambda: _ready_serving_pods_of(platform, HEAVY_SERVING), 600, 3
     )
-    service = platform.get("services", "-n", WORKLOAD_NAMESPACE, "-l", HEAVY_SERVING)["items"][0]
+    service = platform.get("service", HEAVY, "-n", WORKLOAD_NAMESPACE)
     address = f"{service['spec']['clusterIP']}:8080"
 
     # Light load sets the production baseline (one client, pauses: no throttling).

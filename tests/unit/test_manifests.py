@@ -15,7 +15,14 @@ from metainfer.core.api.policy import AdaptationPolicy, ResourceRequirements
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.api.security import ContainerSecurityContext, PodSecurityContext
 from metainfer.core.control.hardware import classify_node, group_nodes
-from metainfer.core.control.manifests import build_deployment, build_job, build_run, build_service
+from metainfer.core.control.manifests import (
+    build_deployment,
+    build_job,
+    build_policy_service,
+    build_run,
+    build_service,
+    policy_endpoint,
+)
 from metainfer.core.control.naming import JOB_MAX, canary_name, job_name, label_value, run_name, workload_name
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.settings import DEFAULT_JOB_RESOURCES, AgentJobSettings, ServingDefaults, merged_resources
@@ -439,3 +446,35 @@ def test_a_policys_batching_delay_reaches_serve_and_serves_default_otherwise() -
 
     assert served(policy(serving={"replicas": 2, "maxQueueDelayMs": 5})).max_queue_delay_ms == 5
     assert served(policy()).max_queue_delay_ms == parser.get_default("max_queue_delay_ms")
+
+
+def test_the_policy_service_selects_every_class_and_track_of_the_policy_and_nothing_else() -> None:
+    p = policy()
+    svc = build_policy_service(p)
+    assert svc["metadata"]["name"] == "digits" and svc["spec"]["type"] == "ClusterIP"
+    assert svc["metadata"]["ownerReferences"][0]["kind"] == "AdaptationPolicy"
+    assert [(port["name"], port["port"]) for port in svc["spec"]["ports"]] == [("http", 8080), ("grpc", 8081)]
+    selector = set(svc["spec"]["selector"].items())
+    cpu_group = next(iter(group_nodes([("cpu-1", {"kubernetes.io/arch": "amd64"})]).values()))
+    for group in (gpu_group(), cpu_group):
+        run = succeeded(build_run(p, group, "NewHardwareClass"))
+        for track in ("stable", "canary"):
+            pod_labels = build_deployment(p, group, run, track=track)["spec"]["template"]["metadata"]["labels"]
+            assert selector <= set(pod_labels.items()), (group.fingerprint, track)
+    other_run = succeeded(build_run(policy("other"), gpu_group(), "NewHardwareClass"))
+    other = build_deployment(policy("other"), gpu_group(), other_run)
+    assert not selector <= set(other["spec"]["template"]["metadata"]["labels"].items())
+    assert (
+        build_job(build_run(p, gpu_group(), "NewHardwareClass"), gpu_group())["spec"]["template"]["metadata"]["labels"][
+            "app.kubernetes.io/component"
+        ]
+        != "serving"
+    )  # adaptation Jobs never receive the policy's traffic
+    assert policy_endpoint(p) == f"digits.{p['metadata']['namespace']}.svc:8080"
+
+
+@pytest.mark.parametrize("name", ["9-lives", "a" * 70, "x.y"])
+def test_a_policy_name_that_is_no_service_name_gets_a_valid_stable_one(name: str) -> None:
+    first = build_policy_service(policy(name))["metadata"]["name"]
+    assert first == build_policy_service(policy(name))["metadata"]["name"]
+    assert len(first) <= 63 and first[0].isalpha() and all(ch.isalnum() or ch == "-" for ch in first)

@@ -154,7 +154,8 @@ def test_two_classes_success_rolls_out_then_ready() -> None:
         c.finish(name)
     plan = c.reconcile(nodes)
     assert sorted(a.action for a in plan.deployments_to_apply) == ["create", "create"]
-    assert len(plan.services) == 2 and {s.state for s in plan.class_statuses} == {"RollingOut"}
+    class_services = [s for s in plan.services if s["metadata"]["name"] != "digits"]
+    assert len(class_services) == 2 and {s.state for s in plan.class_statuses} == {"RollingOut"}
     plan = c.reconcile(nodes)
     assert plan.deployments_to_apply == [] and plan.runs_to_create == []
     assert {s.state for s in plan.class_statuses} == {"Ready"}
@@ -696,3 +697,19 @@ def test_canary_replicas_from_a_weight_are_rounded_and_at_least_one() -> None:
     assert RolloutSettings(canary_weight_percent=50).canary_replicas_for(3) == 3
     assert RolloutSettings(canary_weight_percent=90).canary_replicas_for(1) == 9
     assert RolloutSettings(canary_replicas=2).canary_replicas_for(10) == 2  # no weight: canaryReplicas
+
+
+def test_the_policy_has_one_stable_service_from_the_start_and_says_where() -> None:
+    """Before any class serves, and unchanged when a driver upgrade replaces a class: clients keep one address."""
+    c = Cluster()
+    first = c.reconcile({"c1": CPU})
+    (service,) = [s for s in first.services if s["metadata"]["name"] == "digits"]
+    selector = service["spec"]["selector"]
+    assert selector["metainfer.io/policy"] == "digits" and selector["app.kubernetes.io/component"] == "serving"
+    assert first.status.endpoint == f"digits.{service['metadata']['namespace']}.svc:8080"
+    for name in c.runs:
+        c.finish(name)
+    c.reconcile({"c1": CPU})
+    upgraded = c.reconcile({"c1": {**CPU, "feature.node.kubernetes.io/cpu-model.family": "99"}})
+    assert [s for s in upgraded.services if s["metadata"]["name"] == "digits"] == [service]
+    assert upgraded.status.endpoint == first.status.endpoint
