@@ -111,7 +111,8 @@ demo-cluster: cluster-up
 test: lint
 	$(MAKE) --no-print-directory -k -j4 --output-sync=target test-unit test-integration test-e2e test-exports
 
-# One tier alone (`make unit` is the quick loop while coding: no network, no Go, about N minutes).
+# One tier alone (`make unit` is the quick loop while coding: no network, no Go; 7 minutes on 2 cores while
+# the Go builds ran beside it).
 unit test-unit: venv
 	$(PYTEST) tests/unit
 integration test-integration: assets
