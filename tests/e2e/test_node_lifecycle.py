@@ -5,8 +5,10 @@ Runs before test_platform_e2e.py (file order): only one node can run on a machin
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -42,6 +44,20 @@ def _our_processes(executables: list[str]) -> list[str]:
         if exe in wanted or exe.endswith("containerd-shim-runc-v2"):
             found.append(f"{proc.name} {exe}")
     return found
+
+
+def _a_service_address_nothing_serves_is_refused_on_the_host() -> None:
+    """What a client following a deleted Service gets: refused at once here, never routed off the machine."""
+    rules = subprocess.run(["iptables", "-w", "-S", "OUTPUT"], capture_output=True, text=True, check=True).stdout
+    # Checked before any packet is sent: without the rule this address would follow the default route.
+    assert f"-A OUTPUT -j {node_mod.UNROUTABLE_CHAIN}" in rules, rules
+    chain = subprocess.run(["iptables", "-w", "-S", node_mod.UNROUTABLE_CHAIN], capture_output=True, text=True).stdout
+    assert f"-d {node_mod.SERVICE_SUBNET} -j REJECT" in chain, chain
+    unused = str(ipaddress.ip_network(node_mod.SERVICE_SUBNET)[-2])  # only the API server's Service exists here
+    started = time.monotonic()
+    with pytest.raises((ConnectionRefusedError, PermissionError)), socket.create_connection((unused, 8080), timeout=5):
+        pass
+    assert time.monotonic() - started < 2, "refused by the host's rule, not after a timeout"
 
 
 def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: Path) -> None:
@@ -81,6 +97,7 @@ def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: P
             time.sleep(1)
         assert str(status["podIP"]).startswith(node_mod.POD_SUBNET.rsplit(".", 2)[0])
         assert hostchanges.diff(before, (root.resolve(),)), "a running node should show as host changes"
+        _a_service_address_nothing_serves_is_refused_on_the_host()
         with pytest.raises(ControlPlaneError, match="already runs"):  # one node per machine
             node_mod.require_host()
     finally:
