@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
                 cmd = [sys.executable, "-m", "metainfer.agent.cli", "serve", "--model-uri", example.model_path.as_uri(),
                        "--model-sha256", example.sha256, "--recipe-json", recipe.model_dump_json(),
                        "--variant-sha256", sha256, "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0",
+                       "--shutdown-delay", "0",  # stopped once ready: nothing routes to it, no need to linger
                        *(["--variant-store", str(work / "store")] if mode == "store" else [])]  # fmt: skip
                 log = work / f"{mode}-{i}.log"
                 seconds = time_to_ready(cmd, port, log)

@@ -120,9 +120,10 @@ def start_server(model: Path, sha256: str, port: int, log: Path, *extra: str) ->
     from metainfer.core.engine.recipe import Recipe
 
     recipe = Recipe(batch=BATCH).model_dump_json()
+    # No shutdown delay: nothing routes to a benchmark's server once it is stopped.
     cmd = [sys.executable, "-m", "metainfer.agent.cli", "serve", "--model-uri", model.as_uri(), "--model-sha256",
            sha256, "--recipe-json", recipe, "--model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
-           "--max-queue", "64", *extra]  # fmt: skip
+           "--max-queue", "64", "--shutdown-delay", "0", *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONSAFEPATH": "1"})  # fmt: skip
     try:

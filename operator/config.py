@@ -31,8 +31,10 @@ from metainfer.core.api.security import (
 )
 from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
 from metainfer.core.control.settings import (
+    DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_JOB_RESOURCES,
     DEFAULT_SERVING_RESOURCES,
+    DEFAULT_SHUTDOWN_DELAY_S,
     AgentJobSettings,
     ServingDefaults,
 )
@@ -145,6 +147,20 @@ class OperatorConfig(BaseSettings):
         description="Requests/limits of serving containers for each resource the policy's spec.serving.resources "
         "does not name (JSON).",
     )
+    serving_shutdown_delay_seconds: float = Field(
+        DEFAULT_SHUTDOWN_DELAY_S,
+        ge=0,
+        allow_inf_nan=False,
+        description="A terminating serving pod reports not ready but still answers new requests this long, while "
+        "the endpoints drop it (metainfer serve --shutdown-delay).",
+    )
+    serving_drain_timeout_seconds: float = Field(
+        DEFAULT_DRAIN_TIMEOUT_S,
+        gt=0,
+        allow_inf_nan=False,
+        description="Then its requests in flight get this long to finish (metainfer serve --drain-timeout); the "
+        "pod's termination grace period covers both.",
+    )
 
     @field_validator(*JSON_SETTINGS, mode="before")
     @classmethod
@@ -176,6 +192,8 @@ class OperatorConfig(BaseSettings):
             resources=self.serving_resources,
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,
+            shutdown_delay_seconds=self.serving_shutdown_delay_seconds,
+            drain_timeout_seconds=self.serving_drain_timeout_seconds,
         )
 
 

@@ -27,10 +27,15 @@ meets hostile and broken clients:
 Latency is recorded in parts: queue wait (saturation) and compute (the variant
 on this hardware, what the operator's drift check reads), plus the total.
 
-On SIGTERM (or SIGINT) the server reports not-ready at once, stops listening,
-answers any new request on an open connection 503 with ``Connection: close``,
-closes keep-alive connections after their current response, and lets in-flight
-requests finish for at most ``drain_timeout_s``. Requests cut at the timeout
+On SIGTERM (or SIGINT) the server reports not-ready at once but keeps answering
+for ``shutdown_delay_s``: kube-proxy and load balancers go on sending new
+connections to a terminating pod until the endpoints drop it, about a second
+or more, and those requests must not fail (make-before-break). Meanwhile every
+response carries ``Connection: close``, so keep-alive clients reconnect to the
+pods that stay; a second signal ends the delay at once. Then the server stops
+listening, answers any new request on an open connection 503 with
+``Connection: close``, and lets in-flight requests finish for at most
+``drain_timeout_s``. Requests cut at the timeout
 are counted and logged, and the exit status says whether the drain was clean
 (0) or not (3). The drain is counted here rather than left to aiohttp's runner:
 its shutdown stops reading from connections at once, so a request whose body
@@ -97,6 +102,7 @@ class ServeConfig:
     port: int = 8080
     max_batch: int | None = None
     drain_timeout_s: float = 20.0
+    shutdown_delay_s: float = 5.0  # after SIGTERM: not ready, yet still answering, before the drain
     workers: int = 2
     max_queue: int = 64
     grpc_port: int = 0  # the KServe v2 gRPC front end (0: none); `metainfer serve` defaults to 8081
@@ -114,7 +120,8 @@ class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.model: model_loader.LoadedModel | None = None
-        self.draining = False
+        self.leaving = False  # a signal came: not ready, every response closes its connection
+        self.draining = False  # the delay is over: not listening, new requests refused
         identity = Identity.from_env(config.recipe.key())
         self.metrics = ServingMetrics(identity, config.model_name, config.recipe.describe())
         self.executor = ThreadPoolExecutor(max_workers=config.workers, thread_name_prefix="infer")
@@ -127,7 +134,7 @@ class Server:
 
     @property
     def ready(self) -> bool:
-        return self.model is not None and not self.draining
+        return self.model is not None and not self.leaving
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -171,14 +178,32 @@ class Server:
 
     async def _response_headers(self, request: web.Request, response: web.StreamResponse) -> None:
         response.headers["Server"] = "metainfer"  # no framework or version for a scanner to match
-        if self.draining:  # keep-alive ends with this response: the client reconnects elsewhere
+        if self.leaving:  # keep-alive ends with this response: the client reconnects to a pod that stays
             response.force_close()
             response.headers["Connection"] = "close"  # headers are prepared before this hook; say it explicitly
+
+    async def linger(self, delay_s: float, cut_short: asyncio.Event) -> None:
+        """Report not-ready, yet keep accepting and answering new requests (REST and gRPC) for ``delay_s``, while
+        the endpoints that still route to this pod converge; responses close their connections meanwhile. Returns
+        early when ``cut_short`` is set (a second signal)."""
+        self.leaving = True
+        self.metrics.ready.set(0)
+        if delay_s <= 0:
+            return
+        log.info(
+            "shutting down: not ready; still answering new requests for %g s while endpoints drop this pod"
+            " (a second SIGTERM/SIGINT ends this delay)", delay_s,
+        )  # fmt: skip
+        try:
+            await asyncio.wait_for(cut_short.wait(), delay_s)
+            log.info("second signal: shutdown delay cut short")
+        except TimeoutError:
+            pass
 
     async def drain(self, runner: web.AppRunner, timeout: float) -> int:
         """Stop listening, wait (bounded) for in-flight requests, then close every connection. Returns how many
         requests the timeout cut."""
-        self.draining = True
+        self.leaving = self.draining = True
         self.metrics.ready.set(0)
         for site in list(runner.sites):
             await site.stop()
@@ -436,9 +461,14 @@ async def _serve(config: ServeConfig) -> int:
         config.host, config.port, config.model_name, config.workers,
     )  # fmt: skip
     loop = asyncio.get_running_loop()
-    stop = asyncio.Event()
+    stop, again = asyncio.Event(), asyncio.Event()  # the first signal, and a second one (ends the shutdown delay)
+
+    def signalled(sig: signal.Signals) -> None:
+        log.info("%s received", sig.name)
+        (again if stop.is_set() else stop).set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+        loop.add_signal_handler(sig, signalled, sig)
     loading: asyncio.Future[model_loader.LoadedModel] = loop.create_future()
     threading.Thread(target=_load_in_thread, args=(config, loop, loading), name="load", daemon=True).start()
     stopping = asyncio.ensure_future(stop.wait())
@@ -465,6 +495,8 @@ async def _serve(config: ServeConfig) -> int:
             server.metrics.ready.set(1)
             log.info("ready: variant sha256 %s (base %s)", server.model.variant_sha256, server.model.base_sha256)
             await stopping
+            # Only a server that was ready lingers: one that never was is in no endpoints.
+            await server.linger(config.shutdown_delay_s, again)
     # Both doors drain at once, within the one timeout; Server.drain marks the server draining before its first
     # await, so a gRPC call arriving meanwhile is refused by admission.
     drains = [server.drain(runner, config.drain_timeout_s)]

@@ -77,6 +77,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         port=args.port,
         max_batch=args.max_batch,
         drain_timeout_s=args.drain_timeout,
+        shutdown_delay_s=_non_negative(args.shutdown_delay, "--shutdown-delay"),
         workers=args.workers or default_workers(recipe, usable_cores()),
         max_queue=args.max_queue,
         grpc_port=grpc_port_from_args(args),

@@ -40,8 +40,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )  # fmt: skip
     parser.add_argument("--max-batch", type=int, help="largest batch accepted (default: max(recipe batch, 64))")
     parser.add_argument(
-        "--drain-timeout", type=float, default=20.0, help="seconds in-flight requests get after SIGTERM (default 20)"
-    )
+        "--shutdown-delay", type=float, default=5.0,
+        help="seconds between SIGTERM/SIGINT and the drain: readiness turns false at once, but new connections and"
+        " requests are still accepted and answered (each response closes its connection), since endpoints take a"
+        " moment to drop a terminating pod; a second SIGTERM/SIGINT ends the delay (default 5; 0: drain at once)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--drain-timeout", type=float, default=20.0,
+        help="seconds in-flight requests get once the shutdown delay is over (default 20)",
+    )  # fmt: skip
     parser.add_argument(
         "--workers", type=int,
         help="ONNX Runtime runs at once (default: the usable cores divided by the recipe's intra-op threads, at least"

@@ -16,10 +16,12 @@ A client that cancels, or whose deadline passes, gets its call ended at once, bu
 slot until the work it started (decode, inference) is over: otherwise cancelling would free slots while the workers
 are still busy, and ``--max-queue`` would no longer bound the work.
 
-On SIGTERM ``drain`` refuses new calls at once (gRPC answers UNAVAILABLE; clients retry on another replica), lets
-the calls in flight finish for at most the drain timeout (also one whose message is still arriving, as REST does for
-a body), then cuts the rest; those are counted in ``metainfer_inference_aborted_total{reason="drain_timeout"}`` and
-turn the exit status into 3, as REST's do.
+On SIGTERM ServerReady and ModelReady say not ready at once, while new calls are still answered for the shutdown
+delay (``Server.linger``), as REST's requests are; grpc.aio has no way to end an HTTP/2 connection short of stopping,
+so gRPC clients move when the drain starts. Then ``drain`` refuses new calls (GOAWAY, and UNAVAILABLE for a call
+that still arrives; clients retry on another replica), lets the calls in flight finish for at most the drain timeout
+(also one whose message is still arriving, as REST does for a body), then cuts the rest; those are counted in
+``metainfer_inference_aborted_total{reason="drain_timeout"}`` and turn the exit status into 3, as REST's do.
 """
 
 from __future__ import annotations

@@ -240,6 +240,9 @@ def build_deployment(
         "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
         "--port", str(HTTP_PORT),
         "--grpc-port", str(GRPC_PORT),
+        # A terminating pod answers while the endpoints drop it, then drains, within its grace period (below).
+        "--shutdown-delay", f"{settings.shutdown_delay_seconds:g}",
+        "--drain-timeout", f"{settings.drain_timeout_seconds:g}",
     ]  # fmt: skip
     if spec.serving.max_queue_delay_ms is not None:
         args += ["--max-queue-delay-ms", f"{spec.serving.max_queue_delay_ms:g}"]
@@ -282,6 +285,7 @@ def build_deployment(
     tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
     pod = _pod_spec(container, group, settings, settings.service_account, tolerations, model.volume)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
+    pod["terminationGracePeriodSeconds"] = settings.termination_grace_seconds()
     if store is not None:
         _mount_variant_store(pod, container, store, read_only=True)
     for volume, mount in cm_volumes:

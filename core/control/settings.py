@@ -12,6 +12,7 @@ spec.serving.resources does not name.
 
 from __future__ import annotations
 
+import math
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +35,13 @@ DEFAULT_JOB_RESOURCES = ResourceRequirements(
 DEFAULT_SERVING_RESOURCES = ResourceRequirements(
     requests={"cpu": "2", "memory": "2Gi"}, limits={"cpu": "2", "memory": "2Gi"}
 )
+
+# A terminating serving pod: how long it answers while the endpoints drop it (kube-proxy takes a second or more),
+# then how long its requests in flight get.
+DEFAULT_SHUTDOWN_DELAY_S = 5.0
+DEFAULT_DRAIN_TIMEOUT_S = 20.0
+# Between the drain's end and the kubelet's SIGKILL: the process closes its sockets and thread pools and exits.
+TERMINATION_MARGIN_S = 5
 
 
 class WorkloadSettings(BaseModel):
@@ -61,12 +69,34 @@ class AgentJobSettings(WorkloadSettings):
 
 class ServingDefaults(WorkloadSettings):
     """Operator-wide defaults of serving Deployments; the policy's spec.serving overrides the image, and the
-    resources it names (``merged_resources``)."""
+    resources it names (``merged_resources``).
+
+    A terminating serving pod answers for ``shutdown_delay_seconds`` while the endpoints drop it, then drains for
+    at most ``drain_timeout_seconds`` (``metainfer serve --shutdown-delay``, ``--drain-timeout``); its termination
+    grace period covers both and ``TERMINATION_MARGIN_S`` (``termination_grace_seconds``).
+    """
 
     service_account: str = "metainfer-serving"
     resources: ResourceRequirements | None = Field(
         DEFAULT_SERVING_RESOURCES, description="Requests/limits of each resource the policy names none of."
     )
+    shutdown_delay_seconds: float = Field(
+        DEFAULT_SHUTDOWN_DELAY_S,
+        ge=0,
+        allow_inf_nan=False,
+        description="After SIGTERM: not ready, yet answering, while endpoints converge.",
+    )
+    drain_timeout_seconds: float = Field(
+        DEFAULT_DRAIN_TIMEOUT_S,
+        gt=0,
+        allow_inf_nan=False,
+        description="Then: how long the requests in flight get to finish.",
+    )
+
+    def termination_grace_seconds(self) -> int:
+        """The pod's terminationGracePeriodSeconds: the delay, the drain and a margin for the process to exit
+        (30 s, Kubernetes' own default, with the default delay and drain)."""
+        return math.ceil(self.shutdown_delay_seconds + self.drain_timeout_seconds) + TERMINATION_MARGIN_S
 
 
 def merged_resources(

@@ -28,12 +28,16 @@ class ServeProcess:
     """One ``metainfer serve`` on 127.0.0.1:``port`` (a free one by default), logging to ``log_dir``.
 
     With ``grpc`` its KServe v2 gRPC API listens on a free port too (``grpc_address``); without, it is off, so that
-    servers started side by side never contend for the default gRPC port.
+    servers started side by side never contend for the default gRPC port. ``shutdown_delay`` is 0 unless a test
+    asks for it: a stop then drains at once, as the tests that do not watch the delay expect.
     """
 
-    def __init__(self, log_dir: Path, port: int | None = None, *, grpc: bool = False) -> None:
+    def __init__(
+        self, log_dir: Path, port: int | None = None, *, grpc: bool = False, shutdown_delay: float = 0.0
+    ) -> None:
         self.port = port or free_port()
         self.grpc_port = free_port() if grpc else 0
+        self.shutdown_delay = shutdown_delay
         self.log = log_dir / f"serve-{self.port}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -52,8 +56,11 @@ class ServeProcess:
 
     def start(self, args: list[str], env: dict[str, str]) -> ServeProcess:
         """Run ``metainfer <args>`` (``serve ...``, listening on ``port``) with ``env`` added to this one's; the gRPC
-        port is appended (the last --grpc-port wins, also over one in ``args``)."""
-        cmd = [sys.executable, "-m", "metainfer.agent.cli", *args, "--grpc-port", str(self.grpc_port)]
+        port and the shutdown delay are appended (the last flag wins, also over one in ``args``)."""
+        cmd = [
+            sys.executable, "-m", "metainfer.agent.cli", *args,
+            "--grpc-port", str(self.grpc_port), "--shutdown-delay", f"{self.shutdown_delay:g}",
+        ]  # fmt: skip
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
                 cmd, env={**os.environ, **env, "PYTHONSAFEPATH": "1"}, stdout=out, stderr=subprocess.STDOUT
@@ -77,7 +84,7 @@ class ServeProcess:
         pytest.fail(f"serve not ready after {timeout:g}s:\n{self.log.read_text()[-3000:]}")
 
     def stop(self) -> None:
-        """SIGTERM (serve drains its requests in flight), SIGKILL after 15 s."""
+        """SIGTERM (serve waits its shutdown delay, then drains its requests in flight), SIGKILL after 15 s."""
         stop_child(self.proc)
 
 
@@ -93,10 +100,11 @@ def start_serving(
     env: dict[str, str] | None = None,
     grpc: bool = False,
     ready: bool = True,
+    shutdown_delay: float = 0.0,
 ) -> ServeProcess:
     """``metainfer serve`` of ``example`` with ``SERVED_RECIPE`` on free loopback ports, ``extra`` flags last;
     waits until it is ready unless ``ready`` is False (a test that watches it start)."""
-    served = ServeProcess(log_dir, grpc=grpc)
+    served = ServeProcess(log_dir, grpc=grpc, shutdown_delay=shutdown_delay)
     args = [
         "serve", "--model-uri", example.model_path.as_uri(), "--model-sha256", example.sha256,
         "--recipe-json", SERVED_RECIPE.model_dump_json(), "--host", "127.0.0.1", "--port", str(served.port),

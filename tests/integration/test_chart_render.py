@@ -195,6 +195,8 @@ def test_helm_enforces_the_schema() -> None:
         (["--set", "metrics.serviceMonitor.scrapeTimeout=ten"], "scrapeTimeout"),
         (["--set-json", 'metrics.podMonitor.relabelings=[{"action":"explode"}]'], "action"),
         (["--set", "prometheusRule.namespace=Monitoring"], "namespace"),
+        (["--set", "serving.shutdownDelaySeconds=-1"], "shutdownDelaySeconds"),
+        (["--set", "serving.drainTimeoutSeconds=0"], "drainTimeoutSeconds"),
     ]:
         result = run_helm("template", "mi", str(CHART), *bad, check=False)
         assert result.returncode != 0, f"schema accepted {bad}"
@@ -431,6 +433,14 @@ def test_jobs_get_guaranteed_qos_and_serving_its_resources_from_values(monkeypat
         "requests": {"cpu": "500m", "memory": "3Gi"},
         "limits": {"memory": "3Gi"},
     }
+
+
+def test_serving_pods_shutdown_delay_and_drain_come_from_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    docs = template("--set-json", "serving.shutdownDelaySeconds=2.5", "--set", "serving.drainTimeoutSeconds=60")
+    serving = workload_pods(operator_config(operator_env(docs), monkeypatch))["serving"]
+    args = serving["containers"][0]["args"]
+    assert args[args.index("--shutdown-delay") + 1] == "2.5" and args[args.index("--drain-timeout") + 1] == "60"
+    assert serving["terminationGracePeriodSeconds"] == 68  # ceil(2.5 + 60) + the margin of 5
 
 
 @pytest.mark.parametrize(

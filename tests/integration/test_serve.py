@@ -7,6 +7,7 @@ compared with the same variant run directly in ONNX Runtime.
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
@@ -38,8 +39,12 @@ ENV = {"METAINFER_POLICY": LABELS["policy"], "METAINFER_CLASS": LABELS["hardware
        "METAINFER_RECIPE_KEY": LABELS["variant"]}  # fmt: skip
 
 
-def _start(example: ExampleModel, log_dir: Path, *extra: str, ready: bool = True) -> ServeProcess:
-    return start_serving(example, log_dir, "--drain-timeout", "10", *extra, env=ENV, ready=ready)
+def _start(
+    example: ExampleModel, log_dir: Path, *extra: str, ready: bool = True, shutdown_delay: float = 0.0
+) -> ServeProcess:
+    return start_serving(
+        example, log_dir, "--drain-timeout", "10", *extra, env=ENV, ready=ready, shutdown_delay=shutdown_delay
+    )
 
 
 @pytest.fixture(scope="module")
@@ -181,7 +186,7 @@ def test_metrics_count_requests_errors_and_latency(
 
 
 def test_sigterm_drains_the_request_in_flight_and_exits_0(example: ExampleModel, tmp_path: Path) -> None:
-    served = _start(example, tmp_path)
+    served = _start(example, tmp_path, shutdown_delay=0)  # no delay: the drain starts at once, as before it existed
     try:
         with np.load(example.data_path) as npz:
             sample = npz["input"][:1].astype(np.float32)
@@ -199,6 +204,8 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(example: ExampleModel,
             served.proc.send_signal(signal.SIGTERM)
             time.sleep(0.5)
             assert served.proc.poll() is None, "exited with a request in flight"
+            with pytest.raises(ConnectionRefusedError):  # no longer listening
+                socket.create_connection(("127.0.0.1", served.port), timeout=5).close()
             conn.sendall(body[10:])
             response = b""
             while chunk := conn.recv(65536):
@@ -208,6 +215,74 @@ def test_sigterm_drains_the_request_in_flight_and_exits_0(example: ExampleModel,
         doc = json.loads(rest.partition(b"\r\n\r\n")[2])
         assert doc["outputs"][0]["shape"] == [1, 10]
         assert served.proc.wait(timeout=15) == 0
+    finally:
+        served.stop()
+
+
+def _request(port: int, method: str, path: str, body: bytes | None = None) -> tuple[int, dict, str | None]:
+    """One request on a new connection: status, JSON body, and the Connection header."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, body=body, headers={"Content-Type": "application/json"} if body else {})
+        response = conn.getresponse()
+        return response.status, json.loads(response.read()), response.getheader("Connection")
+    finally:
+        conn.close()
+
+
+def _wait_not_ready(served: ServeProcess) -> None:
+    deadline = time.monotonic() + 5
+    while _request(served.port, "GET", "/v2/health/ready")[0] != 503:
+        assert time.monotonic() < deadline, "still ready after SIGTERM"
+        time.sleep(0.05)
+
+
+def test_during_the_shutdown_delay_new_connections_are_answered_while_not_ready(
+    example: ExampleModel, tmp_path: Path, samples: np.ndarray
+) -> None:
+    """What a client routed by endpoints that still list a terminating pod gets: answers, each closing its
+    connection so that the next request goes to a pod that stays; then the drain and exit 0."""
+    served = _start(example, tmp_path, shutdown_delay=2)
+    body = json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": samples[:1].ravel().tolist()}]}
+    ).encode()
+    infer = f"/v2/models/{MODEL}/infer"
+    try:
+        kept = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)  # a keep-alive client from before
+        kept.request("POST", infer, body=body, headers={"Content-Type": "application/json"})
+        before = kept.getresponse()
+        assert before.status == 200 and before.getheader("Connection") != "close"
+        expected = json.loads(before.read())["outputs"]
+        assert served.proc is not None
+        signalled = time.monotonic()
+        served.proc.send_signal(signal.SIGTERM)
+        _wait_not_ready(served)
+        assert _request(served.port, "GET", f"/v2/models/{MODEL}/ready")[0] == 503
+        status, doc, connection = _request(served.port, "POST", infer, body)  # a new connection: still served
+        assert (status, doc["outputs"], connection) == (200, expected, "close")
+        kept.request("POST", infer, body=body, headers={"Content-Type": "application/json"})
+        answer = kept.getresponse()  # the keep-alive connection gets its answer, and is closed after it
+        assert answer.status == 200 and answer.getheader("Connection") == "close"
+        assert json.loads(answer.read())["outputs"] == expected
+        kept.close()
+        assert served.proc.poll() is None, "exited during the delay"
+        assert served.proc.wait(timeout=15) == 0
+        assert time.monotonic() - signalled >= 2, "the drain started before the delay was over"
+        log = served.log.read_text()
+        assert "still answering new requests for 2 s" in log and "shutting down: draining" in log
+    finally:
+        served.stop()
+
+
+def test_a_second_signal_cuts_the_shutdown_delay_short(example: ExampleModel, tmp_path: Path) -> None:
+    served = _start(example, tmp_path, shutdown_delay=60)
+    try:
+        assert served.proc is not None
+        served.proc.send_signal(signal.SIGTERM)
+        _wait_not_ready(served)
+        served.proc.send_signal(signal.SIGINT)
+        assert served.proc.wait(timeout=15) == 0
+        assert "second signal: shutdown delay cut short" in served.log.read_text()
     finally:
         served.stop()
 

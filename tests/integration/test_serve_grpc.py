@@ -32,8 +32,8 @@ MODEL = "digits"
 INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-def _start(example: ExampleModel, log_dir: Path, *extra: str) -> ServeProcess:
-    return start_serving(example, log_dir, *extra, model_name=MODEL, grpc=True)
+def _start(example: ExampleModel, log_dir: Path, *extra: str, shutdown_delay: float = 0.0) -> ServeProcess:
+    return start_serving(example, log_dir, *extra, model_name=MODEL, grpc=True, shutdown_delay=shutdown_delay)
 
 
 @pytest.fixture(scope="module")
@@ -216,8 +216,37 @@ def _one_request(example: ExampleModel) -> service_pb2.ModelInferRequest:
     return request
 
 
+def test_during_the_shutdown_delay_new_calls_are_answered_while_not_ready(
+    example: ExampleModel, tmp_path: Path, samples: np.ndarray
+) -> None:
+    served = _start(example, tmp_path, "--drain-timeout", "10", shutdown_delay=2)
+    before = tritongrpc.InferenceServerClient(served.grpc_address)
+    try:
+        expected = before.infer(MODEL, [_tensor(samples)]).as_numpy("logits")
+        assert served.proc is not None
+        served.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        while before.is_server_ready():
+            assert time.monotonic() < deadline, "still ready after SIGTERM"
+            time.sleep(0.05)
+        assert not before.is_model_ready(MODEL)
+        late = tritongrpc.InferenceServerClient(served.grpc_address)  # a new channel: a new connection
+        try:
+            assert late.infer(MODEL, [_tensor(samples)]).as_numpy("logits").tobytes() == expected.tobytes()
+        finally:
+            late.close()
+        assert before.infer(MODEL, [_tensor(samples)]).as_numpy("logits").tobytes() == expected.tobytes()
+        assert served.proc.poll() is None, "exited during the delay"
+        assert served.proc.wait(timeout=15) == 0
+        log = served.log.read_text()
+        assert log.index("still answering new requests for 2 s") < log.index("gRPC: draining")
+    finally:
+        before.close()
+        served.stop()
+
+
 def test_sigterm_refuses_new_calls_and_drains_the_one_in_flight(example: ExampleModel, tmp_path: Path) -> None:
-    served = _start(example, tmp_path, "--drain-timeout", "10")
+    served = _start(example, tmp_path, "--drain-timeout", "10")  # no shutdown delay: new calls refused at once
     slow = SlowCall(served.grpc_address, _one_request(example))
     try:
         time.sleep(0.5)  # the call is open on the server, its message not sent

@@ -25,7 +25,13 @@ from metainfer.core.control.manifests import (
 )
 from metainfer.core.control.naming import JOB_MAX, canary_name, job_name, label_value, run_name, workload_name
 from metainfer.core.control.runkey import run_key
-from metainfer.core.control.settings import DEFAULT_JOB_RESOURCES, AgentJobSettings, ServingDefaults, merged_resources
+from metainfer.core.control.settings import (
+    DEFAULT_JOB_RESOURCES,
+    TERMINATION_MARGIN_S,
+    AgentJobSettings,
+    ServingDefaults,
+    merged_resources,
+)
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
 
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -393,6 +399,31 @@ def test_the_serving_container_listens_where_its_ports_say() -> None:
     assert ports == {"http": args.port, "grpc": args.grpc_port} and args.grpc_port != args.port
     service_ports = {port["name"]: port["targetPort"] for port in build_service(p, group)["spec"]["ports"]}
     assert service_ports == {"http": "http", "grpc": "grpc"}
+
+
+def test_a_terminating_serving_pod_answers_then_drains_within_its_grace_period() -> None:
+    """Make-before-break on pod replacement: serve gets the platform's shutdown delay and drain timeout, and the
+    kubelet's SIGKILL comes only after both and a margin (the defaults: Kubernetes' own 30 s)."""
+    from metainfer.agent.serve.flags import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    group = gpu_group()
+    p = policy()
+    run = succeeded(build_run(p, group, "NewHardwareClass"))
+    for settings, grace in ((ServingDefaults(), 30), (ServingDefaults(shutdown_delay_seconds=0), 25),
+                            (ServingDefaults(shutdown_delay_seconds=2.5, drain_timeout_seconds=60), 68)):  # fmt: skip
+        pod = build_deployment(p, group, run, settings)["spec"]["template"]["spec"]
+        args = parser.parse_args(pod["containers"][0]["args"][1:])
+        assert (args.shutdown_delay, args.drain_timeout) == (
+            settings.shutdown_delay_seconds, settings.drain_timeout_seconds
+        )
+        assert pod["terminationGracePeriodSeconds"] == grace == settings.termination_grace_seconds()
+        assert grace >= args.shutdown_delay + args.drain_timeout + TERMINATION_MARGIN_S
+    assert ServingDefaults().shutdown_delay_seconds > 0, "by default a terminating pod keeps answering a while"
+    for bad in ({"shutdown_delay_seconds": -1}, {"drain_timeout_seconds": 0}, {"shutdown_delay_seconds": "inf"}):
+        with pytest.raises(ValidationError):
+            ServingDefaults.model_validate(bad)
 
 
 def test_deployment_serves_the_runs_model_not_the_policys_new_one() -> None:

@@ -52,9 +52,15 @@ def test_the_cgroup_quota_bounds_the_usable_cores(monkeypatch: pytest.MonkeyPatc
         (["--variant-sha256", "ABC"], "--variant-sha256", "64 lower-case hex"),
         (["--variant-store", "/tmp"], "--variant-store", "needs --variant-sha256"),
         (["--workers", "0"], "--workers", ">= 1"),
+        (["--shutdown-delay", "-1"], "--shutdown-delay", ">= 0"),
     ],
 )
 def test_flag_mistakes_name_the_flag(extra: list[str], flag: str, words: str) -> None:
     with pytest.raises(InputError, match=flag) as caught:
         config_from_args(_args(*extra))
     assert words in str(caught.value)
+
+
+def test_the_shutdown_delay_defaults_to_5_s_and_0_turns_it_off() -> None:
+    assert config_from_args(_args()).shutdown_delay_s == 5.0
+    assert config_from_args(_args("--shutdown-delay", "0")).shutdown_delay_s == 0.0
