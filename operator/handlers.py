@@ -142,17 +142,19 @@ async def policy_daemon(
                 if inputs.settle_wait_s is not None:
                     sleep = min(sleep, max(inputs.settle_wait_s, 0.5))
                 policy = await apply_plan(body, inputs, logger)
-                checked = await drift_step(body, policy, config, logger, dt.datetime.now(dt.UTC))
-                if checked.readapt:
-                    continue  # reconcile at once: the salted run key creates the LatencyDrift run
-                if checked.next_check_s is not None:
-                    sleep = min(sleep, max(checked.next_check_s, 0.5))
-                policy = checked.policy or policy
-                canary = await rollout_step(body, policy, config, logger, dt.datetime.now(dt.UTC))
-                if canary.decided:
-                    continue  # reconcile at once: promote (new stable) or roll back (delete the canary)
-                if canary.next_check_s is not None:
-                    sleep = min(sleep, max(canary.next_check_s, 0.5))
+                # spec.suspend holds the loop: no drift check, no canary decision (apply_plan created nothing).
+                if not (policy.get("spec") or {}).get("suspend"):
+                    checked = await drift_step(body, policy, config, logger, dt.datetime.now(dt.UTC))
+                    if checked.readapt:
+                        continue  # reconcile at once: the salted run key creates the LatencyDrift run
+                    if checked.next_check_s is not None:
+                        sleep = min(sleep, max(checked.next_check_s, 0.5))
+                    policy = checked.policy or policy
+                    canary = await rollout_step(body, policy, config, logger, dt.datetime.now(dt.UTC))
+                    if canary.decided:
+                        continue  # reconcile at once: promote (new stable) or roll back (delete the canary)
+                    if canary.next_check_s is not None:
+                        sleep = min(sleep, max(canary.next_check_s, 0.5))
             except (ValidationError, ForbiddenByPlatform, ChildRejected) as exc:  # no retry fixes it: say so on it
                 reason, message = refusal(exc)
                 RECONCILE_ERRORS.labels(reason).inc()

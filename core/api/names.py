@@ -68,6 +68,9 @@ LABEL_NAMESPACE: Final = "metainfer.io/namespace"
 ANNOTATION_TOLERATIONS: Final = "metainfer.io/tolerations"
 ANNOTATION_CLASS_NAME: Final = "metainfer.io/class-name"
 ANNOTATION_DRIFT_EPOCH: Final = "metainfer.io/drift-epoch"
+# On an AdaptationPolicy, set by its owner: each new value re-adapts every class once (trigger Manual); the run
+# carries the value it was started for, so the same value never starts a second run.
+ANNOTATION_RERUN: Final = "metainfer.io/rerun"
 # On each Deployment the operator applies: a digest of the manifest it applied, so an unchanged desired
 # Deployment costs no write, and a changed one (new recipe, replicas, image) is applied again (core.control.serving).
 ANNOTATION_SPEC_HASH: Final = "metainfer.io/spec-hash"

@@ -468,6 +468,11 @@ class AdaptationPolicySpec(ApiModel):
     serving: ServingSettings = Field(default_factory=ServingSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     readaptation: ReadaptationSettings = Field(default_factory=ReadaptationSettings)
+    suspend: bool = Field(
+        False,
+        description="Hold the loop: no new runs, Jobs, rollouts, canary decisions or re-adaptations while true;"
+        " what serves keeps serving as it is, and runs already running finish. Set back to false to resume.",
+    )
 
 
 class VariantSummary(ApiModel):

@@ -107,6 +107,7 @@ class Reason(StrEnum):
     NODE_UNCLASSIFIABLE = "NodeUnclassifiable"
     CONCURRENCY_LIMIT = "ConcurrencyLimit"
     ROLLING_OUT = "RollingOut"
+    SUSPENDED = "Suspended"  # spec.suspend: no new runs or rollouts; serving untouched
     # run triggers (AdaptationRun.spec.reason)
     NEW_HARDWARE_CLASS = RunTrigger.NEW_HARDWARE_CLASS.value
     DRIVER_CHANGE = RunTrigger.DRIVER_CHANGE.value

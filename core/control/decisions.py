@@ -16,12 +16,12 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal
 
 from metainfer.core.api.conditions import Reason
-from metainfer.core.api.names import LABEL_RUN_KEY
+from metainfer.core.api.names import ANNOTATION_RERUN, LABEL_RUN_KEY
 from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, ClassStatus
 from metainfer.core.api.run import AdaptationRun
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
-from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of
+from metainfer.core.control.objects import InvalidRun, annotation_of, generation_of, label_of, name_of
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
 from metainfer.core.control.workloads import DeploymentState
@@ -103,14 +103,17 @@ class ClassContext:
     now: dt.datetime
     # Derived from the fields above, once: every step of the class's planning reads them.
     drift_epoch: str | None = field(init=False)  # the salt of ``run_key``: the class's last confirmed latency drift
+    rerun: str | None = field(init=False)  # the other salt: the policy's manual re-run request (rerun_request)
     run_key: str = field(init=False)  # of the run the policy's current spec asks for
     current: AdaptationRun | None = field(init=False)  # the run of ``run_key``, if it exists
 
     def __post_init__(self) -> None:
         epoch = drift_epoch(self.previous)
-        key = run_key(self.policy.spec, generation_of(self.policy), self.group.fingerprint, epoch)
+        rerun = rerun_request(self.policy)
+        key = run_key(self.policy.spec, generation_of(self.policy), self.group.fingerprint, epoch, rerun)
         current = next((r for r in self.runs if label_of(r, LABEL_RUN_KEY) == key), None)
         object.__setattr__(self, "drift_epoch", epoch)  # a frozen dataclass sets its own derived fields this way
+        object.__setattr__(self, "rerun", rerun)
         object.__setattr__(self, "run_key", key)
         object.__setattr__(self, "current", current)
 
@@ -134,6 +137,17 @@ class ClassContext:
     def previous(self) -> ClassStatus | None:
         """The class's status as last written; None for a class new to the policy."""
         return self.previous_classes.get(self.group.fingerprint)
+
+
+RERUN_MAX = 63  # the annotation is the owner's text: bounded, as everything copied into a run
+
+
+def rerun_request(policy: AdaptationPolicy) -> str | None:
+    """The policy's manual re-run request (annotation metainfer.io/rerun): any new value re-adapts every class
+    once, with trigger Manual; an empty or absent one asks for nothing. Longer values count by their first
+    ``RERUN_MAX`` characters (a timestamp or a counter fits)."""
+    value = (annotation_of(policy, ANNOTATION_RERUN) or "").strip()
+    return value[:RERUN_MAX] or None
 
 
 def drift_epoch(status: ClassStatus | None) -> str | None:

@@ -23,6 +23,7 @@ from metainfer.core.api.k8s_syntax import VARIANT_STORE_MOUNT
 from metainfer.core.api.names import (
     ANNOTATION_CLASS_NAME,
     ANNOTATION_DRIFT_EPOCH,
+    ANNOTATION_RERUN,
     ANNOTATION_TOLERATIONS,
     API_VERSION,
     COMPONENT,
@@ -96,11 +97,12 @@ def build_run(
     reason: str,
     drift_epoch: str | None = None,
     history_from: Sequence[str] = (),
+    rerun: str | None = None,
 ) -> dict[str, Any]:
     """The AdaptationRun for (policy, class) at the policy's current spec; its name is deterministic."""
     policy = as_policy(policy)
     spec, name, generation = policy.spec, name_of(policy), generation_of(policy)
-    key = run_key(spec, generation, group.fingerprint, drift_epoch)
+    key = run_key(spec, generation, group.fingerprint, drift_epoch, rerun)
     run_spec = AdaptationRunSpec(
         policy_name=name,
         policy_generation=generation,
@@ -131,6 +133,7 @@ def build_run(
                 ANNOTATION_TOLERATIONS: json.dumps(tolerations, separators=(",", ":")),
                 ANNOTATION_CLASS_NAME: group.hardware_class.name(),
                 **({ANNOTATION_DRIFT_EPOCH: drift_epoch} if drift_epoch else {}),
+                **({ANNOTATION_RERUN: rerun} if rerun else {}),
             },
             "ownerReferences": [owner_reference(policy)],
         },

@@ -23,7 +23,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -125,6 +125,8 @@ def plan_policy(
     validate), the Jobs of its runs by name (none yet when omitted) and its Deployments."""
     limits, jobs = limits or RunLimits(), jobs or {}
     previous = policy.status or AdaptationPolicyStatus()
+    if policy.spec.suspend:
+        return plan_suspended(policy, groups, previous, now, _unclassified(unclassified_nodes or {}))
     existing = {d.name: d for d in map(DeploymentState.read, deployments)}
     shared = partial(
         ClassContext,
@@ -168,6 +170,53 @@ def plan_policy(
     return merge(
         class_plans, leftovers, previous.conditions, generation_of(policy), now, unclassified, policy_endpoint(policy)
     )
+
+
+def plan_suspended(
+    policy: AdaptationPolicy,
+    groups: Sequence[ClassGroup],
+    previous: AdaptationPolicyStatus,
+    now: dt.datetime,
+    unclassified: list[UnclassifiedNode],
+) -> Plan:
+    """spec.suspend: nothing is created, applied or deleted but the policy's own Service (its address stays);
+    each class keeps the status it had, a class new since is Pending; Progressing says why nothing moves."""
+    before = {c.fingerprint: c for c in previous.classes}
+    classes = [
+        before.get(g.fingerprint)
+        or ClassStatus(
+            fingerprint=g.fingerprint,
+            name=g.hardware_class.name(),
+            hardware_class=g.hardware_class,
+            nodes=len(g.node_names),
+            node_names=list(g.node_names[:64]),
+            state=ClassState.PENDING,
+            reason=Reason.SUSPENDED,
+            message="the policy is suspended: no run starts until spec.suspend is false",
+        )
+        for g in groups
+    ]
+    plan = merge(
+        [],
+        Decisions(services=(build_policy_service(policy),)),
+        previous.conditions,
+        generation_of(policy),
+        now,
+        unclassified,
+        policy_endpoint(policy),
+    )
+    conditions = policy_conditions(previous.conditions, classes, generation_of(policy), now)
+    conditions = set_condition(
+        conditions,
+        ConditionType.PROGRESSING,
+        "False",
+        Reason.SUSPENDED,
+        "spec.suspend is true: no new runs, rollouts or re-adaptations; serving is untouched",
+        observed_generation=generation_of(policy),
+        now=now,
+    )
+    status = policy_status(generation_of(policy), conditions, classes, unclassified, policy_endpoint(policy))
+    return replace(plan, class_statuses=classes, conditions=conditions, status=status)
 
 
 def _unclassified(nodes: Mapping[str, str]) -> list[UnclassifiedNode]:

@@ -22,6 +22,7 @@ def run_key(
     generation: int,
     class_fingerprint: str,
     drift_epoch: str | None = None,
+    rerun: str | None = None,
 ) -> str:
     """16 hex digits identifying one adaptation: model sha256, batch size, class, and what the run snapshots.
 
@@ -32,6 +33,7 @@ def run_key(
 
     ``drift_epoch`` (the class's last confirmed latency drift) salts the key: re-adapting the same spec after a drift
     needs a new run name, and an unset epoch adds nothing, so a class that never drifted keeps its run names.
+    ``rerun`` (the policy's metainfer.io/rerun annotation, a manual re-run) salts it the same way.
     """
     del generation  # see docstring
     spec = _policy_spec(policy_spec)
@@ -42,6 +44,8 @@ def run_key(
     payload: list[Any] = [spec.model.sha256, spec.slo.batch_size, class_fingerprint, snapshot]
     if drift_epoch:
         payload.append({"driftEpoch": drift_epoch})
+    if rerun:
+        payload.append({"rerun": rerun})
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 

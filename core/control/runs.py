@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from metainfer.core.api.conditions import ConditionType, Reason, set_condition
-from metainfer.core.api.names import ANNOTATION_DRIFT_EPOCH
+from metainfer.core.api.names import ANNOTATION_DRIFT_EPOCH, ANNOTATION_RERUN
 from metainfer.core.api.policy import ClassStatus
 from metainfer.core.api.run import MAX_HISTORY_SOURCES, AdaptationRun, RunProgress
 from metainfer.core.api.vocabulary import IN_FLIGHT, ClassState, RunPhase
@@ -76,7 +76,9 @@ def plan_runs(context: ClassContext, *, slot_free: bool) -> ClassPlan:
 
 def start_run(context: ClassContext, status: ClassStatus) -> ClassPlan:
     reason = trigger(context)
-    manifest = build_run(context.policy, context.group, reason, context.drift_epoch, history_sources(context))
+    manifest = build_run(
+        context.policy, context.group, reason, context.drift_epoch, history_sources(context), context.rerun
+    )
     run_name = manifest["metadata"]["name"]
     return ClassPlan(
         updated(status, state=ClassState.ADAPTING, reason=reason, run_name=run_name),
@@ -119,6 +121,8 @@ def trigger(context: ClassContext) -> Reason:
         return Reason.MODEL_CHANGE
     if last.spec.batch_size != context.spec.slo.batch_size:
         return Reason.BATCH_CHANGE
+    if context.rerun and annotation_of(last, ANNOTATION_RERUN) != context.rerun:
+        return Reason.MANUAL
     if context.drift_epoch and annotation_of(last, ANNOTATION_DRIFT_EPOCH) != context.drift_epoch:
         return Reason.LATENCY_DRIFT
     return Reason.SPEC_CHANGE

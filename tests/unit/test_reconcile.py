@@ -713,3 +713,43 @@ def test_the_policy_has_one_stable_service_from_the_start_and_says_where() -> No
     upgraded = c.reconcile({"c1": {**CPU, "feature.node.kubernetes.io/cpu-model.family": "99"}})
     assert [s for s in upgraded.services if s["metadata"]["name"] == "digits"] == [service]
     assert upgraded.status.endpoint == first.status.endpoint
+
+
+def test_a_suspended_policy_starts_and_rolls_out_nothing_and_keeps_what_serves() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    (run,) = c.runs
+    c.finish(run)
+    c.reconcile({"c1": CPU})  # rolls out
+    served = dict(c.deployments)
+    c.edit(suspend=True, model={"uri": "https://m/x2.onnx", "sha256": "b" * 64})  # a new model, while held
+    held = c.reconcile({"c1": CPU, "g1": A100})  # and new hardware
+    assert held.runs_to_create == [] and held.jobs_to_create == [] and held.runs_to_delete == []
+    assert held.deployments_to_apply == [] and held.deployments_to_delete == [] and c.deployments == served
+    assert [s["metadata"]["name"] for s in held.services] == ["digits"]  # the address stays
+    progressing = next(x for x in held.conditions if x.type == "Progressing")
+    assert (progressing.status, progressing.reason) == ("False", Reason.SUSPENDED)
+    states = {s.name: (s.state, s.reason) for s in held.class_statuses}
+    assert ("Pending", Reason.SUSPENDED) in states.values() and len(states) == 2
+    assert held.status.endpoint == "digits.ns.svc:8080"
+    c.edit(suspend=False)
+    resumed = c.reconcile({"c1": CPU, "g1": A100})
+    assert {p.reason for p in resumed.runs_to_create} == {Reason.MODEL_CHANGE, Reason.NEW_HARDWARE_CLASS}
+
+
+def test_a_new_rerun_annotation_value_adapts_every_class_once_with_trigger_manual() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    (first,) = c.runs
+    c.finish(first)
+    c.reconcile({"c1": CPU})
+    c.policy["metadata"]["annotations"] = {"metainfer.io/rerun": "2026-12-01T17:00"}
+    plan = c.reconcile({"c1": CPU})
+    assert [p.reason for p in plan.runs_to_create] == [Reason.MANUAL]
+    manual = plan.runs_to_create[0].manifest
+    assert manual["spec"]["reason"] == "Manual" and manual["metadata"]["name"] != first
+    assert manual["metadata"]["annotations"]["metainfer.io/rerun"] == "2026-12-01T17:00"
+    assert c.reconcile({"c1": CPU}).runs_to_create == []  # the same value: no second run
+    c.policy["metadata"]["annotations"] = {"metainfer.io/rerun": "x" * 5000}  # the owner's text, bounded
+    (long_run,) = c.reconcile({"c1": CPU}).runs_to_create
+    assert len(long_run.manifest["metadata"]["annotations"]["metainfer.io/rerun"]) == 63
