@@ -31,7 +31,9 @@ PAUSE_POD = {
 }
 
 
-def _our_processes(executables: list[str]) -> list[str]:
+def _our_processes(executables: list[str], root: Path) -> list[str]:
+    """Processes of this test's cluster still alive: its binaries run with paths under ``root`` (the integration
+    tier may run its own control plane from the same binaries meanwhile), and the node's container shims."""
     found = []
     wanted = {os.path.realpath(e) for e in executables}
     for proc in Path("/proc").iterdir():
@@ -39,9 +41,10 @@ def _our_processes(executables: list[str]) -> list[str]:
             continue
         try:
             exe = os.path.realpath(os.readlink(proc / "exe"))
+            cmdline = (proc / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if exe in wanted or exe.endswith("containerd-shim-runc-v2"):
+        if (exe in wanted and str(root) in cmdline) or exe.endswith("containerd-shim-runc-v2"):
             found.append(f"{proc.name} {exe}")
     return found
 
@@ -104,7 +107,7 @@ def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: P
         plane.stop()
     left = hostchanges.diff(before, (root.resolve(),))
     assert left == [], left
-    assert _our_processes(executables) == []
+    assert _our_processes(executables, root.resolve()) == []
     assert not root.exists() or not any(root.iterdir()), list(root.iterdir())
 
 
