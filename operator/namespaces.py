@@ -22,6 +22,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from metainfer.core.api.names import FINALIZER, GROUP, POLICY_PLURAL, VERSION
+from metainfer.operator.startup import load_client_config
 
 WATCHED_PATTERNS: list[str] = []  # set by main.run before kopf starts; empty: cluster-wide, nothing to do
 
@@ -50,6 +51,9 @@ def without_finalizer(policy: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def _release(patterns: list[str], logger: kopf.Logger) -> list[str]:
+    # kopf runs startup activities in registration order, which is import order: never rely on startup's
+    # on_startup having loaded the client's configuration first (a reordered import once broke that).
+    load_client_config()
     api = client.ApiClient()
     released = []
     for namespace in terminating_watched(client.CoreV1Api(api).list_namespace().items, patterns):
