@@ -47,7 +47,8 @@ PAUSE_IMAGE = "metainfer.local/pause:1"
 DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack", "iproute2")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 ISOLATION_CHAIN = "METAINFER-ISOLATION"
-# The host's own packets to the Service and pod ranges that no cluster rule took: rejected here, never routed.
+# The host's own packets to Service addresses that no cluster rule took: rejected here, never routed. (The pod
+# range is the bridge's own connected subnet: its packets never reach the default route.)
 UNROUTABLE_CHAIN = "METAINFER-UNROUTABLE"
 SOCKET_ROOT = Path("/run/metainfer")
 KUBELET_ROOT = Path("/var/lib/metainfer-kubelet")
@@ -168,13 +169,12 @@ def setup_network() -> None:
         _run([*base, "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN])
     # A deleted Service's cluster IP is a trap: once kube-proxy has removed its rules, a request the host still
     # sends there would follow the default route off the machine. filter OUTPUT runs after kube-proxy's nat
-    # OUTPUT, which has already rewritten live Services to pod addresses, so only addresses no Service (or pod on
-    # the bridge) answers reach these rules: rejected at once, on the host. Pods' packets cannot leave anyway
-    # (ISOLATION_CHAIN). Undone with the other METAINFER- chains by hostchanges.undo.
+    # OUTPUT, which has already rewritten live Services to pod addresses, so only addresses no Service answers
+    # reach this rule: rejected at once, on the host. Pods' packets cannot leave anyway (ISOLATION_CHAIN).
+    # Undone with the other METAINFER- chains by hostchanges.undo.
     if subprocess.run([*base, "-S", UNROUTABLE_CHAIN], capture_output=True).returncode != 0:
         _run([*base, "-N", UNROUTABLE_CHAIN])
         _run([*base, "-A", UNROUTABLE_CHAIN, "-d", SERVICE_SUBNET, "-j", "REJECT"])
-        _run([*base, "-A", UNROUTABLE_CHAIN, "-d", POD_SUBNET, "!", "-o", BRIDGE, "-j", "REJECT"])
         _run([*base, "-I", "OUTPUT", "1", "-j", UNROUTABLE_CHAIN])
 
 
