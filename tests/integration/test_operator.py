@@ -33,7 +33,7 @@ from operator_harness import (
 
 from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
-from metainfer.core.api.names import LABEL_CLASS
+from metainfer.core.api.names import LABEL_CLASS, LABEL_POLICY
 
 
 @pytest.fixture(scope="module")
@@ -208,16 +208,25 @@ def test_bad_model_fails_only_its_run_and_deletion_removes_children(
         client.CustomObjectsApi(api).delete_namespaced_custom_object(
             GROUP, VERSION, namespace, "adaptationpolicies", "good"
         )
+
+        def services_of(policy_name: str) -> list[str]:
+            items = client.CoreV1Api(api).list_namespaced_service(
+                namespace, label_selector=f"{LABEL_POLICY}={policy_name}"
+            )
+            return [s.metadata.name for s in items.items]
+
         wait_for(
             "children of the deleted policy garbage-collected",
             lambda: (
                 not deployments(api, namespace)
                 and not [r for r in runs(api, namespace) if r["spec"]["policyName"] == "good"]
                 and len(jobs(api, namespace)) == 2
+                and not services_of("good")
             ),
             timeout=60,
         )
-        assert not client.CoreV1Api(api).list_namespaced_service(namespace).items
+        # The other two policies keep their own address (a Service per policy, whatever serves behind it).
+        assert services_of("wrongsha") == ["wrongsha"] and services_of("corrupt") == ["corrupt"]
 
 
 def test_two_replicas_never_both_act(
