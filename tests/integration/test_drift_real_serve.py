@@ -61,14 +61,15 @@ WINDOW_S = 10  # readaptation.windowSeconds (the API's minimum)
 # A spike of SPIKE_S stays in the window for at most WINDOW_S + SPIKE_S + scrape lag (~13 s): <= 3 checks.
 BREACHES = 5
 SPIKE_S = 2.0
-# Measured here (2 cores, with the control plane, operator and Prometheus running), compute p95: light load
-# ~0.5 ms, heavy load ~1-1.6 ms (batch 64); heavy load's total (queue + compute) is well over 15 ms with 32
-# clients. A breach is compute p95 > SLO * (1 + tol) or > baseline * (1 + tol), the
-# baseline being the first production p95 (light, ~0.5 ms): SLO 3 ms, tolerance 4 -> breach above ~2.5 ms;
-# saturation is compute + queue p95 above 15 ms with compute within tolerance.
+# Compute p95 grows with the batch and differs between CPUs: at batch 64 it was 1-1.6 ms on an AVX-512 VNNI
+# EPYC and 3.7-4.6 ms on an AVX2-only one (light load at batch 1: ~0.5 ms on both), where a threshold derived
+# from batch 1 counted the heavy load's compute as drift. So light load sends batches of 16 (a baseline nearer
+# what heavy load computes) and the tolerance is the API's widest: a breach is compute p95 > SLO * 11 or
+# > baseline * 11, far above what batch 64 computes on either CPU; heavy load's total (queue + compute) is still
+# well over 15 ms with 32 clients, which is saturation, with compute within tolerance.
 SLO_MS = 3
-TOLERANCE = 4.0
-LIGHT_BATCH, LIGHT_PAUSE_S = 1, 0.025
+TOLERANCE = 10.0
+LIGHT_BATCH, LIGHT_PAUSE_S = 16, 0.025
 HEAVY_CLIENTS, HEAVY_BATCH = 32, 64  # HEAVY_BATCH <= serve's default --max-batch (64); 33 clients < --max-queue
 LOAD_DEADLINE_S = 900  # the load generator stops by itself after this long, whatever the test does
 LOAD_MAX_REQUESTS = 400_000
