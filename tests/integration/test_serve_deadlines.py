@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from serve_harness import slow_model
 
 from metainfer.agent.serve.deadlines import DeadlineExceeded, Watchdog
 from metainfer.agent.serve.model import LoadedModel
@@ -40,19 +39,6 @@ def test_an_earlier_deadline_armed_later_is_still_met() -> None:
         with watchdog.armed(early, time.perf_counter() + 0.05):
             time.sleep(0.3)
         assert early.terminate and not late.terminate
-
-
-def slow_model(layers: int = 400, width: int = 512) -> bytes:
-    """A chain of MatMuls: long enough to outlive a short deadline, made of many kernels ORT can stop between."""
-    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", "w"], [f"h{i + 1}"]) for i in range(layers)]
-    nodes.append(helper.make_node("Identity", [f"h{layers}"], ["y"]))
-    graph = helper.make_graph(
-        nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])], [weight],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return onnx.shape_inference.infer_shapes(model).SerializeToString()
 
 
 @pytest.fixture(scope="module")

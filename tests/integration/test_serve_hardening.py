@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from serve_harness import SERVED_RECIPE, ServeProcess, start_serving
+from serve_harness import SERVED_RECIPE, ServeProcess, slow_model, start_serving
 
 from metainfer.agent.zoo import ExampleModel
 from metainfer.core.engine.recipe import Recipe
@@ -303,28 +303,18 @@ def test_three_gzip_bombs_at_once_are_inflated_off_the_event_loop(server: ServeP
             conn.close()
 
 
-def slow_model(path: Path, layers: int = 400, width: int = 512) -> str:
-    """A chain of identity MatMuls (``layers`` kernels): a [2048, 512] request takes seconds, a [1, 512] one not."""
+def slow_model_file(path: Path) -> str:
+    """serve_harness.slow_model written to ``path``; returns its sha256."""
     import hashlib
 
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", "w"], [f"h{i + 1}"]) for i in range(layers)]
-    nodes.append(helper.make_node("Identity", [f"h{layers}"], ["y"]))
-    graph = helper.make_graph(
-        nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])], [weight],
-    )  # fmt: skip
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    path.write_bytes(slow_model())
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def test_a_request_still_running_at_its_deadline_is_stopped_and_frees_its_worker(tmp_path: Path) -> None:
     """Before, an expensive legal request held its worker to the end (two [64, 512] ones: about 10 s)."""
     model = tmp_path / "slow.onnx"
-    sha256 = slow_model(model)
+    sha256 = slow_model_file(model)
     served = ServeProcess(tmp_path)
     served.start([
         "serve", "--model-uri", model.as_uri(), "--model-sha256", sha256,
