@@ -337,24 +337,7 @@ def build_service(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGrou
     ``grpc``, which is how meshes such as Istio tell that it speaks HTTP/2)."""
     policy = as_policy(policy)
     name = name_of(policy)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {
-            "name": workload_name(name, group.hardware_class.name()),
-            "namespace": namespace_of(policy),
-            "labels": serving_labels(name, group),
-            "ownerReferences": [owner_reference(policy)],
-        },
-        "spec": {
-            "type": "ClusterIP",
-            "selector": serving_labels(name, group),
-            "ports": [
-                {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
-                {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
-            ],
-        },
-    }
+    return _serving_service(policy, workload_name(name, group.hardware_class.name()), serving_labels(name, group))
 
 
 def policy_serving_labels(policy_name: str) -> dict[str, str]:
@@ -372,18 +355,23 @@ def build_policy_service(policy: AdaptationPolicy | Mapping[str, Any]) -> dict[s
     """
     policy = as_policy(policy)
     name = name_of(policy)
+    return _serving_service(policy, policy_service_name(name), policy_serving_labels(name))
+
+
+def _serving_service(policy: AdaptationPolicy, name: str, labels: dict[str, str]) -> dict[str, Any]:
+    """A ClusterIP Service owned by ``policy``, selecting (and labelled with) ``labels``, on serve's two ports."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {
-            "name": policy_service_name(name),
+            "name": name,
             "namespace": namespace_of(policy),
-            "labels": policy_serving_labels(name),
+            "labels": labels,
             "ownerReferences": [owner_reference(policy)],
         },
         "spec": {
             "type": "ClusterIP",
-            "selector": policy_serving_labels(name),
+            "selector": dict(labels),
             "ports": [
                 {"name": "http", "port": HTTP_PORT, "targetPort": "http", "protocol": "TCP"},
                 {"name": "grpc", "port": GRPC_PORT, "targetPort": "grpc", "protocol": "TCP"},
