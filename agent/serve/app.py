@@ -47,6 +47,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
 import signal
 import threading
@@ -59,8 +60,9 @@ from typing import Any
 from aiohttp import web
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
+from metainfer.agent.serve import memory
 from metainfer.agent.serve import model as model_loader
-from metainfer.agent.serve.batching import Batcher
+from metainfer.agent.serve.batching import Batcher, Health, RunOverdue
 from metainfer.agent.serve.deadlines import DeadlineExceeded
 from metainfer.agent.serve.encoding import content_encoding, inflate
 from metainfer.agent.serve.metrics import CONTENT_TYPE, Identity, ServingMetrics
@@ -74,6 +76,7 @@ from metainfer.agent.serve.protocol import (
     model_metadata,
     parse_infer_request,
 )
+from metainfer.agent.serve.unsent import UnsentBudget
 from metainfer.core.engine.errors import InputError
 from metainfer.core.engine.recipe import Recipe
 
@@ -87,6 +90,9 @@ INLINE_BODY_BYTES = 64 << 10
 INLINE_JSON_ELEMENTS = 2048
 EXIT_INPUT = 2
 EXIT_DRAIN_CUT = 3  # the drain timed out with requests still in flight
+UNSENT_CONNECTIONS = 4  # one connection may hold at most this share of --max-unsent-mib
+TRIM_INTERVAL_S = 5.0  # how often an idle server that answered something hands freed memory back
+STOP_RUNS_GRACE_S = 1.0  # for runs told to stop at the end of the drain to reach their next kernel boundary
 CLIENT_GONE = (ConnectionError, asyncio.IncompleteReadError)
 _ORT_NODE = re.compile(r"(node\.? ?Name:\s*'[^']*'|Name:'[^']*'|node \S+ \(\S+\))", re.IGNORECASE)
 
@@ -109,6 +115,8 @@ class ServeConfig:
     request_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
     idle_timeout_s: float = 15.0
+    write_timeout_s: float = 30.0  # for an answer to leave: a reader that does not take it is cut
+    max_unsent_bytes: int = 256 << 20  # answers computed but not yet taken by their clients, in total
     max_dynamic_dim: int = 4096
     batch_size: int | None = None  # rows one run combines; None: the recipe's batch (what the adaptation measured)
     max_queue_delay_s: float = 0.001
@@ -131,10 +139,22 @@ class Server:
         self.batcher: Batcher | None = None
         self.idle = asyncio.Event()
         self.idle.set()
+        self._unhealthy = ""  # the last reason health() gave, so a stall is logged once, not at every probe
+        self.unsent = UnsentBudget(config.max_unsent_bytes, max(1, config.max_unsent_bytes // UNSENT_CONNECTIONS))
+        self.answered_since_trim = 0
 
     @property
     def ready(self) -> bool:
-        return self.model is not None and not self.leaving
+        return self.model is not None and not self.leaving and self.health().ready
+
+    def health(self) -> Health:
+        """Whether inference can make progress (always, until the batcher has started)."""
+        health = Health(True, True) if self.batcher is None else self.batcher.health()
+        if not health.ready and health.reason != self._unhealthy:
+            log.error("serving cannot make progress: %s", health.reason)
+        self._unhealthy = health.reason
+        self.metrics.stalled.set(0 if health.ready else 1)
+        return health
 
     def app(self) -> web.Application:
         app = web.Application(
@@ -218,12 +238,23 @@ class Server:
         await runner.cleanup()
         return cut
 
+    def stop_runs(self) -> int:
+        """Stop the ONNX Runtime runs still in progress after the drain (between kernels); returns how many."""
+        stopped = self.model.watchdog.terminate_all() if self.model is not None else 0
+        if stopped:
+            self.metrics.runs_stopped_at_drain.inc(stopped)
+            log.warning("drain over: %d inference run(s) still in progress are stopped", stopped)
+        return stopped
+
     # -- health and metadata ------------------------------------------------
     async def server_metadata(self, request: web.Request) -> web.Response:
         return web.json_response({"name": "metainfer", "version": _version(), "extensions": ["binary_tensor_data"]})
 
     async def live(self, request: web.Request) -> web.Response:
-        return web.json_response({"live": True})
+        health = self.health()
+        if health.live:
+            return web.json_response({"live": True})
+        return web.json_response({"live": False, "reason": health.reason}, status=503)
 
     async def health_ready(self, request: web.Request) -> web.Response:
         return web.json_response({"ready": self.ready}, status=200 if self.ready else 503)
@@ -246,47 +277,96 @@ class Server:
         self.metrics.requests.inc()
         received = time.perf_counter()
         model = self._loaded(request)
+        self.refuse_if_draining()
         try:
+            # The body is read and decoded before admission: a client that sends headers and then nothing holds a
+            # connection (bounded by --body-timeout), never one of the --max-queue slots the complete requests need.
+            encoding = content_encoding(request.headers.get("Content-Encoding"))
+            limit, too_large = self._body_limit(model)
+            body = await self._read_body(request, limit if encoding == "identity" else _wire_limit(limit), too_large)
+            loop = asyncio.get_running_loop()
+            header = request.headers.get("Inference-Header-Content-Length")
+            decode_args = (body, encoding, limit, too_large, header, model.signature)
+            if encoding == "identity" and len(body) <= INLINE_BODY_BYTES:
+                parsed = _decode(*decode_args)
+            else:
+                parsed = await loop.run_in_executor(self.codec, _decode, *decode_args)
+            del body, decode_args
+            # Admitted until the answer has left: the slots then bound the answers buffered for slow readers too.
             with self.admission():
-                encoding = content_encoding(request.headers.get("Content-Encoding"))
-                limit, too_large = self._body_limit(model)
-                body = await self._read_body(
-                    request, limit if encoding == "identity" else _wire_limit(limit), too_large
-                )
-                loop = asyncio.get_running_loop()
-                header = request.headers.get("Inference-Header-Content-Length")
-
-                decode_args = (body, encoding, limit, too_large, header, model.signature)
-                if encoding == "identity" and len(body) <= INLINE_BODY_BYTES:
-                    parsed = _decode(*decode_args)
-                else:
-                    parsed = await loop.run_in_executor(self.codec, _decode, *decode_args)
-                del body, decode_args
                 results = await self.run_model(model, parsed.inputs, parsed.outputs, received)
                 encode_args = (self.config.model_name, MODEL_VERSION, parsed, results)
                 if _inline_encoding(parsed, results):
                     payload, header_length = encode_infer_response(*encode_args)
                 else:
                     payload, header_length = await loop.run_in_executor(self.codec, encode_infer_response, *encode_args)
+                del results, encode_args
+                if header_length is None:
+                    response = web.Response(body=payload, content_type="application/json")
+                else:
+                    headers = {"Inference-Header-Content-Length": str(header_length)}
+                    response = web.Response(body=payload, headers=headers, content_type="application/octet-stream")
+                del payload
+                await self._send(request, response)
+        except _SlowReader:
+            return web.Response(status=499)  # counted as an error by status, as every other answer
         except CLIENT_GONE:
             self.metrics.aborted("client_disconnect")
             log.debug("client went away during %s", request.path)
             return web.Response(status=499)  # never delivered; keeps the error count and the log at one line
         self.metrics.latency.observe(time.perf_counter() - received)
-        if header_length is None:
-            return web.Response(body=payload, content_type="application/json")
-        headers = {"Inference-Header-Content-Length": str(header_length)}
-        return web.Response(body=payload, headers=headers, content_type="application/octet-stream")
+        return response
 
-    @contextlib.contextmanager
-    def admission(self) -> Iterator[None]:
-        """One inference request admitted (REST or another front end): refused with 503 while draining or when
-        ``max_queue`` requests are already queued or running."""
+    async def _send(self, request: web.Request, response: web.Response) -> None:
+        """Write the answer and wait until the socket has taken it (aiohttp's writer waits while the transport's
+        buffer is over its high-water mark); a reader that does not take it within --write-timeout is cut."""
+        size = len(response.body) if isinstance(response.body, bytes | bytearray) else 0
+        connection = id(request.transport)
+        self.unsent_reserve(connection, size)
+        try:
+            async with asyncio.timeout(self.config.write_timeout_s):
+                await response.prepare(request)
+                await response.write_eof()
+        except TimeoutError:
+            self.metrics.aborted("slow_reader")
+            if request.transport is not None:
+                request.transport.abort()  # frees the unsent bytes now
+            log.warning("cut a client that did not read its answer within %g s", self.config.write_timeout_s)
+            raise _SlowReader from None
+        finally:
+            self.unsent.release(connection, size)
+            self.answered_since_trim += 1
+
+    def unsent_reserve(self, connection: object, size: int) -> None:
+        """Reserve ``size`` bytes of answer for ``connection``, or refuse the answer (503) when the answers already
+        waiting for their clients (in total, or on this connection) leave no room."""
+        if not self.unsent.reserve(connection, size):
+            raise ProtocolError(
+                f"the server holds {self.unsent.reserved} bytes of answers its clients have not read yet; retry"
+                " later", 503, headers={"Retry-After": "1"},
+            )  # fmt: skip
+
+    async def trim_memory(self) -> None:
+        """Every few seconds, while nothing is admitted and something was answered since, hand freed memory back."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL_S)
+            if self.answered_since_trim and self.admitted == 0:
+                self.answered_since_trim = 0
+                await loop.run_in_executor(self.codec, memory.trim)
+
+    def refuse_if_draining(self) -> None:
         if self.draining:
             raise ProtocolError(
                 "the server is shutting down; retry (another replica answers)",
                 503, headers={"Retry-After": "1", "Connection": "close"},
             )  # fmt: skip
+
+    @contextlib.contextmanager
+    def admission(self) -> Iterator[None]:
+        """One complete inference request admitted (REST or another front end): refused with 503 when ``max_queue``
+        requests are already queued, running or being sent. Whether the server drains is checked when a request
+        arrives (``refuse_if_draining``), not here: one that arrived before the drain began is served."""
         if self.admitted >= self.config.max_queue:
             raise ProtocolError(
                 f"the server is busy ({self.admitted} requests queued or running); retry later",
@@ -341,6 +421,10 @@ class Server:
             outcome = await self._batcher(model).submit(inputs, outputs, deadline)
         except InvalidArgument as exc:
             raise ProtocolError(f"the inputs do not fit the model: {_public(str(exc))}") from exc
+        except RunOverdue as exc:
+            self.metrics.aborted("deadline")
+            log.error("request answered without its run: %s (ONNX Runtime did not stop it in time)", exc)
+            raise ProtocolError(f"{exc}; the server answers without it", 504, headers={"Retry-After": "1"}) from None
         except DeadlineExceeded as exc:
             self.metrics.aborted("deadline")
             log.warning("request stopped at its %g s deadline: %s", self.config.request_timeout_s, exc)
@@ -372,6 +456,8 @@ class Server:
                 batch_rows=self.config.batch_size or self.config.recipe.batch,
                 max_delay_s=self.config.max_queue_delay_s,
                 batchable=batchable,
+                stall_limit_s=self.config.request_timeout_s,
+                on_failure=lambda exc: self.metrics.batcher_failures.inc(),
             )
         return self.batcher
 
@@ -388,6 +474,10 @@ class Server:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class _SlowReader(ConnectionError):
+    """The client did not read its answer within the write timeout; its connection was cut (already counted)."""
 
 
 @web.middleware
@@ -440,11 +530,26 @@ def _public(message: str) -> str:
 
 def serve(config: ServeConfig) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or until the model fails to load (exit 2 bad input, 1 otherwise)."""
-    return asyncio.run(_serve(config))
+    code = asyncio.run(_serve(config))
+    # The drain is over. A run that ignores its terminate flag (one endless kernel) would keep the interpreter
+    # waiting for its worker thread at exit, past --drain-timeout and into the kubelet's SIGKILL: leave without it.
+    stuck = [t.name for t in threading.enumerate() if t.name.startswith("infer") and t.is_alive()]
+    if stuck:
+        deadline = time.monotonic() + STOP_RUNS_GRACE_S
+        while stuck and time.monotonic() < deadline:
+            time.sleep(0.05)
+            stuck = [t.name for t in threading.enumerate() if t.name.startswith("infer") and t.is_alive()]
+    if stuck:
+        log.error("%d inference run(s) did not stop; exiting without them", len(stuck))
+        logging.shutdown()
+        os._exit(code or EXIT_DRAIN_CUT)
+    return code
 
 
 async def _serve(config: ServeConfig) -> int:
+    memory.configure()
     server = Server(config)
+    trimming = asyncio.ensure_future(server.trim_memory())
     # After our own drain only idle connections remain, so aiohttp's own grace period can be short.
     runner = web.AppRunner(
         server.app(),
@@ -503,6 +608,8 @@ async def _serve(config: ServeConfig) -> int:
     if grpc_front is not None:
         drains.append(grpc_front.drain(config.drain_timeout_s))
     cut = sum(await asyncio.gather(*drains))
+    if server.stop_runs():
+        cut = cut or 1
     if cut and code == 0:
         code = EXIT_DRAIN_CUT
     if server.batcher is not None:
@@ -510,6 +617,7 @@ async def _serve(config: ServeConfig) -> int:
     server.executor.shutdown(wait=False, cancel_futures=True)
     server.codec.shutdown(wait=False, cancel_futures=True)
     stopping.cancel()
+    trimming.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await stopping
     return code

@@ -46,10 +46,12 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise InputError(f"--{flag.replace('_', '-')}", f"must be >= 1, got {value}")
-    for flag in ("request_timeout", "body_timeout", "idle_timeout", "drain_timeout"):
+    for flag in ("request_timeout", "body_timeout", "write_timeout", "idle_timeout", "drain_timeout"):
         value = getattr(args, flag)
         if not value > 0:
             raise InputError(f"--{flag.replace('_', '-')}", f"must be > 0 seconds, got {value}")
+    if not args.max_unsent_mib > 0:
+        raise InputError("--max-unsent-mib", f"must be > 0 MiB, got {args.max_unsent_mib}")
     sha256 = args.variant_sha256
     if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", sha256):
         raise InputError("--variant-sha256", f"must be 64 lower-case hex digits, got {sha256[:80]!r}")
@@ -84,6 +86,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         request_timeout_s=args.request_timeout,
         body_timeout_s=args.body_timeout,
         idle_timeout_s=args.idle_timeout,
+        write_timeout_s=args.write_timeout,
+        max_unsent_bytes=int(args.max_unsent_mib * (1 << 20)),
         max_dynamic_dim=args.max_dynamic_dim,
         batch_size=args.batch_size,
         max_queue_delay_s=_non_negative(args.max_queue_delay_ms, "--max-queue-delay-ms") / 1000,

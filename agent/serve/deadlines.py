@@ -36,6 +36,7 @@ class Watchdog:
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, Terminable]] = []
         self._live: set[int] = set()
+        self._armed: dict[int, Terminable] = {}  # every run in progress, with a deadline or not
         self._ids = itertools.count()
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -44,20 +45,32 @@ class Watchdog:
     @contextmanager
     def armed(self, options: Terminable, deadline: float | None) -> Iterator[None]:
         """While the block runs, ``options.terminate`` is set once ``deadline`` passes (never if it is None)."""
-        if deadline is None:
-            yield
-            return
         ident = next(self._ids)
         with self._wake:
-            self._ensure_thread()
-            self._live.add(ident)
-            heapq.heappush(self._heap, (deadline, ident, options))
-            self._wake.notify()
+            self._armed[ident] = options
+            if deadline is not None:
+                self._ensure_thread()
+                self._live.add(ident)
+                heapq.heappush(self._heap, (deadline, ident, options))
+                self._wake.notify()
         try:
             yield
         finally:
             with self._wake:
                 self._live.discard(ident)
+                self._armed.pop(ident, None)
+
+    def terminate_all(self) -> int:
+        """Stop every run in progress now (the drain's timeout); returns how many there were."""
+        with self._wake:
+            for options in self._armed.values():
+                options.terminate = True
+            return len(self._armed)
+
+    @property
+    def running(self) -> int:
+        with self._wake:
+            return len(self._armed)
 
     def _ensure_thread(self) -> None:
         if self._thread is None:

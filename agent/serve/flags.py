@@ -67,6 +67,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--body-timeout", type=float, default=30.0, help="seconds for a request body to arrive, else 408 (default 30)"
     )
     parser.add_argument(
+        "--write-timeout", type=float, default=30.0,
+        help="seconds for an answer to be taken by the client: a request keeps its --max-queue slot until then, and"
+        " a client that does not read its answer in time is cut (default 30)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-unsent-mib", type=float, default=256.0,
+        help="MiB of answers computed but not yet taken by their clients, in total (a connection gets a quarter);"
+        " an answer that does not fit is refused 503 with Retry-After (default 256)",
+    )  # fmt: skip
+    parser.add_argument(
         "--idle-timeout", type=float, default=15.0,
         help="seconds a connection may stay without a complete request (idle keep-alive, slow headers) (default 15)",
     )  # fmt: skip

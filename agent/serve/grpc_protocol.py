@@ -60,6 +60,7 @@ STATUS_CODES: dict[int, grpc.StatusCode] = {
     499: grpc.StatusCode.CANCELLED,
     500: grpc.StatusCode.INTERNAL,
     503: grpc.StatusCode.UNAVAILABLE,
+    504: grpc.StatusCode.DEADLINE_EXCEEDED,
 }
 
 

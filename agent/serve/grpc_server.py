@@ -49,6 +49,9 @@ from metainfer.agent.serve.protocol import ProtocolError, Signature, check_model
 log = logging.getLogger("metainfer.serve")
 # The grace of gRPC's own stop: past the drain timeout, so that the drain, which counts the calls it cuts, cuts them.
 STOP_BACKSTOP_S = 5.0
+# Calls in progress (receiving, queued, running, sending) per --max-queue slot: room for the messages still arriving
+# beside the admitted ones, and a bound on all of them.
+CALLS_PER_SLOT = 4
 
 
 class GrpcFrontEnd:
@@ -70,7 +73,11 @@ class GrpcFrontEnd:
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
                 ("grpc.max_connection_idle_ms", int(config.idle_timeout_s * 1000)),  # as REST's --idle-timeout
-            ]
+                # One connection cannot open more calls than the server admits; together with the cap on calls
+                # below, streams that send headers and then nothing are bounded without touching admission.
+                ("grpc.max_concurrent_streams", config.max_queue),
+            ],
+            maximum_concurrent_rpcs=config.max_queue * CALLS_PER_SLOT,  # beyond: RESOURCE_EXHAUSTED at once
         )
         self._grpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, self._handlers()),))
         bound = self._grpc.add_insecure_port(_address(host, port))
@@ -93,8 +100,9 @@ class GrpcFrontEnd:
             # Unary on the wire, but handled as a request stream: the handler starts when the call arrives, as a REST
             # handler starts on the headers, so admission, --body-timeout and the drain see the call while its
             # message is still arriving. Bytes in and out: parsing and serializing run on the codec threads, and a
-            # message that does not parse is a counted 400 instead of grpc's own uncounted INTERNAL.
-            "ModelInfer": grpc.stream_unary_rpc_method_handler(self.model_infer),
+            # message that does not parse is a counted 400 instead of grpc's own uncounted INTERNAL. Its answer is
+            # written as a stream's, so the handler knows when flow control has let it out.
+            "ModelInfer": grpc.stream_stream_rpc_method_handler(self.model_infer),
         }
 
     async def drain(self, timeout: float) -> int:
@@ -118,7 +126,7 @@ class GrpcFrontEnd:
 
     # -- health and metadata ------------------------------------------------
     async def server_live(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return pb.ServerLiveResponse(live=True)
+        return pb.ServerLiveResponse(live=self.server.health().live)
 
     async def server_ready(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         return pb.ServerReadyResponse(ready=self.server.ready)
@@ -143,15 +151,15 @@ class GrpcFrontEnd:
         return model_metadata_response(doc)
 
     # -- inference ----------------------------------------------------------
-    async def model_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> bytes:
+    async def model_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> None:
         metrics = self.server.metrics
         metrics.requests.inc()
         received = time.perf_counter()
         self.in_flight += 1
         try:
-            work = asyncio.ensure_future(self._infer(requests, received))
+            work = asyncio.ensure_future(self._infer(requests, context, received))
             try:
-                payload = await asyncio.shield(work)  # a cancelled call leaves its work running, admission held
+                await asyncio.shield(work)  # a cancelled call leaves its work running, admission held
             except asyncio.CancelledError:
                 work.add_done_callback(_forget)
                 if not self.cutting:
@@ -161,6 +169,12 @@ class GrpcFrontEnd:
             except _NoMessage as exc:  # the same outcome as the cancellation above, when the end of input won the race
                 metrics.aborted("client_disconnect")
                 error = ProtocolError(str(exc), 499)
+            except _SlowReader:
+                # No status can follow a message flow control holds back (grpc refuses the batch): the call ends
+                # without one, and gRPC cancels it (RST_STREAM), dropping the unsent answer, once the handler is gone.
+                metrics.aborted("slow_reader")
+                metrics.error(499)
+                raise asyncio.CancelledError from None
             except ProtocolError as exc:
                 error = exc
             except Exception as exc:  # the server never dies on a request
@@ -168,25 +182,54 @@ class GrpcFrontEnd:
                 error = ProtocolError(f"internal error ({type(exc).__name__}); see the server log", 500)
             else:
                 metrics.latency.observe(time.perf_counter() - received)
-                return payload
+                return
             metrics.error(error.status)
             await _abort(context, error)
         finally:
             self.in_flight -= 1
 
-    async def _infer(self, requests: AsyncIterator[bytes], received: float) -> bytes:
+    async def _infer(
+        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any], received: float
+    ) -> None:
         loop = asyncio.get_running_loop()
         codec = self.server.codec
-        with self.server.admission():
-            data = await self._read_message(requests)
-            request = await loop.run_in_executor(codec, parse_request, data)
-            del data
-            model = self._loaded(request.model_name, request.model_version)
-            parsed = await loop.run_in_executor(codec, parse_model_infer, request, model.signature)
-            del request
+        self.server.refuse_if_draining()
+        # The message is read and decoded before admission, as REST's body is: a call that sends headers and then
+        # nothing holds a stream (bounded per connection and by --body-timeout), never a --max-queue slot.
+        data = await self._read_message(requests)
+        request = await loop.run_in_executor(codec, parse_request, data)
+        del data
+        model = self._loaded(request.model_name, request.model_version)
+        parsed = await loop.run_in_executor(codec, parse_model_infer, request, model.signature)
+        del request
+        with self.server.admission():  # held until the answer has left, so the slots bound unsent answers too
             results = await self.server.run_model(model, parsed.inputs, parsed.outputs, received)
             name = self.server.config.model_name
-            return await loop.run_in_executor(codec, encode_model_infer, name, MODEL_VERSION, parsed, results)
+            payload = await loop.run_in_executor(codec, encode_model_infer, name, MODEL_VERSION, parsed, results)
+            del results, parsed
+            timeout = self.server.config.write_timeout_s
+            connection, size = context.peer(), len(payload)
+            self.server.unsent_reserve(connection, size)
+            try:
+                async with asyncio.timeout(timeout):
+                    await context.write(payload)  # completes once HTTP/2 flow control has let the message out
+            except TimeoutError:
+                log.warning("cut a gRPC client that did not read its answer within %g s", timeout)
+                # gRPC still holds the message until the call ends: so does the reservation.
+
+                def ended(_: grpc.aio.ServicerContext[Any, Any]) -> None:
+                    self._sent(connection, size)
+
+                context.add_done_callback(ended)  # type: ignore[arg-type]  # grpc-stubs types it as a class, no function fits
+                raise _SlowReader(f"the answer was not read within {timeout:g} s") from None
+            except BaseException:
+                self._sent(connection, size)
+                raise
+            self._sent(connection, size)
+
+    def _sent(self, connection: str, size: int) -> None:
+        self.server.unsent.release(connection, size)
+        self.server.answered_since_trim += 1
 
     async def _read_message(self, requests: AsyncIterator[bytes]) -> bytes:
         """The call's one request message, refused (408) when it does not arrive within the body timeout."""
@@ -203,6 +246,10 @@ class GrpcFrontEnd:
         if self.server.model is None:
             raise ProtocolError(f"model {name!r} is still loading", 503)
         return self.server.model
+
+
+class _SlowReader(Exception):
+    """The client did not take its answer within --write-timeout (flow control held it back)."""
 
 
 class _NoMessage(Exception):

@@ -82,7 +82,7 @@ class ServingMetrics:
         ).labels(**labels)  # fmt: skip
         self._aborted = Counter(
             "metainfer_inference_aborted_total",
-            "Requests that got no answer, by reason (client_disconnect, drain_timeout).",
+            "Requests that got no answer, by reason (client_disconnect, slow_reader, deadline, drain_timeout).",
             (*LABELS, "reason"), registry=self.registry,
         )  # fmt: skip
         self.requests = Counter(
@@ -102,6 +102,21 @@ class ServingMetrics:
             (*LABELS, "model", "namespace", "recipe"), registry=self.registry,
         )  # fmt: skip
         info.labels(**labels, model=model_name, namespace=identity.namespace, recipe=recipe).set(1)
+        self.batcher_failures = Counter(
+            "metainfer_serving_batcher_failures_total",
+            "Unexpected exceptions in the batching machinery (a bug; the requests it held were answered 500).",
+            LABELS, registry=self.registry,
+        ).labels(**labels)  # fmt: skip
+        self.runs_stopped_at_drain = Counter(
+            "metainfer_serving_runs_stopped_at_drain_total",
+            "ONNX Runtime runs still in progress when the drain timed out, stopped so the process could exit.",
+            LABELS, registry=self.registry,
+        ).labels(**labels)  # fmt: skip
+        self.stalled = Gauge(
+            "metainfer_serving_stalled",
+            "1 while inference cannot make progress (every worker past its deadline, or no dispatcher).",
+            LABELS, registry=self.registry,
+        ).labels(**labels)  # fmt: skip
         self.ready = Gauge(
             "metainfer_serving_ready", "1 once the variant is loaded and warmed up.", LABELS, registry=self.registry
         ).labels(**labels)

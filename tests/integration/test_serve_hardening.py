@@ -159,8 +159,9 @@ def test_half_open_connections_and_stalled_uploads_are_closed(server: ServeProce
             conn.close()
 
 
-def test_admission_is_bounded_and_overload_is_a_503_with_retry_after(example: ExampleModel, tmp_path: Path) -> None:
-    """--max-queue 2: two uploads in progress hold both slots; the third request is answered at once."""
+def test_uploads_still_arriving_hold_no_admission_slot(example: ExampleModel, tmp_path: Path) -> None:
+    """--max-queue 2: two uploads in progress (headers and 10 bytes of body) used to hold both slots and refuse
+    every other request for the body timeout; admission now counts complete requests only."""
     server = start(example, tmp_path, "--max-queue", "2")
     whole = body()
     holders = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
@@ -170,12 +171,28 @@ def test_admission_is_bounded_and_overload_is_a_503_with_retry_after(example: Ex
         time.sleep(0.3)
         with socket.create_connection(("127.0.0.1", server.port)) as conn:
             conn.sendall(head(len(whole)) + whole)
-            status, headers, payload = read_response(conn)
-        assert status == 503 and headers.get("retry-after") == "1" and "busy" in json.loads(payload)["error"]
+            status, _, payload = read_response(conn)
+        assert status == 200, payload
     finally:
         for conn in holders:
             conn.close()
         server.stop()
+
+
+def test_admission_is_bounded_and_overload_is_a_503_with_retry_after(tmp_path: Path) -> None:
+    """--max-queue 1: a request running on the slow model holds the one slot; the next is answered at once."""
+    served = start_slow_model(tmp_path, "--max-queue", "1", "--request-timeout", "20")
+    try:
+        with socket.create_connection(("127.0.0.1", served.port)) as running:
+            running.sendall(big_request())
+            time.sleep(0.5)  # decoded and admitted: it runs for seconds
+            small = json.dumps({"inputs": [{"name": "x", "shape": [1, 512], "datatype": "FP32", "data": [1.0] * 512}]})
+            with socket.create_connection(("127.0.0.1", served.port)) as conn:
+                conn.sendall(head(len(small)) + small.encode())
+                status, headers, payload = read_response(conn)
+        assert status == 503 and headers.get("retry-after") == "1" and "busy" in json.loads(payload)["error"]
+    finally:
+        served.stop()
 
 
 def test_disconnecting_clients_are_counted_and_log_one_line_each_at_most(server: ServeProcess) -> None:
@@ -311,8 +328,8 @@ def slow_model_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_a_request_still_running_at_its_deadline_is_stopped_and_frees_its_worker(tmp_path: Path) -> None:
-    """Before, an expensive legal request held its worker to the end (two [64, 512] ones: about 10 s)."""
+def start_slow_model(tmp_path: Path, *extra: str) -> ServeProcess:
+    """serve_harness.slow_model served with one worker and no batching: a [2048, 512] request runs for seconds."""
     model = tmp_path / "slow.onnx"
     sha256 = slow_model_file(model)
     served = ServeProcess(tmp_path)
@@ -320,18 +337,29 @@ def test_a_request_still_running_at_its_deadline_is_stopped_and_frees_its_worker
         "serve", "--model-uri", model.as_uri(), "--model-sha256", sha256,
         "--recipe-json", Recipe(batch=1).model_dump_json(),
         "--model-name", MODEL, "--host", "127.0.0.1", "--port", str(served.port), "--max-batch", "4096",
-        "--request-timeout", "0.5", "--workers", "1", "--batch-size", "1",
+        "--workers", "1", "--batch-size", "1", *extra,
     ], {})  # fmt: skip
     served.wait_ready()
+    return served
+
+
+def big_request() -> bytes:
+    """A [2048, 512] binary request to the slow model: seconds of compute."""
+    big = np.ones((2048, 512), dtype=np.float32)
+    doc = {"inputs": [{"name": "x", "shape": list(big.shape), "datatype": "FP32", "parameters":
+                       {"binary_data_size": big.nbytes}}], "outputs": [{"name": "y"}]}  # fmt: skip
+    header = json.dumps(doc).encode()
+    payload = header + big.tobytes()
+    return head(len(payload), f"Inference-Header-Content-Length: {len(header)}") + payload
+
+
+def test_a_request_still_running_at_its_deadline_is_stopped_and_frees_its_worker(tmp_path: Path) -> None:
+    """Before, an expensive legal request held its worker to the end (two [64, 512] ones: about 10 s)."""
+    served = start_slow_model(tmp_path, "--request-timeout", "0.5")
     try:
-        big = np.ones((2048, 512), dtype=np.float32)
-        doc = {"inputs": [{"name": "x", "shape": list(big.shape), "datatype": "FP32", "parameters":
-                           {"binary_data_size": big.nbytes}}], "outputs": [{"name": "y"}]}  # fmt: skip
-        header = json.dumps(doc).encode()
-        payload = header + big.tobytes()
         with socket.create_connection(("127.0.0.1", served.port)) as conn:
             started = time.perf_counter()
-            conn.sendall(head(len(payload), f"Inference-Header-Content-Length: {len(header)}") + payload)
+            conn.sendall(big_request())
             status, _, answer = read_response(conn, timeout=60)
             took = time.perf_counter() - started
         assert status == 503 and "stopped at its deadline" in json.loads(answer)["error"], answer[:300]

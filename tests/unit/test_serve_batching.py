@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
-from metainfer.agent.serve.batching import Batcher
+from metainfer.agent.serve.batching import STUCK_GRACE_S, Batcher, BatcherFailure, RunOverdue
 from metainfer.agent.serve.deadlines import DeadlineExceeded
 
 
@@ -149,3 +152,194 @@ def test_a_request_larger_than_the_batch_runs_alone(rows: int) -> None:
 
     run(scenario)
     assert model.runs == [rows]
+
+
+# -- the batcher can lose neither a request nor itself (issue 27) -------------------------------------------------
+
+
+def _answers(batcher: Batcher, requests: list[np.ndarray], deadline: float) -> list:  # type: ignore[type-arg]
+    return [batcher.submit({"x": r}, ["y"], deadline) for r in requests]
+
+
+def test_requests_of_40_40_and_10_rows_against_a_batch_of_64_are_all_answered() -> None:
+    """The reproduction: the batch skips the second 40 and takes the 10, and taking it out of the queue compared
+    two requests' tensors, which raised and killed the dispatcher with its worker slot."""
+    model = Model()
+
+    async def scenario() -> list:  # type: ignore[type-arg]
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(model, pool, workers=1, batch_rows=64, max_delay_s=0.01, batchable=True)
+            requests = [np.full((n, 3), i, np.float32) for i, n in enumerate((40, 40, 10))]
+            first = await asyncio.wait_for(asyncio.gather(*_answers(batcher, requests, time.perf_counter() + 5)), 5)
+            again = await asyncio.wait_for(batcher.submit({"x": requests[2]}, ["y"], time.perf_counter() + 5), 5)
+            batcher.close()
+            return [*zip(requests, first, strict=True), (requests[2], again)]
+
+    for request, outcome in run(scenario):
+        assert outcome.results is not None and np.array_equal(outcome.results["y"], request * 2)
+    assert sorted(model.runs) == [10, 40, 50]
+
+
+def test_interleaved_sequence_lengths_never_share_a_run_and_are_all_answered() -> None:
+    model = Model()
+
+    async def scenario() -> list:  # type: ignore[type-arg]
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(model, pool, workers=1, batch_rows=64, max_delay_s=0.01, batchable=True)
+            requests = [np.full((1, 64 if i % 2 else 128), i, np.float32) for i in range(9)]
+            outcomes = await asyncio.wait_for(asyncio.gather(*_answers(batcher, requests, time.perf_counter() + 5)), 5)
+            batcher.close()
+            return list(zip(requests, outcomes, strict=True))
+
+    for request, outcome in run(scenario):
+        assert outcome.results is not None and np.array_equal(outcome.results["y"], request * 2)
+
+
+def test_a_failure_in_the_batching_machinery_fails_what_it_held_and_the_dispatcher_goes_on() -> None:
+    model = Model()
+    failures: list[BaseException] = []
+
+    async def scenario() -> tuple:  # type: ignore[type-arg]
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(
+                model, pool, workers=1, batch_rows=8, max_delay_s=0.0, batchable=True, on_failure=failures.append
+            )
+            original = batcher._take
+            calls = 0
+
+            def take_once_broken() -> list:  # type: ignore[type-arg]
+                nonlocal calls
+                calls += 1
+                taken = original()
+                if calls == 1:
+                    raise RuntimeError("a bug in batching")
+                return taken
+
+            batcher._take = take_once_broken  # type: ignore[method-assign]
+            first = await asyncio.wait_for(
+                asyncio.gather(batcher.submit({"x": np.ones((1, 2), np.float32)}, ["y"], time.perf_counter() + 5),
+                               return_exceptions=True), 5)  # fmt: skip
+            later = await asyncio.wait_for(
+                batcher.submit({"x": np.ones((1, 2), np.float32)}, ["y"], time.perf_counter() + 5), 5
+            )
+            health = batcher.health()
+            batcher.close()
+            return first[0], later, health, batcher.failures
+
+    first, later, health, count = run(scenario)
+    assert isinstance(first, BatcherFailure)
+    assert later.results is not None and health.ready and health.live
+    assert count == 1 and len(failures) == 1
+
+
+def test_a_run_that_outlasts_its_deadline_is_answered_and_readiness_then_liveness_fail() -> None:
+    release = threading.Event()
+
+    def stuck(inputs: dict[str, np.ndarray], outputs: list[str], deadline: float | None) -> dict[str, np.ndarray]:
+        release.wait(10)  # a kernel the terminate flag cannot interrupt
+        return {"y": inputs["x"]}
+
+    async def scenario() -> tuple:  # type: ignore[type-arg]
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(stuck, pool, workers=1, batch_rows=8, max_delay_s=0.0, batchable=True, stall_limit_s=1)
+            started = time.perf_counter()
+            running = batcher.submit({"x": np.ones((1, 2), np.float32)}, ["y"], started + 0.1)
+            queued = batcher.submit({"x": np.ones((1, 3), np.float32)}, ["y"], started + 0.2)  # another shape
+            answers = await asyncio.wait_for(asyncio.gather(running, queued, return_exceptions=True), 5)
+            took = time.perf_counter() - started
+            now = time.perf_counter()
+            first, later = batcher.health(now), batcher.health(now + 1.5)
+            release.set()
+            await asyncio.sleep(0.05)
+            after = batcher.health()
+            batcher.close()
+            return answers, took, first, later, after
+
+    (running, queued), took, first, later, after = run(scenario)
+    assert isinstance(running, RunOverdue)
+    assert queued.results is None, "a request still queued at its deadline is answered without running"
+    assert took < 0.1 + STUCK_GRACE_S + 1
+    assert not first.ready and first.live and "past their requests' deadlines" in first.reason
+    assert not later.ready and not later.live
+    assert after.ready and after.live
+
+
+def test_a_client_that_leaves_frees_its_place_and_its_request_never_runs() -> None:
+    model = Model()
+
+    async def scenario() -> None:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(model, pool, workers=1, batch_rows=1, max_delay_s=0.0, batchable=True)
+            deadline = time.perf_counter() + 5
+            busy = asyncio.ensure_future(batcher.submit({"x": np.full((1, 2), 1, np.float32)}, ["y"], deadline))
+            leaving = asyncio.ensure_future(batcher.submit({"x": np.full((1, 2), 7, np.float32)}, ["y"], deadline))
+            await asyncio.sleep(0)
+            leaving.cancel()
+            await asyncio.gather(busy, return_exceptions=True)
+            assert batcher.queued == 0
+            batcher.close()
+
+    run(scenario)
+    assert model.runs == [1]
+
+
+_ROWS = st.integers(min_value=1, max_value=70)
+_REQUEST = st.tuples(
+    _ROWS,
+    st.sampled_from([3, 5]),  # sequence length: requests of other lengths never share a run
+    st.sampled_from([("y",), ("y", "z"), ("z",)]),  # outputs asked for
+    st.sampled_from([-0.01, 0.02, 5.0]),  # deadline from now: already past, tight, ample
+    st.one_of(st.none(), st.sampled_from([0.0, 0.005])),  # the client leaves after this long
+    st.booleans(),  # its rows make the model raise
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(requests=st.lists(_REQUEST, min_size=1, max_size=12), batch_rows=st.sampled_from([1, 8, 64]))
+def test_every_request_gets_its_own_answer_whatever_it_is_batched_with(requests: list, batch_rows: int) -> None:  # type: ignore[type-arg]
+    def model(inputs: dict[str, np.ndarray], outputs: list[str], deadline: float | None) -> dict[str, np.ndarray]:
+        x = inputs["x"]
+        if (x < 0).any():
+            raise ValueError("bad row")
+        time.sleep(0.0002 * x.shape[0])
+        return {name: x * 2 if name == "y" else x + 1 for name in outputs}
+
+    async def one(batcher: Batcher, index: int, spec: tuple) -> tuple:  # type: ignore[type-arg]
+        rows, length, outputs, deadline_in, leave_after, bad = spec
+        x = np.full((rows, length), -1.0 if bad else float(index), np.float32)
+        task = asyncio.ensure_future(batcher.submit({"x": x}, list(outputs), time.perf_counter() + deadline_in))
+        if leave_after is not None:
+            await asyncio.sleep(leave_after)
+            task.cancel()
+        try:
+            return spec, x, await task
+        except BaseException as exc:  # every way of ending is checked below
+            return spec, x, exc
+
+    async def scenario() -> tuple:  # type: ignore[type-arg]
+        with ThreadPoolExecutor(2) as pool:
+            batcher = Batcher(model, pool, workers=2, batch_rows=batch_rows, max_delay_s=0.002, batchable=True)
+            answers = await asyncio.wait_for(
+                asyncio.gather(*(one(batcher, i, spec) for i, spec in enumerate(requests))), 10
+            )
+            for _ in range(200):  # runs whose clients left still finish (the worker is busy until then)
+                if batcher._slots._value == 2:
+                    break
+                await asyncio.sleep(0.005)
+            state = batcher.queued, batcher._slots._value, batcher.failures, batcher.health()
+            batcher.close()
+            return answers, state
+
+    answers, (queued, free_slots, failures, health) = run(scenario)
+    for spec, x, answer in answers:
+        _, _, outputs, _, leave_after, bad = spec
+        if isinstance(answer, asyncio.CancelledError):
+            assert leave_after is not None
+        elif isinstance(answer, BaseException):
+            assert isinstance(answer, (ValueError, DeadlineExceeded)), repr(answer)
+            assert bad or isinstance(answer, DeadlineExceeded)
+        elif answer.results is not None:
+            assert not bad and sorted(answer.results) == sorted(outputs)
+            for name in outputs:
+                assert np.array_equal(answer.results[name], x * 2 if name == "y" else x + 1)
+    assert queued == 0 and free_slots == 2 and failures == 0 and health.ready
