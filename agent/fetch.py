@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
 
+from metainfer.agent.fetch_guard import RefusedAddress, opener
 from metainfer.core.api.conditions import Reason
 
 DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB: larger than any model the engine can load in memory on a node
@@ -104,7 +105,7 @@ def _copy(source: BinaryIO, dest: Path, uri: str, what: str) -> str:
 def _fetch_http(uri: str, dest: Path, what: str) -> str:
     request = urllib.request.Request(uri, headers={"User-Agent": "metainfer-agent"})
     try:
-        with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT_S) as response:
+        with opener().open(request, timeout=HTTP_TIMEOUT_S) as response:
             length = response.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) > max_bytes():
                 raise FetchError(
@@ -119,7 +120,11 @@ def _fetch_http(uri: str, dest: Path, what: str) -> str:
         ) from exc
     except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
         reason = getattr(exc, "reason", exc)
+        if isinstance(reason, RefusedAddress):
+            raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {uri}: {reason}") from exc
         raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {uri}: {reason}", transient=True) from exc
+    except ValueError as exc:  # a bad METAINFER_FETCH_ALLOW_CIDRS
+        raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {uri}: {exc}") from exc
 
 
 def _fetch_file(uri: str, dest: Path, what: str) -> str:
@@ -130,6 +135,12 @@ def _fetch_file(uri: str, dest: Path, what: str) -> str:
     if not path.is_file():
         problem = "no such file" if not path.exists() else "not a regular file"
         raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {uri}: {problem} (is the model volume mounted?)")
+    size, limit = path.stat().st_size, max_bytes()
+    if size > limit:  # refused before a byte is copied
+        raise FetchError(
+            Reason.MODEL_FETCH_FAILED,
+            f"{what} {uri}: {size} bytes exceed the {limit} byte cap (METAINFER_MAX_FETCH_BYTES)",
+        )
     try:
         with path.open("rb") as source:
             return _copy(source, dest, uri, what)

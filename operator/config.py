@@ -14,6 +14,7 @@ from.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from pathlib import Path
 from typing import Annotated, Any
@@ -42,6 +43,7 @@ from metainfer.core.control.settings import (
 # JSON-valued settings are decoded by OperatorConfig itself, so that bad JSON is reported like any other bad value.
 JSON_SETTINGS = (
     "workload_image_pull_secrets",
+    "workload_fetch_allow_cidrs",
     "workload_pod_security_context",
     "workload_container_security_context",
     "job_resources",
@@ -138,6 +140,11 @@ class OperatorConfig(BaseSettings):
         DEFAULT_CONTAINER_SECURITY_CONTEXT,
         description="Container securityContext of adaptation Jobs and serving pods (JSON).",
     )
+    workload_fetch_allow_cidrs: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="CIDRs model and data URIs may reach although non-routable (JSON list, e.g. "
+        '["10.96.0.0/12"]); loopback, link-local and metadata addresses are refused otherwise.',
+    )
     job_resources: Annotated[ResourceRequirements, NoDecode] = Field(
         DEFAULT_JOB_RESOURCES,
         description="Requests/limits of the adaptation Job's container (JSON); Guaranteed QoS by default.",
@@ -172,6 +179,16 @@ class OperatorConfig(BaseSettings):
         except json.JSONDecodeError as exc:
             raise ValueError(f"not valid JSON ({exc})") from None
 
+    @field_validator("workload_fetch_allow_cidrs")
+    @classmethod
+    def _cidrs(cls, value: list[str]) -> list[str]:
+        for item in value:
+            try:
+                ipaddress.ip_network(item, strict=False)
+            except ValueError:
+                raise ValueError(f"{item[:80]!r} is not a CIDR (e.g. 10.96.0.0/12)") from None
+        return value
+
     def job_settings(self) -> AgentJobSettings:
         """What every adaptation Job gets from the platform."""
         return AgentJobSettings(
@@ -181,6 +198,7 @@ class OperatorConfig(BaseSettings):
             resources=self.job_resources,
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,
+            fetch_allow_cidrs=tuple(self.workload_fetch_allow_cidrs),
         )
 
     def serving_defaults(self) -> ServingDefaults:
@@ -192,6 +210,7 @@ class OperatorConfig(BaseSettings):
             resources=self.serving_resources,
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,
+            fetch_allow_cidrs=tuple(self.workload_fetch_allow_cidrs),
             shutdown_delay_seconds=self.serving_shutdown_delay_seconds,
             drain_timeout_seconds=self.serving_drain_timeout_seconds,
         )

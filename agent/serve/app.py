@@ -60,6 +60,7 @@ from typing import Any
 from aiohttp import web
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
 
+from metainfer.agent.fetch import FetchError
 from metainfer.agent.serve import memory
 from metainfer.agent.serve import model as model_loader
 from metainfer.agent.serve.batching import Batcher, Health, RunOverdue
@@ -594,7 +595,10 @@ async def _serve(config: ServeConfig) -> int:
                 grpc_front, code = None, 1
         if error is not None:
             log.error("metainfer serve: cannot load the model: %s", error)
-            code = EXIT_INPUT if isinstance(error, InputError) else 1
+            # A source that cannot be right on a retry (too large, refused address, missing, wrong sha256) is a
+            # bad input; a timeout or a 5xx may pass on the next start.
+            permanent_fetch = isinstance(error, FetchError) and not error.transient
+            code = EXIT_INPUT if isinstance(error, InputError) or permanent_fetch else 1
         elif code == 0:
             server.model = loading.result()
             server.metrics.ready.set(1)

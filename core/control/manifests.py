@@ -404,7 +404,12 @@ def _container(
         "name": name,
         "image": image,
         "imagePullPolicy": settings.image_pull_policy,
-        "env": [*env, {"name": "HOME", "value": "/tmp"}, {"name": "XDG_CACHE_HOME", "value": CACHE_DIR}],
+        "env": [
+            *env,
+            {"name": "HOME", "value": "/tmp"},
+            {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+            *_fetch_allow_env(settings),
+        ],
         "resources": resources,
         "securityContext": settings.container_security_context.to_api(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR}],
@@ -454,6 +459,13 @@ def _mount_variant_store(
     claim: dict[str, Any] = {"claimName": store.claim_name, "readOnly": read_only}
     pod["volumes"].append({"name": "variants", "persistentVolumeClaim": claim})
     container["volumeMounts"].append({"name": "variants", "mountPath": VARIANT_STORE_MOUNT, "readOnly": read_only})
+
+
+def _fetch_allow_env(settings: WorkloadSettings) -> list[dict[str, str]]:
+    """The platform's exceptions to the fetch guard (agent/fetch_guard.py), only where it made any."""
+    if not settings.fetch_allow_cidrs:
+        return []
+    return [{"name": "METAINFER_FETCH_ALLOW_CIDRS", "value": ",".join(settings.fetch_allow_cidrs)}]
 
 
 def _probe(path: str, *, period: int, failures: int = 3) -> dict[str, Any]:

@@ -57,6 +57,11 @@ class WorkloadSettings(BaseModel):
     resources: ResourceRequirements | None = Field(None, description="Container requests/limits.")
     pod_security_context: PodSecurityContext = DEFAULT_POD_SECURITY_CONTEXT
     container_security_context: ContainerSecurityContext = DEFAULT_CONTAINER_SECURITY_CONTEXT
+    fetch_allow_cidrs: tuple[str, ...] = Field(
+        (),
+        description="CIDRs model and data URIs may reach although they are loopback, link-local or otherwise "
+        "non-routable (METAINFER_FETCH_ALLOW_CIDRS in the pods); none by default.",
+    )
 
 
 class AgentJobSettings(WorkloadSettings):

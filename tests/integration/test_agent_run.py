@@ -286,14 +286,23 @@ def test_http_source_and_fetch_failures(control_plane: Any, namespace: str, digi
     base, root = http_dir
     (root / "model.onnx").write_bytes(model.read_bytes())
     sha = sha256_file(model)
+    # A policy author may not point the agent at the pod's loopback (or metadata, link-local...): permanent.
+    create_run(control_plane.api_client, namespace, make_run("local", hw_class, f"{base}/model.onnx", sha))
+    result = agent(control_plane.kubeconfig, namespace, "local")
+    assert result.returncode == 0, result.stdout + result.stderr
+    refused = condition(get(control_plane.api_client, namespace, "local")["status"], "Succeeded")
+    assert refused["reason"] == "ModelFetchFailed" and "127.0.0.1, a loopback address" in refused["message"]
+
+    # The rest of this test serves from loopback, as a platform that allows it says so.
+    allow = {"METAINFER_FETCH_ALLOW_CIDRS": "127.0.0.1/32"}
     create_run(control_plane.api_client, namespace, make_run("web", hw_class, f"{base}/model.onnx", sha, budget=1))
-    result = agent(control_plane.kubeconfig, namespace, "web")
+    result = agent(control_plane.kubeconfig, namespace, "web", allow)
     assert result.returncode == 0, result.stdout + result.stderr
     assert get(control_plane.api_client, namespace, "web")["status"]["phase"] == "Succeeded"
 
     # 404 is permanent: Failed, exit 0 (no pointless Job retries).
     create_run(control_plane.api_client, namespace, make_run("gone", hw_class, f"{base}/absent.onnx", sha))
-    result = agent(control_plane.kubeconfig, namespace, "gone")
+    result = agent(control_plane.kubeconfig, namespace, "gone", allow)
     assert result.returncode == 0, result.stdout + result.stderr
     failed = condition(get(control_plane.api_client, namespace, "gone")["status"], "Succeeded")
     assert failed["reason"] == "ModelFetchFailed" and "404" in failed["message"]
@@ -302,7 +311,7 @@ def test_http_source_and_fetch_failures(control_plane: Any, namespace: str, digi
     with socket_port() as port:
         uri = f"http://127.0.0.1:{port}/model.onnx"
     create_run(control_plane.api_client, namespace, make_run("down", hw_class, uri, sha))
-    result = agent(control_plane.kubeconfig, namespace, "down")
+    result = agent(control_plane.kubeconfig, namespace, "down", allow)
     assert result.returncode == 75, result.stdout + result.stderr
     status = get(control_plane.api_client, namespace, "down")["status"]
     retry = condition(status, "Succeeded")

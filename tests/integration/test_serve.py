@@ -326,3 +326,25 @@ def test_a_static_int8_rebuild_has_exactly_the_bytes_the_adaptation_built(
         assert f"ready: variant sha256 {expected}" in served.log.read_text()
     finally:
         served.stop()
+
+
+@pytest.mark.parametrize(
+    ("uri", "env", "says"),
+    [
+        (None, {"METAINFER_MAX_FETCH_BYTES": "1000"}, "exceed the 1000 byte cap (METAINFER_MAX_FETCH_BYTES)"),
+        ("http://169.254.169.254/latest/model.onnx", {}, "169.254.169.254, a cloud metadata endpoint"),
+        ("http://127.0.0.1:9/model.onnx", {}, "127.0.0.1, a loopback address"),
+    ],
+)
+def test_a_model_over_the_cap_or_at_a_refused_address_exits_2_naming_why(
+    example: ExampleModel, tmp_path: Path, uri: str | None, env: dict[str, str], says: str
+) -> None:
+    """Before, a model over the cap was copied (4 GiB) and then exited 1; any http(s) address was fetched."""
+    served = ServeProcess(tmp_path)
+    served.start([
+        "serve", "--model-uri", uri or example.model_path.as_uri(), "--recipe-json", SERVED_RECIPE.model_dump_json(),
+        "--host", "127.0.0.1", "--port", str(served.port),
+    ], {**env, "METAINFER_FETCH_ALLOW_CIDRS": ""})  # fmt: skip
+    assert served.proc is not None
+    assert served.proc.wait(timeout=60) == 2
+    assert says in served.log.read_text()

@@ -509,3 +509,16 @@ def test_a_policy_name_that_is_no_service_name_gets_a_valid_stable_one(name: str
     first = build_policy_service(policy(name))["metadata"]["name"]
     assert first == build_policy_service(policy(name))["metadata"]["name"]
     assert len(first) <= 63 and first[0].isalpha() and all(ch.isalnum() or ch == "-" for ch in first)
+
+
+def test_the_platforms_fetch_exceptions_reach_job_and_serving_pods_only_when_set() -> None:
+    from metainfer.operator.config import ConfigError, OperatorConfig
+
+    config = OperatorConfig(workload_fetch_allow_cidrs='["10.96.0.0/12", "127.0.0.1/32"]')
+    for pod in _pods((config.job_settings(), config.serving_defaults())):
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["METAINFER_FETCH_ALLOW_CIDRS"] == "10.96.0.0/12,127.0.0.1/32"
+    for pod in _pods((AgentJobSettings(), ServingDefaults())):
+        assert "METAINFER_FETCH_ALLOW_CIDRS" not in json.dumps(pod["containers"][0]["env"])
+    with pytest.raises(ConfigError, match="METAINFER_WORKLOAD_FETCH_ALLOW_CIDRS: 'nope' is not a CIDR"):
+        OperatorConfig(workload_fetch_allow_cidrs='["nope"]')
