@@ -15,8 +15,12 @@ meets hostile and broken clients:
   refused as soon as its inflated size passes the limit;
 * the body must arrive within ``--body-timeout``, a connection that sends no
   complete request within ``--idle-timeout`` is closed;
-* at most ``--max-queue`` inference requests are admitted at once; beyond that
-  the answer is 503 with Retry-After;
+* at most ``--max-queue`` complete inference requests are admitted at once
+  (a slot is taken once the body is read and decoded, and held until the
+  answer has been taken by the socket); beyond that the answer is 503 with
+  Retry-After;
+* an answer not taken within ``--write-timeout`` cuts its connection, and the
+  answers waiting for their readers are bounded (``--max-unsent-mib``);
 * each request has a deadline (``--request-timeout`` from its arrival): one
   still queued then is answered 503 without running, one still running is
   stopped between kernels (``deadlines.Watchdog``) and answered 503;
@@ -607,7 +611,7 @@ async def _serve(config: ServeConfig) -> int:
             # Only a server that was ready lingers: one that never was is in no endpoints.
             await server.linger(config.shutdown_delay_s, again)
     # Both doors drain at once, within the one timeout; Server.drain marks the server draining before its first
-    # await, so a gRPC call arriving meanwhile is refused by admission.
+    # await, so a gRPC call arriving meanwhile is refused (refuse_if_draining).
     drains = [server.drain(runner, config.drain_timeout_s)]
     if grpc_front is not None:
         drains.append(grpc_front.drain(config.drain_timeout_s))

@@ -1,8 +1,8 @@
 """The KServe v2 gRPC front end: inference.GRPCInferenceService on grpc.aio, in the REST server's process and loop.
 
-It is a second door to the same ``Server``, never a second server: a ModelInfer call goes through
-``Server.admission()`` (UNAVAILABLE while draining or with ``--max-queue`` requests admitted, REST and gRPC
-together), ``Server.run_model()`` (the inference workers, the queue deadline, the queue and compute histograms) and
+It is a second door to the same ``Server``, never a second server: a ModelInfer call is refused (UNAVAILABLE)
+while draining, and once its message has arrived and been decoded goes through ``Server.admission()``
+(UNAVAILABLE with ``--max-queue`` requests admitted, REST and gRPC together, held until the answer has left), ``Server.run_model()`` (the inference workers, the queue deadline, the queue and compute histograms) and
 ``protocol``'s checks, and it is counted in the same series as a REST request: ``metainfer_inference_requests_total``,
 ``metainfer_inference_errors_total`` labelled with the HTTP code REST would have answered (one error ratio covers
 both protocols), ``metainfer_inference_latency_seconds``.
