@@ -415,3 +415,24 @@ def _grpc_status(headers: Sequence[tuple[bytes, bytes]]) -> bytes | None:
 
 
 Attack = Callable[..., AttackResult]
+
+
+def grpc_idle_close_s(grpc_port: int, model: str, name: str, width: int, within_s: float) -> float | None:
+    """Seconds from the end of one ModelInfer call to the server's GOAWAY on its idle connection (None: none came
+    within ``within_s``)."""
+    client = H2Client(grpc_port)
+    try:
+        client.send_message(client.open_call(), grpc_message(model, name, np.ones((1, width))))
+        while not any(isinstance(e, h2.events.StreamEnded) for e in client.events):
+            client.pump(0.2)
+        ended = time.monotonic()
+        while time.monotonic() - ended < within_s:
+            try:
+                client.pump(0.1)
+            except ConnectionError:
+                return time.monotonic() - ended
+            if any(isinstance(e, h2.events.ConnectionTerminated) for e in client.events):
+                return time.monotonic() - ended
+        return None
+    finally:
+        client.close()

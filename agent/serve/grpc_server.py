@@ -2,7 +2,8 @@
 
 It is a second door to the same ``Server``, never a second server: a ModelInfer call is refused (UNAVAILABLE)
 while draining, and once its message has arrived and been decoded goes through ``Server.admission()``
-(UNAVAILABLE with ``--max-queue`` requests admitted, REST and gRPC together, held until the answer has left), ``Server.run_model()`` (the inference workers, the queue deadline, the queue and compute histograms) and
+(UNAVAILABLE with ``--max-queue`` requests admitted, REST and gRPC together, held until the answer has left),
+``Server.run_model()`` (the inference workers, the queue deadline, the queue and compute histograms) and
 ``protocol``'s checks, and it is counted in the same series as a REST request: ``metainfer_inference_requests_total``,
 ``metainfer_inference_errors_total`` labelled with the HTTP code REST would have answered (one error ratio covers
 both protocols), ``metainfer_inference_latency_seconds``.
@@ -72,7 +73,10 @@ class GrpcFrontEnd:
             options=[
                 ("grpc.max_receive_message_length", limit),
                 ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
-                ("grpc.max_connection_idle_ms", int(config.idle_timeout_s * 1000)),  # as REST's --idle-timeout
+                # gRPC's idle timer re-arms once when it finds activity since it was armed, so a connection closes
+                # between one and two periods after its last call (--idle-timeout 15: about 30 s, measured); half
+                # the flag keeps the close at or before --idle-timeout, as REST's.
+                ("grpc.max_connection_idle_ms", max(1, int(config.idle_timeout_s * 500))),
                 # One connection cannot open more calls than the server admits; together with the cap on calls
                 # below, streams that send headers and then nothing are bounded without touching admission.
                 ("grpc.max_concurrent_streams", config.max_queue),

@@ -13,6 +13,7 @@ from serve_harness import ServeProcess, slow_model
 
 from bench.serve_attacks import (
     counters,
+    grpc_idle_close_s,
     mixed_batches,
     slow_senders_grpc,
     slow_senders_rest,
@@ -99,3 +100,13 @@ def test_memory_returns_after_a_grpc_connection_with_a_zero_window(served: Serve
 
 def metrics_delta(server: ServeProcess, reason: str) -> float:
     return counters(server.url).get(f"aborted:{reason}", 0)
+
+
+def test_an_idle_grpc_connection_closes_at_the_idle_timeout(tmp_path: Path) -> None:
+    """Before, --idle-timeout 15 closed idle gRPC connections after about 30 s."""
+    server = start_identity(tmp_path, "--idle-timeout", "3")
+    try:
+        closed = grpc_idle_close_s(server.grpc_port, MODEL, INPUT, WIDTH, within_s=10)
+    finally:
+        server.stop()
+    assert closed is not None and 1.0 <= closed <= 3.5, closed
