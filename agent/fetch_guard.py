@@ -31,6 +31,12 @@ METADATA = (ipaddress.ip_network("169.254.169.254/32"), ipaddress.ip_network("fd
 class RefusedAddress(OSError):
     """The URI's host is an address no model fetch may reach."""
 
+    def __init__(self, host: str, address: Address, why: str) -> None:
+        super().__init__(
+            f"{host} is {address}, {why}: model and data URIs may not reach it (a platform admin can allow it with"
+            f" {ALLOW_ENV})"
+        )
+
 
 def allowed_networks(value: str | None = None) -> tuple[Network, ...]:
     """The CIDRs the platform allows despite the rules (``METAINFER_FETCH_ALLOW_CIDRS``); ValueError names a bad
@@ -73,10 +79,7 @@ def check_peer(sock: socket.socket, host: str) -> None:
     why = refusal(peer, allowed_networks())
     if why is not None:
         sock.close()
-        raise RefusedAddress(
-            f"{host} is {peer}, {why}: model and data URIs may not reach it (a platform admin can allow it with"
-            f" {ALLOW_ENV})"
-        )
+        raise RefusedAddress(host, peer, why)
 
 
 def check_host(host: str, port: int) -> None:
@@ -91,10 +94,7 @@ def check_host(host: str, port: int) -> None:
         address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
         why = refusal(address, allowed)
         if why is not None:
-            raise RefusedAddress(
-                f"{host} is {address}, {why}: model and data URIs may not reach it (a platform admin can allow it"
-                f" with {ALLOW_ENV})"
-            )
+            raise RefusedAddress(host, address, why)
 
 
 def _guarded_create_connection(address: tuple[str, int], *args: Any, **kwargs: Any) -> socket.socket:

@@ -538,12 +538,9 @@ def serve(config: ServeConfig) -> int:
     code = asyncio.run(_serve(config))
     # The drain is over. A run that ignores its terminate flag (one endless kernel) would keep the interpreter
     # waiting for its worker thread at exit, past --drain-timeout and into the kubelet's SIGKILL: leave without it.
-    stuck = [t.name for t in threading.enumerate() if t.name.startswith("infer") and t.is_alive()]
-    if stuck:
-        deadline = time.monotonic() + STOP_RUNS_GRACE_S
-        while stuck and time.monotonic() < deadline:
-            time.sleep(0.05)
-            stuck = [t.name for t in threading.enumerate() if t.name.startswith("infer") and t.is_alive()]
+    deadline = time.monotonic() + STOP_RUNS_GRACE_S
+    while (stuck := _inference_threads()) and time.monotonic() < deadline:
+        time.sleep(0.05)
     if stuck:
         log.error("%d inference run(s) did not stop; exiting without them", len(stuck))
         logging.shutdown()
@@ -629,6 +626,11 @@ async def _serve(config: ServeConfig) -> int:
     with contextlib.suppress(asyncio.CancelledError):
         await stopping
     return code
+
+
+def _inference_threads() -> list[str]:
+    """The inference worker threads still alive (the executor's thread_name_prefix)."""
+    return [t.name for t in threading.enumerate() if t.name.startswith("infer") and t.is_alive()]
 
 
 def _load_in_thread(
