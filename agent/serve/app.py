@@ -287,7 +287,7 @@ class Server:
             # The body is read and decoded before admission: a client that sends headers and then nothing holds a
             # connection (bounded by --body-timeout), never one of the --max-queue slots the complete requests need.
             encoding = content_encoding(request.headers.get("Content-Encoding"))
-            limit, too_large = self._body_limit(model)
+            limit, too_large = self.body_limit(model.signature)
             body = await self._read_body(request, limit if encoding == "identity" else _wire_limit(limit), too_large)
             loop = asyncio.get_running_loop()
             header = request.headers.get("Inference-Header-Content-Length")
@@ -383,13 +383,10 @@ class Server:
         finally:
             self.admitted -= 1
 
-    def _body_limit(self, model: model_loader.LoadedModel) -> tuple[int, str]:
-        """The most bytes a legal request's (decoded) body needs, and the 413 message that names it."""
-        limit = min(MAX_BODY_BYTES, max_body_bytes(model.signature, self.config.max_dynamic_dim))
-        return (
-            limit,
-            f"request body larger than {limit} bytes, the most a request of batch <= {model.signature.max_batch} needs",
-        )
+    def body_limit(self, signature: Signature) -> tuple[int, str]:
+        """The most bytes a legal request's (decoded) body or gRPC message needs, and the 413 message that names it."""
+        limit = min(MAX_BODY_BYTES, max_body_bytes(signature, self.config.max_dynamic_dim))
+        return limit, f"request larger than {limit} bytes, the most a request of batch <= {signature.max_batch} needs"
 
     async def _read_body(self, request: web.Request, limit: int, too_large: str) -> bytes:
         """The body as sent, refused (413) from its Content-Length or as soon as it passes ``limit``, and (408) when

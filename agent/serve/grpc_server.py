@@ -9,9 +9,13 @@ while draining, and once its message has arrived and been decoded goes through `
 both protocols), ``metainfer_inference_latency_seconds``.
 
 The port opens once the variant is loaded, because the message size limit is the REST body limit
-(``max_body_bytes``: the largest legal request of this model, ``--max-batch`` and ``--max-dynamic-dim``), which the
-model's inputs decide; gRPC refuses a larger message with RESOURCE_EXHAUSTED from its length prefix, before reading
-it. Until then liveness is answered on the REST port, which is what the kubelet probes.
+(``Server.body_limit``: the largest legal request of this model, ``--max-batch`` and ``--max-dynamic-dim``), which
+the model's inputs decide. A message over it is refused here as REST refuses such a body: 413 in the metrics,
+RESOURCE_EXHAUSTED with REST's message on the wire. gRPC's own limit sits at twice that (``GRPC_LIMIT_FACTOR``):
+gRPC refuses a message past it from its length prefix, before reading it, but tells the handler only that no
+message came, which looks exactly like a client that left; the headroom keeps the ordinary oversized request (a
+batch too big, a long id) counted as REST counts it, and only a message of more than twice the limit counted as a
+client that left. Until the port opens liveness is answered on the REST port, which is what the kubelet probes.
 
 A client that cancels, or whose deadline passes, gets its call ended at once, but the request keeps its admission
 slot until the work it started (decode, inference) is over: otherwise cancelling would free slots while the workers
@@ -37,7 +41,7 @@ import grpc
 
 from metainfer.agent.serve import grpc_messages as pb
 from metainfer.agent.serve import model as model_loader
-from metainfer.agent.serve.app import MAX_BODY_BYTES, MODEL_VERSION, Server, _version
+from metainfer.agent.serve.app import MODEL_VERSION, Server, _version
 from metainfer.agent.serve.grpc_protocol import (
     encode_model_infer,
     grpc_code,
@@ -45,7 +49,7 @@ from metainfer.agent.serve.grpc_protocol import (
     parse_model_infer,
     parse_request,
 )
-from metainfer.agent.serve.protocol import ProtocolError, Signature, check_model, max_body_bytes, model_metadata
+from metainfer.agent.serve.protocol import ProtocolError, Signature, check_model, model_metadata
 
 log = logging.getLogger("metainfer.serve")
 # The grace of gRPC's own stop: past the drain timeout, so that the drain, which counts the calls it cuts, cuts them.
@@ -53,6 +57,8 @@ STOP_BACKSTOP_S = 5.0
 # Calls in progress (receiving, queued, running, sending) per --max-queue slot: room for the messages still arriving
 # beside the admitted ones, and a bound on all of them.
 CALLS_PER_SLOT = 4
+# gRPC's own message limit, in multiples of the model's: see the module's docstring.
+GRPC_LIMIT_FACTOR = 2
 
 
 class GrpcFrontEnd:
@@ -63,15 +69,16 @@ class GrpcFrontEnd:
         self.in_flight = 0  # ModelInfer calls being answered
         self.cutting = False  # set when the drain times out: the calls cancelled from then on were cut, not left
         self._grpc: grpc.aio.Server | None = None
+        self._limit, self._too_large = 0, ""
 
     async def start(self, host: str, port: int, signature: Signature) -> int:
         """Listen on ``host:port`` for requests to a model of ``signature``; returns the port (the one chosen when
         ``port`` is 0). Raises RuntimeError when the port cannot be bound."""
         config = self.server.config
-        limit = min(MAX_BODY_BYTES, max_body_bytes(signature, config.max_dynamic_dim))
+        self._limit, self._too_large = self.server.body_limit(signature)
         self._grpc = grpc.aio.server(
             options=[
-                ("grpc.max_receive_message_length", limit),
+                ("grpc.max_receive_message_length", self._limit * GRPC_LIMIT_FACTOR),
                 ("grpc.so_reuseport", 0),  # a second server on the same port fails to start instead of sharing it
                 # gRPC's idle timer re-arms once when it finds activity since it was armed, so a connection closes
                 # between one and two periods after its last call (--idle-timeout 15: about 30 s, measured); half
@@ -86,7 +93,7 @@ class GrpcFrontEnd:
         self._grpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, self._handlers()),))
         bound = self._grpc.add_insecure_port(_address(host, port))
         await self._grpc.start()
-        log.info("gRPC listening on %s:%d (messages up to %d bytes)", host, bound, limit)
+        log.info("gRPC listening on %s:%d (messages up to %d bytes)", host, bound, self._limit)
         return bound
 
     def _handlers(self) -> dict[str, grpc.RpcMethodHandler[Any, Any]]:
@@ -201,6 +208,8 @@ class GrpcFrontEnd:
         # The message is read and decoded before admission, as REST's body is: a call that sends headers and then
         # nothing holds a stream (bounded per connection and by --body-timeout), never a --max-queue slot.
         data = await self._read_message(requests)
+        if len(data) > self._limit:
+            raise ProtocolError(self._too_large + f" (message of {len(data)} bytes)", 413)
         request = await loop.run_in_executor(codec, parse_request, data)
         del data
         model = self._loaded(request.model_name, request.model_version)
@@ -257,10 +266,9 @@ class _SlowReader(Exception):
 
 
 class _NoMessage(Exception):
-    """The call's input ended without a message: the client left, or gRPC refused a message over the size limit.
-
-    gRPC tells the handler no more than that either way, so both are counted as a client that left (499): a client
-    with a message over the limit is told RESOURCE_EXHAUSTED by gRPC itself, with the sizes."""
+    """The call's input ended without a message: the client left, or gRPC refused a message of more than
+    ``GRPC_LIMIT_FACTOR`` times the limit. gRPC tells the handler no more than that either way, so both are counted
+    as a client that left (499); the client with the oversized message is told RESOURCE_EXHAUSTED by gRPC itself."""
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ProtocolError) -> NoReturn:

@@ -7,9 +7,12 @@ free loopback ports, as in test_serve.py.
 
 from __future__ import annotations
 
+import json
 import queue
+import re
 import signal
 import socket
+import struct
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -149,20 +152,166 @@ def test_errors_have_the_protocols_codes_and_rests_messages(
     assert client.is_server_live() and client.is_model_ready(MODEL)
 
 
-def test_a_message_over_the_models_limit_is_refused(
+def _rest_limit(server: ServeProcess) -> int:
+    """The model's request size limit, as REST's 413 names it."""
+    head = f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nHost: x\r\nContent-Length: {1 << 30}\r\n\r\n"
+    status, text = _raw_rest(server, head.encode())
+    assert status == 413, text
+    return int(re.search(r"request larger than (\d+) bytes", text).group(1))  # type: ignore[union-attr]
+
+
+def _raw_rest(server: ServeProcess, data: bytes, leave: bool = False) -> tuple[int, str]:
+    """Send ``data`` on a new connection; the status and body of the answer (0 and "" when ``leave``: the
+    connection is closed without waiting for one)."""
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(data)
+        if leave:
+            time.sleep(0.2)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST: gone, not done
+            return 0, ""
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _content_length(answer):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    status = int(answer.split(b" ", 2)[1])
+    return status, answer.split(b"\r\n\r\n", 1)[1].decode(errors="replace")
+
+
+def _content_length(answer: bytes) -> int:
+    match = re.search(rb"(?i)content-length: (\d+)", answer)
+    return int(match.group(1)) if match else 0
+
+
+def _rest_infer(body: bytes, model: str = MODEL, declared: int | None = None) -> bytes:
+    head = (
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body) if declared is None else declared}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def _json_body(shape: list[int], datatype: str = "FP32", request_id: str = "") -> bytes:
+    count = int(np.prod(shape))
+    doc = {"id": request_id, "inputs": [{"name": "input", "shape": shape, "datatype": datatype, "data": [0] * count}]}
+    return json.dumps(doc).encode()
+
+
+def _grpc_message(shape: list[int], datatype: str = "FP32", model: str = MODEL, request_id: str = "") -> bytes:
+    data = np.zeros(shape, np.float64 if datatype == "FP64" else np.float32)
+    request = service_pb2.ModelInferRequest(model_name=model, id=request_id, raw_input_contents=[data.tobytes()])
+    request.inputs.add(name="input", datatype=datatype, shape=shape)
+    return bytes(request.SerializeToString())
+
+
+def _grpc_bytes(server: ServeProcess, message: bytes) -> grpc.StatusCode:
+    with grpc.insecure_channel(server.grpc_address, options=[("grpc.max_send_message_length", -1)]) as channel:
+        infer = channel.unary_unary(INFER)  # bytes in and out: a malformed message is sent as it is
+        try:
+            infer(message, timeout=10)
+        except grpc.RpcError as error:
+            return error.code()  # type: ignore[attr-defined, no-any-return]
+    return grpc.StatusCode.OK
+
+
+def _counted(before: dict[tuple[str, str], float], after: dict[tuple[str, str], float]) -> dict[str, float]:
+    """The error codes and abort reasons that moved between two scrapes, and by how much."""
+    moved: dict[str, float] = {}
+    for (name, label), value in after.items():
+        if name in (
+            "metainfer_inference_errors_total",
+            "metainfer_inference_aborted_total",
+            "metainfer_inference_requests_total",
+        ):
+            delta = value - before.get((name, label), 0.0)
+            if delta:
+                moved[f"{name.removeprefix('metainfer_inference_')}{{{label}}}"] = delta
+    return moved
+
+
+def _settled(server: ServeProcess, before: dict[tuple[str, str], float], events: int) -> dict[str, float]:
+    """The deltas once every event has been counted (the server learns of a client that left a moment later)."""
+    deadline = time.monotonic() + 10
+    while True:
+        moved = _counted(before, _metrics(server.url))
+        answered = sum(value for key, value in moved.items() if key.startswith("errors_total"))
+        if answered >= events or time.monotonic() > deadline:
+            return moved
+        time.sleep(0.1)
+
+
+def test_the_same_bad_requests_are_counted_alike_over_rest_and_grpc(example: ExampleModel, tmp_path: Path) -> None:
+    """One mix of bad requests over each protocol moves the same error codes and abort reasons by the same counts.
+
+    Before, a gRPC message over the model's limit was counted as a client that left (499, client_disconnect)
+    where REST counts 413."""
+    served = _start(example, tmp_path, "--body-timeout", "1")
+    try:
+        limit = _rest_limit(served)
+        over = "x" * (limit + 4096)  # past the model's limit, within gRPC's own
+        rest_events = [
+            _rest_infer(_json_body([1, 64]), model="other"),
+            _rest_infer(_json_body([2, 63])),
+            _rest_infer(_json_body([2, 64], "FP64")),
+            _rest_infer(_json_body([65, 64])),
+            _rest_infer(b"\x08\xff\xff not a request"),
+            _rest_infer(_json_body([1, 64], request_id=over)),
+            _rest_infer(b"{", declared=100),  # the rest of the body never comes: 408
+        ]
+        grpc_events = [
+            _grpc_message([1, 64], model="other"),
+            _grpc_message([2, 63]),
+            _grpc_message([2, 64], "FP64"),
+            _grpc_message([65, 64]),
+            b"\x08\xff\xff not a request",
+            _grpc_message([1, 64], request_id=over),
+        ]
+        before = _metrics(served.url)
+        rest_status = [_raw_rest(served, data)[0] for data in rest_events]
+        _raw_rest(served, _rest_infer(b"{", declared=100), leave=True)  # leaves before its body is done
+        rest = _settled(served, before, len(rest_events) + 1)
+        assert rest_status == [404, 400, 400, 400, 400, 413, 408]
+
+        before = _metrics(served.url)
+        grpc_status = [_grpc_bytes(served, data) for data in grpc_events]
+        slow = SlowCall(served.grpc_address, _one_request(example), timeout=30)  # its message never comes: 408
+        with pytest.raises(grpc.RpcError) as error:
+            slow.future.result(timeout=10)
+        slow.close()
+        grpc_status.append(error.value.code())  # type: ignore[attr-defined]
+        gone = SlowCall(served.grpc_address, _one_request(example), timeout=0.3)  # leaves before its message
+        with pytest.raises(grpc.RpcError):
+            gone.future.result(timeout=10)
+        gone.close()
+        over_grpc = _settled(served, before, len(grpc_events) + 2)
+        code = grpc.StatusCode
+        assert grpc_status == [
+            code.NOT_FOUND,
+            *[code.INVALID_ARGUMENT] * 4,
+            code.RESOURCE_EXHAUSTED,
+            code.DEADLINE_EXCEEDED,
+        ]
+        assert over_grpc == rest, f"REST counted {rest}, gRPC {over_grpc}"
+        assert rest["errors_total{413}"] == 1 and rest["aborted_total{client_disconnect}"] == 1
+        assert "Traceback" not in served.log.read_text()
+    finally:
+        served.stop()
+
+
+def test_a_message_of_more_than_twice_the_limit_is_refused_by_grpc_before_it_is_read(
     server: ServeProcess, client: tritongrpc.InferenceServerClient
 ) -> None:
-    """The limit is REST's body limit: batch 64 of 64 floats as JSON, plus 64 KiB; 1 MiB of id is past it."""
+    """gRPC refuses it from its length prefix and tells the handler only that no message came: it is counted as a
+    client that left (see grpc_server._NoMessage), and the server goes on."""
+    limit = _rest_limit(server)
     before = _metrics(server.url)
     with pytest.raises(InferenceServerException) as info:
-        client.infer(MODEL, [_tensor(np.zeros((1, 64), np.float32))], request_id="x" * (1 << 20))
+        client.infer(MODEL, [_tensor(np.zeros((1, 64), np.float32))], request_id="x" * (2 * limit + 1))
     assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "larger than max" in info.value.message()
     assert client.infer(MODEL, [_tensor(np.zeros((64, 64), np.float32))]).as_numpy("logits").shape == (64, 10)
-    # gRPC refuses it before the handler sees a byte, and tells the handler only that no message came: it is
-    # counted as a request whose client left (see grpc_server._NoMessage).
-    after = _metrics(server.url)
-    assert _delta(before, after, "metainfer_inference_requests_total") == 2
-    assert _delta(before, after, "metainfer_inference_errors_total", "499") == 1
+    after = _settled(server, before, 1)
+    assert after["requests_total{}"] == 2 and after["errors_total{499}"] == 1
 
 
 def test_grpc_requests_are_counted_with_rests(
