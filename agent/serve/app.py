@@ -125,6 +125,8 @@ class ServeConfig:
     max_dynamic_dim: int = 4096
     batch_size: int | None = None  # rows one run combines; None: the recipe's batch (what the adaptation measured)
     max_queue_delay_s: float = 0.001
+    # A variant whose outputs depend on their run's other rows (Recipe.batch_dependent) runs each request alone.
+    isolate_batch_dependent: bool = False
 
 
 class Server:
@@ -451,6 +453,16 @@ class Server:
         if self.batcher is None:
             signature = model.signature
             batchable = all(spec.shape and spec.shape[0] < 0 for spec in (*signature.inputs, *signature.outputs))
+            if batchable and self.config.recipe.batch_dependent():
+                if self.config.isolate_batch_dependent:
+                    batchable = False
+                    log.info("the variant's outputs depend on what shares its run: each request runs alone")
+                else:
+                    log.info(
+                        "the variant's outputs depend on what shares its run: concurrent requests are combined, so"
+                        " a request's outputs vary within what validation measured (report.json,"
+                        " validation.batch_dependence); --batch-dependent isolate runs each request alone"
+                    )
             self.batcher = Batcher(
                 model.infer,
                 self.executor,

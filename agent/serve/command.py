@@ -91,6 +91,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_dynamic_dim=args.max_dynamic_dim,
         batch_size=args.batch_size,
         max_queue_delay_s=_non_negative(args.max_queue_delay_ms, "--max-queue-delay-ms") / 1000,
+        isolate_batch_dependent=args.batch_dependent == "isolate",
     )
 
 

@@ -90,6 +90,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a lone request waits for others to share its run (dynamic batching) (default 1)",
     )  # fmt: skip
     parser.add_argument(
+        "--batch-dependent", choices=("combine", "isolate"), default="combine",
+        help="for a variant whose outputs depend on the other requests of its run (dynamic int8: one activation"
+        " scale per run): 'combine' batches it like any other, its outputs varying within what validation measured"
+        " and held to the quality budget; 'isolate' runs each request alone, so the same request always gets the"
+        " same outputs, at the cost of throughput under concurrency (default %(default)s)",
+    )  # fmt: skip
+    parser.add_argument(
         "--max-dynamic-dim",
         type=int,
         default=4096,

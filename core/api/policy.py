@@ -382,6 +382,13 @@ class ServingSettings(ApiModel):
         description="Dynamic batching: how long a lone request waits for others to share its run, ms (serve's"
         " --max-queue-delay-ms; its default when unset). Runs combine up to the adapted recipe's batch.",
     )
+    batch_dependent: Literal["combine", "isolate"] | None = Field(
+        None,
+        description="A variant whose outputs depend on the other requests of its run (dynamic int8: one activation"
+        " scale per run): 'combine' batches its requests (outputs vary within what validation measured and held to"
+        " maxQualityDrop), 'isolate' runs each alone (the same request always gets the same outputs, less"
+        " throughput). serve's --batch-dependent; 'combine' when unset.",
+    )
     variant_store: VariantStore | None = Field(
         None,
         description="Keep each built variant in this volume, content-addressed, so serving pods start without"

@@ -249,6 +249,8 @@ def build_deployment(
     ]  # fmt: skip
     if spec.serving.max_queue_delay_ms is not None:
         args += ["--max-queue-delay-ms", f"{spec.serving.max_queue_delay_ms:g}"]
+    if spec.serving.batch_dependent is not None:
+        args += ["--batch-dependent", spec.serving.batch_dependent]
     variant_sha256 = run.status.best_variant_sha256 if run.status else None
     store = run.spec.variant_store if variant_sha256 else None  # the store is addressed by the sha256
     if variant_sha256:  # serve loads these bytes from the store, or rebuilds and checks it got them

@@ -2,7 +2,8 @@
 
 ``model.onnx`` is the variant, runnable as is; ``recipe.json`` is everything
 needed to rebuild and run it (base sha256, transform, ORT SessionOptions
-attribute names and values, providers, batch); ``report.json`` is the whole
+attribute names and values, providers, batch, and whether a sample's outputs depend on
+the other samples of its run); ``report.json`` is the whole
 evidence (profile, every trial, baseline vs best); ``pareto.png`` is the same
 evidence for a person.
 """
@@ -25,6 +26,7 @@ def recipe_document(recipe: Recipe, base_sha256: str, variant_sha256: str | None
     doc["variant_sha256"] = variant_sha256
     doc["transform_key"] = recipe.transform_key()
     doc["recipe_key"] = recipe.key()
+    doc["batch_dependent"] = recipe.batch_dependent()
     return doc
 
 

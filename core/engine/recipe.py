@@ -32,7 +32,7 @@ ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
 }
 ORT_EXECUTION_MODES: dict[str, str] = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
 DERIVED_FIELDS = frozenset(
-    {"session_options", "providers", "base_sha256", "variant_sha256", "transform_key", "recipe_key"}
+    {"session_options", "providers", "base_sha256", "variant_sha256", "transform_key", "recipe_key", "batch_dependent"}
 )
 
 
@@ -134,6 +134,13 @@ class Recipe(_Frozen):
         fallback = ["CPUExecutionProvider"]
         ep = self.session.execution_provider
         return [ep] if ep in fallback else [ep, *fallback]
+
+    def batch_dependent(self) -> bool:
+        """Whether a sample's outputs depend on the other samples of its run: dynamic int8 quantizes each run's
+        activations with one scale computed from all of its rows, so a request served in a run with others gets
+        (slightly) different outputs than alone. Validation measures by how much; ``serve --batch-dependent
+        isolate`` runs such a variant's requests one per run."""
+        return self.transform.quantization.mode == "int8_dynamic"
 
     def transform_key(self) -> str:
         """Short hash of the byte-changing part: equal keys mean equal variants."""

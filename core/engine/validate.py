@@ -5,6 +5,15 @@ checked on all the data, at batch 1 and at the largest batch, against FP32, and
 fed abnormal inputs (NaN, zeros, a wrong shape). Abnormal inputs must never
 crash the process: a wrong shape must raise a clear error, NaN and zeros must
 produce outputs of the right shape (NaN may propagate, as in FP32).
+
+Serving combines concurrent requests into one run, so a request's company is
+not its own choice. For a variant whose outputs depend on that company
+(``Recipe.batch_dependent``: dynamic int8 computes each run's activation scales
+from all its rows) every sample is also run in other company (shuffled, and
+beside the sample with the largest inputs, which coarsens everyone's scales), and
+the quality of every sample at its worst grouping is held to the same budget:
+what a client can get is what was validated. The largest difference between a
+sample's outputs alone and in company is reported for every variant.
 """
 
 from __future__ import annotations
@@ -27,12 +36,25 @@ class Check(BaseModel):
     detail: str
 
 
+class BatchDependence(BaseModel):
+    """How far a variant's outputs move with the other samples of their run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    groupings: list[str] = Field(description="The companies every sample was run in, alone first.")
+    max_abs_difference: float = Field(
+        description="The largest |output in company - output alone| over samples, outputs and groupings."
+    )
+    worst_quality: Quality = Field(description="Every sample at its worst grouping (furthest from FP32), vs FP32.")
+
+
 class ValidationReport(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     passed: bool
     full_data_quality: Quality
     checks: list[Check] = Field(default_factory=list)
+    batch_dependence: BatchDependence | None = None
 
 
 def validate_variant(
@@ -44,20 +66,126 @@ def validate_variant(
     largest_batch: int,
 ) -> ValidationReport:
     session = create_session(variant, recipe)
-    full = quality_of(run_all(session, data, recipe.batch), reference)
+    at_recipe_batch = run_all(session, data, recipe.batch)
+    full = quality_of(at_recipe_batch, reference)
     checks = [
         _quality_check(f"quality on all {data.n_samples} samples at batch {recipe.batch}", full, max_quality_drop)
     ]
-    for batch in sorted({1, min(largest_batch, data.n_samples)}):
+    largest = min(largest_batch, data.n_samples)
+    groupings = {f"in runs of {recipe.batch}": at_recipe_batch}
+    for batch in sorted({1, largest}):
         name = f"quality at batch {batch}" + (" (largest)" if batch > 1 else "")
         try:
-            q = quality_of(run_all(session, data, batch), reference)
+            outputs = run_all(session, data, batch)
         except Exception as exc:  # a variant that cannot run at a batch its model accepts fails validation
             checks.append(Check(name=name, passed=False, detail=f"could not run: {_first_line(exc)}"))
             continue
-        checks.append(_quality_check(name, q, max_quality_drop))
+        groupings["alone" if batch == 1 else f"in runs of {batch}"] = outputs
+        checks.append(_quality_check(name, quality_of(outputs, reference), max_quality_drop))
+    dependence = None
+    if "alone" in groupings and largest > 1:
+        if recipe.batch_dependent():
+            try:
+                groupings |= _in_other_company(session, data, largest)
+            except Exception as exc:  # it ran at this batch in order: in other company it must run too
+                checks.append(Check(name="runs in other company", passed=False, detail=_first_line(exc)))
+        dependence = batch_dependence(groupings, reference)
+        if recipe.batch_dependent():
+            checks.append(_dependence_check(dependence, max_quality_drop))
     checks.extend(_abnormal_inputs(session, data))
-    return ValidationReport(passed=all(c.passed for c in checks), full_data_quality=full, checks=checks)
+    return ValidationReport(
+        passed=all(c.passed for c in checks), full_data_quality=full, checks=checks, batch_dependence=dependence
+    )
+
+
+def _in_other_company(session: object, data: Dataset, batch: int) -> dict[str, list[np.ndarray]]:
+    """Every sample run in runs of ``batch`` shuffled (fixed seed), and in runs that also hold the sample with the
+    largest inputs (whose range sets the run's activation scales)."""
+    from onnxruntime import InferenceSession
+
+    assert isinstance(session, InferenceSession)
+    n = data.n_samples
+    order = np.random.default_rng(0).permutation(n)
+    shuffled = _run_rows(session, data, [order[start : start + batch] for start in range(0, n, batch)])
+    loudest = int(np.argmax(input_magnitude(data)))
+    others = np.array([i for i in range(n) if i != loudest])
+    beside = _run_rows(
+        session, data, [np.append(others[s : s + batch - 1], loudest) for s in range(0, len(others), batch - 1)]
+    )
+    return {f"shuffled in runs of {batch}": shuffled, f"in runs of {batch} with the largest input": beside}
+
+
+def input_magnitude(data: Dataset) -> np.ndarray:
+    """Per sample, the sum over inputs of its largest absolute value (float inputs only, when there are any)."""
+    floats = [a for a in data.inputs.values() if np.issubdtype(a.dtype, np.floating)]
+    arrays = floats or list(data.inputs.values())
+    total: np.ndarray = np.sum([np.abs(a.reshape(len(a), -1).astype(np.float64)).max(axis=1) for a in arrays], axis=0)
+    return total
+
+
+def _run_rows(session: object, data: Dataset, runs: list[np.ndarray]) -> list[np.ndarray]:
+    """Outputs per sample (in sample order) when the samples run together as ``runs`` say; a sample in several
+    runs keeps its outputs from the first."""
+    from onnxruntime import InferenceSession
+
+    assert isinstance(session, InferenceSession)
+    per_output: list[np.ndarray] | None = None
+    done = np.zeros(data.n_samples, dtype=bool)
+    for rows in runs:
+        outputs = session.run(None, {name: array[rows] for name, array in data.inputs.items()})
+        if per_output is None:
+            per_output = [np.empty((data.n_samples, *o.shape[1:]), dtype=o.dtype) for o in outputs]
+        fresh = ~done[rows]
+        for target, output in zip(per_output, outputs, strict=True):
+            target[rows[fresh]] = output[fresh]
+        done[rows] = True
+    assert per_output is not None and done.all()
+    return per_output
+
+
+def batch_dependence(groupings: dict[str, list[np.ndarray]], reference: Reference) -> BatchDependence:
+    """The outputs of every sample in each grouping (``"alone"`` among them) against each other and FP32."""
+    alone = groupings["alone"]
+    difference = 0.0
+    for outputs in groupings.values():
+        for mine, solo in zip(outputs, alone, strict=True):
+            if mine.size:
+                gap = np.abs(mine.astype(np.float64) - solo.astype(np.float64))
+                difference = max(difference, float(np.nanmax(gap)) if not np.isnan(gap).all() else 0.0)
+    names = ["alone", *(name for name in groupings if name != "alone")]
+    return BatchDependence(
+        groupings=names,
+        max_abs_difference=difference,
+        worst_quality=quality_of(worst_per_sample([groupings[name] for name in names], reference), reference),
+    )
+
+
+def worst_per_sample(candidates: list[list[np.ndarray]], reference: Reference) -> list[np.ndarray]:
+    """For every sample, its outputs from the grouping that is furthest from FP32: a wrong top-1 label first
+    (when there are labels), then the largest relative distance over the outputs."""
+    n = reference.outputs[0].shape[0]
+    badness = np.zeros((len(candidates), n))
+    for index, outputs in enumerate(candidates):
+        for mine, ref in zip(outputs, reference.outputs, strict=True):
+            a = mine.reshape(n, -1).astype(np.float64)
+            b = ref.reshape(n, -1).astype(np.float64)
+            scale = np.maximum(np.linalg.norm(b, axis=1), 1e-12)
+            badness[index] += np.nan_to_num(np.linalg.norm(a - b, axis=1) / scale, nan=np.inf)
+        if reference.labels is not None:
+            wrong = np.argmax(outputs[0].reshape(n, -1), axis=1) != reference.labels
+            badness[index] += np.where(wrong, 1e6, 0.0)
+    pick = np.argmax(badness, axis=0)
+    return [np.stack([c[k] for c in candidates])[pick, np.arange(n)] for k in range(len(candidates[0]))]
+
+
+def _dependence_check(dependence: BatchDependence, budget: float) -> Check:
+    q = dependence.worst_quality
+    return Check(
+        name=f"quality when sharing runs (each sample at its worst of {len(dependence.groupings)} groupings)",
+        passed=q.drop <= budget + 1e-9,
+        detail=f"outputs move by up to {dependence.max_abs_difference:.3g} with what shares their run; {q.metric}"
+        f" {q.value:.4f} vs FP32 {q.reference:.4f} (drop {q.drop:.4f}, budget {budget:g})",
+    )
 
 
 def _quality_check(name: str, q: Quality, budget: float) -> Check:

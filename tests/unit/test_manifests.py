@@ -460,7 +460,7 @@ def test_builders_take_the_models_or_the_plain_objects_alike() -> None:
     assert build_service(typed, group) == build_service(plain, group)
 
 
-def test_a_policys_batching_delay_reaches_serve_and_serves_default_otherwise() -> None:
+def test_a_policys_batching_settings_reach_serve_and_serves_defaults_otherwise() -> None:
     import argparse
 
     from metainfer.agent.serve.flags import add_arguments
@@ -477,6 +477,10 @@ def test_a_policys_batching_delay_reaches_serve_and_serves_default_otherwise() -
 
     assert served(policy(serving={"replicas": 2, "maxQueueDelayMs": 5})).max_queue_delay_ms == 5
     assert served(policy()).max_queue_delay_ms == parser.get_default("max_queue_delay_ms")
+    assert served(policy(serving={"replicas": 2, "batchDependent": "isolate"})).batch_dependent == "isolate"
+    assert served(policy()).batch_dependent == parser.get_default("batch_dependent") == "combine"
+    with pytest.raises(ValidationError, match=r"batchDependent|batch_dependent"):
+        AdaptationPolicy.model_validate(policy(serving={"replicas": 2, "batchDependent": "sometimes"}))
 
 
 def test_the_policy_service_selects_every_class_and_track_of_the_policy_and_nothing_else() -> None:
