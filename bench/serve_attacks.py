@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 import h2.config
 import h2.connection
 import h2.events
+import h2.exceptions
 import h2.settings
 import numpy as np
 
@@ -204,6 +205,27 @@ class H2Client:
             raise ConnectionError("the server closed the connection")
         self.events.extend(self.conn.receive_data(data))
         self.flush()
+
+    def seconds_until_closed(self, within_s: float) -> float | None:
+        """Keep the connection (answering pings, taking nothing) until the server closes it: the seconds that took,
+        None if it did not within ``within_s``."""
+        started = time.monotonic()
+        parsing = True
+        while time.monotonic() - started < within_s:
+            try:
+                if parsing:
+                    self.pump(0.2)
+                    continue
+                self.sock.settimeout(0.2)
+                if not self.sock.recv(1 << 16):
+                    return time.monotonic() - started
+            except ConnectionError:
+                return time.monotonic() - started
+            except TimeoutError:
+                continue
+            except h2.exceptions.ProtocolError:
+                parsing = False  # h2 refuses frames after a GOAWAY (a PING): read raw bytes until the end
+        return None
 
     def close(self) -> None:
         self.sock.close()
@@ -399,8 +421,9 @@ def zero_window_grpc(
                 if sum(isinstance(e, h2.events.StreamReset | h2.events.StreamEnded) for e in client.events) >= count:
                     break
             result.cut = sum(isinstance(e, h2.events.StreamReset) for e in client.events)
-            result.refused = sum(
-                isinstance(e, h2.events.TrailersReceived) and _grpc_status(e.headers) not in (b"0", None)
+            result.refused = sum(  # a refusal is trailers-only: a status in the response headers, or trailers
+                isinstance(e, h2.events.TrailersReceived | h2.events.ResponseReceived)
+                and _grpc_status(e.headers) not in (b"0", None)
                 for e in client.events
             )
             client.close()

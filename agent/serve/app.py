@@ -120,6 +120,7 @@ class ServeConfig:
     request_timeout_s: float = 30.0
     body_timeout_s: float = 30.0
     idle_timeout_s: float = 15.0
+    grpc_max_connection_age_s: float = 300.0  # 0: none
     write_timeout_s: float = 30.0  # for an answer to leave: a reader that does not take it is cut
     max_unsent_bytes: int = 256 << 20  # answers computed but not yet taken by their clients, in total
     max_dynamic_dim: int = 4096
@@ -611,6 +612,7 @@ async def _serve(config: ServeConfig) -> int:
             code = EXIT_INPUT if isinstance(error, InputError) or permanent_fetch else 1
         elif code == 0:
             server.model = loading.result()
+            memory.freeze_startup_objects()
             server.metrics.ready.set(1)
             log.info("ready: variant sha256 %s (base %s)", server.model.variant_sha256, server.model.base_sha256)
             await stopping

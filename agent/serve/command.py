@@ -86,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         request_timeout_s=args.request_timeout,
         body_timeout_s=args.body_timeout,
         idle_timeout_s=args.idle_timeout,
+        grpc_max_connection_age_s=_non_negative(args.grpc_max_connection_age, "--grpc-max-connection-age"),
         write_timeout_s=args.write_timeout,
         max_unsent_bytes=int(args.max_unsent_mib * (1 << 20)),
         max_dynamic_dim=args.max_dynamic_dim,

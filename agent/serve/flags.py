@@ -81,6 +81,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds a connection may stay without a complete request (idle keep-alive, slow headers) (default 15)",
     )  # fmt: skip
     parser.add_argument(
+        "--grpc-max-connection-age", type=float, default=300.0,
+        help="seconds after which a gRPC connection is asked to reconnect (GOAWAY; clients do so by themselves)"
+        " and, once its calls have had --request-timeout plus --write-timeout to finish, closed: the bound on how"
+        " long a client that does not read its answers holds them (default 300; 0: no limit)",
+    )  # fmt: skip
+    parser.add_argument(
         "--batch-size", type=int,
         help="rows one ONNX Runtime run combines from concurrent requests (default: the recipe's batch, the one the"
         " adaptation measured)",

@@ -21,6 +21,10 @@ A client that cancels, or whose deadline passes, gets its call ended at once, bu
 slot until the work it started (decode, inference) is over: otherwise cancelling would free slots while the workers
 are still busy, and ``--max-queue`` would no longer bound the work.
 
+An answer the client does not take within --write-timeout ends its call (counted as a slow reader), but grpc.aio
+cannot reset the stream: gRPC keeps the answer queued until the connection closes. It stays counted in the unsent
+budget until then, and ``--grpc-max-connection-age`` is what closes such a connection.
+
 On SIGTERM ServerReady and ModelReady say not ready at once, while new calls are still answered for the shutdown
 delay (``Server.linger``), as REST's requests are; grpc.aio has no way to end an HTTP/2 connection short of stopping,
 so gRPC clients move when the drain starts. Then ``drain`` refuses new calls (GOAWAY, and UNAVAILABLE for a call
@@ -84,6 +88,10 @@ class GrpcFrontEnd:
                 # between one and two periods after its last call (--idle-timeout 15: about 30 s, measured); half
                 # the flag keeps the close at or before --idle-timeout, as REST's.
                 ("grpc.max_connection_idle_ms", max(1, int(config.idle_timeout_s * 500))),
+                # A connection that does not take its answers cannot be cut stream by stream: its age closes it
+                # (GOAWAY, then the calls in flight get a request's whole time before the connection is closed),
+                # freeing what it held. Clients reconnect on GOAWAY by themselves.
+                *_age_options(config.grpc_max_connection_age_s, config.request_timeout_s + config.write_timeout_s),
                 # One connection cannot open more calls than the server admits; together with the cap on calls
                 # below, streams that send headers and then nothing are bounded without touching admission.
                 ("grpc.max_concurrent_streams", config.max_queue),
@@ -223,22 +231,19 @@ class GrpcFrontEnd:
             timeout = self.server.config.write_timeout_s
             connection, size = context.peer(), len(payload)
             self.server.unsent_reserve(connection, size)
+            # The write completes once HTTP/2 flow control has let the message out, or fails once its stream or
+            # connection is gone: until then gRPC holds the message, whatever becomes of this handler, and so
+            # does the reservation. (grpc.aio cannot reset one stream from the server: a status waits behind the
+            # message. The connection's age limit closes it; see start.)
+            write = asyncio.ensure_future(context.write(payload))
+            del payload
+            write.add_done_callback(lambda done: self._sent(connection, size))
             try:
-                async with asyncio.timeout(timeout):
-                    await context.write(payload)  # completes once HTTP/2 flow control has let the message out
+                await asyncio.wait_for(asyncio.shield(write), timeout)
             except TimeoutError:
+                write.add_done_callback(_forget)
                 log.warning("cut a gRPC client that did not read its answer within %g s", timeout)
-                # gRPC still holds the message until the call ends: so does the reservation.
-
-                def ended(_: grpc.aio.ServicerContext[Any, Any]) -> None:
-                    self._sent(connection, size)
-
-                context.add_done_callback(ended)  # type: ignore[arg-type]  # grpc-stubs types it as a class, no function fits
                 raise _SlowReader(f"the answer was not read within {timeout:g} s") from None
-            except BaseException:
-                self._sent(connection, size)
-                raise
-            self._sent(connection, size)
 
     def _sent(self, connection: str, size: int) -> None:
         self.server.unsent.release(connection, size)
@@ -281,6 +286,13 @@ def _forget(task: asyncio.Future[Any]) -> None:
     """The outcome of work whose call was cancelled: nobody waits for it any more."""
     if not task.cancelled() and task.exception() is not None:
         log.debug("abandoned gRPC request ended with %r", task.exception())
+
+
+def _age_options(age_s: float, grace_s: float) -> list[tuple[str, int]]:
+    if age_s <= 0:
+        return []
+    age, grace = int(age_s * 1000), int(grace_s * 1000)
+    return [("grpc.max_connection_age_ms", age), ("grpc.max_connection_age_grace_ms", grace)]
 
 
 def _address(host: str, port: int) -> str:
