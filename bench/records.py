@@ -217,6 +217,23 @@ class ProbeStats(Strict):
     max_ms: float
 
 
+class AttackStats(Strict):
+    """bench/serve_attacks.AttackResult, as saved."""
+
+    name: str
+    answered: int
+    failed: int
+    refused: int
+    cut: int
+    liveness_max_ms: float
+    liveness_failures: int
+    rss_baseline_mib: float
+    rss_peak_mib: float
+    rss_after_mib: float
+    seconds: float
+    notes: list[str]
+
+
 class ServingMatrix(Strict):
     """bench/serving.run_matrix: one cell per (server, protocol, batch, clients)."""
 
@@ -229,7 +246,7 @@ class ServingMatrix(Strict):
 
 
 class ServingResult(Record):
-    """bench/serving.py: the parts that ran (matrix, ratio, probes), each optional."""
+    """bench/serving.py: the parts that ran (matrix, ratio, probes, attacks), each optional."""
 
     seconds: float
     warmup_s: float
@@ -241,6 +258,7 @@ class ServingResult(Record):
     ratio: float | None = None
     ratio_unbatched: float | None = None
     probes: dict[str, ProbeStats] | None = None
+    attacks: list[AttackStats] | None = None
 
 
 class LandscapeSummary(Strict):

@@ -231,6 +231,31 @@ class H2Client:
         self.sock.close()
 
 
+# -- the model attacked ------------------------------------------------------------------------------------------
+
+# The identity model the attacks are sized for ([n, 512] in and out: cheap to run, large to answer; the JSON of a
+# [1024, 512] output is about 5 MB) and the flags both the tests and the benchmark serve it with.
+MODEL, INPUT, WIDTH = "identity", "x", 512
+SERVE_FLAGS = ("--max-batch", "1024", "--max-queue-delay-ms", "20", "--write-timeout", "3", "--body-timeout", "20")
+
+
+def matmul_chain(layers: int = 1, width: int = WIDTH) -> bytes:
+    """A chain of identity MatMuls, [n, width] in and out: one layer is the attacks' model; many make a [2048, 512]
+    request take seconds, in many kernels, so ONNX Runtime can stop a run between them (the deadline tests)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", "w"], [f"h{i + 1}"]) for i in range(layers)]
+    nodes.append(helper.make_node("Identity", [f"h{layers}"], ["y"]))
+    graph = helper.make_graph(
+        nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])], [weight],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return onnx.shape_inference.infer_shapes(model).SerializeToString()
+
+
 # -- attacks -----------------------------------------------------------------------------------------------------
 
 
@@ -459,3 +484,14 @@ def grpc_idle_close_s(grpc_port: int, model: str, name: str, width: int, within_
         return None
     finally:
         client.close()
+
+
+def every_attack(port: int, grpc_port: int, pid: int) -> list[AttackResult]:
+    """The attacks, one after another, against ``matmul_chain()`` served with ``SERVE_FLAGS`` (bench/serving.py)."""
+    return [
+        mixed_batches(port, pid, MODEL, INPUT, WIDTH, rounds=10),
+        slow_senders_rest(port, grpc_port, pid, MODEL, INPUT, WIDTH, count=64),
+        slow_senders_grpc(port, grpc_port, pid, MODEL, INPUT, WIDTH, count=64),
+        unread_answers_rest(port, pid, MODEL, INPUT, rows=1024, width=WIDTH, count=50, within_s=60, settle_s=15),
+        zero_window_grpc(port, grpc_port, pid, MODEL, INPUT, rows=1024, width=WIDTH, count=50, settle_s=15),
+    ]

@@ -34,6 +34,14 @@ Target (issue 14): batch1-32clients >= 0.9 x the items/s of batch32-1client.
 200 KiB gzip bodies that inflate to 200 MiB each arrive at once, and while 500 idle connections and 20 stalled
 uploads are held open. Target: liveness under 100 ms throughout.
 
+``attacks`` — the clients that used to take the server out (bench/serve_attacks.py, the drivers
+tests/integration/test_serve_never_wedges.py asserts on), against a one-MatMul identity model ([n, 512] in and
+out: cheap to run, large to answer) served with gRPC on and ``serve_attacks.SERVE_FLAGS``: requests of 40, 40 and
+10 rows against a batch of 64, 64 REST connections or 64 gRPC streams that send headers only, 50 REST clients and
+one zero-window gRPC connection that never read their 2 MiB answers. Per attack: the requests answered, failed,
+refused and cut, liveness (every 50 ms), and RSS before, at its peak and after. Targets: every complete request
+answered, no liveness failure, RSS after within 64 MiB of before.
+
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py            # everything, 15 s per case: about 10 minutes
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py --quick    # 5 s per case: about 4 minutes
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py --matrix --seconds 2 --servers in-process kserve
@@ -75,7 +83,8 @@ BENCH = Path(__file__).resolve().parent
 KSERVE_SERVER = BENCH / "kserve_peer_server.py"
 DEFAULT_KSERVE_VENV = peer_env.KSERVE.venv
 
-PARTS = ("ratio", "matrix", "probes")
+PARTS = ("ratio", "matrix", "probes", "attacks")
+RSS_TARGET_MIB = 64.0
 SERVERS = ("in-process", "metainfer", "kserve")
 PROTOCOLS = ("binary", "json")
 MATRIX_BATCHES = (1, 8)
@@ -115,14 +124,16 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
             proc.wait(10)
 
 
-def start_server(model: Path, sha256: str, port: int, log: Path, *extra: str) -> subprocess.Popen[bytes]:
+def start_server(
+    model: Path, sha256: str, port: int, log: Path, *extra: str, batch: int = BATCH, name: str = MODEL_NAME
+) -> subprocess.Popen[bytes]:
     """``metainfer serve`` on 127.0.0.1:port, ready (its model loaded and warmed up)."""
     from metainfer.core.engine.recipe import Recipe
 
-    recipe = Recipe(batch=BATCH).model_dump_json()
+    recipe = Recipe(batch=batch).model_dump_json()
     # No shutdown delay: nothing routes to a benchmark's server once it is stopped.
     cmd = [sys.executable, "-m", "metainfer.agent.cli", "serve", "--model-uri", model.as_uri(), "--model-sha256",
-           sha256, "--recipe-json", recipe, "--model-name", MODEL_NAME, "--host", "127.0.0.1", "--port", str(port),
+           sha256, "--recipe-json", recipe, "--model-name", name, "--host", "127.0.0.1", "--port", str(port),
            "--max-queue", "64", "--shutdown-delay", "0", *extra]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=log.open("wb"), stderr=subprocess.STDOUT,
                             env={**os.environ, "PYTHONSAFEPATH": "1"})  # fmt: skip
@@ -550,6 +561,28 @@ def run_probes(args: argparse.Namespace, ex: Example, work: Path) -> dict[str, A
     return probes
 
 
+def run_attacks(work: Path) -> list[dict[str, Any]]:
+    import hashlib
+    from dataclasses import asdict
+
+    from bench.serve_attacks import MODEL, SERVE_FLAGS, every_attack, matmul_chain
+    from hack.controlplane.processes import free_port
+
+    model = work / "identity.onnx"
+    model.write_bytes(matmul_chain())
+    sha256 = hashlib.sha256(model.read_bytes()).hexdigest()
+    port, grpc_port = free_port(), free_port()
+    proc = start_server(model, sha256, port, work / "attacks-identity.log", "--grpc-port", str(grpc_port),
+                        *SERVE_FLAGS, batch=64, name=MODEL)  # fmt: skip
+    try:
+        results = [asdict(result) for result in every_attack(port, grpc_port, proc.pid)]
+    finally:
+        stop(proc)
+    for result in results:
+        print(f"[serving] attack: {result}", flush=True)
+    return results
+
+
 # ---------------------------------------------------------------- markdown
 
 
@@ -576,6 +609,8 @@ def render(saved: dict[str, Any]) -> str:
         bodies.append(render_ratio(saved))
     if saved.get("probes"):
         bodies.append(render_probes(saved["probes"]))
+    if saved.get("attacks"):
+        bodies.append(render_attacks(saved["attacks"]))
     bodies.append(
         f"Load average (1, 5, 15 min) at the start {_loads(saved['load_start'])}, at the end"
         f" {_loads(saved['load_end'])} on {saved['machine'].get('logical_cores', '?')} cores: other processes ran"
@@ -707,6 +742,37 @@ def render_probes(probes: dict[str, dict[str, float]]) -> str:
     )
 
 
+def render_attacks(attacks: list[dict[str, Any]]) -> str:
+    rows = "\n".join(
+        f"| {a['name']} | {a['answered']} | {a['failed']} | {a['refused']} | {a['cut']}"
+        f" | {a['liveness_max_ms']:.1f} | {a['liveness_failures']} | {a['rss_baseline_mib']:.0f}"
+        f" | {a['rss_peak_mib']:.0f} | {a['rss_after_mib']:.0f} | {a['rss_after_mib'] - a['rss_baseline_mib']:+.0f}"
+        f" | {a['seconds']:.1f} |"
+        for a in attacks
+    )
+    failed = sum(a["failed"] for a in attacks)
+    dead = sum(a["liveness_failures"] for a in attacks)
+    worst_rss = max(a["rss_after_mib"] - a["rss_baseline_mib"] for a in attacks)
+    worst_live = max(a["liveness_max_ms"] for a in attacks)
+    met = failed == 0 and dead == 0 and worst_rss <= RSS_TARGET_MIB
+    return (
+        "Attacks (bench/serve_attacks.py) on a one-MatMul identity model, [n, 512] in and out, batch 64, gRPC on,"
+        " `--max-batch 1024 --max-queue-delay-ms 20 --write-timeout 3 --body-timeout 20`, one after another on one"
+        " server; liveness timed every 50 ms, RSS sampled meanwhile and read again once settled:\n\n"
+        "| attack | answered | failed | refused | cut | liveness max ms | liveness failures | RSS before MiB"
+        " | RSS peak MiB | RSS after MiB | after - before | s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        f"{rows}\n\n"
+        "- answered / failed: the complete requests sent beside the attack (slow senders), or the attack's own"
+        " requests (mixed batch sizes: 10 rounds of 40, 40 and 10 rows, then one more; unread answers: answered"
+        " into the socket buffers); refused: 503 (over the unsent-answer budget) or a refused stream; cut: written off"
+        " at the write timeout (REST: connection closed; gRPC: the call ends, its answer stays in gRPC until the"
+        " connection closes, counted in the budget meanwhile).\n"
+        f"- **{'met' if met else 'missed'}**. {failed} complete request(s) failed, {dead} liveness failure(s), the"
+        f" slowest liveness probe {worst_live:.1f} ms; RSS after each attack within {worst_rss:.0f} MiB of before"
+        f" (target {RSS_TARGET_MIB:g} MiB)."
+    )
+
+
 def write_elsewhere(directory: Path, payload: dict[str, Any]) -> None:
     """serving.json, and its section as bench/render.py renders it, in ``directory``; BENCHMARKS.md untouched."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -767,7 +833,7 @@ def main(argv: list[str] | None = None) -> int:
         * (("in-process" in args.servers) + len(args.protocols) * (len(set(args.servers) - {"in-process"})))
     )
     estimate = (args.seconds + args.warmup) * (cells * ("matrix" in args.only) + 3 * ("ratio" in args.only))
-    estimate += (3 * args.seconds + 10) * ("probes" in args.only)
+    estimate += (3 * args.seconds + 10) * ("probes" in args.only) + 150 * ("attacks" in args.only)
     print(f"[serving] parts {args.only}; about {estimate / 60:.1f} min of measurement plus server starts;"
           f" work dir {work}", flush=True)  # fmt: skip
     ex = Example(work)
@@ -780,6 +846,8 @@ def main(argv: list[str] | None = None) -> int:
         data.update(run_ratio(args, ex, work))
     if "probes" in args.only:
         data["probes"] = run_probes(args, ex, work)
+    if "attacks" in args.only:
+        data["attacks"] = run_attacks(work)
     data["load_end"] = os.getloadavg()
     payload = {"benchmark": "serving", "command": benchlib.command_line(), "machine": facts, **data}
     if results_dir is None:
@@ -789,6 +857,7 @@ def main(argv: list[str] | None = None) -> int:
     print(body(payload), flush=True)
     failed = [c for c in data.get("matrix", {}).get("cells", []) if c["error_count"] or not c["requests"]]
     failed += [c for c in data.get("cases", {}).values() if c["error_count"] or not c["requests"]]
+    failed += [a for a in data.get("attacks", []) if a["failed"] or a["liveness_failures"]]
     return 1 if failed or data.get("matrix", {}).get("kserve_unavailable") else 0
 
 

@@ -13,10 +13,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
+from bench.serve_attacks import matmul_chain
 from hack.controlplane.processes import free_port, stop_child
 from metainfer.agent.zoo.build import ExampleModel
 from metainfer.core.engine.recipe import Recipe
@@ -92,18 +92,7 @@ class ServeProcess:
 def slow_model(layers: int = 400, width: int = 512) -> bytes:
     """A chain of identity MatMuls: a [2048, 512] request takes seconds, a [1, 512] one not; many kernels, so ONNX
     Runtime can stop a run between them (the deadline tests)."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    weight = numpy_helper.from_array(np.eye(width, dtype=np.float32), "w")
-    nodes = [helper.make_node("MatMul", ["x" if i == 0 else f"h{i}", "w"], [f"h{i + 1}"]) for i in range(layers)]
-    nodes.append(helper.make_node("Identity", [f"h{layers}"], ["y"]))
-    graph = helper.make_graph(
-        nodes, "slow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", width])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", width])], [weight],
-    )  # fmt: skip
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    return onnx.shape_inference.infer_shapes(model).SerializeToString()
+    return matmul_chain(layers, width)
 
 
 # What the serving tests serve: the digits example, int8 dynamic, batches of up to 4.

@@ -10,14 +10,19 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from serve_harness import ServeProcess, slow_model
+from serve_harness import ServeProcess
 
 from bench.serve_attacks import (
+    INPUT,
+    MODEL,
+    SERVE_FLAGS,
+    WIDTH,
     H2Client,
     counters,
     grpc_call,
     grpc_idle_close_s,
     grpc_message,
+    matmul_chain,
     mixed_batches,
     slow_senders_grpc,
     slow_senders_rest,
@@ -26,7 +31,6 @@ from bench.serve_attacks import (
 )
 from metainfer.core.engine.recipe import Recipe
 
-MODEL, INPUT, WIDTH = "identity", "x", 512
 RSS_TOLERANCE_MIB = 64
 
 
@@ -34,13 +38,13 @@ def start_identity(log_dir: Path, *extra: str) -> ServeProcess:
     """One MatMul by the identity, [n, 512] in and out: cheap to run, large to answer (JSON of a [1024, 512]
     output is about 5 MB). Batch 64, as in the wedge's reproduction."""
     model = log_dir / "identity.onnx"
-    model.write_bytes(slow_model(layers=1, width=WIDTH))
+    model.write_bytes(matmul_chain())
     sha256 = hashlib.sha256(model.read_bytes()).hexdigest()
     served = ServeProcess(log_dir, grpc=True)
     served.start([
         "serve", "--model-uri", model.as_uri(), "--model-sha256", sha256,
         "--recipe-json", Recipe(batch=64).model_dump_json(), "--model-name", MODEL,
-        "--host", "127.0.0.1", "--port", str(served.port), "--max-batch", "1024", "--max-queue-delay-ms", "20",
+        "--host", "127.0.0.1", "--port", str(served.port), *SERVE_FLAGS,
         *extra,
     ], {})  # fmt: skip
     served.wait_ready()
@@ -49,7 +53,7 @@ def start_identity(log_dir: Path, *extra: str) -> ServeProcess:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServeProcess]:
-    server = start_identity(tmp_path_factory.mktemp("wedge"), "--write-timeout", "3", "--body-timeout", "20")
+    server = start_identity(tmp_path_factory.mktemp("wedge"))
     try:
         yield server
     finally:
