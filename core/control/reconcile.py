@@ -12,10 +12,13 @@ a ``ClassPlan``: the run side (core.control.runs: one run per current run key,
 the trigger reason, the concurrency limit, Jobs) then the serving side
 (core.control.serving: the newest succeeded run is served, a new recipe goes
 through a canary). ``plan_policy`` merges the classes' plans in class order.
-Classes no longer selected (no nodes left, or deselected) lose their
-Deployment and Service and leave the status; their finished runs stay as
-history until the policy is deleted (owner references collect them), and their
-unfinished runs are deleted, since their Jobs can no longer schedule.
+Classes no longer selected (no nodes left, or deselected) leave the status;
+their finished runs stay as history until the policy is deleted (owner
+references collect them), and their unfinished runs are deleted, since their
+Jobs can no longer schedule. Their Deployments and Services are deleted only
+once they no longer serve, or the policy serves elsewhere (make before break:
+a node relabelled by a driver upgrade keeps running the old class's pods while
+the new class adapts, and the policy's Service keeps routing to them).
 """
 
 from __future__ import annotations
@@ -293,10 +296,15 @@ def merge(
 
 
 def remove_deselected(existing: Mapping[str, DeploymentState], selected: set[str]) -> Decisions:
-    """Deployments (and their Services) of classes no longer selected."""
-    gone = tuple(name for name, d in sorted(existing.items()) if d.class_fingerprint not in selected)
+    """Deployments (and their Services) of classes no longer selected, once deleting them costs no answer: they
+    have no available replica (their nodes were drained), or a selected class's Deployment has one."""
+    deselected = {name: d for name, d in sorted(existing.items()) if d.class_fingerprint not in selected}
+    elsewhere = any(d.serving for d in existing.values() if d.class_fingerprint in selected)
+    gone = tuple(name for name, d in deselected.items() if elsewhere or not d.serving)
+    why = "the policy serves from a selected class" if elsewhere else "it has no available replica"
     events = tuple(
-        Event("Normal", Reason.CLASS_REMOVED, f"deleting {n}: its class has no selected nodes") for n in gone
+        Event("Normal", Reason.CLASS_REMOVED, f"deleting {n}: its class has no selected nodes and {why}")
+        for n in gone
     )
     return Decisions(deployments_to_delete=gone, events=events)
 

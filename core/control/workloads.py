@@ -20,6 +20,7 @@ class DeploymentState:
     class_fingerprint: str | None  # its class label
     spec_hash: str | None
     available: bool  # the controller saw its latest spec, and every replica is updated and available
+    serving: bool = False  # at least one replica is available, whatever spec it runs
 
     @classmethod
     def read(cls, deployment: Mapping[str, Any]) -> DeploymentState:
@@ -32,6 +33,7 @@ class DeploymentState:
             class_fingerprint=(meta.get("labels") or {}).get(LABEL_CLASS),
             spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
             available=fresh and status.get("updatedReplicas", 0) >= want and status.get("availableReplicas", 0) >= want,
+            serving=status.get("availableReplicas", 0) > 0,
         )
 
 

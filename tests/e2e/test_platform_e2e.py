@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -205,7 +206,11 @@ def test_prometheus_discovers_and_scrapes_the_serving_pods_and_the_operator_read
 
 
 def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Platform) -> None:
+    """A driver upgrade in place, as the operator sees it: the node's class changes. Make before break: the old
+    class's pods (a relabel does not evict them) serve until the new class has a Ready pod, and only then go."""
     before = {r["metadata"]["name"] for r in _runs(platform)}
+    old_classes = {p["metadata"]["labels"]["metainfer.io/class"] for p in _ready_serving_pods(platform)}
+    assert old_classes, "the policy serves before the relabel"
     prefix = "feature.node.kubernetes.io/cpu-model."
     platform.kubectl(
         "label", "node", node_mod.NODE_NAME, "--overwrite",
@@ -215,16 +220,31 @@ def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Pl
     def new_succeeded() -> list[dict[str, Any]]:
         return [r for r in _succeeded_runs(platform) if r["metadata"]["name"] not in before]
 
-    runs = platform.wait("a run for the relabelled node's new class", new_succeeded, 600, 3)
+    dark: list[float] = []  # moments the policy had no Ready serving pod at all
+
+    def watched(condition: Callable[[], Any]) -> Callable[[], Any]:
+        def check() -> Any:
+            if not _ready_serving_pods(platform):
+                dark.append(time.monotonic())
+            return condition()
+
+        return check
+
+    runs = platform.wait("a run for the relabelled node's new class", watched(new_succeeded), 600, 3)
     assert len(runs) == 1, [r["metadata"]["name"] for r in runs]
     new_class = runs[0]["metadata"]["labels"]["metainfer.io/class"]
-    platform.wait(
-        "a Ready serving pod of the new class",
-        lambda: [
-            p for p in _ready_serving_pods(platform) if p["metadata"]["labels"]["metainfer.io/class"] == new_class
-        ],
-        300,
-    )
+
+    def new_class_ready() -> list[dict[str, Any]]:
+        return [p for p in _ready_serving_pods(platform) if p["metadata"]["labels"]["metainfer.io/class"] == new_class]
+
+    platform.wait("a Ready serving pod of the new class", watched(new_class_ready), 300)
+
+    def old_class_gone() -> bool:
+        deployments = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
+        return not [d for d in deployments if d["metadata"]["labels"]["metainfer.io/class"] in old_classes]
+
+    platform.wait("the old class's Deployment to go once the new class serves", watched(old_class_gone), 180)
+    assert not dark, f"the policy had no Ready serving pod at {len(dark)} of the checks during the relabel"
 
 
 def _owned_objects(platform: Platform) -> dict[str, list[str]]:

@@ -186,11 +186,18 @@ def test_driver_change_new_run_and_old_class_cleaned_up() -> None:
     old_dep = next(iter(c.deployments))
     plan = c.reconcile({"g1": A100_NEW, "g2": A100})  # g1 upgraded: both classes exist
     assert [p.reason for p in plan.runs_to_create] == [Reason.DRIVER_CHANGE]
+    new_run = plan.runs_to_create[0].manifest["metadata"]["name"]
     assert plan.deployments_to_delete == [] and len(plan.class_statuses) == 2
     plan = c.reconcile({"g1": A100_NEW, "g2": A100_NEW})  # g2 upgraded: the old class has no nodes left
-    assert plan.runs_to_create == [] and plan.deployments_to_delete == [old_dep]
+    # Make before break: its pods still serve (a relabel does not evict them) and nothing else does yet.
+    assert plan.runs_to_create == [] and plan.deployments_to_delete == []
     assert [s.hardware_class.driver_version for s in plan.class_statuses if s.hardware_class] == ["555"]
-    assert any(e.reason == "ClassRemoved" for e in plan.events)
+    c.finish(new_run)
+    plan = c.reconcile({"g1": A100_NEW, "g2": A100_NEW})  # the new class's Deployment is created
+    assert plan.deployments_to_delete == [] and len(c.deployments) == 2
+    plan = c.reconcile({"g1": A100_NEW, "g2": A100_NEW})  # and serves: now the old one goes
+    assert plan.deployments_to_delete == [old_dep]
+    assert any(e.reason == "ClassRemoved" and "serves from a selected class" in e.message for e in plan.events)
     assert len(c.runs) == 2  # the old class's finished run stays as history
 
 
@@ -276,9 +283,13 @@ def test_all_nodes_gone() -> None:
     c.reconcile({"c1": CPU})
     names = list(c.deployments)
     assert len(names) == 1
-    plan = c.reconcile({})
-    assert plan.deployments_to_delete == names and plan.runs_to_delete == []
+    plan = c.reconcile({})  # the node relabelled away: its pods still serve, and nothing else would
+    assert plan.deployments_to_delete == [] and plan.runs_to_delete == []
     assert plan.class_statuses == [] and ready(plan) == ("False", Reason.NO_MATCHING_NODES)
+    c.deployments[names[0]]["status"]["availableReplicas"] = 0  # the node drained: nothing left to keep
+    plan = c.reconcile({})
+    assert plan.deployments_to_delete == names
+    assert any(e.reason == "ClassRemoved" and "no available replica" in e.message for e in plan.events)
 
 
 def test_plan_job_and_job_outcome() -> None:
