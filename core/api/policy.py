@@ -455,6 +455,37 @@ class ReadaptationSettings(ApiModel):
     )
 
 
+class VariantPin(ApiModel):
+    """One adapted variant to serve, as it is, whatever drift, hardware churn or new runs say."""
+
+    model_config = cel(
+        rule("has(self.runName) != has(self.variantSha256)", "set exactly one of runName and variantSha256")
+    )
+
+    run_name: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="A succeeded AdaptationRun of this policy: its class serves that run's variant.",
+    )
+    variant_sha256: str | None = Field(
+        None,
+        pattern=SHA256_PATTERN,
+        description="A variant's sha256 (a run's status.bestVariantSha256): every class with a succeeded run that"
+        " validated it serves it.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> VariantPin:
+        if (self.run_name is None) == (self.variant_sha256 is None):
+            raise ValueError("set exactly one of runName and variantSha256")
+        return self
+
+    def describe(self) -> str:
+        return f"run {self.run_name}" if self.run_name else f"variant sha256 {(self.variant_sha256 or '')[:16]}"
+
+
 class AdaptationPolicySpec(ApiModel):
     """Adapt one ONNX model to every matching hardware class, and keep it adapted."""
 
@@ -479,6 +510,12 @@ class AdaptationPolicySpec(ApiModel):
         False,
         description="Hold the loop: no new runs, Jobs, rollouts, canary decisions or re-adaptations while true;"
         " what serves keeps serving as it is, and runs already running finish. Set back to false to resume.",
+    )
+    pin: VariantPin | None = Field(
+        None,
+        description="Serve this variant in every class that has it, directly (no canary), and start no run there:"
+        " drift, driver changes and new model versions change nothing in those classes while the pin is set."
+        " Classes without it adapt as usual. Remove it to resume.",
     )
 
 
@@ -578,6 +615,7 @@ class AdaptationPolicyStatus(ApiModel):
         ge=0,
         description="The highest p95 among the variants the classes serve: the latency every class meets, ms.",
     )
+    pinned: str | None = Field(None, max_length=300, description="spec.pin in words, while it is set.")
     endpoint: str | None = Field(
         None,
         max_length=320,

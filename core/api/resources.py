@@ -88,6 +88,7 @@ ADAPTATION_POLICY = Resource(
         *_ready(),
         PrinterColumn("Model", "string", ".spec.model.version", "Model version", priority=1),
         PrinterColumn("Suspended", "boolean", ".spec.suspend", "No new runs or rollouts while true", priority=1),
+        PrinterColumn("Pinned", "string", ".status.pinned", "The variant spec.pin serves, in words", priority=1),
         PrinterColumn("Endpoint", "string", ".status.endpoint", "The policy's stable Service address", priority=1),
         _AGE,
     ),

@@ -108,6 +108,7 @@ class Reason(StrEnum):
     CONCURRENCY_LIMIT = "ConcurrencyLimit"
     ROLLING_OUT = "RollingOut"
     SUSPENDED = "Suspended"  # spec.suspend: no new runs or rollouts; serving untouched
+    PINNED = "Pinned"  # spec.pin: the class serves the pinned variant and starts no run
     # run triggers (AdaptationRun.spec.reason)
     NEW_HARDWARE_CLASS = RunTrigger.NEW_HARDWARE_CLASS.value
     DRIVER_CHANGE = RunTrigger.DRIVER_CHANGE.value

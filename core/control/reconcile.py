@@ -55,6 +55,7 @@ from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.manifests import build_policy_service, build_run, policy_endpoint
 from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of, run_phase
+from metainfer.core.control.pin import pinned_run, plan_pinned
 from metainfer.core.control.runs import hold_class, job_decisions, plan_job, plan_runs, run_status_from_job, skipped
 from metainfer.core.control.serving import plan_serving
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
@@ -129,7 +130,7 @@ def plan_policy(
     limits, jobs = limits or RunLimits(), jobs or {}
     previous = policy.status or AdaptationPolicyStatus()
     if policy.spec.suspend:
-        return plan_suspended(policy, groups, previous, now, _unclassified(unclassified_nodes or {}))
+        return with_pin(plan_suspended(policy, groups, previous, now, _unclassified(unclassified_nodes or {})), policy)
     existing = {d.name: d for d in map(DeploymentState.read, deployments)}
     shared = partial(
         ClassContext,
@@ -170,9 +171,18 @@ def plan_policy(
     leftovers += _newly_unclassified(unclassified, previous.unclassified_nodes)
     # The policy's stable address exists from the start, whatever serves behind it (classes come and go).
     leftovers += Decisions(services=(build_policy_service(policy),))
-    return merge(
+    plan = merge(
         class_plans, leftovers, previous.conditions, generation_of(policy), now, unclassified, policy_endpoint(policy)
     )
+    return with_pin(plan, policy)
+
+
+def with_pin(plan: Plan, policy: AdaptationPolicy) -> Plan:
+    """The plan with spec.pin in words in the status (kubectl get -o wide shows it)."""
+    pin = policy.spec.pin
+    if pin is None:
+        return plan
+    return replace(plan, status=plan.status.model_copy(update={"pinned": pin.describe()}))
 
 
 def plan_suspended(
@@ -250,6 +260,9 @@ def plan_class(context: ClassContext, *, slot_free: bool) -> ClassPlan:
     """One selected class: its runs, then what it serves; held while one of its runs does not validate."""
     if context.invalid_runs:
         return hold_class(context)
+    pinned = pinned_run(context)
+    if pinned is not None:
+        return plan_pinned(context, pinned)
     runs = plan_runs(context, slot_free=slot_free)
     return runs.then(plan_serving(context, runs.status))
 
@@ -303,8 +316,7 @@ def remove_deselected(existing: Mapping[str, DeploymentState], selected: set[str
     gone = tuple(name for name, d in deselected.items() if elsewhere or not d.serving)
     why = "the policy serves from a selected class" if elsewhere else "it has no available replica"
     events = tuple(
-        Event("Normal", Reason.CLASS_REMOVED, f"deleting {n}: its class has no selected nodes and {why}")
-        for n in gone
+        Event("Normal", Reason.CLASS_REMOVED, f"deleting {n}: its class has no selected nodes and {why}") for n in gone
     )
     return Decisions(deployments_to_delete=gone, events=events)
 
