@@ -69,6 +69,8 @@ from metainfer.core.control.objects import (
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults, WorkloadSettings, merged_resources
 
+# Kubernetes' own node label (not one of ours, so not in core/api/names.py): serving replicas spread over it.
+LABEL_HOSTNAME = "kubernetes.io/hostname"
 HTTP_PORT = 8080
 GRPC_PORT = 8081  # metainfer serve's KServe v2 gRPC API
 CACHE_DIR = "/var/cache/metainfer"
@@ -291,6 +293,16 @@ def build_deployment(
     pod = _pod_spec(container, group, settings, settings.service_account, tolerations, model.volume)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
     pod["terminationGracePeriodSeconds"] = settings.termination_grace_seconds()
+    # A Deployment's replicas spread over the class's nodes, so draining one node (a driver upgrade does, node by
+    # node) leaves replicas serving on the others. ScheduleAnyway: a class of one node still gets every replica.
+    pod["topologySpreadConstraints"] = [
+        {
+            "maxSkew": 1,
+            "topologyKey": LABEL_HOSTNAME,
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": selector},
+        }
+    ]
     if store is not None:
         _mount_variant_store(pod, container, store, read_only=True)
     for volume, mount in cm_volumes:

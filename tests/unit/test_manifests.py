@@ -426,6 +426,17 @@ def test_a_terminating_serving_pod_answers_then_drains_within_its_grace_period()
             ServingDefaults.model_validate(bad)
 
 
+def test_serving_replicas_spread_over_the_classs_nodes_without_ever_blocking_scheduling() -> None:
+    group = gpu_group()
+    p = policy()
+    deployment = build_deployment(p, group, succeeded(build_run(p, group, "NewHardwareClass")))
+    (spread,) = deployment["spec"]["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname" and spread["maxSkew"] == 1
+    assert spread["whenUnsatisfiable"] == "ScheduleAnyway"  # a class of one node still gets every replica
+    # It counts the replicas of this Deployment (policy, class and track), not the canary's or another class's.
+    assert spread["labelSelector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
+
+
 def test_deployment_serves_the_runs_model_not_the_policys_new_one() -> None:
     group = gpu_group()
     run = succeeded(build_run(policy(), group, "NewHardwareClass"))
