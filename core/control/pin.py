@@ -11,13 +11,13 @@ from __future__ import annotations
 from metainfer.core.api.conditions import Reason
 from metainfer.core.api.run import AdaptationRun
 from metainfer.core.api.vocabulary import ClassState, RunPhase
-from metainfer.core.control.decisions import ClassContext, ClassPlan, Decisions, updated
+from metainfer.core.control.decisions import ClassContext, ClassPlan, Decisions
 from metainfer.core.control.events import Event
 from metainfer.core.control.manifests import build_deployment, build_service
 from metainfer.core.control.naming import canary_name
 from metainfer.core.control.objects import name_of, run_phase
 from metainfer.core.control.runs import class_jobs, discovered, fresh_status
-from metainfer.core.control.serving import deployment_action, variant_summary
+from metainfer.core.control.serving import deployment_action, serving_run
 
 
 def pinned_run(context: ClassContext) -> AdaptationRun | None:
@@ -37,20 +37,18 @@ def pinned_run(context: ClassContext) -> AdaptationRun | None:
 
 def plan_pinned(context: ClassContext, run: AdaptationRun) -> ClassPlan:
     """Serve ``run``'s variant from the class's stable Deployment; drop a canary; start nothing."""
-    assert context.spec.pin is not None and run.status is not None
+    assert context.spec.pin is not None
     desired = build_deployment(context.policy, context.group, run, context.serving)
     name = desired["metadata"]["name"]
     existing = context.deployments.get(name)
     action = deployment_action(desired, existing)
     canary = canary_name(context.policy_name, context.class_name)
     rolled_out = existing is not None and action is None and (not context.wait_for_available or existing.available)
-    status = updated(
+    status = serving_run(
         fresh_status(context),
+        run,
+        name,
         rollout=None,
-        current=variant_summary(run),
-        deployment_name=name,
-        last_adaptation_time=run.status.completion_time,
-        last_adaptation_reason=run.spec.reason,
         state=ClassState.READY if rolled_out else ClassState.ROLLING_OUT,
         reason=Reason.PINNED,
         message=f"serving the pinned {context.spec.pin.describe()}: drift, driver changes and new runs change"

@@ -42,13 +42,7 @@ def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
     events: tuple[Event, ...] = ()
     if action is not None and served is current:
         events = (Event("Normal", Reason.ROLLING_OUT, f"{name}: serving run {name_of(served)}"),)
-    status = updated(
-        status,
-        current=variant_summary(served),
-        deployment_name=name,
-        last_adaptation_time=served.status.completion_time if served.status else None,
-        last_adaptation_reason=served.spec.reason,
-    )
+    status = serving_run(status, served, name)
     in_canary = status.rollout is not None and status.rollout.phase == RolloutPhase.CANARY
     up_to_date = existing is not None and action is None
     if status.state == ClassState.ROLLING_OUT and not in_canary and up_to_date:
@@ -61,6 +55,18 @@ def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
         events=events,
     )
     return ClassPlan(status, canary.decisions + stable)
+
+
+def serving_run(status: ClassStatus, run: AdaptationRun, deployment_name: str, **changes: Any) -> ClassStatus:
+    """The class status of a class whose Deployment ``deployment_name`` serves ``run``'s variant."""
+    return updated(
+        status,
+        current=variant_summary(run),
+        deployment_name=deployment_name,
+        last_adaptation_time=run.status.completion_time if run.status else None,
+        last_adaptation_reason=run.spec.reason,
+        **changes,
+    )
 
 
 def ready(status: ClassStatus) -> ClassStatus:

@@ -19,6 +19,7 @@ sample's outputs alone and in company is reported for every variant.
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
@@ -98,12 +99,9 @@ def validate_variant(
     )
 
 
-def _in_other_company(session: object, data: Dataset, batch: int) -> dict[str, list[np.ndarray]]:
+def _in_other_company(session: ort.InferenceSession, data: Dataset, batch: int) -> dict[str, list[np.ndarray]]:
     """Every sample run in runs of ``batch`` shuffled (fixed seed), and in runs that also hold the sample with the
     largest inputs (whose range sets the run's activation scales)."""
-    from onnxruntime import InferenceSession
-
-    assert isinstance(session, InferenceSession)
     n = data.n_samples
     order = np.random.default_rng(0).permutation(n)
     shuffled = _run_rows(session, data, [order[start : start + batch] for start in range(0, n, batch)])
@@ -123,12 +121,9 @@ def input_magnitude(data: Dataset) -> np.ndarray:
     return total
 
 
-def _run_rows(session: object, data: Dataset, runs: list[np.ndarray]) -> list[np.ndarray]:
+def _run_rows(session: ort.InferenceSession, data: Dataset, runs: list[np.ndarray]) -> list[np.ndarray]:
     """Outputs per sample (in sample order) when the samples run together as ``runs`` say; a sample in several
     runs keeps its outputs from the first."""
-    from onnxruntime import InferenceSession
-
-    assert isinstance(session, InferenceSession)
     per_output: list[np.ndarray] | None = None
     done = np.zeros(data.n_samples, dtype=bool)
     for rows in runs:
@@ -196,10 +191,7 @@ def _quality_check(name: str, q: Quality, budget: float) -> Check:
     )
 
 
-def _abnormal_inputs(session: object, data: Dataset) -> list[Check]:
-    from onnxruntime import InferenceSession
-
-    assert isinstance(session, InferenceSession)
+def _abnormal_inputs(session: ort.InferenceSession, data: Dataset) -> list[Check]:
     feed = data.batch(0, 1)
     checks = []
     floats = [k for k, v in feed.items() if np.issubdtype(v.dtype, np.floating)]
