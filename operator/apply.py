@@ -113,11 +113,12 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
         await kube.patch_status(RUN_PLURAL, namespace, failed.run_name, failed.status)
     for action in plan.deployments_to_apply:
         await kube.apply(action.manifest)
-    for service in plan.services:
-        await kube.create_if_absent(service)
+    for obj in plan.objects_to_create:
+        await kube.create_if_absent(obj)
     for workload in plan.deployments_to_delete:
         await kube.delete("Deployment", namespace, workload)
         await kube.delete("Service", namespace, workload)
+        await kube.delete("PodDisruptionBudget", namespace, workload)
     SERIES.child(CLASSES, namespace, name).set(len(inputs.groups))
     new_status = plan.status.to_api()
     publish_policy(namespace, name, policy.get("spec") or {}, new_status)

@@ -164,6 +164,8 @@ def _create(manifest: dict[str, Any]) -> None:
         client.AppsV1Api(_api()).create_namespaced_deployment(ns, body)
     elif kind == "Service":
         client.CoreV1Api(_api()).create_namespaced_service(ns, body)
+    elif kind == "PodDisruptionBudget":
+        client.PolicyV1Api(_api()).create_namespaced_pod_disruption_budget(ns, body)
     else:
         raise ValueError(f"no create for kind {kind}")
 
@@ -186,6 +188,8 @@ def _delete(kind: str, namespace: str, name: str) -> None:
         client.AppsV1Api(_api()).delete_namespaced_deployment(name, namespace, body=background)
     elif kind == "Service":
         client.CoreV1Api(_api()).delete_namespaced_service(name, namespace)
+    elif kind == "PodDisruptionBudget":
+        client.PolicyV1Api(_api()).delete_namespaced_pod_disruption_budget(name, namespace)
     elif kind == "Job":
         client.BatchV1Api(_api()).delete_namespaced_job(name, namespace, body=background)
     elif kind == RUN_KIND:

@@ -64,8 +64,8 @@ class Decisions:
     jobs_to_create: tuple[PlannedJob, ...] = ()
     runs_to_fail: tuple[FailedRun, ...] = ()
     deployments_to_apply: tuple[DeploymentAction, ...] = ()
-    deployments_to_delete: tuple[str, ...] = ()  # Deployment and Service of the same name
-    services: tuple[dict[str, Any], ...] = ()  # create each if absent
+    deployments_to_delete: tuple[str, ...] = ()  # Deployment, Service and PodDisruptionBudget of the same name
+    objects_to_create: tuple[dict[str, Any], ...] = ()  # Services and PodDisruptionBudgets: create each if absent
     events: tuple[Event, ...] = ()
 
     def __add__(self, other: Decisions) -> Decisions:

@@ -354,6 +354,36 @@ def build_service(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGrou
     return _serving_service(policy, workload_name(name, group.hardware_class.name()), serving_labels(name, group))
 
 
+def build_disruption_budget(policy: AdaptationPolicy | Mapping[str, Any], group: ClassGroup) -> dict[str, Any]:
+    """A PodDisruptionBudget over the (policy, class) serving pods, stable and canary alike, named like the class's
+    Service: a node drain evicts at most one of them at a time, so a class served by several replicas never loses
+    all of them to one ``kubectl drain`` (a single replica may still go: nothing else could replace it on a drained
+    node anyway, and a budget of zero would block the drain for good)."""
+    policy = as_policy(policy)
+    name = name_of(policy)
+    labels = serving_labels(name, group)
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {
+            "name": workload_name(name, group.hardware_class.name()),
+            "namespace": namespace_of(policy),
+            "labels": labels,
+            "ownerReferences": [owner_reference(policy)],
+        },
+        # maxUnavailable, not minAvailable: it follows the replica count as the policy changes it, and
+        # AlwaysAllow lets a drain evict a pod that never became Ready (a crashing pod must not block a drain).
+        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": labels}, "unhealthyPodEvictionPolicy": "AlwaysAllow"},
+    }
+
+
+def class_serving_objects(
+    policy: AdaptationPolicy | Mapping[str, Any], group: ClassGroup
+) -> tuple[dict[str, Any], ...]:
+    """What a serving class has beside its Deployments, created if absent: its Service and its disruption budget."""
+    return build_service(policy, group), build_disruption_budget(policy, group)
+
+
 def policy_serving_labels(policy_name: str) -> dict[str, str]:
     """What the policy's own Service selects: the serving pods of every class of the policy, stable and canary."""
     return {MANAGED_BY: PRODUCT, LABEL_POLICY: label_value(policy_name), COMPONENT: "serving"}

@@ -13,7 +13,7 @@ from metainfer.core.api.run import AdaptationRun
 from metainfer.core.api.vocabulary import ClassState, RunPhase
 from metainfer.core.control.decisions import ClassContext, ClassPlan, Decisions
 from metainfer.core.control.events import Event
-from metainfer.core.control.manifests import build_deployment, build_service
+from metainfer.core.control.manifests import build_deployment, class_serving_objects
 from metainfer.core.control.naming import canary_name
 from metainfer.core.control.objects import name_of, run_phase
 from metainfer.core.control.runs import class_jobs, discovered, fresh_status
@@ -58,7 +58,7 @@ def plan_pinned(context: ClassContext, run: AdaptationRun) -> ClassPlan:
     decisions = Decisions(
         deployments_to_apply=(action,) if action else (),
         deployments_to_delete=(canary,) if canary in context.deployments else (),
-        services=(build_service(context.policy, context.group),),
+        objects_to_create=class_serving_objects(context.policy, context.group),
         events=(*discovered(context, status), *events),
     )
     return ClassPlan(status, decisions + class_jobs(context))

@@ -103,8 +103,8 @@ class Plan:
     jobs_to_create: list[PlannedJob]
     runs_to_fail: list[FailedRun]
     deployments_to_apply: list[DeploymentAction]
-    deployments_to_delete: list[str]  # Deployment and Service of the same name
-    services: list[dict[str, Any]]  # create each if absent
+    deployments_to_delete: list[str]  # Deployment, Service and PodDisruptionBudget of the same name
+    objects_to_create: list[dict[str, Any]]  # Services and PodDisruptionBudgets: create each if absent
     class_statuses: list[ClassStatus]
     conditions: list[Condition]
     events: list[Event]
@@ -170,7 +170,7 @@ def plan_policy(
     unclassified = _unclassified(unclassified_nodes or {})
     leftovers += _newly_unclassified(unclassified, previous.unclassified_nodes)
     # The policy's stable address exists from the start, whatever serves behind it (classes come and go).
-    leftovers += Decisions(services=(build_policy_service(policy),))
+    leftovers += Decisions(objects_to_create=(build_policy_service(policy),))
     plan = merge(
         class_plans, leftovers, previous.conditions, generation_of(policy), now, unclassified, policy_endpoint(policy)
     )
@@ -211,7 +211,7 @@ def plan_suspended(
     ]
     plan = merge(
         [],
-        Decisions(services=(build_policy_service(policy),)),
+        Decisions(objects_to_create=(build_policy_service(policy),)),
         previous.conditions,
         generation_of(policy),
         now,
@@ -300,7 +300,7 @@ def merge(
         runs_to_fail=list(decisions.runs_to_fail),
         deployments_to_apply=list(decisions.deployments_to_apply),
         deployments_to_delete=list(decisions.deployments_to_delete),
-        services=list(decisions.services),
+        objects_to_create=list(decisions.objects_to_create),
         class_statuses=classes,
         conditions=conditions,
         events=list(decisions.events),

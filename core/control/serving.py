@@ -20,7 +20,7 @@ from metainfer.core.api.run import AdaptationRun
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase, RunPhase
 from metainfer.core.control.decisions import ClassContext, ClassPlan, Decisions, DeploymentAction, updated
 from metainfer.core.control.events import Event
-from metainfer.core.control.manifests import build_deployment, build_service
+from metainfer.core.control.manifests import build_deployment, class_serving_objects
 from metainfer.core.control.naming import canary_name, workload_name
 from metainfer.core.control.objects import latest, name_of, recipe_key, run_phase, variant_key
 from metainfer.core.control.workloads import DeploymentState
@@ -51,7 +51,7 @@ def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
             status = ready(status)
     stable = Decisions(
         deployments_to_apply=(action,) if action else (),
-        services=(build_service(context.policy, context.group),),
+        objects_to_create=class_serving_objects(context.policy, context.group),
         events=events,
     )
     return ClassPlan(status, canary.decisions + stable)

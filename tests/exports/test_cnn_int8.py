@@ -37,7 +37,10 @@ VNNI = any(flag in detect_machine().cpu_flags for flag in ("avx512_vnni", "avx_v
 
 def _spec(fmt: str, fusion: str) -> TransformSpec:
     quantization = QuantizationSpec(
-        mode="int8_static", per_channel=True, format=fmt, reduce_range=not VNNI  # type: ignore[arg-type]
+        mode="int8_static",
+        per_channel=True,
+        format=fmt,
+        reduce_range=not VNNI,  # type: ignore[arg-type]
     )
     return TransformSpec(fusion=fusion, quantization=quantization)  # type: ignore[arg-type]
 

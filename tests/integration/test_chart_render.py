@@ -296,6 +296,7 @@ def test_operator_writes_workloads_only_in_the_namespaces_it_watches() -> None:
         ("batch", "jobs", "create"),
         ("apps", "deployments", "create"),
         ("", "services", "create"),
+        ("policy", "poddisruptionbudgets", "create"),
         ("metainfer.io", "adaptationruns", "create"),
         ("metainfer.io", "adaptationpolicies/status", "patch"),
     }

@@ -17,6 +17,7 @@ from metainfer.core.api.security import ContainerSecurityContext, PodSecurityCon
 from metainfer.core.control.hardware import classify_node, group_nodes
 from metainfer.core.control.manifests import (
     build_deployment,
+    build_disruption_budget,
     build_job,
     build_policy_service,
     build_run,
@@ -380,6 +381,11 @@ def test_build_deployment_serves_the_recipe_on_the_class() -> None:
         {"name": "http", "port": 8080, "targetPort": "http", "protocol": "TCP"},
         {"name": "grpc", "port": 8081, "targetPort": "grpc", "protocol": "TCP"},
     ]
+    budget = build_disruption_budget(p, group)
+    assert budget["apiVersion"] == "policy/v1" and budget["metadata"]["name"] == svc["metadata"]["name"]
+    assert budget["spec"]["selector"]["matchLabels"] == svc["spec"]["selector"]
+    assert budget["metadata"]["ownerReferences"] == svc["metadata"]["ownerReferences"]
+    assert set(budget["spec"]["selector"]["matchLabels"].items()) <= set(tmpl["metadata"]["labels"].items())
 
 
 def test_the_serving_container_listens_where_its_ports_say() -> None:
@@ -416,7 +422,8 @@ def test_a_terminating_serving_pod_answers_then_drains_within_its_grace_period()
         pod = build_deployment(p, group, run, settings)["spec"]["template"]["spec"]
         args = parser.parse_args(pod["containers"][0]["args"][1:])
         assert (args.shutdown_delay, args.drain_timeout) == (
-            settings.shutdown_delay_seconds, settings.drain_timeout_seconds
+            settings.shutdown_delay_seconds,
+            settings.drain_timeout_seconds,
         )
         assert pod["terminationGracePeriodSeconds"] == grace == settings.termination_grace_seconds()
         assert grace >= args.shutdown_delay + args.drain_timeout + TERMINATION_MARGIN_S

@@ -52,6 +52,7 @@ SMALL_SPACE: dict[str, list[str | int | float | bool]] = {
     "execution_mode": ["sequential"],
 }
 
+
 def search_latency_ms(recipe: Recipe) -> float:
     """int8 beats fp32, per-tensor beats per-channel, int8 weights beat uint8, more threads beat fewer."""
     q = recipe.transform.quantization

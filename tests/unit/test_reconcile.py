@@ -157,8 +157,15 @@ def test_two_classes_success_rolls_out_then_ready() -> None:
         c.finish(name)
     plan = c.reconcile(nodes)
     assert sorted(a.action for a in plan.deployments_to_apply) == ["create", "create"]
-    class_services = [s for s in plan.services if s["metadata"]["name"] != "digits"]
+    class_services = [s for s in plan.objects_to_create if s["kind"] == "Service" and s["metadata"]["name"] != "digits"]
     assert len(class_services) == 2 and {s.state for s in plan.class_statuses} == {"RollingOut"}
+    # Each serving class gets a disruption budget over the pods its own Service selects: a drain takes one at a time.
+    budgets = {b["metadata"]["name"]: b for b in plan.objects_to_create if b["kind"] == "PodDisruptionBudget"}
+    assert sorted(budgets) == sorted(s["metadata"]["name"] for s in class_services)
+    for service in class_services:
+        budget = budgets[service["metadata"]["name"]]
+        assert budget["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+        assert budget["spec"]["maxUnavailable"] == 1
     plan = c.reconcile(nodes)
     assert plan.deployments_to_apply == [] and plan.runs_to_create == []
     assert {s.state for s in plan.class_statuses} == {"Ready"}
@@ -717,7 +724,7 @@ def test_the_policy_has_one_stable_service_from_the_start_and_says_where() -> No
     """Before any class serves, and unchanged when a driver upgrade replaces a class: clients keep one address."""
     c = Cluster()
     first = c.reconcile({"c1": CPU})
-    (service,) = [s for s in first.services if s["metadata"]["name"] == "digits"]
+    (service,) = [s for s in first.objects_to_create if s["metadata"]["name"] == "digits"]
     selector = service["spec"]["selector"]
     assert selector["metainfer.io/policy"] == "digits" and selector["app.kubernetes.io/component"] == "serving"
     assert first.status.endpoint == f"digits.{service['metadata']['namespace']}.svc:8080"
@@ -725,7 +732,7 @@ def test_the_policy_has_one_stable_service_from_the_start_and_says_where() -> No
         c.finish(name)
     c.reconcile({"c1": CPU})
     upgraded = c.reconcile({"c1": {**CPU, "feature.node.kubernetes.io/cpu-model.family": "99"}})
-    assert [s for s in upgraded.services if s["metadata"]["name"] == "digits"] == [service]
+    assert [s for s in upgraded.objects_to_create if s["metadata"]["name"] == "digits"] == [service]
     assert upgraded.status.endpoint == first.status.endpoint
 
 
@@ -740,7 +747,7 @@ def test_a_suspended_policy_starts_and_rolls_out_nothing_and_keeps_what_serves()
     held = c.reconcile({"c1": CPU, "g1": A100})  # and new hardware
     assert held.runs_to_create == [] and held.jobs_to_create == [] and held.runs_to_delete == []
     assert held.deployments_to_apply == [] and held.deployments_to_delete == [] and c.deployments == served
-    assert [s["metadata"]["name"] for s in held.services] == ["digits"]  # the address stays
+    assert [s["metadata"]["name"] for s in held.objects_to_create] == ["digits"]  # the address stays
     progressing = next(x for x in held.conditions if x.type == "Progressing")
     assert (progressing.status, progressing.reason) == ("False", Reason.SUSPENDED)
     states = {s.name: (s.state, s.reason) for s in held.class_statuses}

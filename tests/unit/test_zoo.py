@@ -24,7 +24,6 @@ LIGHT_MODELS = sorted(list_light_models())
 # The three with >60 M parameters materialise hundreds of MB when ORT folds their fills.
 
 
-
 @pytest.fixture(scope="module")
 def examples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, ExampleModel]:
     return build_examples(tmp_path_factory.mktemp("zoo"))
