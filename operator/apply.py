@@ -59,8 +59,9 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
         r.class_fingerprint for r in runs.invalid if r.class_fingerprint
     }
     known |= {c.fingerprint for c in (policy.status.classes if policy.status else [])}
+    scheduling = (indexes.node_scheduling, config.platform_tolerations())
     settled = settled_groups(
-        view.selected(policy.spec.hardware, indexes.nodes),
+        view.selected(policy.spec.hardware, indexes.nodes, *scheduling),
         view.sightings,
         known,
         time.monotonic(),
@@ -86,6 +87,7 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
         job_settings=config.job_settings(),
         invalid_runs=runs.invalid,
         unclassified_nodes=view.unclassified(policy.spec.hardware, indexes.nodes),
+        excluded_nodes=view.excluded(policy.spec.hardware, indexes.nodes, *scheduling),
     )
     return Inputs(body, groups, plan, settled.wait_s)
 

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from metainfer.core.api.k8s_syntax import DNS1123_SUBDOMAIN
-from metainfer.core.api.policy import ResourceRequirements
+from metainfer.core.api.policy import ResourceRequirements, Toleration
 from metainfer.core.api.security import (
     DEFAULT_CONTAINER_SECURITY_CONTEXT,
     DEFAULT_POD_SECURITY_CONTEXT,
@@ -44,6 +44,7 @@ from metainfer.core.control.settings import (
 JSON_SETTINGS = (
     "workload_image_pull_secrets",
     "workload_fetch_allow_cidrs",
+    "workload_tolerations",
     "workload_pod_security_context",
     "workload_container_security_context",
     "job_resources",
@@ -133,6 +134,13 @@ class OperatorConfig(BaseSettings):
         description='imagePullSecrets of adaptation Jobs and serving pods (JSON, [{"name": ...}]); each Secret must '
         "exist in every workload namespace.",
     )
+    workload_tolerations: Annotated[list[Toleration], NoDecode] = Field(
+        default_factory=list,
+        max_length=32,
+        description="Tolerations of adaptation Jobs and serving pods, added to each policy's (JSON, as in a Pod "
+        'spec, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]); nodes tainted '
+        "beyond both form no class.",
+    )
     workload_pod_security_context: Annotated[PodSecurityContext, NoDecode] = Field(
         DEFAULT_POD_SECURITY_CONTEXT, description="Pod securityContext of adaptation Jobs and serving pods (JSON)."
     )
@@ -189,12 +197,17 @@ class OperatorConfig(BaseSettings):
                 raise ValueError(f"{item[:80]!r} is not a CIDR (e.g. 10.96.0.0/12)") from None
         return value
 
+    def platform_tolerations(self) -> tuple[dict[str, Any], ...]:
+        """workloads.tolerations as a Pod spec spells them: every Job and serving pod gets them."""
+        return tuple(t.to_api() for t in self.workload_tolerations)
+
     def job_settings(self) -> AgentJobSettings:
         """What every adaptation Job gets from the platform."""
         return AgentJobSettings(
             image=self.agent_image,
             service_account=self.agent_service_account,
             image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
+            tolerations=self.platform_tolerations(),
             resources=self.job_resources,
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,
@@ -207,6 +220,7 @@ class OperatorConfig(BaseSettings):
             image=self.agent_image,
             service_account=self.serving_service_account,
             image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
+            tolerations=self.platform_tolerations(),
             resources=self.serving_resources,
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,

@@ -21,6 +21,7 @@ from metainfer.core.api.names import GROUP, LABEL_POLICY, MANAGED_BY, POLICY_PLU
 from metainfer.core.api.vocabulary import IN_FLIGHT
 from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.platform import ForbiddenByPlatform
+from metainfer.core.control.schedulability import NodeScheduling
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.operator import namespaces, startup  # noqa: F401  (startup handlers; startup's runs first)
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refusal, refused_status
@@ -59,6 +60,12 @@ def load_label_mapping(logger: kopf.Logger, **_: Any) -> None:
 @kopf.index("", "v1", "nodes")
 def nodes_index(*, name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
     return {name: dict(labels)}
+
+
+@kopf.index("", "v1", "nodes")
+def node_scheduling_index(*, name: str, spec: kopf.Spec, **_: Any) -> dict[str, dict[str, Any]]:
+    """Cordoned, and the taints that keep pods off (core.control.schedulability): such nodes form no class."""
+    return {name: NodeScheduling.read(spec).to_index()}
 
 
 # The indexes keep only what the reconcile reads (core.control.slim): full copies of 4,000 child objects are
@@ -123,12 +130,13 @@ async def policy_daemon(
     jobs_index: kopf.Index[tuple[str, str], dict[str, Any]],
     deployments_index: kopf.Index[Any, dict[str, Any]],
     in_flight_index: kopf.Index[str, tuple[str, str]],
+    node_scheduling_index: kopf.Index[str, dict[str, Any]],
     **_: Any,
 ) -> None:
     from metainfer.operator.config import OperatorConfig
 
     config = OperatorConfig()
-    indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index)
+    indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index, node_scheduling_index)
     wake = WAKEUPS.register(namespace, name)
     try:
         while not stopped:

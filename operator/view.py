@@ -11,9 +11,10 @@ a periodic resync covers any hint that was lost.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from metainfer.core.api.policy import HardwareSelection
@@ -23,9 +24,11 @@ from metainfer.core.control.hardware import (
     NodeClassification,
     classify_nodes,
     select_groups,
+    selector_matches,
     unclassified_for,
 )
 from metainfer.core.control.naming import job_name, label_value
+from metainfer.core.control.schedulability import NodeScheduling, exclusions
 from metainfer.core.control.settling import ClassSightings
 
 Body = Mapping[str, Any]
@@ -44,6 +47,8 @@ class Indexes:
     jobs: Mapping[tuple[str, str], Collection[Body]]  # by (namespace, name)
     deployments: Mapping[tuple[str, str], Collection[Body]]  # by (namespace, policy)
     in_flight: Mapping[str, Collection[tuple[str, str]]]  # Pending and Running runs by namespace
+    # By node name: NodeScheduling.to_index() (cordoned, blocking taints); a node not in it counts as schedulable.
+    node_scheduling: Mapping[str, Collection[Mapping[str, Any]]] = field(default_factory=dict)
 
     def runs_of(self, namespace: str, policy: str) -> list[Body]:
         return list(self.runs.get((namespace, policy), ()))
@@ -69,22 +74,57 @@ class ClusterView:
         self.mapping = mapping
         self.node_version = 0
         self._groups: tuple[int, NodeClassification, dict[str, Mapping[str, str]]] | None = None
-        self._selected: dict[str, list[ClassGroup]] = {}
+        self._selected: dict[str, tuple[list[ClassGroup], dict[str, str]]] = {}
         self._selected_version = -1
         self.sightings = ClassSightings()
 
     def selected(
-        self, selection: HardwareSelection | None, nodes_index: Mapping[str, Iterable[Mapping[str, str]]]
+        self,
+        selection: HardwareSelection | None,
+        nodes_index: Mapping[str, Iterable[Mapping[str, str]]],
+        scheduling_index: Mapping[str, Iterable[Mapping[str, Any]]] | None = None,
+        platform_tolerations: Sequence[Mapping[str, Any]] = (),
     ) -> list[ClassGroup]:
         """A policy's classes, shared by every policy with the same selection until a node changes (100 policies
-        with one nodeSelector matched it against every node of every class on each reconcile)."""
+        with one nodeSelector matched it against every node of every class on each reconcile). Nodes its pods
+        cannot be scheduled on (``excluded``) are in none of them."""
+        return self._selection(selection, nodes_index, scheduling_index, platform_tolerations)[0]
+
+    def excluded(
+        self,
+        selection: HardwareSelection | None,
+        nodes_index: Mapping[str, Iterable[Mapping[str, str]]],
+        scheduling_index: Mapping[str, Iterable[Mapping[str, Any]]] | None = None,
+        platform_tolerations: Sequence[Mapping[str, Any]] = (),
+    ) -> dict[str, str]:
+        """Nodes this policy would select that are cordoned or tainted beyond its and the platform's tolerations,
+        with why."""
+        return self._selection(selection, nodes_index, scheduling_index, platform_tolerations)[1]
+
+    def _selection(
+        self,
+        selection: HardwareSelection | None,
+        nodes_index: Mapping[str, Iterable[Mapping[str, str]]],
+        scheduling_index: Mapping[str, Iterable[Mapping[str, Any]]] | None,
+        platform_tolerations: Sequence[Mapping[str, Any]],
+    ) -> tuple[list[ClassGroup], dict[str, str]]:
         classification, labels = self.classification(nodes_index)
-        groups = classification.groups
         if self._selected_version != self.node_version:
             self._selected, self._selected_version = {}, self.node_version
-        key = selection.model_dump_json() if selection is not None else ""
+        key = (selection.model_dump_json() if selection is not None else "") + json.dumps(
+            platform_tolerations, sort_keys=True, default=str
+        )
         if key not in self._selected:
-            self._selected[key] = select_groups(groups, selection, labels)
+            wanted = dict((selection.node_selector if selection else None) or {})
+            tolerations = [*(t.to_api() for t in (selection.tolerations if selection else None) or []),
+                           *platform_tolerations]  # fmt: skip
+            scheduling = (
+                (name, NodeScheduling.from_index(first(store)))
+                for name, store in sorted((scheduling_index or {}).items())
+                if name in labels and selector_matches(labels[name], wanted)
+            )
+            excluded = exclusions(scheduling, tolerations)
+            self._selected[key] = (select_groups(classification.groups, selection, labels, excluded), excluded)
         return self._selected[key]
 
     def nodes_changed(self) -> None:

@@ -229,6 +229,18 @@ class Toleration(ApiModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
     toleration_seconds: int | None = Field(None, ge=0)
 
+    @model_validator(mode="after")
+    def _as_a_pod_allows(self) -> Toleration:
+        # The CEL rules above, for tolerations that reach the operator without the API server's validation (the
+        # platform's workloads.tolerations): a Pod with a bad one is refused, and so would every Job be.
+        if not self.key and self.operator != "Exists":
+            raise ValueError("a toleration without key needs operator Exists")
+        if self.operator == "Exists" and self.value:
+            raise ValueError("value must be empty when operator is Exists")
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
+
 
 class HardwareSelection(ApiModel):
     """Which nodes' hardware classes are adapted to."""
@@ -597,6 +609,13 @@ class UnclassifiedNode(ApiModel):
 MAX_UNCLASSIFIED_NODES = 16
 
 
+class ExcludedNode(ApiModel):
+    """A node the policy would select that its pods cannot be scheduled on (it forms no class, gets no run)."""
+
+    name: str = Field(max_length=253)
+    reason: StatusText1024 = Field(max_length=1024, description="Cordoned, or which taints are not tolerated.")
+
+
 class AdaptationPolicyStatus(ApiModel):
     """Observed state; written by the operator only."""
 
@@ -627,6 +646,13 @@ class AdaptationPolicyStatus(ApiModel):
         default_factory=list,
         max_length=MAX_UNCLASSIFIED_NODES,
         description="Nodes this policy would select whose labels form no hardware class (the first 16 by name).",
+        json_schema_extra=map_list("name"),
+    )
+    excluded_nodes: list[ExcludedNode] = Field(
+        default_factory=list,
+        max_length=MAX_UNCLASSIFIED_NODES,
+        description="Nodes this policy would select that are cordoned or carry NoSchedule/NoExecute taints neither"
+        " spec.hardware.tolerations nor the platform tolerates: they form no class (the first 16 by name).",
         json_schema_extra=map_list("name"),
     )
 

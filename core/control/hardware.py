@@ -12,7 +12,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
@@ -416,11 +416,14 @@ def select_groups(
     groups: Mapping[str, ClassGroup],
     selection: HardwareSelection | None,
     node_labels: Mapping[str, Mapping[str, str]],
+    excluded: Collection[str] = (),
 ) -> list[ClassGroup]:
     """The classes a policy adapts to, by fingerprint, at most ``max_classes``.
 
     With a nodeSelector only the nodes carrying all its labels count: a class is kept if any of its nodes matches,
     its node list shrinks to those, and the selector gains the policy's labels so Jobs and pods land only there.
+    ``excluded`` nodes (cordoned, or tainted beyond the pods' tolerations: core.control.schedulability) count for
+    nothing: a class of only such nodes is not selected, since no pod of the policy could run there.
     """
     selection = selection or HardwareSelection()
     wanted = dict(selection.node_selector or {})
@@ -429,8 +432,10 @@ def select_groups(
         group = groups[fp]
         if selection.vendors and group.hardware_class.vendor not in selection.vendors:
             continue
-        if wanted:
-            names = tuple(n for n in group.node_names if _has_all(node_labels.get(n, {}), wanted))
+        if wanted or excluded:
+            names = tuple(
+                n for n in group.node_names if n not in excluded and selector_matches(node_labels.get(n, {}), wanted)
+            )
             if not names:
                 continue
             group = replace(group, selector={**group.selector, **wanted}, node_names=names)
@@ -440,7 +445,8 @@ def select_groups(
     return out
 
 
-def _has_all(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+def selector_matches(labels: Mapping[str, str], wanted: Mapping[str, str]) -> bool:
+    """A node with these labels matches a nodeSelector of ``wanted``."""
     return all(labels.get(k) == v for k, v in wanted.items())
 
 
@@ -452,4 +458,4 @@ def unclassified_for(
     """The unclassifiable nodes a policy would select (its nodeSelector matches them), by name: a policy hears
     only of nodes it could have used."""
     wanted = dict((selection or HardwareSelection()).node_selector or {})
-    return {n: why for n, why in sorted(unclassified.items()) if _has_all(node_labels.get(n, {}), wanted)}
+    return {n: why for n, why in sorted(unclassified.items()) if selector_matches(node_labels.get(n, {}), wanted)}

@@ -37,6 +37,7 @@ from metainfer.core.api.policy import (
     AdaptationPolicy,
     AdaptationPolicyStatus,
     ClassStatus,
+    ExcludedNode,
     UnclassifiedNode,
 )
 from metainfer.core.api.run import AdaptationRun
@@ -124,13 +125,16 @@ def plan_policy(
     job_settings: AgentJobSettings | None = None,
     invalid_runs: Sequence[InvalidRun] = (),
     unclassified_nodes: Mapping[str, str] | None = None,
+    excluded_nodes: Mapping[str, str] | None = None,
 ) -> Plan:
     """The Plan for ``policy`` given its selected ``groups``, its runs (``invalid_runs``: those that did not
-    validate), the Jobs of its runs by name (none yet when omitted) and its Deployments."""
+    validate), the Jobs of its runs by name (none yet when omitted) and its Deployments. ``unclassified_nodes`` and
+    ``excluded_nodes`` (cordoned or tainted: in no group) are reported in the status, name -> why."""
     limits, jobs = limits or RunLimits(), jobs or {}
     previous = policy.status or AdaptationPolicyStatus()
     if policy.spec.suspend:
-        return with_pin(plan_suspended(policy, groups, previous, now, _unclassified(unclassified_nodes or {})), policy)
+        held = plan_suspended(policy, groups, previous, now, _unclassified(unclassified_nodes or {}))
+        return with_pin(with_excluded(held, excluded_nodes or {}), policy)
     existing = {d.name: d for d in map(DeploymentState.read, deployments)}
     shared = partial(
         ClassContext,
@@ -174,7 +178,15 @@ def plan_policy(
     plan = merge(
         class_plans, leftovers, previous.conditions, generation_of(policy), now, unclassified, policy_endpoint(policy)
     )
-    return with_pin(plan, policy)
+    return with_pin(with_excluded(plan, excluded_nodes or {}), policy)
+
+
+def with_excluded(plan: Plan, nodes: Mapping[str, str]) -> Plan:
+    """The plan with the nodes left out for scheduling (cordoned, untolerated taints) listed in the status."""
+    if not nodes:
+        return plan
+    listed = [ExcludedNode(name=n, reason=why) for n, why in sorted(nodes.items())[:MAX_UNCLASSIFIED_NODES]]
+    return replace(plan, status=plan.status.model_copy(update={"excluded_nodes": listed}))
 
 
 def with_pin(plan: Plan, policy: AdaptationPolicy) -> Plan:

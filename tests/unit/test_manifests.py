@@ -544,3 +544,15 @@ def test_the_platforms_fetch_exceptions_reach_job_and_serving_pods_only_when_set
         assert "METAINFER_FETCH_ALLOW_CIDRS" not in json.dumps(pod["containers"][0]["env"])
     with pytest.raises(ConfigError, match="METAINFER_WORKLOAD_FETCH_ALLOW_CIDRS: 'nope' is not a CIDR"):
         OperatorConfig(workload_fetch_allow_cidrs='["nope"]')
+
+
+def test_the_platforms_tolerations_reach_job_and_serving_pods_after_the_policys() -> None:
+    from metainfer.operator.config import ConfigError, OperatorConfig
+
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    config = OperatorConfig(workload_tolerations=json.dumps([gpu]))
+    assert config.platform_tolerations() == (gpu,)
+    for pod in _pods((config.job_settings(), config.serving_defaults())):
+        assert gpu in pod["tolerations"]
+    with pytest.raises(ConfigError, match="METAINFER_WORKLOAD_TOLERATIONS"):
+        OperatorConfig(workload_tolerations='[{"operator": "Equal"}]')  # no key needs Exists

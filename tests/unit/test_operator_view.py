@@ -6,6 +6,7 @@ from metainfer.core.api.names import LABEL_POLICY
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import group_nodes, select_groups
 from metainfer.core.control.naming import job_name, label_value
+from metainfer.core.control.schedulability import NodeScheduling
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
 
 A100 = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100", "nvidia.com/cuda.driver-version.full": "550"}
@@ -31,6 +32,29 @@ def test_selected_classes_match_select_groups_and_follow_node_changes() -> None:
     after = view.selected(pool_a, _index(nodes))
     assert after == select_groups(group_nodes(sorted(nodes.items())), pool_a, nodes)
     assert sorted(n for g in after for n in g.node_names) == ["c1", "g1", "g2"]
+
+
+def test_cordoned_and_untolerated_nodes_form_no_class_and_are_reported_with_why() -> None:
+    nodes = {"g1": A100, "g2": A100, "c1": CPU}
+    tainted = {"taints": [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]}
+    scheduling = {
+        "g1": [NodeScheduling.read(tainted).to_index()],
+        "g2": [NodeScheduling.read({"unschedulable": True, **tainted}).to_index()],
+        "c1": [NodeScheduling().to_index()],
+    }
+    view = ClusterView()
+    plain = view.selected(None, _index(nodes), scheduling)
+    assert [g.node_names for g in plain] == [("c1",)], "the GPU class has no node a pod could land on"
+    excluded = view.excluded(None, _index(nodes), scheduling)
+    assert sorted(excluded) == ["g1", "g2"] and "cordoned" in excluded["g2"]
+    assert "nvidia.com/gpu=present:NoSchedule" in excluded["g1"]
+    gpu_ok = HardwareSelection(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])
+    assert sorted(g.node_names for g in view.selected(gpu_ok, _index(nodes), scheduling)) == [("c1",), ("g1",)]
+    # The platform's tolerations (workloads.tolerations) count as the policy's own.
+    platform = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    assert view.excluded(None, _index(nodes), scheduling, platform).keys() == {"g2"}
+    # A policy hears only of nodes its nodeSelector would take.
+    assert view.excluded(HardwareSelection(node_selector={"pool": "x"}), _index(nodes), scheduling) == {}
 
 
 def test_indexes_read_one_policys_children() -> None:
@@ -73,6 +97,12 @@ def test_reconcile_inputs_validate_the_policys_runs_and_plan_around_one_that_doe
     assert "digits-by-hand" in (cls.message or "") and inputs.plan.runs_to_create == []
     healthy = reconcile_inputs(policy, ClusterView(), Indexes(_index(nodes), {}, {}, {}, {}), OperatorConfig())
     assert [p.reason for p in healthy.plan.runs_to_create] == [Reason.NEW_HARDWARE_CLASS]
+    cordoned = {"c1": [NodeScheduling(unschedulable=True).to_index()]}
+    held = reconcile_inputs(
+        policy, ClusterView(), Indexes(_index(nodes), {}, {}, {}, {}, node_scheduling=cordoned), OperatorConfig()
+    )
+    assert held.plan.runs_to_create == [] and held.plan.class_statuses == []
+    assert [(n.name, "cordoned" in n.reason) for n in held.plan.status.excluded_nodes] == [("c1", True)]
 
 
 def test_a_policy_name_longer_than_a_label_value_still_finds_and_wakes_its_children() -> None:
