@@ -146,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("out", metavar="DIR", type=Path)
     e.add_argument("--only", nargs="*", help="names to build (default: digits and the transformer)")
 
+    sub.add_parser(
+        "runtime",
+        help="print this image's ONNX Runtime build as the run key records it (the chart's agent.runtime)",
+    )
+
     o = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
     o.add_argument(
         "--namespace",
@@ -180,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "adapt":
             check_adapt_args(args)
-        if args.command != "operator":  # it runs no model; ORT and numpy would add ~30 MB to its RSS
+        if args.command not in ("operator", "runtime"):  # they run no model; ORT and numpy would add ~30 MB to its RSS
             _quiet_onnxruntime()
         if args.command == "profile":
             from metainfer.agent.commands import profile_command
@@ -194,6 +199,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.agent.commands import examples_command
 
             return examples_command(args.out, args.only)
+        if args.command == "runtime":
+            from metainfer.core.engine.runtime_identity import runtime_identity
+
+            print(runtime_identity())
+            return 0
         if args.command == "operator":
             from metainfer.operator.main import run as run_operator
 

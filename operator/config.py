@@ -75,6 +75,13 @@ class OperatorConfig(BaseSettings):
 
     agent_image: str = Field("metainfer:latest", description="Image of the adaptation Job and the serving pods.")
     agent_service_account: str = Field("metainfer-agent", description="Least-privilege account of agent Jobs.")
+    agent_runtime: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="The ONNX Runtime build of agent_image, as core.engine.runtime.runtime_identity() prints it "
+        "there. Unset: the operator's own, right where agent_image is the operator's image (the chart's default).",
+    )
     label_mapping_file: Path | None = Field(None, description="YAML/JSON LabelMapping for custom node labels.")
     max_concurrent_runs: int = Field(8, ge=1, description="Adaptation runs in flight across the cluster.")
     max_concurrent_runs_per_namespace: int | None = Field(
@@ -201,6 +208,12 @@ class OperatorConfig(BaseSettings):
         """workloads.tolerations as a Pod spec spells them: every Job and serving pod gets them."""
         return tuple(t.to_api() for t in self.workload_tolerations)
 
+    def runtime(self) -> str:
+        """What agent_image runs variants with (part of every run key)."""
+        from metainfer.core.engine.runtime_identity import runtime_identity
+
+        return self.agent_runtime or runtime_identity()
+
     def job_settings(self) -> AgentJobSettings:
         """What every adaptation Job gets from the platform."""
         return AgentJobSettings(
@@ -208,6 +221,7 @@ class OperatorConfig(BaseSettings):
             service_account=self.agent_service_account,
             image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
             tolerations=self.platform_tolerations(),
+            runtime=self.runtime(),
             resources=self.job_resources,
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,
@@ -221,6 +235,7 @@ class OperatorConfig(BaseSettings):
             service_account=self.serving_service_account,
             image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
             tolerations=self.platform_tolerations(),
+            runtime=self.runtime(),
             resources=self.serving_resources,
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,

@@ -77,6 +77,18 @@ class AdaptationRunSpec(ApiModel):
     variant_store: VariantStore | None = Field(
         None, description="The policy's serving.variantStore when the run was made: where the Job keeps the variant."
     )
+    runtime: str | None = Field(
+        None,
+        max_length=256,
+        description="The ONNX Runtime build of the image the run's Job runs (distribution, version, execution "
+        "providers); part of the run key.",
+    )
+    image: str | None = Field(
+        None,
+        max_length=512,
+        description="The image the run's Job runs: it serves the variant while the platform's "
+        "image has another runtime.",
+    )
     history_from: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] = Field(
         default_factory=list,
         max_length=MAX_HISTORY_SOURCES,

@@ -44,6 +44,7 @@ class RunTrigger(StrEnum):
     LATENCY_DRIFT = "LatencyDrift"
     MANUAL = "Manual"
     RETRY = "Retry"
+    RUNTIME_CHANGE = "RuntimeChange"  # the platform's image now has another ONNX Runtime (a chart upgrade)
 
 
 # `AdaptationRun.status.phase`.
@@ -118,6 +119,7 @@ class Reason(StrEnum):
     LATENCY_DRIFT = RunTrigger.LATENCY_DRIFT.value
     MANUAL = RunTrigger.MANUAL.value
     RETRY = RunTrigger.RETRY.value
+    RUNTIME_CHANGE = RunTrigger.RUNTIME_CHANGE.value
     # run progress and outcome
     PENDING = "Pending"
     JOB_CREATED = "JobCreated"

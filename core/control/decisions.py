@@ -110,7 +110,8 @@ class ClassContext:
     def __post_init__(self) -> None:
         epoch = drift_epoch(self.previous)
         rerun = rerun_request(self.policy)
-        key = run_key(self.policy.spec, generation_of(self.policy), self.group.fingerprint, epoch, rerun)
+        runtime = self.job_settings.runtime if self.job_settings else None
+        key = run_key(self.policy.spec, generation_of(self.policy), self.group.fingerprint, epoch, rerun, runtime)
         current = next((r for r in self.runs if label_of(r, LABEL_RUN_KEY) == key), None)
         object.__setattr__(self, "drift_epoch", epoch)  # a frozen dataclass sets its own derived fields this way
         object.__setattr__(self, "rerun", rerun)

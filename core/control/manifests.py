@@ -100,11 +100,16 @@ def build_run(
     drift_epoch: str | None = None,
     history_from: Sequence[str] = (),
     rerun: str | None = None,
+    *,
+    settings: AgentJobSettings | None = None,
 ) -> dict[str, Any]:
-    """The AdaptationRun for (policy, class) at the policy's current spec; its name is deterministic."""
+    """The AdaptationRun for (policy, class) at the policy's current spec; its name is deterministic. The run
+    records the image its Job runs and that image's runtime (``settings``), so the variant it validates can be
+    served by that image for as long as the platform's image runs another runtime (``serving_image``)."""
     policy = as_policy(policy)
     spec, name, generation = policy.spec, name_of(policy), generation_of(policy)
-    key = run_key(spec, generation, group.fingerprint, drift_epoch, rerun)
+    runtime = settings.runtime if settings else None
+    key = run_key(spec, generation, group.fingerprint, drift_epoch, rerun, runtime)
     run_spec = AdaptationRunSpec(
         policy_name=name,
         policy_generation=generation,
@@ -121,6 +126,8 @@ def build_run(
         search=spec.search,
         variant_store=spec.serving.variant_store,
         history_from=list(history_from),
+        runtime=runtime,
+        image=settings.image if settings else None,
     )
     tolerations = [t.to_api() for t in spec.hardware.tolerations or []]
     return {
@@ -202,6 +209,18 @@ def build_job(
     }
 
 
+def serving_image(run: AdaptationRun, settings: ServingDefaults) -> str:
+    """The image that serves ``run``'s variant: the platform's, unless the run was made under another runtime and
+    recorded its own image. A pod of a new runtime rebuilds the variant into other bytes and refuses to serve it
+    (exit 2), so a chart upgrade that changes the runtime would stall every rollout on it; instead the class
+    keeps the image that validated its variant until its re-adaptation under the new runtime (the run key
+    includes it) is served. A run with no recorded runtime (made before runs recorded one) gets the platform's."""
+    recorded = run.spec.runtime
+    if recorded and run.spec.image and settings.runtime and recorded != settings.runtime:
+        return run.spec.image
+    return settings.image
+
+
 def serving_labels(policy_name: str, group: ClassGroup) -> dict[str, str]:
     """What the Service selects: stable and canary pods of (policy, class) alike."""
     return {**class_labels(policy_name, group), COMPONENT: "serving"}
@@ -275,7 +294,7 @@ def build_deployment(
         "server",
         settings,
         group,
-        image=spec.serving.image or settings.image,
+        image=spec.serving.image or serving_image(run, settings),
         resources=merged_resources(spec.serving.resources, settings.resources),
         env=env,
     )

@@ -23,6 +23,7 @@ def run_key(
     class_fingerprint: str,
     drift_epoch: str | None = None,
     rerun: str | None = None,
+    runtime: str | None = None,
 ) -> str:
     """16 hex digits identifying one adaptation: model sha256, batch size, class, and what the run snapshots.
 
@@ -33,7 +34,9 @@ def run_key(
 
     ``drift_epoch`` (the class's last confirmed latency drift) salts the key: re-adapting the same spec after a drift
     needs a new run name, and an unset epoch adds nothing, so a class that never drifted keeps its run names.
-    ``rerun`` (the policy's metainfer.io/rerun annotation, a manual re-run) salts it the same way.
+    ``rerun`` (the policy's metainfer.io/rerun annotation, a manual re-run) salts it the same way, and so does
+    ``runtime`` (the ONNX Runtime build the platform's image runs: a variant's bytes and latency depend on it), so a
+    chart upgrade that changes the runtime re-adapts each class, and one that does not changes no key.
     """
     del generation  # see docstring
     spec = _policy_spec(policy_spec)
@@ -46,6 +49,8 @@ def run_key(
         payload.append({"driftEpoch": drift_epoch})
     if rerun:
         payload.append({"rerun": rerun})
+    if runtime:
+        payload.append({"runtime": runtime})
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 

@@ -77,7 +77,13 @@ def plan_runs(context: ClassContext, *, slot_free: bool) -> ClassPlan:
 def start_run(context: ClassContext, status: ClassStatus) -> ClassPlan:
     reason = trigger(context)
     manifest = build_run(
-        context.policy, context.group, reason, context.drift_epoch, history_sources(context), context.rerun
+        context.policy,
+        context.group,
+        reason,
+        context.drift_epoch,
+        history_sources(context),
+        context.rerun,
+        settings=context.job_settings,
     )
     run_name = manifest["metadata"]["name"]
     return ClassPlan(
@@ -125,6 +131,9 @@ def trigger(context: ClassContext) -> Reason:
         return Reason.MANUAL
     if context.drift_epoch and annotation_of(last, ANNOTATION_DRIFT_EPOCH) != context.drift_epoch:
         return Reason.LATENCY_DRIFT
+    runtime = context.job_settings.runtime if context.job_settings else None
+    if runtime and last.spec.runtime != runtime:
+        return Reason.RUNTIME_CHANGE
     return Reason.SPEC_CHANGE
 
 

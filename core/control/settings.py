@@ -57,6 +57,12 @@ class WorkloadSettings(BaseModel):
     resources: ResourceRequirements | None = Field(None, description="Container requests/limits.")
     pod_security_context: PodSecurityContext = DEFAULT_POD_SECURITY_CONTEXT
     container_security_context: ContainerSecurityContext = DEFAULT_CONTAINER_SECURITY_CONTEXT
+    runtime: str | None = Field(
+        None,
+        max_length=256,
+        description="The runtime the image builds and runs variants with (core.engine.runtime.runtime_identity): "
+        "part of the run key, so a new one re-adapts; None where unknown (tests, the demo).",
+    )
     fetch_allow_cidrs: tuple[str, ...] = Field(
         (),
         description="CIDRs model and data URIs may reach although they are loopback, link-local or otherwise "

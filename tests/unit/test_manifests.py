@@ -120,6 +120,10 @@ def test_run_key_changes_with_model_batch_class_and_search_but_not_serving() -> 
     assert run_key({**p["spec"], "model": {**p["spec"]["model"], "sha256": "b" * 64}}, 3, "0" * 16) != key
     assert run_key({**p["spec"], "slo": {"latencyP95Ms": 10, "batchSize": 8}}, 3, "0" * 16) != key
     assert run_key({**p["spec"], "search": {"trialBudget": 99}}, 3, "0" * 16) != key
+    # The runtime the platform's image runs salts it: another ONNX Runtime re-adapts, the same one changes nothing.
+    with_runtime = run_key(p["spec"], 3, "0" * 16, runtime="onnxruntime 1.20.0")
+    assert with_runtime != key and with_runtime == run_key(p["spec"], 3, "0" * 16, runtime="onnxruntime 1.20.0")
+    assert run_key(p["spec"], 3, "0" * 16, runtime="onnxruntime-gpu 1.20.0") != with_runtime
 
 
 def test_build_run_validates_and_is_owned() -> None:
@@ -556,3 +560,17 @@ def test_the_platforms_tolerations_reach_job_and_serving_pods_after_the_policys(
         assert gpu in pod["tolerations"]
     with pytest.raises(ConfigError, match="METAINFER_WORKLOAD_TOLERATIONS"):
         OperatorConfig(workload_tolerations='[{"operator": "Equal"}]')  # no key needs Exists
+
+
+def test_the_runtime_is_read_from_the_installed_distribution_without_importing_onnxruntime() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from metainfer.core.engine.runtime_identity import runtime_identity as r; "
+        "print(r()); print('onnxruntime' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    import onnxruntime
+
+    assert out[-1] == "False" and f"onnxruntime {onnxruntime.__version__}" in " ".join(out[:-1])

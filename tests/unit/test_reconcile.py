@@ -28,6 +28,7 @@ from metainfer.core.control.reconcile import (
     run_phase,
     run_status_from_job,
 )
+from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.core.engine.recipe import Recipe
 
@@ -51,13 +52,16 @@ class Cluster:
         self.runs: dict[str, dict[str, Any]] = {}
         self.deployments: dict[str, dict[str, Any]] = {}
         self.clock = itertools.count()
+        self.job_settings: AgentJobSettings | None = None
+        self.serving: ServingDefaults | None = None
 
     def reconcile(self, nodes: dict[str, dict[str, str]], limits: RunLimits | None = None) -> Plan:
         groups = list(group_nodes(nodes.items()).values())
         policy = AdaptationPolicy.model_validate(self.policy)
         runs = parse_runs(self.runs.values())
         deployments = list(self.deployments.values())
-        plan = plan_policy(policy, groups, runs.valid, deployments, NOW, limits, invalid_runs=runs.invalid)
+        settings = {"job_settings": self.job_settings, "serving": self.serving}
+        plan = plan_policy(policy, groups, runs.valid, deployments, NOW, limits, invalid_runs=runs.invalid, **settings)
         # The operator plans on slimmed copies (core.control.slim): every scenario must plan the same on them.
         slim_runs = parse_runs(slim_run(r) for r in self.runs.values())
         slimmed = plan_policy(
@@ -68,6 +72,7 @@ class Cluster:
             NOW,
             limits,
             invalid_runs=slim_runs.invalid,
+            **settings,
         )
         assert slimmed == plan, "core.control.slim dropped a field the reconcile reads"
         for planned in plan.runs_to_create:
@@ -840,3 +845,54 @@ def test_a_pin_names_exactly_one_valid_run_name_or_sha256(pin: dict[str, str]) -
     c = Cluster(pin=pin)
     with pytest.raises(ValidationError):
         AdaptationPolicy.model_validate(c.policy)
+
+
+def _image_of(c: Cluster) -> str:
+    (deployment,) = c.deployments.values()
+    image: str = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    return image
+
+
+def _platform(c: Cluster, image: str, runtime: str) -> None:
+    c.job_settings = AgentJobSettings(image=image, runtime=runtime)
+    c.serving = ServingDefaults(image=image, runtime=runtime)
+
+
+def test_a_new_runtime_re_adapts_while_the_image_that_validated_the_variant_keeps_serving_it() -> None:
+    """A chart upgrade: a pod of another ONNX Runtime rebuilds a variant into other bytes and refuses it (exit 2),
+    so the class keeps the run's own image until its re-adaptation under the new runtime is served. An upgrade
+    that keeps the runtime re-adapts nothing and rolls the serving pods to the new image."""
+    c = Cluster()
+    _platform(c, "metainfer:1", "onnxruntime 1.20.0")
+    c.reconcile({"c1": CPU})
+    (first,) = c.runs
+    assert c.runs[first]["spec"]["runtime"] == "onnxruntime 1.20.0" and c.runs[first]["spec"]["image"] == "metainfer:1"
+    c.finish(first)
+    c.reconcile({"c1": CPU})
+    assert _image_of(c) == "metainfer:1"
+
+    _platform(c, "metainfer:1.1", "onnxruntime 1.20.0")  # a re-tag: same runtime
+    retag = c.reconcile({"c1": CPU})
+    assert retag.runs_to_create == [] and _image_of(c) == "metainfer:1.1"
+
+    _platform(c, "metainfer:2", "onnxruntime 1.22.0")
+    upgrade = c.reconcile({"c1": CPU})
+    assert [p.reason for p in upgrade.runs_to_create] == [Reason.RUNTIME_CHANGE]
+    assert _image_of(c) == "metainfer:1", "the image that validated the variant serves it meanwhile"
+    (second,) = (name for name in c.runs if name != first)
+    assert c.runs[second]["spec"]["runtime"] == "onnxruntime 1.22.0"
+    c.finish(second)
+    c.reconcile({"c1": CPU})
+    assert _image_of(c) == "metainfer:2"
+    assert c.reconcile({"c1": CPU}).runs_to_create == []
+
+
+def test_runs_recorded_before_runtimes_were_get_the_platforms_image() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    (run,) = c.runs
+    assert c.runs[run]["spec"].get("runtime") is None  # no settings: tests, the demo
+    c.finish(run)
+    _platform(c, "metainfer:2", "onnxruntime 1.22.0")
+    c.reconcile({"c1": CPU})
+    assert _image_of(c) == "metainfer:2"
