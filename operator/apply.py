@@ -26,9 +26,11 @@ from metainfer.core.api.policy import AdaptationPolicy
 from metainfer.core.api.vocabulary import ClassState, Reason
 from metainfer.core.control.events import coalesce, missing_agent_account
 from metainfer.core.control.hardware import ClassGroup
+from metainfer.core.control.naming import job_name
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
 from metainfer.core.control.platform import ForbiddenByPlatform, PlatformLimits, check_platform_limits
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
+from metainfer.core.control.runstatus import LOG_TAIL_LINES, log_tail
 from metainfer.core.control.settling import settled_groups
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
@@ -112,7 +114,10 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
         await kube.create_if_absent(job.manifest)
         await kube.patch_status(RUN_PLURAL, namespace, job.run_name, {"jobName": job.manifest["metadata"]["name"]})
     for failed in plan.runs_to_fail:
-        await kube.patch_status(RUN_PLURAL, namespace, failed.run_name, failed.status)
+        # The Job's pods go with its TTL, and an OOM kill or a deadline leaves no message of the agent's own.
+        tail = await kube.job_log(namespace, job_name(failed.run_name), LOG_TAIL_LINES)
+        status = {**failed.status, "logTail": log_tail(tail)} if tail else failed.status
+        await kube.patch_status(RUN_PLURAL, namespace, failed.run_name, status)
     for action in plan.deployments_to_apply:
         await kube.apply(action.manifest)
     for obj in plan.objects_to_create:

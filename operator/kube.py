@@ -139,6 +139,33 @@ async def patch_status(plural: str, namespace: str, name: str, status: Mapping[s
     return dict(stored)
 
 
+async def job_log(namespace: str, job_name: str, lines: int) -> str | None:
+    """The last ``lines`` lines of the newest pod of a Job (its last attempt), None when there is no pod or log to
+    read (gone with its node, a chart without the pods/log rule): the run's failure stands without it."""
+    core = client.CoreV1Api(_api())
+
+    def read() -> str | None:
+        pods = core.list_namespaced_pod(namespace, label_selector=f"job-name={job_name}").items
+        attempts = sorted(
+            (p.metadata.creation_timestamp, p.metadata.name)
+            for p in pods
+            if p.metadata is not None and p.metadata.name and p.metadata.creation_timestamp is not None
+        )
+        if not attempts:
+            return None
+        # Unparsed: the client would decode the body as JSON; a log is text, cut by the server at limit_bytes.
+        response: Any = core.read_namespaced_pod_log(
+            attempts[-1][1], namespace, tail_lines=lines, limit_bytes=64 * 1024, _preload_content=False
+        )
+        text = response.data
+        return bytes(text).decode("utf-8", errors="replace")
+
+    try:
+        return await _in_thread(f"read the log of Job {job_name}", read)  # type: ignore[no-any-return]
+    except (ApiException, kopf.TemporaryError):
+        return None  # a log is a courtesy: never a reason to retry the whole reconcile
+
+
 async def get_custom(plural: str, namespace: str, name: str) -> dict[str, Any] | None:
     """The object as the API server has it now (None once deleted)."""
     api = client.CustomObjectsApi(_api())

@@ -22,6 +22,7 @@ from metainfer.core.api._base import (
     StatusText64,
     StatusText256,
     StatusText1024,
+    StatusText4096,
     cel,
     immutable,
     map_list,
@@ -173,6 +174,12 @@ class AdaptationRunStatus(ApiModel):
         None, description="Coarse summary for kubectl; conditions carry the detail and the reason."
     )
     job_name: str | None = Field(None, max_length=253)
+    log_tail: StatusText4096 | None = Field(
+        None,
+        max_length=4096,
+        description="The last lines the run's pod logged, kept when its Job failed without a result (an OOM kill, "
+        "the deadline): the pod goes with the Job's TTL.",
+    )
     hardware_profile_name: str | None = Field(None, max_length=253)
     start_time: dt.datetime | None = None
     completion_time: dt.datetime | None = None

@@ -115,3 +115,56 @@ def test_a_bad_platform_setting_stops_the_operator_naming_the_variable(tmp_path:
     )  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "METAINFER_JOB_RESOURCES: requests.cpu must not exceed limits.cpu" in proc.stderr
+
+
+class _FakeCore:
+    """CoreV1Api's two calls job_log makes: a Job's pods, and one pod's log as raw bytes."""
+
+    def __init__(self, pods: list[tuple[str, int]], log: bytes) -> None:
+        from types import SimpleNamespace
+
+        self.pods = [SimpleNamespace(metadata=SimpleNamespace(name=n, creation_timestamp=t)) for n, t in pods]
+        self.log = log
+        self.read: list[tuple[str, int]] = []
+
+    def __call__(self, _api: Any) -> _FakeCore:
+        return self
+
+    def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
+        from types import SimpleNamespace
+
+        assert label_selector == "job-name=run-a-job"
+        return SimpleNamespace(items=self.pods)
+
+    def read_namespaced_pod_log(self, name: str, namespace: str, *, tail_lines: int, **_: Any) -> Any:
+        from types import SimpleNamespace
+
+        self.read.append((name, tail_lines))
+        return SimpleNamespace(data=self.log)
+
+
+def test_a_failed_jobs_newest_pod_log_is_read_and_its_absence_is_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeCore([("run-a-job-first", 1), ("run-a-job-retry", 2)], b"loading\nKilled\xff\n")
+    monkeypatch.setattr(kube.client, "CoreV1Api", fake)
+    assert asyncio.run(kube.job_log("ns", "run-a-job", 20)) == "loading\nKilled\ufffd\n"
+    assert fake.read == [("run-a-job-retry", 20)], "the last attempt's pod"
+    monkeypatch.setattr(kube.client, "CoreV1Api", _FakeCore([], b""))
+    assert asyncio.run(kube.job_log("ns", "run-a-job", 20)) is None
+
+    def forbidden(*_: Any, **__: Any) -> Any:
+        raise ApiException(status=403, reason="Forbidden")
+
+    refusing = _FakeCore([("p", 1)], b"")
+    refusing.read_namespaced_pod_log = forbidden  # type: ignore[method-assign]
+    monkeypatch.setattr(kube.client, "CoreV1Api", refusing)
+    assert asyncio.run(kube.job_log("ns", "run-a-job", 20)) is None
+
+
+def test_a_log_tail_is_the_last_lines_printable_and_bounded_from_the_end() -> None:
+    from metainfer.core.control.runstatus import log_tail
+
+    text = "".join(f"line {i}\n" for i in range(100)) + "\x1b[31mMemoryError\x1b[0m\n"
+    tail = log_tail(text, lines=3)
+    assert tail == "line 98\nline 99\n?[31mMemoryError?[0m"
+    huge = log_tail("x" * 100_000 + "\nthe error", limit=100)
+    assert len(huge) == 100 and huge.endswith("the error") and huge.startswith("...")
