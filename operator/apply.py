@@ -26,11 +26,11 @@ from metainfer.core.api.policy import AdaptationPolicy
 from metainfer.core.api.vocabulary import ClassState, Reason
 from metainfer.core.control.events import coalesce, missing_agent_account
 from metainfer.core.control.hardware import ClassGroup
+from metainfer.core.control.logtail import LOG_TAIL_LINES, log_tail
 from metainfer.core.control.naming import job_name
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
 from metainfer.core.control.platform import ForbiddenByPlatform, PlatformLimits, check_platform_limits
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
-from metainfer.core.control.runstatus import LOG_TAIL_LINES, log_tail
 from metainfer.core.control.settling import settled_groups
 from metainfer.operator import kube
 from metainfer.operator.config import OperatorConfig
@@ -142,12 +142,15 @@ def _changed(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
     return any(old.get(k) != v for k, v in new.items()) or any(k not in new for k in old)
 
 
+_ADAPTING = (ClassState.ADAPTING, ClassState.PROVISIONAL)  # a provisional class's own run is still adapting
+
+
 def _count_finished(namespace: str, name: str, old: Mapping[str, Any], new: Mapping[str, Any]) -> None:
     """Run outcomes, counted on the durable transition of a class out of Adapting."""
     before = {c["fingerprint"]: c for c in old.get("classes", [])}
     for cls in new.get("classes", []):
         was = before.get(cls["fingerprint"], {})
-        if was.get("state") == ClassState.ADAPTING and cls.get("state") != ClassState.ADAPTING:
+        if was.get("state") in _ADAPTING and cls.get("state") not in _ADAPTING:
             outcome = "failed" if cls.get("state") in (ClassState.DEGRADED, ClassState.FAILED) else "succeeded"
             reason = str(cls.get("reason") or outcome)[:64]  # Reason/FailureReason values: a small set
             SERIES.child(RUNS_FINISHED, namespace, name, cls["fingerprint"], outcome, reason).inc()

@@ -76,6 +76,7 @@ class RunStage(StrEnum):
 class ClassState(StrEnum):
     PENDING = "Pending"
     ADAPTING = "Adapting"
+    PROVISIONAL = "Provisional"  # serving the most similar class's variant while its own run adapts
     ROLLING_OUT = "RollingOut"
     READY = "Ready"
     DEGRADED = "Degraded"
@@ -110,6 +111,7 @@ class Reason(StrEnum):
     ROLLING_OUT = "RollingOut"
     SUSPENDED = "Suspended"  # spec.suspend: no new runs or rollouts; serving untouched
     PINNED = "Pinned"  # spec.pin: the class serves the pinned variant and starts no run
+    PROVISIONAL = "Provisional"  # core.control.provisional: another class's variant serves until the class's own
     # run triggers (AdaptationRun.spec.reason)
     NEW_HARDWARE_CLASS = RunTrigger.NEW_HARDWARE_CLASS.value
     DRIVER_CHANGE = RunTrigger.DRIVER_CHANGE.value

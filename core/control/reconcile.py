@@ -346,11 +346,11 @@ def policy_conditions(
         status, reason = "True", Reason.ALL_CLASSES_READY
     elif ClassState.DEGRADED in states or ClassState.FAILED in states:
         reason = Reason.CLASS_FAILED
-    elif ClassState.ADAPTING in states or ClassState.ROLLING_OUT in states:
+    elif {ClassState.ADAPTING, ClassState.PROVISIONAL, ClassState.ROLLING_OUT} & set(states):
         reason = Reason.ADAPTING
     else:
         reason = Reason.CLASSES_PENDING
-    busy = [c.name for c in classes if c.state in (ClassState.ADAPTING, ClassState.ROLLING_OUT)]
+    busy = [c.name for c in classes if c.state in (ClassState.ADAPTING, ClassState.PROVISIONAL, ClassState.ROLLING_OUT)]
     bad = [f"{c.name}: {c.reason}" for c in classes if c.state in (ClassState.DEGRADED, ClassState.FAILED)]
 
     def put(

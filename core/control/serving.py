@@ -23,6 +23,7 @@ from metainfer.core.control.events import Event
 from metainfer.core.control.manifests import build_deployment, class_serving_objects
 from metainfer.core.control.naming import canary_name, workload_name
 from metainfer.core.control.objects import latest, name_of, recipe_key, run_phase, variant_key
+from metainfer.core.control.provisional import plan_provisional
 from metainfer.core.control.workloads import DeploymentState
 
 
@@ -32,7 +33,7 @@ def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
     current = context.current
     best = current if any(r is current for r in servable) else latest(servable)
     if best is None:
-        return ClassPlan(status)
+        return plan_provisional(context, status)
     served, canary = plan_canary(context, servable, best, status)
     status = canary.status
     desired = build_deployment(context.policy, context.group, served, context.serving)
@@ -91,7 +92,8 @@ def plan_canary(
     spec, was = context.spec, context.previous
     canary_deployment = canary_name(context.policy_name, context.class_name)
     stable_name = was.current.run_name if was is not None and was.current is not None else None
-    stable = next((r for r in servable if name_of(r) == stable_name), None)
+    # A provisional class's stable variant is another class's run (core.control.provisional).
+    stable = next((r for r in (*servable, *context.policy_runs) if name_of(r) == stable_name), None)
     rollout = status.rollout
     serve, canary_run = best, None
     events: tuple[Event, ...] = ()

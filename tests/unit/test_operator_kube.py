@@ -161,7 +161,7 @@ def test_a_failed_jobs_newest_pod_log_is_read_and_its_absence_is_no_error(monkey
 
 
 def test_a_log_tail_is_the_last_lines_printable_and_bounded_from_the_end() -> None:
-    from metainfer.core.control.runstatus import log_tail
+    from metainfer.core.control.logtail import log_tail
 
     text = "".join(f"line {i}\n" for i in range(100)) + "\x1b[31mMemoryError\x1b[0m\n"
     tail = log_tail(text, lines=3)

@@ -199,21 +199,60 @@ def test_driver_change_new_run_and_old_class_cleaned_up() -> None:
     c.reconcile({"g1": A100, "g2": A100})
     assert len(c.deployments) == 1
     old_dep = next(iter(c.deployments))
+    (old_run,) = c.runs
     plan = c.reconcile({"g1": A100_NEW, "g2": A100})  # g1 upgraded: both classes exist
     assert [p.reason for p in plan.runs_to_create] == [Reason.DRIVER_CHANGE]
     new_run = plan.runs_to_create[0].manifest["metadata"]["name"]
     assert plan.deployments_to_delete == [] and len(plan.class_statuses) == 2
+    # The new class serves at once, provisionally, with the old class's variant (the same GPU, another driver).
+    new_class = next(s for s in plan.class_statuses if s.hardware_class and s.hardware_class.driver_version == "555")
+    assert new_class.state == "Provisional" and new_class.reason == Reason.PROVISIONAL
+    assert new_class.current is not None and new_class.current.run_name == old_run and old_run in new_class.message
+    (created,) = [a for a in plan.deployments_to_apply if a.manifest["metadata"]["name"] != old_dep]
+    assert created.manifest["metadata"]["labels"]["metainfer.io/run"] == old_run
+    assert any(e.reason == Reason.PROVISIONAL for e in plan.events)
     plan = c.reconcile({"g1": A100_NEW, "g2": A100_NEW})  # g2 upgraded: the old class has no nodes left
-    # Make before break: its pods still serve (a relabel does not evict them) and nothing else does yet.
-    assert plan.runs_to_create == [] and plan.deployments_to_delete == []
+    # Make before break: the old class's Deployment goes only because the new class's provisional pods serve.
+    assert plan.runs_to_create == [] and plan.deployments_to_delete == [old_dep]
+    assert any(e.reason == "ClassRemoved" and "serves from a selected class" in e.message for e in plan.events)
     assert [s.hardware_class.driver_version for s in plan.class_statuses if s.hardware_class] == ["555"]
     c.finish(new_run)
-    plan = c.reconcile({"g1": A100_NEW, "g2": A100_NEW})  # the new class's Deployment is created
-    assert plan.deployments_to_delete == [] and len(c.deployments) == 2
-    plan = c.reconcile({"g1": A100_NEW, "g2": A100_NEW})  # and serves: now the old one goes
-    assert plan.deployments_to_delete == [old_dep]
-    assert any(e.reason == "ClassRemoved" and "serves from a selected class" in e.message for e in plan.events)
+    plan = c.reconcile({"g1": A100_NEW, "g2": A100_NEW})  # the class's own variant replaces the provisional one
+    (update,) = plan.deployments_to_apply
+    assert update.action == "update" and update.manifest["metadata"]["labels"]["metainfer.io/run"] == new_run
+    assert plan.class_statuses[0].state == "RollingOut"
+    assert c.reconcile({"g1": A100_NEW, "g2": A100_NEW}).class_statuses[0].state == "Ready"
     assert len(c.runs) == 2  # the old class's finished run stays as history
+
+
+def test_a_class_is_provisional_only_with_a_variant_its_hardware_can_run_for_the_current_model() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    (cpu_run,) = c.runs
+    c.finish(cpu_run)
+    c.reconcile({"c1": CPU})
+    plan = c.reconcile({"c1": CPU, "g1": A100, "a1": ARM})  # another vendor, another architecture: nothing to lend
+    assert {s.state for s in plan.class_statuses if s.hardware_class and s.hardware_class.vendor != "cpu"} == {
+        "Adapting"
+    }
+    assert len(c.deployments) == 1
+    c.edit(model={"uri": "https://m/x2.onnx", "sha256": "b" * 64})  # a variant of another model is no donor
+    plan = c.reconcile({"c1": CPU, "c2": {**CPU, "feature.node.kubernetes.io/cpu-cpuid.AVX512F": "true"}})
+    assert all(s.state != "Provisional" for s in plan.class_statuses)
+    assert len(c.deployments) == 1
+
+
+def test_the_most_similar_class_lends_its_variant() -> None:
+    from metainfer.core.api.hardwareclass import HardwareClass
+    from metainfer.core.control.provisional import class_similarity
+
+    a100 = HardwareClass(vendor="nvidia", product="A100", driver_version="550", memory_mib=81920)
+    assert class_similarity(a100, a100) == 1.0
+    new_driver = a100.model_copy(update={"driver_version": "555"})
+    other_gpu = a100.model_copy(update={"product": "L4", "memory_mib": 24576})
+    assert class_similarity(new_driver, a100) > class_similarity(new_driver, other_gpu) > 0
+    assert class_similarity(a100, HardwareClass(vendor="cpu", product="generic")) == 0.0
+    assert class_similarity(a100, a100.model_copy(update={"cpu_arch": "arm64"})) == 0.0
 
 
 def test_new_runs_name_the_policys_ended_runs_as_history_own_class_first_newest_first() -> None:
