@@ -134,12 +134,17 @@ def build(
     log: Log = print,
     out_dir: Path | None = None,
     build_args: dict[str, str] | None = None,
+    onnxruntime: str | None = None,
 ) -> BuiltImage:
-    """Build the image archive (see the module docstring); returns where it is and what it weighs."""
+    """Build the image archive (see the module docstring); returns where it is and what it weighs.
+
+    ``onnxruntime`` (a version, e.g. ``1.31.1``) builds the same project on another ONNX Runtime release, tagged
+    ``<version>-onnxruntime<release>``: a chart upgrade that changes the runtime (tests/e2e), without touching
+    the default image's inputs."""
     if os.geteuid() != 0:
         raise ImageError("make image needs root (chroot and bind mounts over the root filesystem)")
     started = time.monotonic()
-    version = project_version()
+    version = project_version() + (f"-onnxruntime{onnxruntime}" if onnxruntime else "")
     name = f"{IMAGE_REPOSITORY}:{version}"
     out_dir = out_dir or REPO / "build" / "image"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -147,8 +152,9 @@ def build(
     stage = dockerfile.parse(REPO / "Dockerfile", build_args, base_env=BASE_ENV)
     work = cache_root() / "image" / "work"
     wheel = wheels(work, log)
+    wheelhouse = work / "wheels" if onnxruntime is None else _with_onnxruntime(work, onnxruntime, log)
     archive = out_dir / f"metainfer-{version}.oci.tar"
-    key = _inputs_key(wheel, work / "wheels", base, build_args or {})
+    key = _inputs_key(wheel, wheelhouse, base, build_args or {})
     key_file = archive.with_name(archive.name + ".inputs")
     if archive.exists() and key_file.exists() and key_file.read_text() == key:
         seconds = time.monotonic() - started
@@ -161,7 +167,7 @@ def build(
         _run(["tar", "-xf", str(base), "-C", str(rootfs), "--numeric-owner"], "unpacking the base")
         for env, script in stage.runs:
             log(f"RUN {script[:80]}...")
-            _chroot_run(rootfs, script, env, dist=wheel.parent, wheelhouse=work / "wheels")
+            _chroot_run(rootfs, script, env, dist=wheel.parent, wheelhouse=wheelhouse)
         layer = Path(tmp, "layer.tar")
         oci.write_layer(rootfs, layer)
         config = oci.ImageConfig(
@@ -177,6 +183,27 @@ def build(
     seconds = time.monotonic() - started
     log(f"built {name} ({archive}, {archive.stat().st_size / 2**20:.0f} MiB) in {seconds:.0f}s")
     return BuiltImage(name, archive, digest, archive.stat().st_size, seconds)
+
+
+def _with_onnxruntime(work: Path, release: str, log: Log) -> Path:
+    """A wheelhouse that is the default one with ``onnxruntime==release`` as its only ONNX Runtime (hard links;
+    the release's wheel from the package index, once): the Dockerfile's install then resolves to that release."""
+    house = work / f"wheels-onnxruntime-{release}"
+    if house.exists():
+        shutil.rmtree(house)
+    house.mkdir(parents=True)
+    for wheel in (work / "wheels").glob("*.whl"):
+        if not wheel.name.startswith("onnxruntime-"):
+            os.link(wheel, house / wheel.name)
+    cached = cache_root() / "image" / "onnxruntime" / release
+    if not list(cached.glob("onnxruntime-*.whl")):
+        log(f"downloading onnxruntime {release}'s wheel")
+        cached.mkdir(parents=True, exist_ok=True)
+        pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
+        _run([*pip, "--dest", str(cached), f"onnxruntime=={release}"], f"downloading onnxruntime {release}")
+    for wheel in cached.glob("onnxruntime-*.whl"):
+        shutil.copy2(wheel, house / wheel.name)
+    return house
 
 
 def _inputs_key(wheel: Path, wheelhouse: Path, base: Path, build_args: dict[str, str]) -> str:

@@ -15,16 +15,19 @@ from typing import Any
 
 import numpy as np
 import pytest
+from client_loop import ClientLoop, LoopReport
 from platform_harness import RELEASE_NAMESPACE, WORKLOAD_NAMESPACE, Platform
 
 from hack.controlplane import node as node_mod
 from metainfer.agent.zoo import build_examples
+from metainfer.core.control.naming import label_value
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms.build import build_variant
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 
+REPO = Path(__file__).resolve().parents[2]
 POLICY = "digits"
 SERVING = "app.kubernetes.io/component=serving,metainfer.io/policy=" + POLICY
 
@@ -205,13 +208,43 @@ def test_prometheus_discovers_and_scrapes_the_serving_pods_and_the_operator_read
     platform.log(f"production compute p95 read by the operator through Prometheus: {p95} ms")
 
 
+# Longest a client of the policy may go without an answer while the cluster changes: the loop's own cadence
+# (50 ms) plus a request, with room for a CPU-starved moment on a 2-core node running a Job beside the pods.
+CONTINUITY_GAP_S = 2.0
+
+
+def _client_loop(platform: Platform) -> ClientLoop:
+    """One request every 50 ms through the policy's Service, as a client that follows status.endpoint does."""
+    cluster_ip = platform.get("service", POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
+    batch = np.random.default_rng(2).random((16, 64), dtype=np.float32)
+    inputs = [{"name": "input", "shape": [16, 64], "datatype": "FP32", "data": batch.ravel().tolist()}]
+    return ClientLoop(cluster_ip, 8080, POLICY, inputs)
+
+
+def _continuity(platform: Platform, scenario: str, report: LoopReport) -> None:
+    """Record what the client saw (bench/continuity.py renders it) and hold the scenario to the target."""
+    platform.timings.setdefault("continuity", {})[scenario] = report.to_json()
+    platform.log(f"continuity, {scenario}: {report.describe()}")
+    assert report.sent > 0
+    assert report.failed == 0, f"{scenario}: {report.describe()}"
+    assert report.longest_gap_s <= CONTINUITY_GAP_S, f"{scenario}: {report.describe()}"
+
+
 def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Platform) -> None:
     """A driver upgrade in place, as the operator sees it: the node's class changes. Make before break: the old
-    class's pods (a relabel does not evict them) serve until the new class has a Ready pod, and only then go."""
+    class's pods (a relabel does not evict them) serve until the new class has a Ready pod, and only then go; a
+    client of the policy's Service sees no failed request and no gap."""
+    with _client_loop(platform) as loop:
+        _relabel_and_follow(platform)
+    _continuity(platform, "relabel", loop.report)
+
+
+def _relabel_and_follow(platform: Platform) -> None:
     before = {r["metadata"]["name"] for r in _runs(platform)}
     old_classes = {p["metadata"]["labels"]["metainfer.io/class"] for p in _ready_serving_pods(platform)}
     assert old_classes, "the policy serves before the relabel"
     prefix = "feature.node.kubernetes.io/cpu-model."
+    relabelled = time.monotonic()
     platform.kubectl(
         "label", "node", node_mod.NODE_NAME, "--overwrite",
         f"{prefix}vendor_id=AuthenticAMD", f"{prefix}family=25", f"{prefix}id=1",
@@ -219,6 +252,15 @@ def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Pl
 
     def new_succeeded() -> list[dict[str, Any]]:
         return [r for r in _succeeded_runs(platform) if r["metadata"]["name"] not in before]
+
+    def provisional() -> list[dict[str, Any]]:
+        """Ready pods of a new class serving a run of the old one (core.control.provisional)."""
+        return [
+            p
+            for p in _ready_serving_pods(platform)
+            if p["metadata"]["labels"]["metainfer.io/class"] not in old_classes
+            and p["metadata"]["labels"].get("metainfer.io/run") in {label_value(r) for r in before}
+        ]
 
     dark: list[float] = []  # moments the policy had no Ready serving pod at all
 
@@ -230,14 +272,28 @@ def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Pl
 
         return check
 
+    # The new class serves at once with the old class's variant, while its own run adapts.
+    (lent, *_) = platform.wait("a provisional pod of the new class", watched(provisional), 300, 1)
+    platform.timings["new_class_to_first_provisional_pod_ready_s"] = time.monotonic() - relabelled
+    classes = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)["status"]["classes"]
+    states = {c["fingerprint"]: c["state"] for c in classes}
+    assert states.get(lent["metadata"]["labels"]["metainfer.io/class"]) in ("Provisional", "RollingOut", "Ready")
+
     runs = platform.wait("a run for the relabelled node's new class", watched(new_succeeded), 600, 3)
     assert len(runs) == 1, [r["metadata"]["name"] for r in runs]
     new_class = runs[0]["metadata"]["labels"]["metainfer.io/class"]
+    own = label_value(runs[0]["metadata"]["name"])
 
     def new_class_ready() -> list[dict[str, Any]]:
-        return [p for p in _ready_serving_pods(platform) if p["metadata"]["labels"]["metainfer.io/class"] == new_class]
+        return [
+            p
+            for p in _ready_serving_pods(platform)
+            if p["metadata"]["labels"]["metainfer.io/class"] == new_class
+            and p["metadata"]["labels"].get("metainfer.io/run") == own
+        ]
 
-    platform.wait("a Ready serving pod of the new class", watched(new_class_ready), 300)
+    platform.wait("a Ready pod of the new class serving its own variant", watched(new_class_ready), 300)
+    platform.timings["new_class_to_first_adapted_pod_ready_s"] = time.monotonic() - relabelled
 
     def old_class_gone() -> bool:
         deployments = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
@@ -245,6 +301,162 @@ def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Pl
 
     platform.wait("the old class's Deployment to go once the new class serves", watched(old_class_gone), 180)
     assert not dark, f"the policy had no Ready serving pod at {len(dark)} of the checks during the relabel"
+
+
+def test_a_new_model_version_goes_through_the_canary_without_a_failed_request(
+    platform: Platform, digits: Path, tmp_path: Path
+) -> None:
+    """A new model version, adapted and canaried (one canary pod, a 30 s analysis), then promoted or rolled back,
+    while a client sends through the policy's Service: pods come and go, answers never stop."""
+    import onnx
+
+    model = onnx.load(digits)
+    model.doc_string = "digits, version 2"  # another export of the model: new bytes, so a new model version
+    v2 = tmp_path / "digits-v2.onnx"
+    onnx.save(model, v2)
+    platform.kubectl(
+        "create", "configmap", "digits-model-v2", "-n", WORKLOAD_NAMESPACE, f"--from-file=model.onnx={v2}"
+    )  # fmt: skip
+    patch = {
+        "spec": {
+            "model": {"uri": "configmap://digits-model-v2/model.onnx",
+                      "sha256": hashlib.sha256(v2.read_bytes()).hexdigest()},
+            "rollout": {"canaryReplicas": 1, "analysisWindowSeconds": 30, "tolerance": 0.5},
+            # A canary beside a stable track of two; 300m each, so the Job (1 CPU), the operator and the surge pods
+            # fit the node's 2 CPUs. The resources and replicas roll the stable pods at once, a churn of its own.
+            "serving": {"replicas": 2, "resources": {"requests": {"cpu": "300m"}, "limits": {"cpu": "300m"}}},
+        }
+    }  # fmt: skip
+    canary = SERVING + ",metainfer.io/track=canary"
+    with _client_loop(platform) as loop:
+        started = time.monotonic()
+        platform.kubectl(
+            "patch", "adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE, "--type=merge", "-p", json.dumps(patch)
+        )
+        platform.wait("the new version's canary pod", lambda: _ready_serving_pods_of(platform, canary), 600, 3)
+
+        def decided() -> str | None:
+            policy = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
+            phases = {(c.get("rollout") or {}).get("phase") for c in policy.get("status", {}).get("classes", [])}
+            return next((str(p) for p in phases if p in ("Promoted", "RolledBack")), None)
+
+        outcome = platform.wait("the canary to be promoted or rolled back", decided, 300, 2)
+
+        def settled() -> bool:
+            deployments = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
+            gone = not [d for d in deployments if d["metadata"]["labels"].get("metainfer.io/track") == "canary"]
+            rolled = all(
+                (d.get("status") or {}).get("updatedReplicas") == d["spec"]["replicas"]
+                and (d.get("status") or {}).get("replicas") == d["spec"]["replicas"]
+                for d in deployments
+            )
+            return gone and rolled
+
+        platform.wait("the canary gone and the stable Deployment rolled", settled, 180, 2)
+        time.sleep(8)  # past the replaced pods' shutdown delay: their endpoints are gone, clients moved on
+    platform.timings["model_version_canary_outcome"] = outcome
+    platform.timings["model_version_to_settled_s"] = time.monotonic() - started
+    _continuity(platform, f"new model version through the canary ({outcome})", loop.report)
+
+
+def test_the_operator_scaled_to_zero_for_a_minute_costs_no_request(platform: Platform) -> None:
+    """Serving does not depend on the operator being up: scaled to zero for a minute, and back."""
+    deployment = platform.get("deployments", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")
+    (operator,) = deployment["items"]
+    name = operator["metadata"]["name"]
+    with _client_loop(platform) as loop:
+        platform.kubectl("scale", "deployment", name, "-n", RELEASE_NAMESPACE, "--replicas=0")
+        platform.wait(
+            "the operator pod to be gone",
+            lambda: (
+                not platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+            ),
+            120,
+        )
+        time.sleep(60)
+        platform.kubectl("scale", "deployment", name, "-n", RELEASE_NAMESPACE, "--replicas=1")
+        platform.wait(
+            "the operator Deployment available again",
+            lambda: (
+                (platform.get("deployment", name, "-n", RELEASE_NAMESPACE).get("status") or {}).get("availableReplicas")
+                == 1
+            ),
+            180,
+        )
+        time.sleep(15)  # the restarted operator's first reconciles: they must change nothing that serves
+    _continuity(platform, "operator scaled to zero for 60 s", loop.report)
+
+
+# Another ONNX Runtime release than the one pyproject resolves to: the image a chart upgrade brings.
+OTHER_ONNXRUNTIME = "1.31.1"
+
+
+def _serving_images(platform: Platform) -> dict[str, set[str]]:
+    """Deployment name -> the images its Ready pods run."""
+    out: dict[str, set[str]] = {}
+    for pod in _ready_serving_pods(platform):
+        owner = (
+            pod["metadata"]["labels"].get("metainfer.io/track", "")
+            + ":"
+            + pod["metadata"]["labels"].get("metainfer.io/class", "")
+        )
+        out.setdefault(owner, set()).add(pod["spec"]["containers"][0]["image"])
+    return out
+
+
+def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_serves(platform: Platform) -> None:
+    """helm upgrade to an image with another ONNX Runtime: each class gets a RuntimeChange run; until it succeeds
+    the class keeps the image that validated its variant (a pod of the new runtime would rebuild other bytes and
+    refuse to serve them), then the re-adapted variant rolls out on the new image. No rollout stalls, and a client
+    of the policy's Service sees no failed request."""
+    from hack.image import build as image_build
+
+    other = image_build.build(log=platform.log, onnxruntime=OTHER_ONNXRUNTIME)
+    assert image_build.import_into_node(other, platform.plane.root, platform.log)
+    old_image = platform.image.name
+    assert _serving_images(platform) and all(i == {old_image} for i in _serving_images(platform).values())
+    before = {r["metadata"]["name"] for r in _runs(platform)}
+    repository, tag = other.name.rsplit(":", 1)
+    with _client_loop(platform) as loop:
+        started = time.monotonic()
+        platform.helm(
+            "upgrade", "metainfer", str(REPO / "charts" / "metainfer"), "-n", RELEASE_NAMESPACE, "--reuse-values",
+            "--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--wait", "--timeout", "4m",
+        )  # fmt: skip
+
+        def runtime_runs() -> list[dict[str, Any]]:
+            return [
+                r
+                for r in _runs(platform)
+                if r["metadata"]["name"] not in before and r["spec"].get("reason") == "RuntimeChange"
+            ]
+
+        (run,) = platform.wait("a RuntimeChange run for the class", runtime_runs, 180, 2)
+        assert run["spec"]["runtime"] == f"onnxruntime {OTHER_ONNXRUNTIME}" and run["spec"]["image"] == other.name
+        # While it adapts, the stable pods keep the old image: nothing was rolled onto the new runtime.
+        assert all(i == {old_image} for i in _serving_images(platform).values()), _serving_images(platform)
+        name = run["metadata"]["name"]
+        platform.wait(
+            "the RuntimeChange run to succeed",
+            lambda: any(r["metadata"]["name"] == name for r in _succeeded_runs(platform)),
+            600,
+            3,
+        )
+
+        def on_new_image() -> bool:
+            deployments = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
+            canaries = [d for d in deployments if d["metadata"]["labels"].get("metainfer.io/track") == "canary"]
+            images = _serving_images(platform)
+            settled = all(
+                (d.get("status") or {}).get("updatedReplicas") == d["spec"]["replicas"] == d["status"].get("replicas")
+                for d in deployments
+            )
+            return not canaries and settled and bool(images) and all(i == {other.name} for i in images.values())
+
+        platform.wait("every serving pod on the new image, the re-adapted variant served", on_new_image, 420, 2)
+        time.sleep(8)  # past the replaced pods' shutdown delay
+    platform.timings["chart_upgrade_to_new_runtime_served_s"] = time.monotonic() - started
+    _continuity(platform, f"chart upgrade to onnxruntime {OTHER_ONNXRUNTIME}", loop.report)
 
 
 def _owned_objects(platform: Platform) -> dict[str, list[str]]:
