@@ -11,7 +11,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-search bench-warm-start bench-real-node bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -58,6 +58,8 @@ bench-serving: bench-deps
 # Needs root: starts the real node, builds the image, runs the e2e suite and reads its timings.
 bench-real-node: bench-deps assets
 	$(BIN)/python bench/real_node.py
+bench-continuity: bench-deps assets
+	$(BIN)/python bench/continuity.py
 bench-scale: venv assets
 	$(BIN)/python bench/operator_scale.py
 # Olive pulls torch and pins an older pydantic, so bench/olive_peer.py builds it its own

@@ -70,6 +70,13 @@ class RealNodeResult(Record):
     e2e_wall_s: float
 
 
+class ContinuityResult(Record):
+    """bench/continuity.py: the e2e suite's timings (its "continuity" scenarios) and its wall time."""
+
+    e2e: dict[str, Any]
+    e2e_wall_s: float
+
+
 class PodStartResult(Record):
     model: str
     recipe: dict[str, Any]

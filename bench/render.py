@@ -100,6 +100,12 @@ def _pod_start(r: records.PodStartResult) -> str:
     return pod_start.render(r.model_dump())
 
 
+def _continuity(r: records.ContinuityResult) -> str:
+    from bench import continuity
+
+    return continuity.render(r.model_dump())
+
+
 def _real_node(r: records.RealNodeResult) -> str:
     from bench import real_node
 
@@ -125,6 +131,11 @@ SECTIONS: dict[str, Section] = {
     "pod_start": Section("Serving: pod start, rebuild vs variant store", records.PodStartResult, _pod_start),
     "real_node": Section(
         "Real node: cluster-up, image, apply to Ready, drift to canary", records.RealNodeResult, _real_node
+    ),
+    "continuity": Section(
+        "Continuity: a client's view while hardware, models and the operator change",
+        records.ContinuityResult,
+        _continuity,
     ),
 }
 

@@ -160,6 +160,10 @@ def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service
     rng = np.random.default_rng(0)
     batch = rng.random((16, 64), dtype=np.float32)
     expected = session.run(None, {session.get_inputs()[0].name: batch})
+    # The first pod's Ready reaches kube-proxy's rules through the EndpointSlice a moment later (seen: a refused
+    # connection right after Ready); until then the Service has no endpoint and rejects. Later changes keep an
+    # endpoint throughout (the continuity tests below), so only this first start waits.
+    platform.wait("the policy's Service to route to its first Ready pod", lambda: _answers(cluster_ip), 30, 0.5)
     client = tritonhttp.InferenceServerClient(f"{cluster_ip}:8080")
     request = tritonhttp.InferInput("input", list(batch.shape), "FP32")
     request.set_data_from_numpy(batch, binary_data=True)
@@ -170,6 +174,19 @@ def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     platform.log(f"recipe {recipe.describe()}; rebuilt here sha256 {hashlib.sha256(variant).hexdigest()[:12]}, "
                  f"run validated {run['status']['bestVariantSha256'][:12]}")  # fmt: skip
+
+
+def _answers(cluster_ip: str) -> bool:
+    import http.client
+
+    connection = http.client.HTTPConnection(cluster_ip, 8080, timeout=5)
+    try:
+        connection.request("GET", f"/v2/models/{POLICY}/ready")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()
 
 
 def _prometheus_series(platform: Platform, promql: str) -> list[dict[str, Any]]:
