@@ -61,7 +61,7 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
         r.class_fingerprint for r in runs.invalid if r.class_fingerprint
     }
     known |= {c.fingerprint for c in (policy.status.classes if policy.status else [])}
-    scheduling = (indexes.node_scheduling, config.platform_tolerations())
+    scheduling = (indexes.node_scheduling, config.placement())
     settled = settled_groups(
         view.selected(policy.spec.hardware, indexes.nodes, *scheduling),
         view.sightings,

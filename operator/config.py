@@ -31,6 +31,7 @@ from metainfer.core.api.security import (
     PodSecurityContext,
 )
 from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
+from metainfer.core.control.schedulability import NODE_OPERATORS, PlatformPlacement, required_terms
 from metainfer.core.control.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_JOB_RESOURCES,
@@ -45,6 +46,8 @@ JSON_SETTINGS = (
     "workload_image_pull_secrets",
     "workload_fetch_allow_cidrs",
     "workload_tolerations",
+    "workload_node_selector",
+    "workload_affinity",
     "workload_pod_security_context",
     "workload_container_security_context",
     "job_resources",
@@ -148,6 +151,22 @@ class OperatorConfig(BaseSettings):
         'spec, e.g. [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]); nodes tainted '
         "beyond both form no class.",
     )
+    workload_node_selector: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="nodeSelector labels every Job and serving pod gets (JSON object); nodes without them form no "
+        "class.",
+    )
+    workload_affinity: Annotated[dict[str, Any], NoDecode] = Field(
+        default_factory=dict,
+        description="A Pod affinity for Jobs and serving pods (JSON, Kubernetes' spelling); its required node "
+        "terms are ANDed with each class's own, and nodes they rule out form no class.",
+    )
+    workload_priority_class_name: str | None = Field(
+        None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN, description="priorityClassName of both."
+    )
+    workload_runtime_class_name: str | None = Field(
+        None, min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN, description="runtimeClassName of both."
+    )
     workload_pod_security_context: Annotated[PodSecurityContext, NoDecode] = Field(
         DEFAULT_POD_SECURITY_CONTEXT, description="Pod securityContext of adaptation Jobs and serving pods (JSON)."
     )
@@ -204,6 +223,30 @@ class OperatorConfig(BaseSettings):
                 raise ValueError(f"{item[:80]!r} is not a CIDR (e.g. 10.96.0.0/12)") from None
         return value
 
+    @field_validator("workload_affinity")
+    @classmethod
+    def _affinity(cls, value: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(value) - {"nodeAffinity", "podAffinity", "podAntiAffinity"}
+        if unknown:
+            raise ValueError(f"unknown keys {sorted(unknown)[:3]}: an affinity has nodeAffinity, podAffinity, "
+                             "podAntiAffinity")  # fmt: skip
+        for index, term in enumerate(required_terms(value)):
+            if not isinstance(term, dict) or term.get("matchFields"):
+                raise ValueError(f"nodeSelectorTerms[{index}]: only matchExpressions are supported (no matchFields)")
+            for expression in term.get("matchExpressions") or []:
+                if not isinstance(expression, dict) or expression.get("operator") not in NODE_OPERATORS:
+                    raise ValueError(
+                        f"nodeSelectorTerms[{index}]: each matchExpression needs a key and an operator of "
+                        f"{sorted(NODE_OPERATORS)}"
+                    )
+                if not isinstance(expression.get("key"), str):
+                    raise ValueError(f"nodeSelectorTerms[{index}]: each matchExpression needs a key")
+        return value
+
+    def placement(self) -> PlatformPlacement:
+        """Where the platform lets Jobs and serving pods land: its tolerations, nodeSelector, node affinity."""
+        return PlatformPlacement(self.platform_tolerations(), self.workload_node_selector, self.workload_affinity)
+
     def platform_tolerations(self) -> tuple[dict[str, Any], ...]:
         """workloads.tolerations as a Pod spec spells them: every Job and serving pod gets them."""
         return tuple(t.to_api() for t in self.workload_tolerations)
@@ -214,6 +257,14 @@ class OperatorConfig(BaseSettings):
 
         return self.agent_runtime or runtime_identity()
 
+    def _placement_settings(self) -> dict[str, Any]:
+        return {
+            "node_selector": self.workload_node_selector,
+            "affinity": self.workload_affinity or None,
+            "priority_class_name": self.workload_priority_class_name,
+            "runtime_class_name": self.workload_runtime_class_name,
+        }
+
     def job_settings(self) -> AgentJobSettings:
         """What every adaptation Job gets from the platform."""
         return AgentJobSettings(
@@ -221,6 +272,7 @@ class OperatorConfig(BaseSettings):
             service_account=self.agent_service_account,
             image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
             tolerations=self.platform_tolerations(),
+            **self._placement_settings(),
             runtime=self.runtime(),
             resources=self.job_resources,
             pod_security_context=self.workload_pod_security_context,
@@ -235,6 +287,7 @@ class OperatorConfig(BaseSettings):
             service_account=self.serving_service_account,
             image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
             tolerations=self.platform_tolerations(),
+            **self._placement_settings(),
             runtime=self.runtime(),
             resources=self.serving_resources,
             pod_security_context=self.workload_pod_security_context,

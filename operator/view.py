@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,7 +28,7 @@ from metainfer.core.control.hardware import (
     unclassified_for,
 )
 from metainfer.core.control.naming import job_name, label_value
-from metainfer.core.control.schedulability import NodeScheduling, exclusions
+from metainfer.core.control.schedulability import NodeScheduling, PlatformPlacement, exclusion_reason
 from metainfer.core.control.settling import ClassSightings
 
 Body = Mapping[str, Any]
@@ -83,47 +83,52 @@ class ClusterView:
         selection: HardwareSelection | None,
         nodes_index: Mapping[str, Iterable[Mapping[str, str]]],
         scheduling_index: Mapping[str, Iterable[Mapping[str, Any]]] | None = None,
-        platform_tolerations: Sequence[Mapping[str, Any]] = (),
+        platform: PlatformPlacement | None = None,
     ) -> list[ClassGroup]:
         """A policy's classes, shared by every policy with the same selection until a node changes (100 policies
         with one nodeSelector matched it against every node of every class on each reconcile). Nodes its pods
         cannot be scheduled on (``excluded``) are in none of them."""
-        return self._selection(selection, nodes_index, scheduling_index, platform_tolerations)[0]
+        return self._selection(selection, nodes_index, scheduling_index, platform)[0]
 
     def excluded(
         self,
         selection: HardwareSelection | None,
         nodes_index: Mapping[str, Iterable[Mapping[str, str]]],
         scheduling_index: Mapping[str, Iterable[Mapping[str, Any]]] | None = None,
-        platform_tolerations: Sequence[Mapping[str, Any]] = (),
+        platform: PlatformPlacement | None = None,
     ) -> dict[str, str]:
-        """Nodes this policy would select that are cordoned or tainted beyond its and the platform's tolerations,
-        with why."""
-        return self._selection(selection, nodes_index, scheduling_index, platform_tolerations)[1]
+        """Nodes this policy would select that are cordoned, tainted beyond its and the platform's tolerations, or
+        outside the platform's placement, with why."""
+        return self._selection(selection, nodes_index, scheduling_index, platform)[1]
 
     def _selection(
         self,
         selection: HardwareSelection | None,
         nodes_index: Mapping[str, Iterable[Mapping[str, str]]],
         scheduling_index: Mapping[str, Iterable[Mapping[str, Any]]] | None,
-        platform_tolerations: Sequence[Mapping[str, Any]],
+        platform: PlatformPlacement | None,
     ) -> tuple[list[ClassGroup], dict[str, str]]:
         classification, labels = self.classification(nodes_index)
         if self._selected_version != self.node_version:
             self._selected, self._selected_version = {}, self.node_version
+        platform = platform or PlatformPlacement()
         key = (selection.model_dump_json() if selection is not None else "") + json.dumps(
-            platform_tolerations, sort_keys=True, default=str
+            [platform.tolerations, platform.node_selector, platform.affinity], sort_keys=True, default=str
         )
         if key not in self._selected:
             wanted = dict((selection.node_selector if selection else None) or {})
             tolerations = [*(t.to_api() for t in (selection.tolerations if selection else None) or []),
-                           *platform_tolerations]  # fmt: skip
-            scheduling = (
-                (name, NodeScheduling.from_index(first(store)))
-                for name, store in sorted((scheduling_index or {}).items())
-                if name in labels and selector_matches(labels[name], wanted)
-            )
-            excluded = exclusions(scheduling, tolerations)
+                           *platform.tolerations]  # fmt: skip
+            scheduling = scheduling_index or {}
+            excluded: dict[str, str] = {}
+            for name in sorted(labels):
+                if not selector_matches(labels[name], wanted):
+                    continue
+                store = scheduling.get(name)
+                node = NodeScheduling.from_index(first(store)) if store else NodeScheduling()
+                why = platform.placement_reason(labels[name]) or exclusion_reason(node, tolerations)
+                if why is not None:
+                    excluded[name] = why
             self._selected[key] = (select_groups(classification.groups, selection, labels, excluded), excluded)
         return self._selected[key]
 

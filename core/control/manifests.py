@@ -67,6 +67,7 @@ from metainfer.core.control.objects import (
     variant_key,
 )
 from metainfer.core.control.runkey import run_key
+from metainfer.core.control.schedulability import merged_affinity
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults, WorkloadSettings, merged_resources
 
 # Kubernetes' own node label (not one of ours, so not in core/api/names.py): serving replicas spread over it.
@@ -502,15 +503,19 @@ def _pod_spec(
     pod: dict[str, Any] = {
         "serviceAccountName": service_account,
         "enableServiceLinks": False,
-        "nodeSelector": dict(group.selector),
+        "nodeSelector": {**settings.node_selector, **group.selector},
         "securityContext": settings.pod_security_context.to_api(),
         "containers": [container],
         "volumes": volumes,
     }
     if settings.image_pull_secrets:
         pod["imagePullSecrets"] = [{"name": secret} for secret in settings.image_pull_secrets]
-    if affinity := group.node_affinity():
+    if affinity := merged_affinity(settings.affinity, group.node_affinity()):
         pod["affinity"] = affinity
+    if settings.priority_class_name:
+        pod["priorityClassName"] = settings.priority_class_name
+    if settings.runtime_class_name:
+        pod["runtimeClassName"] = settings.runtime_class_name
     if tolerations:
         pod["tolerations"] = tolerations
     return pod

@@ -1,15 +1,17 @@
-"""Which nodes a policy's pods may be scheduled on: not cordoned, and every blocking taint tolerated.
+"""Which nodes a policy's pods may be scheduled on: not cordoned, every blocking taint tolerated, and matched by
+the platform's placement (workloads.nodeSelector and the required node affinity of workloads.affinity).
 
 A node the scheduler would never give the policy's Jobs or serving pods must not form a class: its run would wait
-Pending until its deadline, and a Deployment for it would never have a Ready pod. ``exclusions`` names each such
-node with why, from what the nodes index keeps of a node (``NodeScheduling.read``) and the tolerations the pods
-get (the policy's spec.hardware.tolerations plus the platform's workloads.tolerations). Matching follows the
-scheduler's own rules (k8s.io/api/core/v1 Toleration.ToleratesTaint); PreferNoSchedule taints never block.
+Pending until its deadline, and a Deployment for it would never have a Ready pod. ``exclusion_reason`` and
+``PlatformPlacement.placement_reason`` say why such a node is left out, from what the nodes index keeps of a node
+(``NodeScheduling.read``), its labels, and what the pods get (the policy's spec.hardware.tolerations plus the
+platform's workloads settings). Matching follows the scheduler's own rules (k8s.io/api/core/v1
+Toleration.ToleratesTaint, NodeSelectorRequirement); PreferNoSchedule taints never block.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +90,70 @@ def exclusion_reason(node: NodeScheduling, tolerations: Sequence[Mapping[str, An
     )
 
 
-def exclusions(nodes: Iterable[tuple[str, NodeScheduling]], tolerations: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """Node name -> why, for every node the policy's pods cannot be scheduled on."""
-    return {name: why for name, node in nodes if (why := exclusion_reason(node, tolerations)) is not None}
+NODE_OPERATORS = frozenset({"In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"})
+
+
+def _matches(labels: Mapping[str, str], expression: Mapping[str, Any]) -> bool:
+    """One NodeSelectorRequirement, as the scheduler evaluates it on a node's labels."""
+    key, operator, values = expression["key"], expression["operator"], list(expression.get("values") or [])
+    if operator == "Exists":
+        return key in labels
+    if operator == "DoesNotExist":
+        return key not in labels
+    if key not in labels:
+        return False  # In, Gt and Lt need the label; NotIn too (the scheduler's rule: an absent key does not match)
+    value = labels[key]
+    if operator == "In":
+        return value in values
+    if operator == "NotIn":
+        return value not in values
+    try:
+        number, bound = int(value), int(values[0])
+    except (ValueError, IndexError):
+        return False
+    return number > bound if operator == "Gt" else number < bound
+
+
+def required_terms(affinity: Mapping[str, Any] | None) -> list[dict[str, Any]]:
+    """The nodeSelectorTerms of an affinity's requiredDuringSchedulingIgnoredDuringExecution (ORed)."""
+    node = (affinity or {}).get("nodeAffinity") or {}
+    required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+    return list(required.get("nodeSelectorTerms") or [])
+
+
+@dataclass(frozen=True)
+class PlatformPlacement:
+    """What the platform adds to every Job and serving pod that decides where it may land."""
+
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    node_selector: Mapping[str, str] | None = None
+    affinity: Mapping[str, Any] | None = None
+
+    def placement_reason(self, labels: Mapping[str, str]) -> str | None:
+        """Why the platform's nodeSelector or required node affinity keeps pods off a node with ``labels``."""
+        missing = [f"{k}={v}" for k, v in (self.node_selector or {}).items() if labels.get(k) != v]
+        if missing:
+            return f"not matched by the platform's workloads.nodeSelector ({', '.join(missing[:3])})"[:MAX_TAINT_TEXT]
+        terms = required_terms(self.affinity)
+        if terms and not any(all(_matches(labels, e) for e in t.get("matchExpressions") or []) for t in terms):
+            return "not matched by the required node affinity of the platform's workloads.affinity"
+        return None
+
+
+def merged_affinity(platform: Mapping[str, Any] | None, own: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A pod's affinity from the platform's (workloads.affinity) and a class's own (DoesNotExist terms): each side's
+    required node terms must hold, so each of the platform's terms (ORed) gains the class's expressions; preferred
+    node terms and pod (anti-)affinity are the platform's."""
+    if not platform:
+        return dict(own) if own else None
+    merged: dict[str, Any] = {k: v for k, v in platform.items() if k != "nodeAffinity"}
+    node = dict(platform.get("nodeAffinity") or {})
+    mine = [e for t in required_terms(own) for e in t.get("matchExpressions") or []]
+    terms = required_terms(platform) or ([{"matchExpressions": []}] if mine else [])
+    if terms:
+        node["requiredDuringSchedulingIgnoredDuringExecution"] = {
+            "nodeSelectorTerms": [{**t, "matchExpressions": [*(t.get("matchExpressions") or []), *mine]} for t in terms]
+        }
+    if node:
+        merged["nodeAffinity"] = node
+    return merged or None

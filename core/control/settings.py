@@ -54,6 +54,16 @@ class WorkloadSettings(BaseModel):
     image_pull_policy: PullPolicy = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = Field((), description="Secrets of the pod's namespace to pull images with.")
     tolerations: tuple[dict[str, Any], ...] = Field((), description="Added to the policy's tolerations.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, description="Added to each class's nodeSelector (the class's own keys win)."
+    )
+    affinity: dict[str, Any] | None = Field(
+        None,
+        description="A Pod affinity; its required nodeAffinity terms are ANDed with the class's own "
+        "(core.control.schedulability.merged_affinity), the rest is copied.",
+    )
+    priority_class_name: str | None = Field(None, max_length=253)
+    runtime_class_name: str | None = Field(None, max_length=253)
     resources: ResourceRequirements | None = Field(None, description="Container requests/limits.")
     pod_security_context: PodSecurityContext = DEFAULT_POD_SECURITY_CONTEXT
     container_security_context: ContainerSecurityContext = DEFAULT_CONTAINER_SECURITY_CONTEXT

@@ -444,6 +444,24 @@ def test_serving_pods_shutdown_delay_and_drain_come_from_values(monkeypatch: pyt
     assert serving["terminationGracePeriodSeconds"] == 68  # ceil(2.5 + 60) + the margin of 5
 
 
+def test_the_charts_placement_values_reach_job_and_serving_pods(monkeypatch: pytest.MonkeyPatch) -> None:
+    zone = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}
+    affinity = json.dumps({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": zone}})
+    docs = template(
+        "--set", "workloads.nodeSelector.pool=inference",
+        "--set-json", f"workloads.affinity={affinity}",
+        "--set-json", 'workloads.tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]',
+        "--set", "workloads.priorityClassName=serving-high",
+        "--set", "workloads.runtimeClassName=nvidia",
+    )  # fmt: skip
+    for pod in workload_pods(operator_config(operator_env(docs), monkeypatch)).values():
+        assert pod["nodeSelector"]["pool"] == "inference" and pod["priorityClassName"] == "serving-high"
+        assert pod["runtimeClassName"] == "nvidia" and {"key": "nvidia.com/gpu", "operator": "Exists",
+                                                         "effect": "NoSchedule"} in pod["tolerations"]  # fmt: skip
+        required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        assert required["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "zone"
+
+
 @pytest.mark.parametrize(
     ("args", "variable", "why"),
     [

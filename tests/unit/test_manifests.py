@@ -574,3 +574,28 @@ def test_the_runtime_is_read_from_the_installed_distribution_without_importing_o
     import onnxruntime
 
     assert out[-1] == "False" and f"onnxruntime {onnxruntime.__version__}" in " ".join(out[:-1])
+
+
+def test_the_platforms_placement_reaches_job_and_serving_pods_and_a_bad_affinity_is_named() -> None:
+    from metainfer.operator.config import ConfigError, OperatorConfig
+
+    zone = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}
+    config = OperatorConfig(
+        workload_node_selector='{"pool": "inference"}',
+        workload_affinity=json.dumps({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": zone}}),
+        workload_priority_class_name="serving-high",
+        workload_runtime_class_name="nvidia",
+    )
+    for pod in _pods((config.job_settings(), config.serving_defaults())):
+        assert pod["nodeSelector"]["pool"] == "inference" and pod["priorityClassName"] == "serving-high"
+        assert pod["runtimeClassName"] == "nvidia"
+        terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        assert all(any(e["key"] == "zone" for e in t["matchExpressions"]) for t in terms)
+    for pod in _pods((AgentJobSettings(), ServingDefaults())):
+        assert "priorityClassName" not in pod and "runtimeClassName" not in pod
+    fields = {"nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["n"]}]}]}
+    with pytest.raises(ConfigError, match=r"METAINFER_WORKLOAD_AFFINITY.*matchFields"):
+        OperatorConfig(workload_affinity=json.dumps({"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": fields}}))  # fmt: skip
+    with pytest.raises(ConfigError, match=r"METAINFER_WORKLOAD_AFFINITY.*unknown keys"):
+        OperatorConfig(workload_affinity='{"nodeAfinity": {}}')

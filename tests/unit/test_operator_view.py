@@ -6,7 +6,7 @@ from metainfer.core.api.names import LABEL_POLICY
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import group_nodes, select_groups
 from metainfer.core.control.naming import job_name, label_value
-from metainfer.core.control.schedulability import NodeScheduling
+from metainfer.core.control.schedulability import NodeScheduling, PlatformPlacement
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
 
 A100 = {"kubernetes.io/arch": "amd64", "nvidia.com/gpu.product": "A100", "nvidia.com/cuda.driver-version.full": "550"}
@@ -51,8 +51,11 @@ def test_cordoned_and_untolerated_nodes_form_no_class_and_are_reported_with_why(
     gpu_ok = HardwareSelection(tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists"}])
     assert sorted(g.node_names for g in view.selected(gpu_ok, _index(nodes), scheduling)) == [("c1",), ("g1",)]
     # The platform's tolerations (workloads.tolerations) count as the policy's own.
-    platform = ({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},)
+    platform = PlatformPlacement(tolerations=({"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},))
     assert view.excluded(None, _index(nodes), scheduling, platform).keys() == {"g2"}
+    # And its placement: a nodeSelector the CPU node lacks leaves it out too.
+    pooled = PlatformPlacement(node_selector={"pool": "gpu"})
+    assert "workloads.nodeSelector" in view.excluded(None, _index(nodes), scheduling, pooled)["c1"]
     # A policy hears only of nodes its nodeSelector would take.
     assert view.excluded(HardwareSelection(node_selector={"pool": "x"}), _index(nodes), scheduling) == {}
 

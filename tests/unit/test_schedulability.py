@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from metainfer.core.control.schedulability import NodeScheduling, Taint, exclusion_reason, exclusions, tolerates
+from metainfer.core.control.schedulability import (
+    NodeScheduling,
+    PlatformPlacement,
+    Taint,
+    exclusion_reason,
+    merged_affinity,
+    tolerates,
+)
 
 GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
 
@@ -38,7 +45,6 @@ def test_a_node_is_excluded_while_cordoned_or_tainted_beyond_the_tolerations_and
     assert exclusion_reason(tainted, [{"key": "nvidia.com/gpu", "operator": "Exists"}]) is None
     cordoned = exclusion_reason(NodeScheduling(unschedulable=True), [{"operator": "Exists"}])
     assert cordoned is not None and "cordoned" in cordoned  # a cordon is the platform's word: no toleration lifts it
-    assert exclusions([("a", NodeScheduling()), ("b", tainted)], []) == {"b": reason}
 
 
 def test_only_blocking_taints_are_read_from_a_node_and_junk_counts_as_absent() -> None:
@@ -62,3 +68,42 @@ def test_a_hostile_node_with_many_long_taints_gets_a_bounded_reason() -> None:
     taints = tuple(Taint("k" * 250 + str(i), "v" * 63, "NoSchedule") for i in range(50))
     reason = exclusion_reason(NodeScheduling(taints=taints), [])
     assert reason is not None and len(reason) < 1024 and "and 47 more" in reason
+
+
+ZONE_A = {"nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}]}
+
+
+def test_the_platforms_placement_leaves_out_nodes_its_selector_or_required_affinity_rule_out() -> None:
+    placement = PlatformPlacement(
+        node_selector={"pool": "inference"},
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": ZONE_A}},
+    )
+    assert placement.placement_reason({"pool": "inference", "zone": "a"}) is None
+    off_pool = placement.placement_reason({"pool": "batch", "zone": "a"})
+    assert off_pool is not None and "workloads.nodeSelector (pool=inference)" in off_pool
+    off_zone = placement.placement_reason({"pool": "inference", "zone": "b"})
+    assert off_zone is not None and "workloads.affinity" in off_zone
+    gt = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "gen", "operator": "Gt", "values": ["3"]}]},
+        {"matchExpressions": [{"key": "legacy", "operator": "DoesNotExist"}, {"key": "x", "operator": "NotIn",
+                                                                            "values": ["1"]}]},
+    ]}}}  # fmt: skip
+    terms = PlatformPlacement(affinity=gt)
+    assert terms.placement_reason({"gen": "4"}) is None  # the first term
+    assert terms.placement_reason({"x": "2"}) is None  # the second: no legacy label, x not 1
+    assert terms.placement_reason({"gen": "3", "x": "1"}) is not None
+    assert terms.placement_reason({"gen": "three", "legacy": ""}) is not None
+
+
+def test_a_pods_affinity_ands_the_platforms_required_node_terms_with_the_classs_own() -> None:
+    own = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "DoesNotExist"}]}]}}}  # fmt: skip
+    anti = {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname"}]}
+    platform = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": ZONE_A}, "podAntiAffinity": anti}
+    merged = merged_affinity(platform, own)
+    assert merged is not None and merged["podAntiAffinity"] == anti
+    (term,) = merged["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert [e["key"] for e in term["matchExpressions"]] == ["zone", "nvidia.com/gpu.product"]
+    assert merged_affinity(None, own) == own and merged_affinity(None, None) is None
+    only_pods = merged_affinity({"podAntiAffinity": anti}, own)
+    assert only_pods is not None and only_pods["nodeAffinity"] == own["nodeAffinity"]
