@@ -16,6 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+# Kubernetes' own taints for a node's health (not-ready, unreachable, memory/disk/PID pressure, network, and the
+# unschedulable taint a cordon adds beside spec.unschedulable): the API server puts not-ready on every new Node and
+# the node controller on any node that misses a heartbeat. They say how a node is now, not where the platform wants
+# pods; dropping a class for them would cancel its runs on every hiccup. A cordon counts through spec.unschedulable.
+HEALTH_TAINT_PREFIXES = ("node.kubernetes.io/", "node.cloudprovider.kubernetes.io/")
 # A node's taints are untrusted input copied into status: a reason names at most this many, each bounded.
 MAX_TAINTS_NAMED = 3
 MAX_TAINT_TEXT = 160
@@ -48,7 +53,9 @@ class NodeScheduling:
             if not isinstance(raw, Mapping):
                 continue
             key, value, effect = raw.get("key"), raw.get("value") or "", raw.get("effect")
-            if isinstance(key, str) and isinstance(value, str) and effect in BLOCKING_EFFECTS:
+            if not isinstance(key, str) or not isinstance(value, str) or effect not in BLOCKING_EFFECTS:
+                continue
+            if not key.startswith(HEALTH_TAINT_PREFIXES):
                 taints.append(Taint(key, value, str(effect)))
         return cls(unschedulable=spec.get("unschedulable") is True, taints=tuple(taints))
 

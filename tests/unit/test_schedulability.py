@@ -54,6 +54,9 @@ def test_only_blocking_taints_are_read_from_a_node_and_junk_counts_as_absent() -
             {"key": "soft", "effect": "PreferNoSchedule"},
             {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"},
             {"key": "evict", "effect": "NoExecute"},
+            # The API server's and node controller's health taints: transient, not placement (never excluded for).
+            {"key": "node.kubernetes.io/not-ready", "effect": "NoSchedule"},
+            {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"},
             "not a taint",
             {"key": 7, "effect": "NoSchedule"},
         ],
