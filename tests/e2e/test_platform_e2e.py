@@ -424,8 +424,9 @@ def _serving_images(platform: Platform) -> dict[str, set[str]]:
 def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_serves(platform: Platform) -> None:
     """helm upgrade to an image with another ONNX Runtime: each class gets a RuntimeChange run; until it succeeds
     the class keeps the image that validated its variant (a pod of the new runtime would rebuild other bytes and
-    refuse to serve them), then the re-adapted variant rolls out on the new image. No rollout stalls, and a client
-    of the policy's Service sees no failed request."""
+    refuse to serve them), then the re-adapted variant rolls out on the new image, or, when it is another variant
+    and its canary is rolled back, the old image keeps serving the old one. No rollout stalls, and a client of the
+    policy's Service sees no failed request."""
     from hack.image import build as image_build
 
     other = image_build.build(log=platform.log, onnxruntime=OTHER_ONNXRUNTIME)
@@ -460,20 +461,31 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
             3,
         )
 
-        def on_new_image() -> bool:
+        def settled() -> str | None:
+            """How the re-adapted variant ended: served on the new image (a direct rollout or a promoted canary),
+            or rolled back, the stable variant then staying on the image that validated it."""
             deployments = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
-            canaries = [d for d in deployments if d["metadata"]["labels"].get("metainfer.io/track") == "canary"]
-            images = _serving_images(platform)
-            settled = all(
+            if any(d["metadata"]["labels"].get("metainfer.io/track") == "canary" for d in deployments):
+                return None
+            if not all(
                 (d.get("status") or {}).get("updatedReplicas") == d["spec"]["replicas"] == d["status"].get("replicas")
                 for d in deployments
-            )
-            return not canaries and settled and bool(images) and all(i == {other.name} for i in images.values())
+            ):
+                return None
+            images = set().union(*_serving_images(platform).values())
+            policy = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
+            phases = {(c.get("rollout") or {}).get("phase") for c in policy["status"].get("classes", [])}
+            if images == {other.name}:
+                return "served on the new image"
+            if images == {old_image} and "RolledBack" in phases:
+                return "canary rolled back: the old image keeps serving"
+            return None
 
-        platform.wait("every serving pod on the new image, the re-adapted variant served", on_new_image, 420, 2)
+        outcome = platform.wait("the re-adapted variant served, or its canary rolled back", settled, 420, 2)
         time.sleep(8)  # past the replaced pods' shutdown delay
+    platform.timings["chart_upgrade_outcome"] = outcome
     platform.timings["chart_upgrade_to_new_runtime_served_s"] = time.monotonic() - started
-    _continuity(platform, f"chart upgrade to onnxruntime {OTHER_ONNXRUNTIME}", loop.report)
+    _continuity(platform, f"chart upgrade to onnxruntime {OTHER_ONNXRUNTIME} ({outcome})", loop.report)
 
 
 def _owned_objects(platform: Platform) -> dict[str, list[str]]:

@@ -115,11 +115,13 @@ def test_driver_label_change_makes_exactly_one_new_run(
         assert len(new_runs) == 1 and new_runs[0]["spec"]["reason"] in ("DriverChange", "NewHardwareClass")
         wait_for("its Job", lambda: len(jobs(api, namespace)) == 2)
         run_all_pending(control_plane, namespace)
+        # The new class serves (provisionally with the old class's variant, then its own through the canary),
+        # and the old class's Deployment goes.
         wait_for(
             "old class's Deployment removed",
             lambda: (
-                [d.metadata.labels[LABEL_CLASS] for d in deployments(api, namespace)]
-                == [new_runs[0]["spec"]["classFingerprint"]]
+                {d.metadata.labels[LABEL_CLASS] for d in deployments(api, namespace)}
+                == {new_runs[0]["spec"]["classFingerprint"]}
             ),
             timeout=30,
         )
