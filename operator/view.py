@@ -24,11 +24,10 @@ from metainfer.core.control.hardware import (
     NodeClassification,
     classify_nodes,
     select_groups,
-    selector_matches,
     unclassified_for,
 )
 from metainfer.core.control.naming import job_name, label_value
-from metainfer.core.control.schedulability import NodeScheduling, PlatformPlacement, exclusion_reason
+from metainfer.core.control.schedulability import NodeScheduling, PlatformPlacement, excluded_nodes
 from metainfer.core.control.settling import ClassSightings
 
 Body = Mapping[str, Any]
@@ -116,19 +115,10 @@ class ClusterView:
             [platform.tolerations, platform.node_selector, platform.affinity], sort_keys=True, default=str
         )
         if key not in self._selected:
-            wanted = dict((selection.node_selector if selection else None) or {})
-            tolerations = [*(t.to_api() for t in (selection.tolerations if selection else None) or []),
-                           *platform.tolerations]  # fmt: skip
-            scheduling = scheduling_index or {}
-            excluded: dict[str, str] = {}
-            for name in sorted(labels):
-                if not selector_matches(labels[name], wanted):
-                    continue
-                store = scheduling.get(name)
-                node = NodeScheduling.from_index(first(store)) if store else NodeScheduling()
-                why = platform.placement_reason(labels[name]) or exclusion_reason(node, tolerations)
-                if why is not None:
-                    excluded[name] = why
+            scheduling = {
+                name: NodeScheduling.from_index(first(store)) for name, store in (scheduling_index or {}).items()
+            }
+            excluded = excluded_nodes(selection, labels, scheduling, platform)
             self._selected[key] = (select_groups(classification.groups, selection, labels, excluded), excluded)
         return self._selected[key]
 

@@ -15,6 +15,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from metainfer.core.api.policy import HardwareSelection
+from metainfer.core.control.hardware import selector_matches
+
 BLOCKING_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 # Kubernetes' own taints for a node's health (not-ready, unreachable, memory/disk/PID pressure, network, and the
 # unschedulable taint a cordon adds beside spec.unschedulable): the API server puts not-ready on every new Node and
@@ -164,3 +167,24 @@ def merged_affinity(platform: Mapping[str, Any] | None, own: Mapping[str, Any] |
     if node:
         merged["nodeAffinity"] = node
     return merged or None
+
+
+def excluded_nodes(
+    selection: HardwareSelection | None,
+    labels: Mapping[str, Mapping[str, str]],
+    scheduling: Mapping[str, NodeScheduling],
+    platform: PlatformPlacement,
+) -> dict[str, str]:
+    """Node name -> why, for each node the policy's nodeSelector takes that its pods cannot land on: outside the
+    platform's placement, cordoned, or tainted beyond the policy's and the platform's tolerations."""
+    wanted = dict((selection.node_selector if selection else None) or {})
+    tolerations = [*(t.to_api() for t in (selection.tolerations if selection else None) or []), *platform.tolerations]
+    excluded: dict[str, str] = {}
+    for name in sorted(labels):
+        if not selector_matches(labels[name], wanted):
+            continue
+        node = scheduling.get(name, NodeScheduling())
+        why = platform.placement_reason(labels[name]) or exclusion_reason(node, tolerations)
+        if why is not None:
+            excluded[name] = why
+    return excluded
