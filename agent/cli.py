@@ -172,6 +172,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve_arguments(s)
 
+    c = sub.add_parser(
+        "check-provisional",
+        help="check another class's variant on this node before serving it; leave it, or FP32, for serve",
+    )
+    from metainfer.agent.serve.flags import add_check_arguments
+
+    add_check_arguments(c)
+
     g = sub.add_parser("agent", help="node-side roles run by the operator's Jobs")
     gsub = g.add_subparsers(dest="agent_command", required=True, metavar="ROLE", parser_class=_Parser)
     gr = gsub.add_parser("run", help="execute one AdaptationRun and write its status (the adaptation Job)")
@@ -212,6 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.agent.serve.command import serve_command
 
             return serve_command(args)
+        if args.command == "check-provisional":
+            from metainfer.agent.serve.check import check_provisional_command
+
+            return check_provisional_command(args)
         if args.command == "agent":
             from metainfer.agent.run import run_command
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from metainfer.core.control.logtail import LOG_TAIL_LINES, log_tail
 from metainfer.core.control.naming import job_name
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
 from metainfer.core.control.platform import ForbiddenByPlatform, PlatformLimits, check_platform_limits
+from metainfer.core.control.pod_checks import read_pod_checks
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
 from metainfer.core.control.settling import settled_groups
 from metainfer.operator import kube
@@ -46,7 +47,13 @@ class Inputs:
     settle_wait_s: float | None = None  # a new class is settling: reconcile again when it has
 
 
-def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, config: OperatorConfig) -> Inputs:
+def reconcile_inputs(
+    body: dict[str, Any],
+    view: ClusterView,
+    indexes: Indexes,
+    config: OperatorConfig,
+    provisional_pods: Sequence[Mapping[str, Any]] = (),
+) -> Inputs:
     """Validate the policy and its own runs (never the cluster's), read the rest from the indexes, and plan.
 
     A policy that does not validate raises ValidationError (``refusal`` and ``refused_status`` report it); a run
@@ -90,6 +97,7 @@ def reconcile_inputs(body: dict[str, Any], view: ClusterView, indexes: Indexes, 
         invalid_runs=runs.invalid,
         unclassified_nodes=view.unclassified(policy.spec.hardware, indexes.nodes),
         excluded_nodes=view.excluded(policy.spec.hardware, indexes.nodes, *scheduling),
+        pod_checks=read_pod_checks(provisional_pods),
     )
     return Inputs(body, groups, plan, settled.wait_s)
 

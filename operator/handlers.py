@@ -23,7 +23,7 @@ from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.platform import ForbiddenByPlatform
 from metainfer.core.control.schedulability import NodeScheduling
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
-from metainfer.operator import namespaces, startup  # noqa: F401  (startup handlers; startup's runs first)
+from metainfer.operator import kube, namespaces, startup  # noqa: F401  (startup handlers; startup's runs first)
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refusal, refused_status
 from metainfer.operator.drift import drift_step, fetch_policy
 from metainfer.operator.kube import ChildRejected
@@ -146,7 +146,8 @@ async def policy_daemon(
             try:
                 # Fresh, not kopf's body: the watch may lag behind this daemon's own last status write.
                 policy = await fetch_policy(namespace, name) or _plain(body)
-                inputs = reconcile_inputs(policy, VIEW, indexes, config)
+                pods = await provisional_pods(namespace, name, indexes)
+                inputs = reconcile_inputs(policy, VIEW, indexes, config, pods)
                 if inputs.settle_wait_s is not None:
                     sleep = min(sleep, max(inputs.settle_wait_s, 0.5))
                 policy = await apply_plan(body, inputs, logger)
@@ -195,6 +196,14 @@ async def _sleep_until_woken(wake: asyncio.Event, stopped: kopf.DaemonStopped, t
     finally:
         waiter.cancel()
         stopper.cancel()
+
+
+async def provisional_pods(namespace: str, name: str, indexes: Indexes) -> list[dict[str, Any]]:
+    """The policy's provisional pods, whose on-node checks its status reports; listed only while one of its
+    Deployments is provisional (most reconciles have none, and need no call)."""
+    if not indexes.has_provisional(namespace, name):
+        return []
+    return await kube.provisional_pods(namespace, name)
 
 
 def _plain(body: Any) -> dict[str, Any]:

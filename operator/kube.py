@@ -19,7 +19,8 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from metainfer.core.api.names import GROUP, RUN_KIND, RUN_PLURAL, VERSION
+from metainfer.core.api.names import GROUP, LABEL_POLICY, LABEL_PROVISIONAL, RUN_KIND, RUN_PLURAL, VERSION
+from metainfer.core.control.naming import label_value
 
 TRANSIENT = {409, 429, 500, 502, 503, 504}
 _SHARED: client.ApiClient | None = None
@@ -164,6 +165,23 @@ async def job_log(namespace: str, job_name: str, lines: int) -> str | None:
         return cast(str | None, await _in_thread(f"read the log of Job {job_name}", read))
     except (ApiException, kopf.TemporaryError):
         return None  # a log is a courtesy: never a reason to retry the whole reconcile
+
+
+async def provisional_pods(namespace: str, policy: str) -> list[dict[str, Any]]:
+    """The policy's provisional serving pods (core.control.pod_checks reads their on-node checks), as plain
+    camelCase dicts; none when they cannot be listed: the status then says only that the pods check first."""
+    api = _api()
+    core = client.CoreV1Api(api)
+    selector = f"{LABEL_POLICY}={label_value(policy)},{LABEL_PROVISIONAL}=true"
+
+    def listed() -> list[dict[str, Any]]:
+        pods = core.list_namespaced_pod(namespace, label_selector=selector).items
+        return [api.sanitize_for_serialization(pod) for pod in pods]
+
+    try:
+        return cast(list[dict[str, Any]], await _in_thread(f"list the provisional pods of {policy}", listed))
+    except (ApiException, kopf.TemporaryError):
+        return []
 
 
 async def get_custom(plural: str, namespace: str, name: str) -> dict[str, Any] | None:

@@ -17,6 +17,7 @@ from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from metainfer.core.api.names import LABEL_PROVISIONAL
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import (
     ClassGroup,
@@ -55,6 +56,13 @@ class Indexes:
     def deployments_of(self, namespace: str, policy: str) -> list[Body]:
         # Indexed by the children's policy label, which hashes names longer than a label value allows.
         return list(self.deployments.get((namespace, label_value(policy)), ()))
+
+    def has_provisional(self, namespace: str, policy: str) -> bool:
+        """Whether a Deployment of the policy serves provisionally (core.control.provisional)."""
+        return any(
+            ((d.get("metadata") or {}).get("labels") or {}).get(LABEL_PROVISIONAL) == "true"
+            for d in self.deployments_of(namespace, policy)
+        )
 
     def jobs_of(self, namespace: str, run_names: Iterable[str]) -> dict[str, Body]:
         """The Jobs of these runs that exist, by Job name."""

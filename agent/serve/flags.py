@@ -109,3 +109,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="largest size of a dynamic input axis other than the batch; with --max-batch it bounds the body size"
         " (default 4096)",
     )
+
+
+def add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of ``metainfer check-provisional`` (build_deployment writes them for a provisional class)."""
+    parser.add_argument("--model-uri", required=True, help="base model: http(s)://, file:///path")
+    parser.add_argument("--model-sha256", help="expected sha256 of the base model")
+    parser.add_argument("--recipe-json", required=True, help="the recipe of the variant to check, as JSON")
+    parser.add_argument("--variant-sha256", help="the bytes the variant's own run validated (64 hex digits)")
+    parser.add_argument("--variant-store", type=Path, help="a content-addressed variant store to load it from")
+    parser.add_argument("--data-uri", help="NPZ samples: int8_static's calibration, and the quality check's")
+    parser.add_argument("--data-sha256", help="expected sha256 of the NPZ")
+    parser.add_argument("--calibration-samples", type=int, default=64, help="samples int8_static calibrated on")
+    parser.add_argument("--max-quality-drop", type=float, required=True, help="the policy's quality budget (0-1)")
+    parser.add_argument("--latency-p95-ms", type=float, required=True, help="the policy's p95 SLO per batch, ms")
+    parser.add_argument("--out", type=Path, required=True, help="dir for the variant.onnx, recipe.json to serve")
+    parser.add_argument(
+        "--message-file", type=Path, default=Path("/dev/termination-log"),
+        help="where the result goes as JSON (default %(default)s: the container's termination message)",
+    )  # fmt: skip

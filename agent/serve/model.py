@@ -85,13 +85,8 @@ def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> Load
     """Fetch, verify, build or check the variant, create the session and warm it up."""
     with tempfile.TemporaryDirectory(prefix="metainfer-serve-") as tmp:
         workdir = Path(tmp)
-        base_path = fetch(
-            source.model_uri, workdir / "model.onnx", expected_sha256=source.model_sha256,
-            namespace=source.namespace, configmaps=_configmaps(source.model_uri), what="model",
-        )  # fmt: skip
-        info = _inspect(base_path, source.model_uri)
-        base = base_path.read_bytes()
-        variant = _variant(source, recipe, info, base, workdir)
+        info, base = fetch_base(source, workdir)
+        variant = variant_bytes(source, recipe, info, base, workdir)
     session = create_session(variant, recipe)
     signature = _signature(session, info, recipe, max_batch)
     loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
@@ -99,7 +94,16 @@ def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> Load
     return loaded
 
 
-def _variant(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, base: bytes, workdir: Path) -> bytes:
+def fetch_base(source: ModelSourceArgs, workdir: Path) -> tuple[ModelInfo, bytes]:
+    """The base model, fetched into ``workdir`` and verified against its sha256, and what it takes and gives."""
+    base_path = fetch(
+        source.model_uri, workdir / "model.onnx", expected_sha256=source.model_sha256,
+        namespace=source.namespace, configmaps=_configmaps(source.model_uri), what="model",
+    )  # fmt: skip
+    return _inspect(base_path, source.model_uri), base_path.read_bytes()
+
+
+def variant_bytes(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, base: bytes, workdir: Path) -> bytes:
     """The variant's bytes: the given file, the store's copy, or a rebuild; always the ones the run validated."""
     expected = source.variant_sha256
     if source.variant_path is not None:

@@ -57,6 +57,7 @@ LABEL_RUN: Final = "metainfer.io/run"  # on a Job and a serving Deployment: the 
 LABEL_RUN_KEY: Final = "metainfer.io/run-key"  # core.control.runkey: one run per key
 LABEL_RECIPE_KEY: Final = "metainfer.io/recipe-key"  # also an annotation of serving pods (the full key)
 LABEL_TRACK: Final = "metainfer.io/track"  # "stable" or "canary"
+LABEL_PROVISIONAL: Final = "metainfer.io/provisional"  # "true" on a provisional class's pods: their check results
 
 # On HardwareProfiles (cluster-scoped): the class and the namespace they were measured for.
 LABEL_CLASS_FINGERPRINT: Final = "metainfer.io/class-fingerprint"

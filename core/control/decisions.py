@@ -22,6 +22,7 @@ from metainfer.core.api.run import AdaptationRun
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.objects import InvalidRun, annotation_of, generation_of, label_of, name_of
+from metainfer.core.control.pod_checks import PodCheck
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
 from metainfer.core.control.workloads import DeploymentState
@@ -101,6 +102,8 @@ class ClassContext:
     serving: ServingDefaults | None
     wait_for_available: bool  # False: an applied Deployment counts as rolled out (no kubelet: tests, the demo)
     now: dt.datetime
+    # Provisional pods' on-node checks by class fingerprint (core.control.pod_checks); none outside the operator.
+    pod_checks: Mapping[str, tuple[PodCheck, ...]] = field(default_factory=dict)
     # Derived from the fields above, once: every step of the class's planning reads them.
     drift_epoch: str | None = field(init=False)  # the salt of ``run_key``: the class's last confirmed latency drift
     rerun: str | None = field(init=False)  # the other salt: the policy's manual re-run request (rerun_request)

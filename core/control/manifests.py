@@ -29,6 +29,7 @@ from metainfer.core.api.names import (
     COMPONENT,
     LABEL_CLASS,
     LABEL_POLICY,
+    LABEL_PROVISIONAL,
     LABEL_RECIPE_KEY,
     LABEL_RUN,
     LABEL_RUN_KEY,
@@ -40,6 +41,7 @@ from metainfer.core.api.names import (
 from metainfer.core.api.policy import (
     AdaptationPolicy,
     ModelVolume,
+    Slo,
     VariantStore,
 )
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
@@ -66,6 +68,7 @@ from metainfer.core.control.objects import (
     uid_of,
     variant_key,
 )
+from metainfer.core.control.pod_checks import CHECK_CONTAINER
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.schedulability import merged_affinity
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults, WorkloadSettings, merged_resources
@@ -181,9 +184,8 @@ def build_job(
         command=["metainfer", "agent", "run", f"{namespace}/{name}"],
         env=env,
     )
-    pod = _pod_spec(
-        container, group, settings, settings.service_account, [*tolerations, *settings.tolerations], spec.model.volume
-    )
+    tolerations = [*tolerations, *settings.tolerations]
+    pod = _pod_spec(container, group, settings, settings.service_account, tolerations, spec.model.volume)
     pod |= {"restartPolicy": "Never", "automountServiceAccountToken": True}  # the agent writes the run's status
     if spec.variant_store is not None:
         _mount_variant_store(pod, container, spec.variant_store, read_only=False)
@@ -235,12 +237,17 @@ def build_deployment(
     *,
     track: Literal["stable", "canary"] = "stable",
     replicas: int | None = None,
+    provisional: bool = False,
 ) -> dict[str, Any]:
     """The Deployment of (policy, class) serving the best recipe of a succeeded ``run``.
 
     ``track`` canary gives the canary beside the stable one: its own name (``canary_name``), its own selector
     (the track label), ``replicas`` (the policy's rollout.canaryReplicas), the same class pinning; the Service
     selects both tracks.
+
+    ``provisional``: ``run`` is another class's (core.control.provisional). An init container checks its variant
+    on the node against the policy's SLO first (``metainfer check-provisional``) and leaves it, or the FP32 model
+    if it fails, for the serving container; its termination message says which, for the operator to read.
     """
     settings = settings or ServingDefaults()
     policy, run = as_policy(policy), as_run(run)
@@ -256,13 +263,33 @@ def build_deployment(
     name = namer(policy_name, group.hardware_class.name())
     selector = {**serving_labels(policy_name, group), LABEL_TRACK: track}
     labels = {**selector, LABEL_RECIPE_KEY: label_value(key), LABEL_RUN: label_value(name_of(run))}
+    if provisional:
+        labels[LABEL_PROVISIONAL] = "true"
     cm_volumes: list[tuple[dict[str, Any], dict[str, Any]]] = []
     model_uri = _served_uri(model.uri, cm_volumes)
+    source = ["--model-uri", model_uri, "--model-sha256", model.sha256]
+    variant_args = ["--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"})]
+    variant_sha256 = run.status.best_variant_sha256 if run.status else None
+    store = run.spec.variant_store if variant_sha256 else None  # the store is addressed by the sha256
+    if variant_sha256:  # serve loads these bytes from the store, or rebuilds and checks it got them
+        variant_args += ["--variant-sha256", variant_sha256]
+    if store is not None:
+        variant_args += ["--variant-store", VARIANT_STORE_MOUNT]
+    if model.data is not None and (provisional or recipe.transform.quantization.mode == "int8_static"):
+        # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
+        # The on-node check measures quality on them.
+        data_uri = _served_uri(model.data.uri, cm_volumes)
+        variant_args += ["--data-uri", data_uri, "--calibration-samples", str(model.data.calibration_samples)]
+        variant_args += ["--data-sha256", model.data.sha256] if model.data.sha256 else []
+    served = (
+        ["--recipe", f"{PROVISIONAL_MOUNT}/recipe.json", "--variant", f"{PROVISIONAL_MOUNT}/variant.onnx"]
+        if provisional
+        else variant_args
+    )
     args = [
         "serve",
-        "--model-uri", model_uri,
-        "--model-sha256", model.sha256,
-        "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
+        *source,
+        *served,
         "--port", str(HTTP_PORT),
         "--grpc-port", str(GRPC_PORT),
         # A terminating pod answers while the endpoints drop it, then drains, within its grace period (below).
@@ -273,17 +300,6 @@ def build_deployment(
         args += ["--max-queue-delay-ms", f"{spec.serving.max_queue_delay_ms:g}"]
     if spec.serving.batch_dependent is not None:
         args += ["--batch-dependent", spec.serving.batch_dependent]
-    variant_sha256 = run.status.best_variant_sha256 if run.status else None
-    store = run.spec.variant_store if variant_sha256 else None  # the store is addressed by the sha256
-    if variant_sha256:  # serve loads these bytes from the store, or rebuilds and checks it got them
-        args += ["--variant-sha256", variant_sha256]
-    if store is not None:
-        args += ["--variant-store", VARIANT_STORE_MOUNT]
-    if recipe.transform.quantization.mode == "int8_static" and model.data is not None:
-        # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
-        data_uri = _served_uri(model.data.uri, cm_volumes)
-        args += ["--data-uri", data_uri, "--calibration-samples", str(model.data.calibration_samples)]
-        args += ["--data-sha256", model.data.sha256] if model.data.sha256 else []
     env = [
         {"name": "METAINFER_POLICY", "value": policy_name},
         {"name": "METAINFER_NAMESPACE", "value": namespace},
@@ -323,11 +339,17 @@ def build_deployment(
             "labelSelector": {"matchLabels": selector},
         }
     ]
+    # With a check, its init container reads the variant and the data; the serving container only what it left.
+    reader = container
+    if provisional:
+        reader = _provisional_check(pod, container, [*source, *variant_args], spec.slo)
     if store is not None:
-        _mount_variant_store(pod, container, store, read_only=True)
+        _mount_variant_store(pod, reader, store, read_only=True)
     for volume, mount in cm_volumes:
         pod["volumes"].append(volume)
         container["volumeMounts"].append(mount)
+        if reader is not container:
+            reader["volumeMounts"].append(mount)
     annotations = {
         "prometheus.io/scrape": "true",
         "prometheus.io/port": str(HTTP_PORT),
@@ -350,6 +372,29 @@ def build_deployment(
 
 
 CONFIGMAP_MOUNT = "/var/lib/metainfer/configmaps"
+PROVISIONAL_MOUNT = "/var/lib/metainfer/provisional"
+
+
+def _provisional_check(
+    pod: dict[str, Any], container: dict[str, Any], variant_args: list[str], slo: Slo
+) -> dict[str, Any]:
+    """Add the init container that checks another class's variant on the node (``metainfer check-provisional``)
+    and the emptyDir where it leaves what the serving ``container`` serves; returns the init container."""
+    budget = ["--max-quality-drop", repr(slo.max_quality_drop), "--latency-p95-ms", repr(slo.latency_p95_ms)]
+    check = {
+        **container,
+        "name": CHECK_CONTAINER,
+        "args": ["check-provisional", *variant_args, *budget, "--out", PROVISIONAL_MOUNT],
+        "volumeMounts": [*container["volumeMounts"], {"name": "provisional", "mountPath": PROVISIONAL_MOUNT}],
+        # The operator reads what the check found from here (core.control.provisional.read_checks).
+        "terminationMessagePolicy": "File",
+    }
+    for key in ("ports", "readinessProbe", "livenessProbe"):
+        check.pop(key, None)
+    container["volumeMounts"].append({"name": "provisional", "mountPath": PROVISIONAL_MOUNT, "readOnly": True})
+    pod["volumes"].append({"name": "provisional", "emptyDir": {}})
+    pod["initContainers"] = [check]
+    return check
 
 
 def _served_uri(uri: str, volumes: list[tuple[dict[str, Any], dict[str, Any]]]) -> str:

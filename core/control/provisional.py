@@ -8,9 +8,12 @@ product, compute capability, driver, memory and CPU features), for the policy's 
 The class shows it (state Provisional, the donor run and class in the message); its own run's variant then
 replaces it through the canary like any new variant (core.control.serving).
 
-The serving pod rebuilds the donor's variant from its recipe and refuses to serve other bytes than the ones the
-donor validated (``--variant-sha256``), under the donor's runtime (core.control.manifests.serving_image). What is
-not checked on the new node before serving: quality and latency there; the class's own run measures them.
+Before a provisional pod serves, its init container (``metainfer check-provisional``) rebuilds the donor's variant
+(the bytes the donor validated, ``--variant-sha256``, under the donor's runtime: manifests.serving_image) and
+checks it on the node against the policy's quality budget and p95 SLO (core.engine.onnode_check); a variant that
+misses either, or does not run there, is replaced by the FP32 model. The container's termination message carries
+what it found; the operator lists the class's provisional pods (``read_pod_checks``) and the status says what
+they serve. The class's own run then measures everything thoroughly.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from __future__ import annotations
 import math
 
 from metainfer.core.api.hardwareclass import HardwareClass
-from metainfer.core.api.policy import ClassStatus
+from metainfer.core.api.policy import ClassStatus, VariantSummary
 from metainfer.core.api.run import AdaptationRun
 from metainfer.core.api.vocabulary import ClassState, Reason, RunPhase
 from metainfer.core.control.decisions import ClassContext, ClassPlan, Decisions, updated
 from metainfer.core.control.events import Event
 from metainfer.core.control.manifests import build_deployment, class_serving_objects
+from metainfer.core.control.naming import label_value
 from metainfer.core.control.objects import name_of, run_phase
+from metainfer.core.control.pod_checks import PodCheck
 
 # What makes two classes' hardware alike, by weight; vendor and architecture are requirements, not weights.
 WEIGHTS = {"product": 4.0, "compute_capability": 2.0, "driver_version": 1.0, "runtime_version": 1.0}
@@ -78,15 +83,19 @@ def plan_provisional(context: ClassContext, status: ClassStatus) -> ClassPlan:
     donor = donor_run(context)
     if donor is None:
         return ClassPlan(status)
-    desired = build_deployment(context.policy, context.group, donor, context.serving)
+    desired = build_deployment(context.policy, context.group, donor, context.serving, provisional=True)
     name = desired["metadata"]["name"]
     action = deployment_action(desired, context.deployments.get(name))
     source = donor.spec.class_description or donor.spec.hardware_class.name()
     waiting = f"; own run {status.run_name}: {status.message}" if status.message else ""
+    checks = [c for c in context.pod_checks.get(context.fingerprint, ()) if c.run == label_value(name_of(donor))]
     message = (
         f"provisional: serving the variant of run {name_of(donor)} (class {source}, the most similar with a "
-        f"validated variant) until this class's own adapted variant replaces it{waiting}"
+        f"validated variant) until this class's own adapted variant replaces it; {checks_summary(checks)}{waiting}"
     )
+    current = variant_summary(donor)
+    if checks and all(c.result.serves == "fp32" for c in checks):
+        current = fp32_summary(donor)
     state, reason = ClassState.PROVISIONAL, str(Reason.PROVISIONAL)
     if status.state not in (ClassState.ADAPTING, ClassState.PENDING):  # its own run failed: it says so, and serves
         state, reason, message = status.state, status.reason or reason, f"{status.message}; meanwhile {message}"
@@ -95,7 +104,7 @@ def plan_provisional(context: ClassContext, status: ClassStatus) -> ClassPlan:
         state=state,
         reason=reason,
         message=message,
-        current=variant_summary(donor),
+        current=current,
         deployment_name=name,
     )
     events = (
@@ -108,4 +117,30 @@ def plan_provisional(context: ClassContext, status: ClassStatus) -> ClassPlan:
             objects_to_create=class_serving_objects(context.policy, context.group),
             events=events,
         ),
+    )
+
+
+def checks_summary(checks: list[PodCheck]) -> str:
+    """What the class's provisional pods serve after their on-node checks, in a clause of the status message."""
+    if not checks:
+        return "each pod checks the variant on its node first (quality, p95) and serves FP32 if it misses the SLO"
+    fp32 = [c for c in checks if c.result.serves == "fp32"]
+    if not fp32:
+        return f"{checks[0].result.describe()} ({len(checks)} pod{'s' if len(checks) > 1 else ''})"
+    head = "every pod" if len(fp32) == len(checks) else f"{len(fp32)} of {len(checks)} pods"
+    return f"{head} serve{'s' if head == 'every pod' else ''} FP32: {fp32[0].result.describe()}"
+
+
+def fp32_summary(donor: AdaptationRun) -> VariantSummary:
+    """The class's current variant when every provisional pod refused the donor's: the FP32 model (its run is
+    still the donor's, whose recipe the pods were given and which stays the stable side of the next canary)."""
+    from metainfer.core.control.serving import variant_summary
+
+    summary = variant_summary(donor)
+    return summary.model_copy(
+        update={
+            "description": f"FP32: the on-node check refused run {name_of(donor)}'s variant",
+            "p95_ms": None,
+            "quality_drop": 0.0,
+        }
     )

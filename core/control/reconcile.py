@@ -57,6 +57,7 @@ from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.manifests import build_policy_service, build_run, policy_endpoint
 from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of, run_phase
 from metainfer.core.control.pin import pinned_run, plan_pinned
+from metainfer.core.control.pod_checks import PodCheck
 from metainfer.core.control.runs import hold_class, job_decisions, plan_job, plan_runs, run_status_from_job, skipped
 from metainfer.core.control.serving import plan_serving
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
@@ -126,10 +127,12 @@ def plan_policy(
     invalid_runs: Sequence[InvalidRun] = (),
     unclassified_nodes: Mapping[str, str] | None = None,
     excluded_nodes: Mapping[str, str] | None = None,
+    pod_checks: Mapping[str, tuple[PodCheck, ...]] | None = None,
 ) -> Plan:
     """The Plan for ``policy`` given its selected ``groups``, its runs (``invalid_runs``: those that did not
     validate), the Jobs of its runs by name (none yet when omitted) and its Deployments. ``unclassified_nodes`` and
-    ``excluded_nodes`` (cordoned or tainted: in no group) are reported in the status, name -> why."""
+    ``excluded_nodes`` (cordoned or tainted: in no group) are reported in the status, name -> why. ``pod_checks``:
+    what provisional pods found on their nodes, by class fingerprint (core.control.pod_checks)."""
     limits, jobs = limits or RunLimits(), jobs or {}
     previous = policy.status or AdaptationPolicyStatus()
     if policy.spec.suspend:
@@ -147,6 +150,7 @@ def plan_policy(
         serving=serving,
         wait_for_available=limits.wait_for_available,
         now=now,
+        pod_checks=pod_checks or {},
     )
     by_class: defaultdict[str, list[AdaptationRun]] = defaultdict(list)
     for run in runs:

@@ -21,6 +21,7 @@ from platform_harness import RELEASE_NAMESPACE, WORKLOAD_NAMESPACE, Platform
 from hack.controlplane import node as node_mod
 from metainfer.agent.zoo import build_examples
 from metainfer.core.control.naming import label_value
+from metainfer.core.engine.onnode_result import OnNodeCheck
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms.build import build_variant
@@ -294,7 +295,22 @@ def _relabel_and_follow(platform: Platform) -> None:
     platform.timings["new_class_to_first_provisional_pod_ready_s"] = time.monotonic() - relabelled
     classes = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)["status"]["classes"]
     states = {c["fingerprint"]: c["state"] for c in classes}
-    assert states.get(lent["metadata"]["labels"]["metainfer.io/class"]) in ("Provisional", "RollingOut", "Ready")
+    lent_class = lent["metadata"]["labels"]["metainfer.io/class"]
+    assert states.get(lent_class) in ("Provisional", "RollingOut", "Ready")
+    # Its init container checked the lent variant on the node first, and said what it found.
+    (check,) = [s for s in lent["status"]["initContainerStatuses"] if s["name"] == "check"]
+    found = OnNodeCheck.model_validate_json(check["state"]["terminated"]["message"])
+    assert found.serves == "variant" or found.reason, found
+    platform.timings["provisional_check_serves_variant"] = float(found.serves == "variant")
+    if found.latency_p95_ms is not None:
+        platform.timings["provisional_check_p95_ms"] = found.latency_p95_ms
+
+    def status_reports_the_check() -> bool:
+        classes = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)["status"]["classes"]
+        mine = next((c for c in classes if c["fingerprint"] == lent_class), None)
+        return mine is None or mine["state"] != "Provisional" or "on-node check" in mine["message"]
+
+    platform.wait("the class's status to say what the on-node check found", watched(status_reports_the_check), 60, 1)
 
     runs = platform.wait("a run for the relabelled node's new class", watched(new_succeeded), 600, 3)
     assert len(runs) == 1, [r["metadata"]["name"] for r in runs]

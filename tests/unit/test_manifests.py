@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -335,6 +336,49 @@ def test_a_variant_store_is_written_by_the_job_and_read_by_serving_pods_by_sha25
     args = parser.parse_args(pod["containers"][0]["args"][1:])
     assert args.variant_sha256 == "c" * 64 and args.variant_store is None, "rebuilt, and checked against the sha"
     assert all(v["name"] != "variants" for v in pod["volumes"])
+
+
+def test_a_provisional_pod_checks_the_variant_in_an_init_container_and_serves_what_it_leaves() -> None:
+    from metainfer.agent.serve.flags import add_arguments, add_check_arguments
+
+    group = gpu_group()
+    data = {"uri": "configmap://digits-data/data.npz", "sha256": "d" * 64}
+    p = policy(
+        model={"uri": "configmap://digits-model/model.onnx", "sha256": "a" * 64, "data": data},
+        serving={"variantStore": {"claimName": "variants"}},
+        slo={"latencyP95Ms": 12.5, "maxQualityDrop": 0.02},
+    )
+    done = succeeded(build_run(p, group, "NewHardwareClass"))
+    done["status"]["bestVariantSha256"] = "c" * 64
+    deployment = build_deployment(p, group, done, provisional=True)
+    assert deployment["spec"]["template"]["metadata"]["labels"]["metainfer.io/provisional"] == "true"
+    assert "metainfer.io/provisional" not in deployment["spec"]["selector"]["matchLabels"], "the same pods, relabelled"
+    pod = deployment["spec"]["template"]["spec"]
+    (check,), (server,) = pod["initContainers"], pod["containers"]
+    assert check["command"] == ["metainfer"] and check["image"] == server["image"]
+    assert "readinessProbe" not in check and "ports" not in check, "init containers take no probes or ports"
+    checker = argparse.ArgumentParser()
+    add_check_arguments(checker)
+    args = checker.parse_args(check["args"][1:])
+    assert args.variant_sha256 == "c" * 64 and str(args.variant_store) == "/var/lib/metainfer/variants"
+    assert args.max_quality_drop == 0.02 and args.latency_p95_ms == 12.5
+    assert args.data_uri.startswith("file:///var/lib/metainfer/configmaps/"), "the quality check reads the data"
+    assert args.model_uri.startswith("file:///var/lib/metainfer/configmaps/")
+    server_parser = argparse.ArgumentParser()
+    add_arguments(server_parser)
+    served = server_parser.parse_args(server["args"][1:])
+    assert served.variant == Path(args.out) / "variant.onnx" and served.recipe == Path(args.out) / "recipe.json"
+    assert served.variant_sha256 is None and served.variant_store is None and served.data_uri is None
+    mounts = {m["name"]: m for m in check["volumeMounts"]}
+    assert mounts["variants"]["readOnly"] and not mounts["provisional"].get("readOnly")
+    server_mounts = {m["name"]: m for m in server["volumeMounts"]}
+    assert "variants" not in server_mounts and server_mounts["provisional"]["readOnly"]
+    cm_volumes = {v["name"] for v in pod["volumes"] if "configMap" in v}
+    assert len(cm_volumes) == 2 and cm_volumes <= set(mounts) and cm_volumes <= set(server_mounts)
+    assert {"name": "provisional", "emptyDir": {}} in pod["volumes"]
+
+    plain = build_deployment(p, group, done)["spec"]["template"]
+    assert "initContainers" not in plain["spec"] and "metainfer.io/provisional" not in plain["metadata"]["labels"]
 
 
 def test_a_model_volume_cannot_hide_the_variant_store() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import itertools
+import json
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup, group_nodes
 from metainfer.core.control.naming import job_name
 from metainfer.core.control.objects import parse_runs
+from metainfer.core.control.pod_checks import read_pod_checks
 from metainfer.core.control.reconcile import (
     Plan,
     RunLimits,
@@ -54,13 +56,18 @@ class Cluster:
         self.clock = itertools.count()
         self.job_settings: AgentJobSettings | None = None
         self.serving: ServingDefaults | None = None
+        self.pods: list[dict[str, Any]] = []  # provisional pods, as the operator lists them for their checks
 
     def reconcile(self, nodes: dict[str, dict[str, str]], limits: RunLimits | None = None) -> Plan:
         groups = list(group_nodes(nodes.items()).values())
         policy = AdaptationPolicy.model_validate(self.policy)
         runs = parse_runs(self.runs.values())
         deployments = list(self.deployments.values())
-        settings = {"job_settings": self.job_settings, "serving": self.serving}
+        settings = {
+            "job_settings": self.job_settings,
+            "serving": self.serving,
+            "pod_checks": read_pod_checks(self.pods),
+        }
         plan = plan_policy(policy, groups, runs.valid, deployments, NOW, limits, invalid_runs=runs.invalid, **settings)
         # The operator plans on slimmed copies (core.control.slim): every scenario must plan the same on them.
         slim_runs = parse_runs(slim_run(r) for r in self.runs.values())
@@ -253,6 +260,56 @@ def test_the_most_similar_class_lends_its_variant() -> None:
     assert class_similarity(new_driver, a100) > class_similarity(new_driver, other_gpu) > 0
     assert class_similarity(a100, HardwareClass(vendor="cpu", product="generic")) == 0.0
     assert class_similarity(a100, a100.model_copy(update={"cpu_arch": "arm64"})) == 0.0
+
+
+def _checked_pod(deployment: dict[str, Any], name: str, message: str, exit_code: int = 0) -> dict[str, Any]:
+    """A pod of ``deployment`` whose init container ended with ``message``, as the API server returns it."""
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    terminated = {"exitCode": exit_code, "message": message, "reason": "Completed"}
+    return {
+        "metadata": {"name": name, "labels": labels},
+        "status": {"initContainerStatuses": [{"name": "check", "state": {"terminated": terminated}}]},
+    }
+
+
+def _check(serves: str, reason: str = "", p95: float = 3.0) -> str:
+    budget = {"max_quality_drop": 0.01, "latency_p95_ms": 10}
+    return json.dumps({"serves": serves, "quality_drop": 0.002, "latency_p95_ms": p95, "budget": budget,
+                       "reason": reason, "samples": 64, "variant_sha256": "c" * 64})  # fmt: skip
+
+
+def test_a_provisional_class_says_what_its_pods_on_node_checks_found() -> None:
+    c = Cluster()
+    c.reconcile({"g1": A100})
+    (donor,) = c.runs
+    c.finish(donor)
+    c.reconcile({"g1": A100})
+    plan = c.reconcile({"g1": A100, "g2": A100_NEW})
+    (created,) = [a.manifest for a in plan.deployments_to_apply]
+    pod = created["spec"]["template"]["spec"]
+    (check,) = pod["initContainers"]
+    assert check["args"][0] == "check-provisional" and "--recipe-json" in check["args"]
+    assert check["args"][check["args"].index("--latency-p95-ms") + 1] == "10.0"
+    (server,) = pod["containers"]
+    assert "--recipe-json" not in server["args"], "serve takes what the check left"
+    assert server["args"][server["args"].index("--variant") + 1].endswith("/variant.onnx")
+    new = next(s for s in plan.class_statuses if s.state == "Provisional")
+    assert "checks the variant on its node first" in new.message
+
+    good, bad = _check("variant"), _check("fp32", "p95 31.00 ms over the SLO 10 ms", p95=31.0)
+    c.pods = [_checked_pod(created, "p-1", good), _checked_pod(created, "p-2", bad)]
+    new = next(s for s in c.reconcile({"g1": A100, "g2": A100_NEW}).class_statuses if s.state == "Provisional")
+    assert "1 of 2 pods serve FP32" in new.message and "p95 31.00 ms over the SLO" in new.message
+    assert new.current is not None and new.current.run_name == donor and new.current.description is None
+
+    hostile = _checked_pod(created, "p-3", '{"serves": "rm -rf", "budget": {}}' + "x" * 10000)
+    unfinished = _checked_pod(created, "p-4", bad, exit_code=1)
+    c.pods = [_checked_pod(created, "p-2", bad), hostile, unfinished]
+    new = next(s for s in c.reconcile({"g1": A100, "g2": A100_NEW}).class_statuses if s.state == "Provisional")
+    assert "every pod serves FP32" in new.message, "unreadable and failed checks are not counted"
+    assert new.current is not None and new.current.description and new.current.description.startswith("FP32")
+    assert new.current.run_name == donor, "the donor stays the stable side of the canary to come"
+    assert len(new.message) <= 4096
 
 
 def test_new_runs_name_the_policys_ended_runs_as_history_own_class_first_newest_first() -> None:
