@@ -29,7 +29,7 @@ from metainfer.core.control.hardware import ClassGroup
 from metainfer.core.control.logtail import LOG_TAIL_LINES, log_tail
 from metainfer.core.control.naming import job_name
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
-from metainfer.core.control.platform import ForbiddenByPlatform, PlatformLimits, check_platform_limits
+from metainfer.core.control.platform import ForbiddenByPlatform, check_platform_limits
 from metainfer.core.control.pod_checks import read_pod_checks
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
 from metainfer.core.control.settling import settled_groups
@@ -60,8 +60,8 @@ def reconcile_inputs(
     that does not validate is planned around and reported by the plan (core.control.runs).
     """
     policy = AdaptationPolicy.model_validate(body)
-    platform = PlatformLimits(config.allowed_host_paths, config.allowed_images, default_image=config.agent_image)
-    check_platform_limits(policy.spec, platform)  # before anything is planned: nothing is created for it
+    # Before anything is planned: nothing is created for a policy that asks for what the platform does not allow.
+    check_platform_limits(policy.spec, config.platform_limits())
     namespace, name = body["metadata"]["namespace"], body["metadata"]["name"]
     runs = parse_runs(indexes.runs_of(namespace, name))
     known = {r.spec.class_fingerprint for r in runs.valid} | {

@@ -31,6 +31,7 @@ from metainfer.core.api.security import (
     PodSecurityContext,
 )
 from metainfer.core.control.endpoints import PrometheusEndpoint, prometheus_endpoint
+from metainfer.core.control.platform import PlatformLimits
 from metainfer.core.control.schedulability import NODE_OPERATORS, PlatformPlacement, required_terms
 from metainfer.core.control.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -115,6 +116,18 @@ class OperatorConfig(BaseSettings):
     allowed_images: list[str] = Field(
         default_factory=list,
         description="Image prefixes a policy may name in spec.serving.image (JSON list); only agent_image by default.",
+    )
+    allowed_priority_classes: list[str] = Field(
+        default_factory=list,
+        description="PriorityClasses a policy may name in spec.scheduling (JSON list); none by default.",
+    )
+    allowed_runtime_classes: list[str] = Field(
+        default_factory=list,
+        description="RuntimeClasses a policy may name in spec.scheduling (JSON list); none by default.",
+    )
+    allowed_toleration_keys: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="Taint keys a policy's spec.hardware.tolerations may tolerate (JSON list; '*': any, the default).",
     )
     metrics_port: int = Field(8000, ge=0, le=65535, description="Port of the operator's own /metrics (0: off).")
     class_settle_seconds: float = Field(
@@ -242,6 +255,17 @@ class OperatorConfig(BaseSettings):
                 if not isinstance(expression.get("key"), str):
                     raise ValueError(f"nodeSelectorTerms[{index}]: each matchExpression needs a key")
         return value
+
+    def platform_limits(self) -> PlatformLimits:
+        """What policies may ask for (core.control.platform)."""
+        return PlatformLimits(
+            allowed_host_paths=self.allowed_host_paths,
+            allowed_images=self.allowed_images,
+            default_image=self.agent_image,
+            allowed_priority_classes=self.allowed_priority_classes,
+            allowed_runtime_classes=self.allowed_runtime_classes,
+            allowed_toleration_keys=self.allowed_toleration_keys,
+        )
 
     def placement(self) -> PlatformPlacement:
         """Where the platform lets Jobs and serving pods land: its tolerations, nodeSelector, node affinity."""

@@ -498,6 +498,26 @@ class VariantPin(ApiModel):
         return f"run {self.run_name}" if self.run_name else f"variant sha256 {(self.variant_sha256 or '')[:16]}"
 
 
+class PolicyScheduling(ApiModel):
+    """How the policy's adaptation Jobs and serving pods are scheduled, beside the platform's own ``workloads.*``
+    settings (which they replace where both name one). Each name must be in the platform's allow-list (Helm
+    ``policies.allowedPriorityClasses``, ``policies.allowedRuntimeClasses``; none by default): a priority class can
+    preempt other teams' pods, and a runtime class chooses the sandbox pods run in."""
+
+    priority_class_name: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="PriorityClass of the policy's Jobs and serving pods (in policies.allowedPriorityClasses).",
+    )
+    runtime_class_name: str | None = Field(
+        None,
+        max_length=253,
+        pattern=DNS1123_SUBDOMAIN,
+        description="RuntimeClass of the policy's Jobs and serving pods (in policies.allowedRuntimeClasses).",
+    )
+
+
 class AdaptationPolicySpec(ApiModel):
     """Adapt one ONNX model to every matching hardware class, and keep it adapted."""
 
@@ -518,6 +538,7 @@ class AdaptationPolicySpec(ApiModel):
     serving: ServingSettings = Field(default_factory=ServingSettings)
     rollout: RolloutSettings = Field(default_factory=RolloutSettings)
     readaptation: ReadaptationSettings = Field(default_factory=ReadaptationSettings)
+    scheduling: PolicyScheduling = Field(default_factory=PolicyScheduling)
     suspend: bool = Field(
         False,
         description="Hold the loop: no new runs, Jobs, rollouts, canary decisions or re-adaptations while true;"

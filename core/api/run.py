@@ -35,6 +35,7 @@ from metainfer.core.api.policy import (
     SHA256_PATTERN,
     ModelSource,
     ObjectiveWeights,
+    PolicyScheduling,
     SearchSettings,
     SearchSpaceOverrides,
     Slo,
@@ -89,6 +90,9 @@ class AdaptationRunSpec(ApiModel):
         max_length=512,
         description="The image the run's Job runs: it serves the variant while the platform's "
         "image has another runtime.",
+    )
+    scheduling: PolicyScheduling | None = Field(
+        None, description="The policy's spec.scheduling when the run was made: how its Job is scheduled."
     )
     history_from: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] = Field(
         default_factory=list,

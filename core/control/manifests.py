@@ -41,6 +41,7 @@ from metainfer.core.api.names import (
 from metainfer.core.api.policy import (
     AdaptationPolicy,
     ModelVolume,
+    PolicyScheduling,
     Slo,
     VariantStore,
 )
@@ -132,6 +133,7 @@ def build_run(
         history_from=list(history_from),
         runtime=runtime,
         image=settings.image if settings else None,
+        scheduling=spec.scheduling if spec.scheduling != PolicyScheduling() else None,
     )
     tolerations = [t.to_api() for t in spec.hardware.tolerations or []]
     return {
@@ -185,7 +187,9 @@ def build_job(
         env=env,
     )
     tolerations = [*tolerations, *settings.tolerations]
-    pod = _pod_spec(container, group, settings, settings.service_account, tolerations, spec.model.volume)
+    pod = _pod_spec(
+        container, group, settings, settings.service_account, tolerations, spec.model.volume, spec.scheduling
+    )
     pod |= {"restartPolicy": "Never", "automountServiceAccountToken": True}  # the agent writes the run's status
     if spec.variant_store is not None:
         _mount_variant_store(pod, container, spec.variant_store, read_only=False)
@@ -326,7 +330,7 @@ def build_deployment(
         "livenessProbe": _probe("/v2/health/live", period=10, failures=6),
     }
     tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
-    pod = _pod_spec(container, group, settings, settings.service_account, tolerations, model.volume)
+    pod = _pod_spec(container, group, settings, settings.service_account, tolerations, model.volume, spec.scheduling)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
     pod["terminationGracePeriodSeconds"] = settings.termination_grace_seconds()
     # A Deployment's replicas spread over the class's nodes, so draining one node (a driver upgrade does, node by
@@ -535,7 +539,10 @@ def _pod_spec(
     service_account: str,
     tolerations: list[dict[str, Any]],
     volume: ModelVolume | None,
+    scheduling: PolicyScheduling | None = None,
 ) -> dict[str, Any]:
+    """The pod spec of a Job or serving pod; the policy's ``scheduling`` (checked against the platform's
+    allow-lists before anything is built: core.control.platform) replaces the platform's classes it names."""
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}]
     if volume is not None:
         source = (
@@ -557,10 +564,11 @@ def _pod_spec(
         pod["imagePullSecrets"] = [{"name": secret} for secret in settings.image_pull_secrets]
     if affinity := merged_affinity(settings.affinity, group.node_affinity()):
         pod["affinity"] = affinity
-    if settings.priority_class_name:
-        pod["priorityClassName"] = settings.priority_class_name
-    if settings.runtime_class_name:
-        pod["runtimeClassName"] = settings.runtime_class_name
+    scheduling = scheduling or PolicyScheduling()
+    if priority := scheduling.priority_class_name or settings.priority_class_name:
+        pod["priorityClassName"] = priority
+    if runtime := scheduling.runtime_class_name or settings.runtime_class_name:
+        pod["runtimeClassName"] = runtime
     if tolerations:
         pod["tolerations"] = tolerations
     return pod

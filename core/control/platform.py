@@ -6,6 +6,16 @@ create: a hostPath mount of any node directory, or any image. The platform team
 lists what policies may use (Helm ``policies.allowedHostPaths`` and
 ``policies.allowedImages``); the default allows no hostPath and no image but
 the operator's own.
+
+Scheduling is the platform's too: a priority class can preempt other teams'
+pods, a runtime class picks the sandbox pods run in, and a toleration lets pods
+onto nodes a taint reserves (admission plugins such as PodTolerationRestriction
+would stop her own pods; the operator's pods would pass them in its name). So
+``spec.scheduling`` names only classes in ``policies.allowedPriorityClasses``
+and ``policies.allowedRuntimeClasses`` (none by default), and
+``spec.hardware.tolerations`` only keys in ``policies.allowedTolerationKeys``
+(any by default, as before this list existed; ``*`` means any, and a toleration
+without a key, which tolerates every taint, needs ``*``).
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ from dataclasses import dataclass
 
 from metainfer.core.api.policy import AdaptationPolicySpec
 
+ANY = "*"
+
 
 @dataclass(frozen=True)
 class PlatformLimits:
@@ -24,6 +36,9 @@ class PlatformLimits:
     allowed_host_paths: Sequence[str] = ()
     allowed_images: Sequence[str] = ()
     default_image: str = ""
+    allowed_priority_classes: Sequence[str] = ()
+    allowed_runtime_classes: Sequence[str] = ()
+    allowed_toleration_keys: Sequence[str] = (ANY,)
 
 
 class ForbiddenByPlatform(ValueError):
@@ -56,6 +71,33 @@ def platform_violations(spec: AdaptationPolicySpec, limits: PlatformLimits) -> l
     ):
         allowed = ", ".join(limits.allowed_images) or "only the operator's own image"
         out.append(f"spec.serving.image {image!r} is not allowed by the platform (policies.allowedImages: {allowed})")
+    out += _scheduling_violations(spec, limits)
+    return out
+
+
+def _scheduling_violations(spec: AdaptationPolicySpec, limits: PlatformLimits) -> list[str]:
+    out: list[str] = []
+    named = (
+        ("priorityClassName", spec.scheduling.priority_class_name, limits.allowed_priority_classes, "Priority"),
+        ("runtimeClassName", spec.scheduling.runtime_class_name, limits.allowed_runtime_classes, "Runtime"),
+    )
+    for field, value, allowed, kind in named:
+        if value is not None and value not in allowed:
+            listed = ", ".join(allowed) or "none"
+            out.append(
+                f"spec.scheduling.{field} {value!r} is not allowed by the platform "
+                f"(policies.allowed{kind}Classes: {listed})"
+            )
+    if ANY in limits.allowed_toleration_keys:
+        return out
+    keys = ", ".join(limits.allowed_toleration_keys) or "none"
+    for i, toleration in enumerate(spec.hardware.tolerations or []):
+        if toleration.key is None or toleration.key not in limits.allowed_toleration_keys:
+            what = repr(toleration.key) if toleration.key is not None else "without a key (tolerates every taint)"
+            out.append(
+                f"spec.hardware.tolerations[{i}] {what} is not allowed by the platform "
+                f"(policies.allowedTolerationKeys: {keys})"
+            )
     return out
 
 

@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -460,6 +461,21 @@ def test_the_charts_placement_values_reach_job_and_serving_pods(monkeypatch: pyt
                                                          "effect": "NoSchedule"} in pod["tolerations"]  # fmt: skip
         required = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
         assert required["nodeSelectorTerms"][0]["matchExpressions"][0]["key"] == "zone"
+
+
+def test_the_charts_policy_allow_lists_reach_the_operators_platform_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    default = operator_config(operator_env(rendered(False)), monkeypatch).platform_limits()
+    bare = operator_config({}, monkeypatch).platform_limits()
+    assert replace(default, default_image="") == replace(bare, default_image=""), "the chart's image is its own"
+    assert default.allowed_toleration_keys == ["*"] and not default.allowed_priority_classes
+    docs = template(
+        "--set-json", 'policies.allowedPriorityClasses=["serving-high"]',
+        "--set-json", 'policies.allowedRuntimeClasses=["nvidia", "kata"]',
+        "--set-json", 'policies.allowedTolerationKeys=["nvidia.com/gpu"]',
+    )  # fmt: skip
+    limits = operator_config(operator_env(docs), monkeypatch).platform_limits()
+    assert limits.allowed_priority_classes == ["serving-high"]
+    assert limits.allowed_runtime_classes == ["nvidia", "kata"] and limits.allowed_toleration_keys == ["nvidia.com/gpu"]
 
 
 @pytest.mark.parametrize(

@@ -643,3 +643,27 @@ def test_the_platforms_placement_reaches_job_and_serving_pods_and_a_bad_affinity
             "requiredDuringSchedulingIgnoredDuringExecution": fields}}))  # fmt: skip
     with pytest.raises(ConfigError, match=r"METAINFER_WORKLOAD_AFFINITY.*unknown keys"):
         OperatorConfig(workload_affinity='{"nodeAfinity": {}}')
+
+
+def test_a_policys_scheduling_replaces_the_platforms_classes_in_its_job_and_serving_pods() -> None:
+    from metainfer.operator.config import OperatorConfig
+
+    config = OperatorConfig(
+        workload_priority_class_name="batch-low",
+        workload_runtime_class_name="nvidia",
+        allowed_priority_classes=["serving-high"],
+        allowed_toleration_keys=["nvidia.com/gpu"],
+    )
+    limits = config.platform_limits()
+    assert limits.allowed_priority_classes == ["serving-high"] and limits.allowed_toleration_keys == ["nvidia.com/gpu"]
+    assert OperatorConfig().platform_limits().allowed_toleration_keys == ["*"]
+    settings = (config.job_settings(), config.serving_defaults())
+    for pod in _pods(settings, scheduling={"priorityClassName": "serving-high"}):
+        assert pod["priorityClassName"] == "serving-high", "the policy's class wins"
+        assert pod["runtimeClassName"] == "nvidia", "the platform's where the policy names none"
+    run = build_run(policy(scheduling={"runtimeClassName": "kata"}), gpu_group(), "NewHardwareClass")
+    assert run["spec"]["scheduling"] == {"runtimeClassName": "kata"}, "the Job reads it from its run"
+    assert "scheduling" not in build_run(policy(), gpu_group(), "NewHardwareClass")["spec"]
+    assert build_run(policy(), gpu_group(), "NewHardwareClass")["metadata"]["name"] == run["metadata"]["name"], (
+        "where pods are scheduled is not part of the adaptation: setting it must not re-adapt"
+    )

@@ -41,3 +41,31 @@ def test_allow_lists_admit_what_is_below_them_and_nothing_beside() -> None:
     for path in ("/srv/models-evil", "/srv/models/../../etc", "/srv"):
         assert platform_violations(spec(model={"volume": {"hostPath": path}}), limits), path
     assert platform_violations(spec(serving={"image": "registry.example/mlx/s:1"}), limits)
+
+
+def test_a_policy_schedules_only_with_the_classes_and_taint_keys_the_platform_lists() -> None:
+    wanted = spec(scheduling={"priorityClassName": "high", "runtimeClassName": "gvisor"})
+    by_default = platform_violations(wanted, PlatformLimits())
+    assert len(by_default) == 2 and "policies.allowedPriorityClasses: none" in by_default[0]
+    assert "spec.scheduling.runtimeClassName 'gvisor'" in by_default[1]
+    listed = PlatformLimits(allowed_priority_classes=("high",), allowed_runtime_classes=("gvisor", "nvidia"))
+    assert platform_violations(wanted, listed) == []
+    assert platform_violations(spec(scheduling={"priorityClassName": "system-node-critical"}), listed)
+
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    everything = {"operator": "Exists"}  # no key: tolerates every taint, a team's reserved nodes included
+    tolerant = spec(hardware={"tolerations": [gpu, {"key": "team-b/reserved", "operator": "Exists"}, everything]})
+    assert platform_violations(tolerant, PlatformLimits()) == [], "any key by default, as before the list existed"
+    gpu_only = PlatformLimits(allowed_toleration_keys=("nvidia.com/gpu",))
+    reserved, keyless = platform_violations(tolerant, gpu_only)
+    assert reserved.startswith("spec.hardware.tolerations[1] 'team-b/reserved' is not allowed")
+    assert keyless.startswith("spec.hardware.tolerations[2] without a key (tolerates every taint)")
+    assert "policies.allowedTolerationKeys: nvidia.com/gpu" in keyless
+
+
+def test_a_scheduling_name_kubernetes_would_refuse_is_refused_at_admission() -> None:
+    from pydantic import ValidationError
+
+    for bad in ("High", "a" * 254, "under_score", ""):
+        with pytest.raises(ValidationError, match="scheduling"):
+            spec(scheduling={"priorityClassName": bad})
