@@ -36,7 +36,10 @@ def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
         return plan_provisional(context, status)
     served, canary = plan_canary(context, servable, best, status)
     status = canary.status
-    desired = build_deployment(context.policy, context.group, served, context.serving)
+    # The stable side of a provisional class's first canary (or what a rollback keeps) is still another class's
+    # variant: its pods keep checking it on their node (core.control.provisional), and the Deployment is not rolled.
+    lent = served.spec.class_fingerprint != context.fingerprint
+    desired = build_deployment(context.policy, context.group, served, context.serving, provisional=lent)
     name = desired["metadata"]["name"]
     existing = context.deployments.get(name)
     action = deployment_action(desired, existing)

@@ -312,6 +312,36 @@ def test_a_provisional_class_says_what_its_pods_on_node_checks_found() -> None:
     assert len(new.message) <= 4096
 
 
+def test_a_provisional_class_keeps_its_checked_pods_while_its_own_variant_is_a_canary() -> None:
+    c = Cluster(serving={"replicas": 2})
+    c.reconcile({"g1": A100})
+    (donor,) = c.runs
+    c.finish(donor)
+    c.reconcile({"g1": A100})
+    nodes = {"g1": A100, "g2": A100_NEW}
+    c.reconcile(nodes)
+    (own,) = set(c.runs) - {donor}
+    (lent,) = [d for d in c.deployments.values() if d["metadata"]["labels"]["metainfer.io/run"] == donor
+               and "metainfer.io/provisional" in d["metadata"]["labels"]]  # fmt: skip
+    lent_before = copy.deepcopy(lent)
+    c.finish(own)
+    recipe = Recipe.model_validate({"session": {"intra_op_num_threads": 4}})  # another variant than the donor's
+    c.runs[own]["status"] |= {"bestRecipe": recipe.model_dump(mode="json"), "bestRecipeKey": recipe.key()}
+    plan = c.reconcile(nodes)
+    (canary,) = [a.manifest for a in plan.deployments_to_apply]
+    assert canary["metadata"]["name"].endswith("-canary") and canary["metadata"]["labels"]["metainfer.io/run"] == own
+    assert "initContainers" not in canary["spec"]["template"]["spec"], "its own variant needs no on-node check"
+    assert c.deployments[lent["metadata"]["name"]] == lent_before, (
+        "the checked provisional pods keep serving as they are"
+    )
+    (in_canary,) = [cls for cls in c.policy["status"]["classes"] if (cls.get("rollout") or {}).get("phase") == "Canary"]
+    in_canary["rollout"]["phase"] = "RolledBack"  # a rolled-back canary leaves the lent variant, still checked
+    plan = c.reconcile(nodes)
+    assert plan.deployments_to_delete == [canary["metadata"]["name"]]
+    assert all(a.manifest["metadata"]["name"] != lent["metadata"]["name"] for a in plan.deployments_to_apply)
+    assert c.deployments[lent["metadata"]["name"]] == lent_before
+
+
 def test_new_runs_name_the_policys_ended_runs_as_history_own_class_first_newest_first() -> None:
     c = Cluster()
     c.reconcile({"g1": A100, "c1": CPU})
