@@ -43,6 +43,8 @@ def profile_command(out_path: Path | None, refresh: bool) -> int:
         style = {"native": "", "fallback": "yellow", "unsupported": "red"}[row[4]]
         table.add_row(*row, style=style)
     out.print(table)
+    for provider, why in profile.unusable_providers.items():
+        out.print(f"[yellow]{provider} unusable here (not profiled):[/] {why}", highlight=False)
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(profile.model_dump_json(indent=2))
@@ -94,6 +96,7 @@ def adapt_command(args: argparse.Namespace) -> int:
     with progress_for(console) as observer:
         observer.phase(PipelinePhase.PROFILING, None)
         profile = load_or_measure(on_step=observer.on_step)
+        _warn_unusable_providers()
         adaptation = Adaptation(args.model.read_bytes(), info, data, profile, settings, observer)
         if sources is not None:
             from metainfer.core.engine.history import select
@@ -109,6 +112,15 @@ def adapt_command(args: argparse.Namespace) -> int:
             closest=report.closest_misses(),
         )
     return 0
+
+
+def _warn_unusable_providers() -> None:
+    """Say which EPs this ONNX Runtime offers but cannot use here (they are not searched), with its reason."""
+    from metainfer.core.engine.runtime import available_providers, provider_usability
+
+    for provider, why in provider_usability(available_providers()).items():
+        if why:
+            console.print(f"[yellow]warning:[/] {provider} is not searched: {why}", highlight=False)
 
 
 def _history_sources(paths: list[Path]) -> list[Any]:

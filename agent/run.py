@@ -57,6 +57,7 @@ from metainfer.core.engine.errors import MetainferError, ModelError
 from metainfer.core.engine.history import TrialHistory, source_from_report
 from metainfer.core.engine.history_use import MAX_SOURCES
 from metainfer.core.engine.report import Report
+from metainfer.core.engine.runtime import available_providers, provider_usability, require_accelerator
 from metainfer.core.engine.trial import Trial
 
 EXIT_OK, EXIT_FAILED_UNEXPECTEDLY, EXIT_USAGE, EXIT_RETRY = 0, 1, 2, 75
@@ -141,6 +142,10 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         outcome = ensure_profile(kube, spec, namespace, os.environ.get("NODE_NAME"), log)
         log(f"hardware profile {outcome.name} {'reused' if outcome.reused else 'measured and published'}")
         writer.status = writer.status.model_copy(update={"hardware_profile_name": outcome.name})
+        # Here, not in the profile: a profile another node of the class published says nothing of this pod's device.
+        usability = provider_usability(available_providers())
+        require_accelerator(spec.hardware_class.vendor, usability)
+        notes += [f"{p} unusable here: {why}" for p, why in usability.items() if why]
         unsupported = runstatus.unsupported_operators(info, outcome.profile)
         if unsupported is not None:
             raise unsupported

@@ -137,6 +137,7 @@ class Reason(StrEnum):
     INVALID_DATA = FailureReason.INVALID_DATA.value
     UNSUPPORTED_OPERATORS = FailureReason.UNSUPPORTED_OPERATORS.value
     NO_FEASIBLE_CANDIDATE = FailureReason.NO_FEASIBLE_CANDIDATE.value
+    PROVIDER_UNAVAILABLE = FailureReason.PROVIDER_UNAVAILABLE.value
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     JOB_FAILED = "JobFailed"

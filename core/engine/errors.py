@@ -18,6 +18,7 @@ class FailureReason(StrEnum):
     INVALID_DATA = "InvalidData"
     UNSUPPORTED_OPERATORS = "UnsupportedOperators"
     NO_FEASIBLE_CANDIDATE = "NoFeasibleCandidate"
+    PROVIDER_UNAVAILABLE = "ExecutionProviderUnavailable"
 
 
 class MetainferError(Exception):
@@ -68,3 +69,15 @@ class NoFeasibleCandidate(MetainferError):
         # closest: (candidate description, constraints it missed), best first
         self.closest = closest
         super().__init__(message)
+
+
+class ProviderUnavailable(MetainferError):
+    """An execution provider a recipe or a hardware class needs cannot run here: ONNX Runtime would have fallen
+    back to the CPU without a word, and every latency measured would have been the CPU's."""
+
+    reason = FailureReason.PROVIDER_UNAVAILABLE
+
+    def __init__(self, provider: str, cause: str) -> None:
+        self.provider = provider
+        self.cause = cause
+        super().__init__(f"{provider} is not usable here: {cause}")

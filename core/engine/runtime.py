@@ -1,10 +1,38 @@
-"""ONNX Runtime sessions built from a recipe's session part."""
+"""ONNX Runtime sessions built from a recipe's session part, on the execution provider the recipe names or not at all.
+
+ONNX Runtime builds a session on the CPU when the requested EP is missing from its build or cannot initialise (no
+device visible, a driver or CUDA/cuDNN mismatch), with a Python warning or a native log line nobody reads. Every
+latency measured on such a session would be the CPU's, reported as the accelerator's. So every session is checked
+against the EP its recipe names (``create_session``), the EPs a machine offers are tried once before anything is
+measured on them (``provider_usability``), and an accelerator class whose vendor's EPs are all unusable here
+fails its run with the reason (``require_accelerator``) instead of adapting on the CPU.
+"""
 
 from __future__ import annotations
 
-import onnxruntime as ort
+import contextlib
+import os
+import sys
+import tempfile
+import warnings
+from collections.abc import Iterable, Iterator, Mapping
 
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+from metainfer.core.engine.errors import ProviderUnavailable
 from metainfer.core.engine.recipe import Recipe
+
+CPU_PROVIDER = "CPUExecutionProvider"
+CAUSE_LIMIT = 600
+# The EPs that make each accelerator vendor's hardware fast (core.api.hardwareclass vendors); "cpu" needs none.
+ACCELERATOR_PROVIDERS: Mapping[str, tuple[str, ...]] = {
+    "nvidia": ("TensorrtExecutionProvider", "CUDAExecutionProvider"),
+    "amd": ("MIGraphXExecutionProvider", "ROCMExecutionProvider"),
+    "intel": ("OpenVINOExecutionProvider",),
+    "huawei": ("CANNExecutionProvider",),
+}
 
 
 def session_options(recipe: Recipe) -> ort.SessionOptions:
@@ -20,9 +48,119 @@ def session_options(recipe: Recipe) -> ort.SessionOptions:
 
 
 def create_session(model: bytes | str, recipe: Recipe) -> ort.InferenceSession:
-    return ort.InferenceSession(model, sess_options=session_options(recipe), providers=recipe.providers)
+    """The session, on the recipe's EP; raises ProviderUnavailable (with ONNX Runtime's reason) where it is not."""
+    wanted = recipe.session.execution_provider
+    with warnings.catch_warnings():  # the missing-EP warning is this check's to report, with its cause
+        warnings.simplefilter("ignore", UserWarning)
+        session = ort.InferenceSession(model, sess_options=session_options(recipe), providers=recipe.providers)
+    got = session.get_providers()
+    if wanted not in got:
+        raise ProviderUnavailable(wanted, why_not(wanted, got, model, recipe.providers))
+    return session
 
 
 def available_providers() -> list[str]:
     # Azure's EP calls a remote endpoint; it is not hardware to adapt to.
     return [p for p in ort.get_available_providers() if p != "AzureExecutionProvider"]
+
+
+def provider_usability(providers: Iterable[str]) -> dict[str, str | None]:
+    """Per EP: None when a session on it really runs there, else why not. A one-node model per EP, milliseconds."""
+    probe = _probe_model()
+    out: dict[str, str | None] = {}
+    for provider in providers:
+        if provider == CPU_PROVIDER:
+            out[provider] = None
+            continue
+        providers_list = [provider, CPU_PROVIDER]
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                got = _session(probe, _quiet(), providers_list).get_providers()
+        except Exception as exc:  # ONNX Runtime raises several unrelated types
+            out[provider] = _bounded(f"creating a session failed: {type(exc).__name__}: {exc}")
+            continue
+        out[provider] = None if provider in got else why_not(provider, got, probe, providers_list)
+    return out
+
+
+def require_accelerator(vendor: str, usability: Mapping[str, str | None]) -> None:
+    """Raise ProviderUnavailable when ``vendor``'s hardware has EPs and none of them is usable here: adapting such a
+    class on the CPU would serve CPU latencies as the accelerator's."""
+    wanted = ACCELERATOR_PROVIDERS.get(vendor, ())
+    if not wanted or any(usability.get(p, "absent") is None for p in wanted):
+        return
+    causes = [f"{p}: {usability[p]}" for p in wanted if usability.get(p)]
+    missing = [p for p in wanted if p not in usability]
+    if missing:
+        causes.append(f"this ONNX Runtime build ({ort.__version__}) has no {', '.join(missing)}")
+    raise ProviderUnavailable(
+        " or ".join(wanted),
+        _bounded(f"a {vendor} class needs one of them and none runs on this node ({'; '.join(causes)});"
+                 " use an image built with that runtime on nodes whose device is visible to the pod"),
+    )  # fmt: skip
+
+
+def why_not(wanted: str, got: list[str], model: bytes | str, providers: list[str]) -> str:
+    """ONNX Runtime's reason for leaving ``wanted`` out: its build lacks it, or what it logs when the EP fails to
+    initialise (taken from a second attempt at warning level, so that the usual path logs nothing)."""
+    if wanted not in ort.get_available_providers():
+        offered = ", ".join(available_providers())
+        return _bounded(f"this ONNX Runtime build ({ort.__version__}) has no {wanted} (it offers {offered})")
+    so = _quiet()
+    so.log_severity_level = 1  # info and up: the EP's own explanation
+    lines: list[str] = []
+    with _native_stderr(lines), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with contextlib.suppress(Exception):
+            _session(model, so, providers)
+    lines += [str(w.message) for w in caught]
+    stem = wanted.removesuffix("ExecutionProvider").lower()
+    relevant = [line.strip() for line in lines if stem in line.lower() or "fail" in line.lower()]
+    if relevant:
+        return _bounded(f"ONNX Runtime ran the session on {', '.join(got)} instead: " + " | ".join(relevant[-3:]))
+    return _bounded(f"ONNX Runtime ran the session on {', '.join(got)} instead, without saying why")
+
+
+def _session(model: bytes | str, so: ort.SessionOptions, providers: list[str]) -> ort.InferenceSession:
+    return ort.InferenceSession(model, sess_options=so, providers=providers)
+
+
+def _quiet() -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return so
+
+
+@contextlib.contextmanager
+def _native_stderr(lines: list[str]) -> Iterator[None]:
+    """What native code writes to file descriptor 2 meanwhile, as lines; written on to stderr afterwards, so
+    nothing another thread logged in the meantime is lost."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            text = capture.read().decode("utf-8", errors="replace")
+    if text:
+        sys.stderr.write(text)
+        lines.extend(text.splitlines())
+
+
+def _probe_model() -> bytes:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = min(model.ir_version, 9)
+    return bytes(onnx.shape_inference.infer_shapes(model).SerializeToString())
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= CAUSE_LIMIT else text[: CAUSE_LIMIT - 3] + "..."

@@ -197,6 +197,30 @@ def test_wrong_sha256_fails_with_both_hashes(control_plane: Any, namespace: str,
     assert "bestRecipe" not in status
 
 
+def test_a_gpu_class_whose_ep_cannot_run_here_fails_instead_of_adapting_on_the_cpu(
+    control_plane: Any, namespace: str, digits
+) -> None:
+    """This image's ONNX Runtime has no CUDA EP: a session asking for it would silently run on the CPU, and the run
+    would report CPU latencies as the GPU's (issue 29, item 3). The run fails, naming the EPs and why."""
+    model, _ = digits
+    gpu = HardwareClass(vendor="nvidia", product=f"A100-Test-{secrets.token_hex(3)}", driver_version="550")
+    create_run(control_plane.api_client, namespace, make_run("nogpu", gpu, model.as_uri(), sha256_file(model)))
+    result = agent(control_plane.kubeconfig, namespace, "nogpu")
+    assert result.returncode == 0, result.stdout + result.stderr  # deterministic: the status is the outcome
+    status = get(control_plane.api_client, namespace, "nogpu")["status"]
+    failed = condition(status, "Succeeded")
+    assert status["phase"] == "Failed" and failed["reason"] == "ExecutionProviderUnavailable"
+    assert "CUDAExecutionProvider" in failed["message"] and "has no" in failed["message"]
+    assert "bestRecipe" not in status and not status.get("trials")
+    try:
+        client.CustomObjectsApi(control_plane.api_client).delete_cluster_custom_object(
+            GROUP, VERSION, "hardwareprofiles", profile_name(gpu.fingerprint(), namespace)
+        )
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+
+
 def test_corrupt_model_fails_invalid_model(control_plane: Any, namespace: str, tmp_path: Path, hw_class) -> None:
     corrupt = tmp_path / "model.onnx"
     corrupt.write_bytes(b"this is not an ONNX model\x00\x01" * 100)

@@ -17,7 +17,8 @@ import numpy as np
 from metainfer.core.engine.profile import microbench
 from metainfer.core.engine.profile.fingerprint import detect_machine, fingerprint
 from metainfer.core.engine.profile.opcases import op_cases
-from metainfer.core.engine.profile.types import BenchConfig, HardwareProfile, OpSupport
+from metainfer.core.engine.profile.types import CPU_PROVIDER, BenchConfig, HardwareProfile, OpSupport
+from metainfer.core.engine.runtime import provider_usability
 
 OnStep = Callable[[int, int, str], None]
 
@@ -27,7 +28,10 @@ def measure_profile(config: BenchConfig | None = None, on_step: OnStep | None = 
     config = config or BenchConfig()
     started = time.perf_counter()
     machine = detect_machine()
-    providers = microbench.compute_providers(machine.execution_providers, config.providers)
+    usability = provider_usability(microbench.compute_providers(machine.execution_providers, config.providers))
+    # An EP that falls back to the CPU would profile the CPU under its name (core.engine.runtime).
+    providers = [p for p, problem in usability.items() if problem is None] or [CPU_PROVIDER]
+    unusable = {p: problem for p, problem in usability.items() if problem is not None}
     cases = [c for c in op_cases() if config.op_types is None or c.op_type in config.op_types]
     total = len(cases) * len(providers) + 3
     done = 0
@@ -57,6 +61,7 @@ def measure_profile(config: BenchConfig | None = None, on_step: OnStep | None = 
         machine=machine,
         config=config,
         providers_profiled=providers,
+        unusable_providers=unusable,
         ops=ops,
         peak_gemm_gflops_fp32=fp32,
         peak_gemm_gflops_int8=int8,

@@ -7,9 +7,9 @@ question, "may this op run in this dtype on this EP?", through ``support``.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
 Dtype = Literal["fp32", "fp16", "int8"]
 SupportStatus = Literal["native", "fallback", "unsupported"]
@@ -96,6 +96,12 @@ class HardwareProfile(_Plain):
     machine: MachineInfo
     config: BenchConfig = BenchConfig()
     providers_profiled: list[str] = Field(default_factory=list, max_length=32)
+    unusable_providers: dict[str, Annotated[str, StringConstraints(max_length=600)]] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="EPs this ONNX Runtime build offers that do not run here (no device visible, a driver mismatch),"
+        " with ONNX Runtime's reason; never profiled or searched.",
+    )
     ops: list[OpSupport] = Field(default_factory=list, max_length=512)
     peak_gemm_gflops_fp32: float = Field(ge=0, description="fp32 MatMul n^3, 2n^3 FLOP / best time.")
     peak_gemm_gflops_int8: float = Field(
