@@ -43,8 +43,8 @@ def profile_command(out_path: Path | None, refresh: bool) -> int:
         style = {"native": "", "fallback": "yellow", "unsupported": "red"}[row[4]]
         table.add_row(*row, style=style)
     out.print(table)
-    for provider, why in profile.unusable_providers.items():
-        out.print(f"[yellow]{provider} unusable here (not profiled):[/] {why}", highlight=False)
+    for unusable in profile.unusable_providers:
+        out.print(f"[yellow]{unusable.provider} unusable here (not profiled):[/] {unusable.reason}", highlight=False)
     if out_path is not None:
         out_path.parent.mkdir(parents=True, exist_ok=True)
         out_path.write_text(profile.model_dump_json(indent=2))

@@ -19,7 +19,16 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from metainfer.core.api.names import GROUP, LABEL_POLICY, LABEL_PROVISIONAL, RUN_KIND, RUN_PLURAL, VERSION
+from metainfer.core.api.names import (
+    COMPONENT,
+    GROUP,
+    LABEL_POLICY,
+    LABEL_PROVISIONAL,
+    MANAGED_BY,
+    RUN_KIND,
+    RUN_PLURAL,
+    VERSION,
+)
 from metainfer.core.control.naming import label_value
 
 TRANSIENT = {409, 429, 500, 502, 503, 504}
@@ -95,7 +104,8 @@ async def service_account_missing(namespace: str, name: str) -> bool:
 
 
 async def apply(manifest: Mapping[str, Any]) -> None:
-    """Create, or merge-patch the spec and labels of an existing object."""
+    """Create, or update an existing object to ``manifest``: a Deployment is replaced (its spec exactly as built,
+    our labels and annotations as built, others' kept: ``replaced``), a Service's selector and ports patched."""
     if await create_if_absent(manifest):
         return
     # Annotations too: the reconcile compares its spec-hash annotation, so an update that left the old hash would
@@ -218,13 +228,34 @@ def _create(manifest: dict[str, Any]) -> None:
 def _patch(manifest: Mapping[str, Any], patch: dict[str, Any]) -> None:
     kind, ns, name = manifest["kind"], manifest["metadata"]["namespace"], manifest["metadata"]["name"]
     if kind == "Deployment":
-        client.AppsV1Api(_api()).patch_namespaced_deployment(name, ns, patch)
+        apps = client.AppsV1Api(_api())
+        stored = _api().sanitize_for_serialization(apps.read_namespaced_deployment(name, ns))
+        # Replaced, not merge-patched: a merge keeps whatever the new spec leaves out (a provisional pod's init
+        # container and its resource requests, an unmounted ConfigMap volume) and pods kept running stale parts.
+        # The resourceVersion makes a concurrent writer's change a conflict (409: retried), never lost.
+        apps.replace_namespaced_deployment(name, ns, replaced(stored, manifest))  # type: ignore[arg-type]  # a dict body is sent as is
     elif kind == "Service":
         # ClusterIP is immutable and assigned by the server: only selector/ports are ours.
         spec = {k: v for k, v in patch["spec"].items() if k in ("selector", "ports")}
         client.CoreV1Api(_api()).patch_namespaced_service(name, ns, {"metadata": patch["metadata"], "spec": spec})
     else:
         raise ValueError(f"no update for kind {kind}")
+
+
+def replaced(stored: Mapping[str, Any], desired: Mapping[str, Any]) -> dict[str, Any]:
+    """``stored`` (as read, with its resourceVersion) carrying ``desired``'s spec, and its labels and annotations
+    where they are ours: others' labels and annotations stay, ours that ``desired`` dropped go."""
+    meta = dict(stored.get("metadata") or {})
+    wanted = desired.get("metadata") or {}
+    for field in ("labels", "annotations"):
+        theirs = {k: v for k, v in (meta.get(field) or {}).items() if not _ours(k)}
+        meta[field] = {**theirs, **(wanted.get(field) or {})}
+    return {"apiVersion": desired.get("apiVersion", stored.get("apiVersion")), "kind": desired["kind"],
+            "metadata": meta, "spec": desired["spec"]}  # fmt: skip
+
+
+def _ours(key: str) -> bool:
+    return key.split("/", 1)[0] == GROUP or key in (MANAGED_BY, COMPONENT)
 
 
 def _delete(kind: str, namespace: str, name: str) -> None:

@@ -109,7 +109,33 @@ class Platform:
         operator = self.kubectl(
             "logs", "-n", RELEASE_NAMESPACE, "deploy/metainfer-operator", "--tail=40", check=False
         ).stdout
-        return f"pods:\n{pods}\nevents:\n{events[-4000:]}\noperator log:\n{operator[-4000:]}"
+        # Which run each serving Deployment serves, checked on the node first or not, and what the classes say.
+        template = (
+            "{range .items[*]}{.metadata.name} run={.metadata.labels.metainfer\\.io/run}"
+            " provisional={.metadata.labels.metainfer\\.io/provisional} replicas={.status.replicas}"
+            ' ready={.status.readyReplicas}{"\\n"}{end}'
+        )
+        deployments = self.kubectl(
+            "get", "deployments", "-n", WORKLOAD_NAMESPACE, "-o", f"jsonpath={template}", check=False
+        ).stdout
+        classes = self.kubectl(
+            "get", "adaptationpolicies", "-n", WORKLOAD_NAMESPACE, "-o",
+            "jsonpath={range .items[*].status.classes[*]}{.name}: {.state} {.reason} current={.current.runName}"
+            ' {.message}{"\\n"}{end}',
+            check=False,
+        ).stdout  # fmt: skip
+        checks = self.kubectl(
+            "logs", "-n", WORKLOAD_NAMESPACE, "-l", "metainfer.io/provisional=true", "-c", "check", "--tail=15",
+            "--prefix", check=False,
+        )  # fmt: skip
+        pending = self.kubectl(
+            "get", "events", "-n", WORKLOAD_NAMESPACE, "--field-selector", "reason=FailedScheduling", check=False
+        ).stdout
+        return (
+            f"pods:\n{pods}\ndeployments:\n{deployments}\nclasses:\n{classes[-3000:]}\n"
+            f"provisional checks:\n{(checks.stdout + checks.stderr)[-3000:]}\n"
+            f"scheduling failures:\n{pending[-2000:]}\nevents:\n{events[-4000:]}\noperator log:\n{operator[-4000:]}"
+        )
 
     def wait(self, what: str, check: Callable[[], Any], timeout_s: float, interval_s: float = 2.0) -> Any:
         deadline = time.monotonic() + timeout_s

@@ -17,7 +17,7 @@ import numpy as np
 from metainfer.core.engine.profile import microbench
 from metainfer.core.engine.profile.fingerprint import detect_machine, fingerprint
 from metainfer.core.engine.profile.opcases import op_cases
-from metainfer.core.engine.profile.types import CPU_PROVIDER, BenchConfig, HardwareProfile, OpSupport
+from metainfer.core.engine.profile.types import CPU_PROVIDER, BenchConfig, HardwareProfile, OpSupport, UnusableProvider
 from metainfer.core.engine.runtime import provider_usability
 
 OnStep = Callable[[int, int, str], None]
@@ -31,7 +31,7 @@ def measure_profile(config: BenchConfig | None = None, on_step: OnStep | None = 
     usability = provider_usability(microbench.compute_providers(machine.execution_providers, config.providers))
     # An EP that falls back to the CPU would profile the CPU under its name (core.engine.runtime).
     providers = [p for p, problem in usability.items() if problem is None] or [CPU_PROVIDER]
-    unusable = {p: problem for p, problem in usability.items() if problem is not None}
+    unusable = [UnusableProvider(provider=p, reason=why) for p, why in usability.items() if why is not None]
     cases = [c for c in op_cases() if config.op_types is None or c.op_type in config.op_types]
     total = len(cases) * len(providers) + 3
     done = 0

@@ -7,9 +7,9 @@ question, "may this op run in this dtype on this EP?", through ``support``.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 
 Dtype = Literal["fp32", "fp16", "int8"]
 SupportStatus = Literal["native", "fallback", "unsupported"]
@@ -88,6 +88,13 @@ class BenchConfig(_Plain):
     op_types: list[str] | None = Field(None, max_length=64, description="Probe only these ops; None = all.")
 
 
+class UnusableProvider(_Plain):
+    """An EP offered by ONNX Runtime that does not run on this machine, and why (core.engine.runtime)."""
+
+    provider: str = Field(max_length=64)
+    reason: str = Field(max_length=600)
+
+
 class HardwareProfile(_Plain):
     """The measured capabilities of one hardware class, cached by ``fingerprint``."""
 
@@ -96,8 +103,8 @@ class HardwareProfile(_Plain):
     machine: MachineInfo
     config: BenchConfig = BenchConfig()
     providers_profiled: list[str] = Field(default_factory=list, max_length=32)
-    unusable_providers: dict[str, Annotated[str, StringConstraints(max_length=600)]] = Field(
-        default_factory=dict,
+    unusable_providers: list[UnusableProvider] = Field(
+        default_factory=list,
         max_length=32,
         description="EPs this ONNX Runtime build offers that do not run here (no device visible, a driver mismatch),"
         " with ONNX Runtime's reason; never profiled or searched.",
