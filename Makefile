@@ -11,7 +11,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -89,6 +89,11 @@ assets: venv helm
 	$(BIN)/python hack/prometheus.py
 
 # CRDs are generated from core's pydantic types; the chart carries byte copies.
+# The prepared accelerator check (issue 29): on a machine with a GPU, in its image's Python environment, one table
+# of providers, GEMM peaks, the chosen recipe, speedups and device memory; elsewhere "no device" rows.
+device-check: venv
+	$(BIN)/python bench/device_check.py --out build/device-check.json
+
 crds: venv
 	$(BIN)/python -m metainfer.core.api.crdgen crds/
 	cp crds/*.yaml charts/metainfer/crds/
