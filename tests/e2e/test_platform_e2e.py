@@ -561,6 +561,35 @@ def test_a_policy_outside_the_workload_namespaces_gets_a_warning_not_a_silent_st
     platform.kubectl("delete", "namespace", "team-b", "--wait=false")
 
 
+def test_a_run_whose_job_fails_without_a_result_keeps_its_pods_last_log_lines(platform: Platform) -> None:
+    """The Job's pods go with its TTL, and a Job that fails before the agent writes a result (here: the model's
+    server refuses every connection, a transient fetch error, and no retry is left) leaves nothing else saying
+    why: the run keeps its pod's last log lines, bounded (issue 31, item 5)."""
+    policy = _policy("0" * 64)
+    policy["metadata"]["name"] = "unreachable"
+    # The pod network's gateway on a port nothing listens on: refused at once, inside the cluster's own network.
+    policy["spec"]["model"]["uri"] = "http://10.244.0.1:9/model.onnx"
+    policy["spec"]["search"]["backoffLimit"] = 0
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(policy))
+    try:
+
+        def failed_with_tail() -> list[dict[str, Any]]:
+            return [
+                r
+                for r in _runs(platform)
+                if r["spec"]["policyName"] == "unreachable"
+                and (r.get("status") or {}).get("phase") == "Failed"
+                and (r.get("status") or {}).get("logTail")
+            ]
+
+        (run, *_) = platform.wait("the run to fail with its pod's last log lines", failed_with_tail, 300, 3)
+        tail = run["status"]["logTail"]
+        assert "fetch failed (transient)" in tail and "10.244.0.1" in tail, tail
+        assert len(tail) <= 4000 and len(tail.splitlines()) <= 20
+    finally:
+        platform.kubectl("delete", "adaptationpolicy", "unreachable", "-n", WORKLOAD_NAMESPACE, "--wait=false")
+
+
 HEAVY = "heavy"
 HEAVY_SERVING = "app.kubernetes.io/component=serving,metainfer.io/policy=" + HEAVY
 HEAVY_WIDTH = 384

@@ -296,6 +296,8 @@ def test_operator_writes_workloads_only_in_the_namespaces_it_watches() -> None:
     namespaced = {
         ("batch", "jobs", "create"),
         ("apps", "deployments", "create"),
+        ("apps", "deployments", "get"),  # kube.apply reads a serving Deployment, then replaces it
+        ("apps", "deployments", "update"),
         ("", "services", "create"),
         ("policy", "poddisruptionbudgets", "create"),
         ("metainfer.io", "adaptationruns", "create"),
