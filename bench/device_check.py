@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from onnx import TensorProto, helper
 
+from metainfer.agent.profiles import FAST_BENCH
 from metainfer.agent.zoo import build_examples
 from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.evaluate import MeasureSettings, measure_latency
@@ -43,7 +44,6 @@ from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import load_or_measure
 from metainfer.core.engine.profile.measure import measure_profile
-from metainfer.core.engine.profile.types import BenchConfig
 from metainfer.core.engine.recipe import Recipe, SessionSpec
 from metainfer.core.engine.report import AdaptSettings
 from metainfer.core.engine.runtime import (
@@ -55,9 +55,6 @@ from metainfer.core.engine.runtime import (
 )
 from metainfer.core.engine.scoring import Constraints
 
-QUICK_PROFILE = BenchConfig(
-    op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2
-)
 QUICK = MeasureSettings(warmup_runs=3, round_runs=10, min_runs=20, max_runs=200, max_seconds=2.0)
 
 
@@ -277,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         info = inspect_model(example.model_path)
         data = load_npz(example.data_path, info)
         base = example.model_path.read_bytes()
-        args.profile = measure_profile(QUICK_PROFILE) if args.quick_profile else load_or_measure()
+        args.profile = measure_profile(FAST_BENCH) if args.quick_profile else load_or_measure()
         usability = provider_usability(providers_to_check())
         rows: list[Row] = []
         cpu_fp32: float | None = None
