@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import re
 import tempfile
 from pathlib import Path
 
@@ -25,6 +24,7 @@ from pydantic import ValidationError
 
 from metainfer.agent.fetch import FetchError, fetch
 from metainfer.agent.inputs import synthetic_dataset
+from metainfer.agent.serve.command import variant_sha256_from_args
 from metainfer.agent.serve.model import ModelSourceArgs, fetch_base, variant_bytes
 from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.errors import InputError, MetainferError
@@ -45,9 +45,7 @@ EXIT_INPUT = 2  # as metainfer serve: a permanent problem with the inputs
 def check_provisional_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     recipe, budget = _recipe_and_budget(args)
-    sha256 = args.variant_sha256
-    if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise InputError("--variant-sha256", f"must be 64 lower-case hex digits, got {sha256[:80]!r}")
+    sha256 = variant_sha256_from_args(args)
     source = ModelSourceArgs(
         model_uri=args.model_uri,
         model_sha256=args.model_sha256,

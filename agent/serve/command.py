@@ -29,6 +29,14 @@ def serve_command(args: argparse.Namespace) -> int:
     return serve(config_from_args(args))
 
 
+def variant_sha256_from_args(args: argparse.Namespace) -> str | None:
+    """--variant-sha256, checked: 64 lower-case hex digits, or absent."""
+    sha256: str | None = args.variant_sha256
+    if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise InputError("--variant-sha256", f"must be 64 lower-case hex digits, got {sha256[:80]!r}")
+    return sha256
+
+
 def grpc_port_from_args(args: argparse.Namespace) -> int:
     """--grpc-port, checked: a port number, or 0 for no gRPC API, and never the REST port."""
     port = args.grpc_port
@@ -52,9 +60,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
             raise InputError(f"--{flag.replace('_', '-')}", f"must be > 0 seconds, got {value}")
     if not args.max_unsent_mib > 0:
         raise InputError("--max-unsent-mib", f"must be > 0 MiB, got {args.max_unsent_mib}")
-    sha256 = args.variant_sha256
-    if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise InputError("--variant-sha256", f"must be 64 lower-case hex digits, got {sha256[:80]!r}")
+    sha256 = variant_sha256_from_args(args)
     if args.variant_store is not None and sha256 is None:
         raise InputError("--variant-store", "needs --variant-sha256: the store is addressed by the variant's sha256")
     if args.variant_store is not None and not args.variant_store.is_dir():
