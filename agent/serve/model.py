@@ -14,6 +14,7 @@ import json
 import logging
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.errors import DataError, ModelError
 from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo, inspect_model
 from metainfer.core.engine.recipe import Recipe, TransformSpec
-from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.runtime import Session, create_session
 from metainfer.core.engine.transforms import build_variant
 from metainfer.core.engine.transforms.build import PROVENANCE_PREFIX
 
@@ -57,7 +58,7 @@ class ModelSourceArgs:
 class LoadedModel:
     """A ready ONNX Runtime session and the protocol signature requests are checked against."""
 
-    session: ort.InferenceSession
+    session: Session
     signature: Signature
     base_sha256: str
     variant_sha256: str
@@ -189,9 +190,9 @@ def _checked_variant_bytes(data: bytes, where: str, base_sha256: str, transform:
     return data
 
 
-def _signature(session: ort.InferenceSession, info: ModelInfo, recipe: Recipe, max_batch: int | None) -> Signature:
+def _signature(session: Session, info: ModelInfo, recipe: Recipe, max_batch: int | None) -> Signature:
     # Datatypes come from the session (what the variant really takes), shapes from the base model's dims.
-    def specs(args: list[ort.NodeArg], tensors: tuple[TensorInfo, ...]) -> tuple[TensorSpec, ...]:
+    def specs(args: Sequence[Any], tensors: tuple[TensorInfo, ...]) -> tuple[TensorSpec, ...]:
         dims = {t.name: t.shape for t in tensors}
         out = []
         for arg in args:
@@ -203,7 +204,8 @@ def _signature(session: ort.InferenceSession, info: ModelInfo, recipe: Recipe, m
     inputs = specs(session.get_inputs(), info.inputs)
     fixed_batches = {spec.shape[0] for spec in inputs if spec.shape and spec.shape[0] >= 0}
     allowed = max_batch if max_batch is not None else max(recipe.batch, *fixed_batches, DEFAULT_MAX_BATCH)
-    return Signature(inputs=inputs, outputs=specs(session.get_outputs(), info.outputs), max_batch=allowed)
+    outputs = specs(session.get_outputs(), info.outputs)
+    return Signature(inputs=inputs, outputs=outputs, max_batch=allowed, platform=recipe.session.runtime)
 
 
 DEFAULT_MAX_BATCH = 64

@@ -88,6 +88,8 @@ class Signature:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     max_batch: int
+    # The runtime that runs the variant (the recipe's session.runtime), as model metadata's "platform".
+    platform: str = "onnxruntime"
 
     def input(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.inputs if spec.name == name), None)
@@ -365,7 +367,7 @@ def model_metadata(name: str, versions: Sequence[str], signature: Signature) -> 
     return {
         "name": name,
         "versions": list(versions),
-        "platform": "onnxruntime",
+        "platform": signature.platform,
         "inputs": [spec.metadata() for spec in signature.inputs],
         "outputs": [spec.metadata() for spec in signature.outputs],
     }

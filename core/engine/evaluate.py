@@ -23,14 +23,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import onnxruntime as ort
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.memory import track_peak_memory
 from metainfer.core.engine.recipe import Recipe
-from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.runtime import Session, create_session
 from metainfer.core.engine.trial import EarlyStop, LatencyStats, Quality, QualityMetric, TrialMetrics
 
 
@@ -95,7 +94,7 @@ class Reference:
         return Reference([o[:n] for o in self.outputs], labels, accuracy, mask)
 
 
-def run_all(session: ort.InferenceSession, data: Dataset, batch: int) -> list[np.ndarray]:
+def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
     """Outputs for every sample, computed ``batch`` samples at a time."""
     chunks: list[list[np.ndarray]] = []
     for feed, _ in data.batches(batch):
@@ -103,7 +102,7 @@ def run_all(session: ort.InferenceSession, data: Dataset, batch: int) -> list[np
     return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
 
 
-def make_reference(session: ort.InferenceSession, data: Dataset, batch: int) -> Reference:
+def make_reference(session: Session, data: Dataset, batch: int) -> Reference:
     outputs = run_all(session, data, batch)
     accuracy = None
     if data.labels is not None:
@@ -167,14 +166,12 @@ def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
     return Quality(metric=metric, value=value, reference=1.0, drop=1.0 - value, samples=n)
 
 
-def measure_latency(
-    session: ort.InferenceSession, data: Dataset, batch: int, settings: MeasureSettings
-) -> LatencyStats:
+def measure_latency(session: Session, data: Dataset, batch: int, settings: MeasureSettings) -> LatencyStats:
     return latency_stats(time_runs(session, data, batch, settings), batch, settings.warmup_runs)
 
 
 def time_runs(
-    session: ort.InferenceSession,
+    session: Session,
     data: Dataset,
     batch: int,
     settings: MeasureSettings,
@@ -295,7 +292,7 @@ def evaluate(
 
 
 def measure_interleaved(
-    sessions: list[ort.InferenceSession], data: Dataset, batch: int, settings: MeasureSettings, rounds: int = 5
+    sessions: list[Session], data: Dataset, batch: int, settings: MeasureSettings, rounds: int = 5
 ) -> list[LatencyStats]:
     """Latency of several sessions timed in alternating rounds, so machine drift hits all alike."""
     per_round = settings.model_copy(

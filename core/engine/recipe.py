@@ -3,7 +3,8 @@
 A recipe is deterministic: the base model's sha256 plus the recipe's
 ``transform`` part always yield the same variant bytes, so a serving pod can
 rebuild a variant instead of fetching it. The ``session`` part does not touch
-the bytes; it is applied when the ONNX Runtime session is created.
+the bytes; it names the runtime (ONNX Runtime or OpenVINO) and the settings it
+is loaded with.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ Layout = Literal["NCHW", "NHWC"]
 ExecutionMode = Literal["sequential", "parallel"]
 GraphFusion = Literal["none", "transformer", "conv"]
 Padding = Literal["keep", "remove"]
+# The inference runtimes a variant can be loaded by; each has its own session settings.
+Runtime = Literal["onnxruntime", "openvino"]
+RUNTIMES: tuple[str, ...] = get_args(Runtime)
+OpenVinoHint = Literal["latency", "throughput"]
+OpenVinoPrecision = Literal["f32", "bf16"]
 
 ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
     "disable": "ORT_DISABLE_ALL",
@@ -91,14 +97,43 @@ class TransformSpec(_Frozen):
         return self
 
 
-class SessionSpec(_Frozen):
-    """ONNX Runtime session settings: applied at load time, bytes unchanged."""
+class OpenVinoSpec(_Frozen):
+    """OpenVINO compile settings (``session.runtime: openvino``): applied at load time, bytes unchanged."""
 
+    performance_hint: OpenVinoHint = Field(
+        "latency", description="OpenVINO's PERFORMANCE_HINT: one request as fast as possible, or many at once."
+    )
+    num_streams: int = Field(0, ge=0, le=64, description="Parallel inference streams; 0 lets the hint decide.")
+    inference_precision: OpenVinoPrecision = Field(
+        "f32", description="INFERENCE_PRECISION_HINT: bf16 only where the CPU computes it natively."
+    )
+
+
+class SessionSpec(_Frozen):
+    """How the variant is loaded: the runtime and its settings, applied at load time, bytes unchanged.
+
+    The ONNX Runtime fields (execution provider, optimization level, execution mode) apply to ``onnxruntime``;
+    the thread count to both (OpenVINO's INFERENCE_NUM_THREADS); ``openvino`` to ``openvino``.
+    """
+
+    runtime: Runtime = Field("onnxruntime", description="The inference runtime that loads the variant.")
+    openvino: OpenVinoSpec = OpenVinoSpec()
     execution_provider: str = "CPUExecutionProvider"
     graph_optimization_level: GraphOptimizationLevel = "all"
     intra_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")
     inter_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")
     execution_mode: ExecutionMode = "sequential"
+
+    @model_validator(mode="after")
+    def _openvino_runs_on_its_cpu_device(self) -> SessionSpec:
+        # OpenVINO picks its own kernels on its CPU device; an ONNX Runtime EP means nothing to it, and a recipe
+        # naming both would be measured on one and described as the other.
+        if self.runtime == "openvino" and self.execution_provider != "CPUExecutionProvider":
+            raise ValueError(
+                f"runtime 'openvino' runs on OpenVINO's CPU device: execution_provider must be CPUExecutionProvider,"
+                f" not {self.execution_provider!r}"
+            )
+        return self
 
 
 class Recipe(_Frozen):
@@ -147,8 +182,18 @@ class Recipe(_Frozen):
         return _short_hash(self.transform.model_dump(mode="json"))
 
     def key(self) -> str:
-        """Short hash of the whole recipe (variant plus session settings plus batch)."""
-        return _short_hash(self.model_dump(mode="json", exclude={"session_options", "providers"}))
+        """Short hash of the whole recipe (variant plus session settings plus batch).
+
+        The runtime's fields join the hash only when they differ from ONNX Runtime's defaults, so every recipe
+        made before OpenVINO was a choice keeps its key (the operator compares keys to decide on rollouts).
+        """
+        data = self.model_dump(mode="json", exclude={"session_options", "providers"})
+        session = data["session"]
+        if self.session.runtime == "onnxruntime":
+            del session["runtime"]
+        if self.session.openvino == OpenVinoSpec():
+            del session["openvino"]
+        return _short_hash(data)
 
     def describe(self) -> str:
         """The recipe in words, for people: progress lines, tables, logs, status.
@@ -193,9 +238,20 @@ class Recipe(_Frozen):
             parts.append("no graph optimizations" if level == "disable" else f"{level} graph optimizations only")
         if s.execution_provider != "CPUExecutionProvider":
             parts.append(f"on {s.execution_provider.removesuffix('ExecutionProvider')}")
+        if s.runtime == "openvino":
+            parts.append(_describe_openvino(s.openvino))
         if self.batch > 1:
             parts.append(f"batch {self.batch}")
         return ", ".join([head, *parts])
+
+
+def _describe_openvino(ov: OpenVinoSpec) -> str:
+    settings = [f"{ov.performance_hint} hint"]
+    if ov.num_streams:
+        settings.append(f"{ov.num_streams} stream{'s' if ov.num_streams > 1 else ''}")
+    if ov.inference_precision != "f32":
+        settings.append(f"{ov.inference_precision} compute")
+    return f"on OpenVINO ({', '.join(settings)})"
 
 
 def _short_hash(obj: Any) -> str:

@@ -15,8 +15,10 @@ import os
 import sys
 import tempfile
 import warnings
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
@@ -47,12 +49,32 @@ def session_options(recipe: Recipe) -> ort.SessionOptions:
     return so
 
 
-def create_session(model: bytes | str, recipe: Recipe) -> ort.InferenceSession:
-    """The session, on the recipe's EP; raises ProviderUnavailable (with ONNX Runtime's reason) where it is not."""
+class Session(Protocol):
+    """What metainfer asks of a loaded variant, on either runtime: ONNX Runtime's ``InferenceSession`` has it, and
+    ``core.engine.runtime_openvino.OpenVinoSession`` gives it for OpenVINO."""
+
+    def run(
+        self, output_names: Sequence[str] | None, input_feed: Mapping[str, np.ndarray], run_options: Any = None
+    ) -> list[Any]: ...
+
+    def get_inputs(self) -> Sequence[Any]: ...
+
+    def get_outputs(self) -> Sequence[Any]: ...
+
+    def get_providers(self) -> list[str]: ...
+
+
+def create_session(model: bytes | str, recipe: Recipe) -> Session:
+    """The session on the recipe's runtime and EP; raises ProviderUnavailable (with the runtime's reason) where
+    it cannot be had."""
+    if recipe.session.runtime == "openvino":
+        from metainfer.core.engine.runtime_openvino import OpenVinoSession  # only images that serve it load it
+
+        return OpenVinoSession(model, recipe)
     wanted = recipe.session.execution_provider
     with warnings.catch_warnings():  # the missing-EP warning is this check's to report, with its cause
         warnings.simplefilter("ignore", UserWarning)
-        session = ort.InferenceSession(model, sess_options=session_options(recipe), providers=recipe.providers)
+        session: Session = ort.InferenceSession(model, sess_options=session_options(recipe), providers=recipe.providers)
     got = session.get_providers()
     if wanted not in got:
         raise ProviderUnavailable(wanted, why_not(wanted, got, model, recipe.providers))
@@ -66,7 +88,7 @@ def available_providers() -> list[str]:
 
 def provider_usability(providers: Iterable[str]) -> dict[str, str | None]:
     """Per EP: None when a session on it really runs there, else why not. A one-node model per EP, milliseconds."""
-    probe = _probe_model()
+    probe = probe_model()
     out: dict[str, str | None] = {}
     for provider in providers:
         if provider == CPU_PROVIDER:
@@ -153,7 +175,7 @@ def _native_stderr(lines: list[str]) -> Iterator[None]:
         lines.extend(text.splitlines())
 
 
-def _probe_model() -> bytes:
+def probe_model() -> bytes:
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])
     graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "probe", [x], [y])

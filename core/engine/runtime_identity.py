@@ -1,4 +1,5 @@
-"""Which ONNX Runtime build an image runs, in one line, read without importing ONNX Runtime.
+"""Which runtime builds an image runs (ONNX Runtime's, and OpenVINO's where installed), in one line, read without
+importing either.
 
 A variant's bytes and latency are a function of the runtime that built and runs it, so a run made under one build
 says nothing certain about another: the run key includes this line (core.control.runkey), and a serving pod of
@@ -22,12 +23,14 @@ DISTRIBUTIONS = (
     "onnxruntime-directml",
     "onnxruntime-qnn",
     "onnxruntime-training",
+    # The second runtime (session.runtime: openvino): a variant validated on one OpenVINO release is served on it.
+    "openvino",
 )
 
 
 def runtime_identity() -> str:
-    """``<distribution> <version>`` of each installed ONNX Runtime distribution (e.g. ``onnxruntime-gpu
-    1.22.0``), joined by ``+`` when an image has more than one; ``none`` without any."""
+    """``<distribution> <version>`` of each installed runtime distribution (e.g. ``onnxruntime-gpu 1.22.0`` or
+    ``onnxruntime 1.32.0+openvino 2026.4.1``), joined by ``+``; ``none`` without any."""
     found = []
     for name in DISTRIBUTIONS:
         try:

@@ -19,13 +19,12 @@ sample's outputs alone and in company is reported for every variant.
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.evaluate import Reference, quality_of, run_all
 from metainfer.core.engine.recipe import Recipe
-from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.runtime import Session, create_session
 from metainfer.core.engine.trial import Quality
 
 
@@ -99,7 +98,7 @@ def validate_variant(
     )
 
 
-def _in_other_company(session: ort.InferenceSession, data: Dataset, batch: int) -> dict[str, list[np.ndarray]]:
+def _in_other_company(session: Session, data: Dataset, batch: int) -> dict[str, list[np.ndarray]]:
     """Every sample run in runs of ``batch`` shuffled (fixed seed), and in runs that also hold the sample with the
     largest inputs (whose range sets the run's activation scales)."""
     n = data.n_samples
@@ -121,7 +120,7 @@ def input_magnitude(data: Dataset) -> np.ndarray:
     return total
 
 
-def _run_rows(session: ort.InferenceSession, data: Dataset, runs: list[np.ndarray]) -> list[np.ndarray]:
+def _run_rows(session: Session, data: Dataset, runs: list[np.ndarray]) -> list[np.ndarray]:
     """Outputs per sample (in sample order) when the samples run together as ``runs`` say; a sample in several
     runs keeps its outputs from the first."""
     per_output: list[np.ndarray] | None = None
@@ -191,7 +190,7 @@ def _quality_check(name: str, q: Quality, budget: float) -> Check:
     )
 
 
-def _abnormal_inputs(session: ort.InferenceSession, data: Dataset) -> list[Check]:
+def _abnormal_inputs(session: Session, data: Dataset) -> list[Check]:
     feed = data.batch(0, 1)
     checks = []
     floats = [k for k, v in feed.items() if np.issubdtype(v.dtype, np.floating)]

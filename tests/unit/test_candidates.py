@@ -12,7 +12,7 @@ import pytest
 from metainfer.core.engine.candidates import KNOBS, SpaceOptions, build_space, recipe_for, unsupported_reason
 from metainfer.core.engine.knobs import DEFAULT_SPREAD
 from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
-from metainfer.core.engine.profile import HardwareProfile, MachineInfo, OpSupport
+from metainfer.core.engine.profile import HardwareProfile, MachineInfo, OpenVinoAvailability, OpSupport
 from metainfer.core.engine.search import SearchContext, builtin_prior
 from metainfer.core.engine.search.space import Point
 
@@ -115,16 +115,21 @@ def _op(
     )
 
 
-def synthetic_profile(nhwc: bool = True) -> HardwareProfile:
+def synthetic_profile(nhwc: bool = True, openvino: bool = False) -> HardwareProfile:
     """Two usable EPs plus one profiled but absent; fp16 emulated on CPU, int8 type variants that are
-    missing or much slower, NHWC native on CPU only: every hardware rule of the space has work to do."""
+    missing or much slower, NHWC native on CPU only: every hardware rule of the space has work to do.
+    ``openvino``: OpenVINO compiles here, on a CPU with native bf16."""
     return HardwareProfile(
+        openvino=OpenVinoAvailability(version="2026.4", devices=["CPU"])
+        if openvino
+        else OpenVinoAvailability(unusable_reason="OpenVINO is not installed in this image"),
         fingerprint="0123456789abcdef",
         machine=MachineInfo(
             cpu_model="synthetic",
             arch="x86_64",
             logical_cores=8,
             physical_cores=4,
+            cpu_flags=["avx2", "avx512_bf16"] if openvino else [],
             total_memory_bytes=2**34,
             onnxruntime_version="1.0",
             execution_providers=[DNNL, CPU],
@@ -209,6 +214,14 @@ _SESSION_DIMS = [
     ("intra_op_num_threads", (1, 2, 4, 8)),
     ("execution_mode", ("sequential", "parallel")),
 ]
+_NO_OPENVINO = "runtime openvino left out: OpenVINO is not installed in this image"
+# Where OpenVINO is not offered, its knobs are single-choice dimensions: the space is the size it was without them.
+_NO_OPENVINO_DIMS = [
+    ("runtime", ("onnxruntime",)),
+    ("openvino_hint", ("latency",)),
+    ("openvino_streams", (0,)),
+    ("openvino_precision", ("f32",)),
+]
 _EMULATED = "only run emulated (cast to fp32), never faster than fp32"
 _NOTE_FP16_CPU_MATMUL = f"fp16 on CPUExecutionProvider pruned: fp16 ['MatMul'] {_EMULATED}"
 _NOTE_FP16_CUDA_MATMUL = f"fp16 on CUDAExecutionProvider pruned: fp16 ['MatMul'] {_EMULATED}"
@@ -234,6 +247,14 @@ _CONV_DIMS = [
     *_SESSION_DIMS,
     ("batch", (2,)),
 ]
+_CONV_OPENVINO_DIMS = [
+    *_CONV_DIMS,
+    ("runtime", ("onnxruntime", "openvino")),
+    ("openvino_hint", ("latency", "throughput")),
+    ("openvino_streams", (0, 1, 2, 4)),
+    ("openvino_precision", ("f32", "bf16")),
+]
+_CONV_DIMS = [*_CONV_DIMS, *_NO_OPENVINO_DIMS]
 SNAPSHOTS: dict[str, dict[str, object]] = {
     "digits_batch_search": {
         "dims": [
@@ -247,12 +268,13 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             ("execution_provider", (CPU, DNNL)),
             *_SESSION_DIMS,
             ("batch", (1, 2, 4, 8, 16, 32)),
+            *_NO_OPENVINO_DIMS,
         ],
-        "notes": [_NOTE_FP16_CPU_MATMUL, _NOTE_FP16_CUDA_MATMUL, _NOTE_DYNAMIC_DNNL],
+        "notes": [_NO_OPENVINO, _NOTE_FP16_CPU_MATMUL, _NOTE_FP16_CUDA_MATMUL, _NOTE_DYNAMIC_DNNL],
         "allowed": 5922,
-        "allowed_keys": "e11b4d72228da489",
-        "recipes": "065c1db26fa77335",
-        "all_recipes": "09f5067b507efd9e",
+        "allowed_keys": "6661036cd07c17ac",
+        "recipes": "6b099f2351e9e62c",
+        "all_recipes": "39cf2fae4e4f3a72",
     },
     "digits_overridden": {
         "dims": [
@@ -268,17 +290,19 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             ("intra_op_num_threads", (1, 4)),
             ("execution_mode", ("sequential", "parallel")),
             ("batch", (1,)),
+            *_NO_OPENVINO_DIMS,
         ],
         "notes": [
             "int8_static left out: needs at least a few calibration samples",
+            _NO_OPENVINO,
             _NOTE_FP16_CPU_MATMUL,
             _NOTE_FP16_CUDA_MATMUL,
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 27,
-        "allowed_keys": "dda7388bdded4d7d",
-        "recipes": "78f8cd9e51d2c363",
-        "all_recipes": "b1b7bcf60870831c",
+        "allowed_keys": "767cce705076bce8",
+        "recipes": "a5a718379fe72f93",
+        "all_recipes": "3f5ed96bc08cc1c5",
     },
     "bert_padding": {
         "dims": [
@@ -292,33 +316,43 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             ("execution_provider", (CPU, DNNL)),
             *_SESSION_DIMS,
             ("batch", (4,)),
+            *_NO_OPENVINO_DIMS,
         ],
         "notes": [
+            _NO_OPENVINO,
             _NOTE_FP16_CPU_MATMUL,
             _NOTE_FP16_CUDA_MATMUL,
             "fp16 on DnnlExecutionProvider pruned: unsupported fp16 ops ['Erf']",
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 2016,
-        "allowed_keys": "27d0b68491273177",
-        "recipes": "28d894f7e155c7a5",
-        "all_recipes": "c86e0feaa2349f72",
+        "allowed_keys": "64a5500ea0f943d6",
+        "recipes": "fdd9609e07c52a15",
+        "all_recipes": "b4b85558d03fedd0",
     },
     "conv": {
         "dims": _CONV_DIMS,
-        "notes": _CONV_NOTES,
+        "notes": [_NO_OPENVINO, *_CONV_NOTES],
         "allowed": 2079,
-        "allowed_keys": "d93fd850f7209af5",
-        "recipes": "d1b1d21c802eb056",
-        "all_recipes": "7ff5f226c0f306d4",
+        "allowed_keys": "d8366048db73fbda",
+        "recipes": "c65d3c3044f6acb6",
+        "all_recipes": "ae60e6f8b1f22e2e",
     },
     "conv_no_nhwc": {
         "dims": _CONV_DIMS,
-        "notes": [*_CONV_NOTES, "NHWC layout pruned: no profiled EP runs NhwcConv natively"],
+        "notes": [_NO_OPENVINO, *_CONV_NOTES, "NHWC layout pruned: no profiled EP runs NhwcConv natively"],
         "allowed": 1302,
-        "allowed_keys": "174aa5f9f1dedeba",
-        "recipes": "5c50bc6e350dde35",
-        "all_recipes": "7ff5f226c0f306d4",
+        "allowed_keys": "e0738337152668b2",
+        "recipes": "6afa9f669af3106f",
+        "all_recipes": "ae60e6f8b1f22e2e",
+    },
+    # OpenVINO offered: 360 points on it join the 2079 on ONNX Runtime, whose own part is unchanged.
+    "conv_openvino": {
+        "dims": _CONV_OPENVINO_DIMS,
+        "notes": _CONV_NOTES,
+        "allowed": 2439,
+        "allowed_keys": "0323fabf28244356",
+        "recipes": "61b884f9b65c649f",
     },
 }
 
@@ -340,6 +374,12 @@ def _cases(
         "conv_no_nhwc": (
             conv,
             synthetic_profile(nhwc=False),
+            SpaceOptions(batch=2, keep_float_fractions=(0.0, 0.5)),
+            3,
+        ),
+        "conv_openvino": (
+            conv,
+            synthetic_profile(openvino=True),
             SpaceOptions(batch=2, keep_float_fractions=(0.0, 0.5)),
             3,
         ),

@@ -178,6 +178,10 @@ def test_the_policy_model_and_run_mapping_are_derived_from_the_knobs() -> None:
         "execution_providers": "execution_provider",
         "intra_op_threads": "intra_op_num_threads",
         "max_keep_float_layers": "keep_float",
+        "runtimes": "runtime",
+        "openvino_hints": "openvino_hint",
+        "max_openvino_streams": "openvino_streams",
+        "openvino_precisions": "openvino_precision",
     }
     assert list(pinned.items()) == list(runstatus.OVERRIDE_DIMENSIONS.items())
     assert list(pinned) == fields

@@ -18,7 +18,7 @@ Recipe field its value lands in, and how a policy may restrict it
 
 Adding a knob is one declaration in the module of its area (quantization,
 graph, session), appended to that module's ``KNOBS``, plus its test; a new
-area (a runtime's own options) is one new module added to the tuple below. The
+area (a runtime's own options, as knobs/openvino.py) is one new module added to the tuple below. The
 order of ``KNOBS`` is the order of the space's dimensions, which seeded searches
 depend on.
 
@@ -28,7 +28,7 @@ space, so nothing here loads onnx, onnxruntime, numpy or the searchers.
 
 from __future__ import annotations
 
-from metainfer.core.engine.knobs import graph, quantization, session
+from metainfer.core.engine.knobs import graph, openvino, quantization, session
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
     DEFAULT_SPREAD,
@@ -47,6 +47,7 @@ from metainfer.core.engine.knobs.base import (
     point_rule,
 )
 from metainfer.core.engine.knobs.graph import FUSION, LAYOUT, PADDING
+from metainfer.core.engine.knobs.openvino import OPENVINO_HINT, OPENVINO_PRECISION, OPENVINO_STREAMS, RUNTIME
 from metainfer.core.engine.knobs.quantization import (
     ACTIVATION_TYPE,
     CALIBRATION,
@@ -68,7 +69,7 @@ from metainfer.core.engine.knobs.session import (
 from metainfer.core.engine.recipe import INT8_MODES, QUANTIZATION_MODES
 
 # Areas in a fixed order: the order of KNOBS is the order of the space's dimensions.
-KNOBS: tuple[Knob, ...] = (*quantization.KNOBS, *graph.KNOBS, *session.KNOBS)
+KNOBS: tuple[Knob, ...] = (*quantization.KNOBS, *graph.KNOBS, *session.KNOBS, *openvino.KNOBS)
 check_knobs(KNOBS)
 
 
@@ -90,10 +91,14 @@ __all__ = [
     "KEEP_FLOAT",
     "KNOBS",
     "LAYOUT",
+    "OPENVINO_HINT",
+    "OPENVINO_PRECISION",
+    "OPENVINO_STREAMS",
     "PADDING",
     "PER_CHANNEL",
     "QUANTIZATION",
     "QUANTIZATION_MODES",
+    "RUNTIME",
     "SLOW_VARIANT_FACTOR",
     "WEIGHT_TYPE",
     "ChoiceList",

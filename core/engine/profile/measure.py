@@ -17,8 +17,16 @@ import numpy as np
 from metainfer.core.engine.profile import microbench
 from metainfer.core.engine.profile.fingerprint import detect_machine, fingerprint
 from metainfer.core.engine.profile.opcases import op_cases
-from metainfer.core.engine.profile.types import CPU_PROVIDER, BenchConfig, HardwareProfile, OpSupport, UnusableProvider
+from metainfer.core.engine.profile.types import (
+    CPU_PROVIDER,
+    BenchConfig,
+    HardwareProfile,
+    OpenVinoAvailability,
+    OpSupport,
+    UnusableProvider,
+)
 from metainfer.core.engine.runtime import provider_usability
+from metainfer.core.engine.runtime_openvino import openvino_devices, openvino_version
 
 OnStep = Callable[[int, int, str], None]
 
@@ -62,10 +70,24 @@ def measure_profile(config: BenchConfig | None = None, on_step: OnStep | None = 
         config=config,
         providers_profiled=providers,
         unusable_providers=unusable,
+        openvino=probe_openvino(),
         ops=ops,
         peak_gemm_gflops_fp32=fp32,
         peak_gemm_gflops_int8=int8,
         memory_bandwidth_gbps=bandwidth,
         measured_at=datetime.now(UTC),
         duration_s=time.perf_counter() - started,
+    )
+
+
+def probe_openvino() -> OpenVinoAvailability:
+    """Whether OpenVINO is installed and its CPU device compiles and runs a one-op model (milliseconds)."""
+    version = openvino_version()
+    if version is None:
+        return OpenVinoAvailability(unusable_reason="OpenVINO is not installed in this image")
+    devices, problem = openvino_devices()
+    return OpenVinoAvailability(
+        version=version[:64],
+        devices=[d[:64] for d in devices[:16]],
+        unusable_reason=problem[:600] if problem else None,
     )

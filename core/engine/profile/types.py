@@ -14,7 +14,7 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 Dtype = Literal["fp32", "fp16", "int8"]
 SupportStatus = Literal["native", "fallback", "unsupported"]
 CPU_PROVIDER = "CPUExecutionProvider"
-SCHEMA_VERSION = 2  # 2: NhwcConv probed (the NHWC layout candidate depends on it)
+SCHEMA_VERSION = 3  # 2: NhwcConv probed (the NHWC layout candidate depends on it); 3: OpenVINO probed
 _RANK: dict[str, int] = {"native": 0, "fallback": 1, "unsupported": 2}
 
 
@@ -95,6 +95,20 @@ class UnusableProvider(_Plain):
     reason: str = Field(max_length=600)
 
 
+class OpenVinoAvailability(_Plain):
+    """Whether OpenVINO, the second runtime, can compile a model on this node; the runtime knob reads it."""
+
+    version: str | None = Field(None, max_length=64, description="OpenVINO's version; None: not installed.")
+    devices: list[str] = Field(default_factory=list, max_length=16, description="OpenVINO's available devices.")
+    unusable_reason: str | None = Field(
+        None, max_length=600, description="Why OpenVINO's CPU device cannot be used here; None: it can."
+    )
+
+    @property
+    def usable(self) -> bool:
+        return self.version is not None and self.unusable_reason is None
+
+
 class HardwareProfile(_Plain):
     """The measured capabilities of one hardware class, cached by ``fingerprint``."""
 
@@ -108,6 +122,10 @@ class HardwareProfile(_Plain):
         max_length=32,
         description="EPs this ONNX Runtime build offers that do not run here (no device visible, a driver mismatch),"
         " with ONNX Runtime's reason; never profiled or searched.",
+    )
+    openvino: OpenVinoAvailability = Field(
+        OpenVinoAvailability(unusable_reason="not probed"),
+        description="OpenVINO on this node: offered to the search as a runtime only where it compiles a model.",
     )
     ops: list[OpSupport] = Field(default_factory=list, max_length=512)
     peak_gemm_gflops_fp32: float = Field(ge=0, description="fp32 MatMul n^3, 2n^3 FLOP / best time.")
