@@ -36,6 +36,7 @@ SECTIONS = (
     "adaptation",
     "export_matrix",
     "cnn_matrix",
+    "runtime_choice",
     "search_efficiency",
     "warm_start",
     "operator_scale",

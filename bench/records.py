@@ -335,3 +335,10 @@ class SearchEfficiencyResult(Record):
     models: dict[str, SearchModelResult]
     notes: list[str] = []
     why: str
+
+
+class RuntimeChoiceResult(Record):
+    """bench/runtime_choice.py: one row per model, the runtime the search picked and five contenders' latency."""
+
+    trials: int
+    rows: list[dict[str, Any]]

@@ -112,6 +112,12 @@ def _real_node(r: records.RealNodeResult) -> str:
     return real_node.render(r.model_dump())
 
 
+def _runtime_choice(r: records.RuntimeChoiceResult) -> str:
+    from bench import runtime_choice
+
+    return runtime_choice.render(r.model_dump())
+
+
 # Titles are data: the one place a section's heading is written.
 SECTIONS: dict[str, Section] = {
     "adaptation": Section("Adaptation quality", records.AdaptationResult, _adaptation),
@@ -119,6 +125,9 @@ SECTIONS: dict[str, Section] = {
         "Adaptation on models as users export them (export matrix)", records.MatrixResult, _export_matrix
     ),
     "cnn_matrix": Section("Conv nets at batch 1 (CNN matrix)", records.MatrixResult, _cnn_matrix),
+    "runtime_choice": Section(
+        "Runtime choice: ONNX Runtime or OpenVINO, per model", records.RuntimeChoiceResult, _runtime_choice
+    ),
     "search_efficiency": Section("Search efficiency", records.SearchEfficiencyResult, _search_efficiency),
     "warm_start": Section("Warm start across hardware classes", records.WarmStartResult, _warm_start),
     "operator_scale": Section("Operator scale on the real control plane", records.OperatorScaleResult, _operator_scale),

@@ -56,7 +56,8 @@ class ModelSourceArgs:
 
 @dataclass
 class LoadedModel:
-    """A ready ONNX Runtime session and the protocol signature requests are checked against."""
+    """A ready session (ONNX Runtime or OpenVINO, as the recipe says) and the signature requests are checked
+    against."""
 
     session: Session
     signature: Signature

@@ -9,6 +9,7 @@ import pytest
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import ProviderUnavailable
+from metainfer.core.engine.knobs import openvino as openvino_knobs
 from metainfer.core.engine.knobs.openvino import BF16_FLAGS
 from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
 from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
@@ -117,3 +118,17 @@ def _cpu_flags() -> set[str]:
     from metainfer.core.engine.profile import detect_machine
 
     return set(detect_machine().cpu_flags)
+
+
+def test_a_point_recorded_before_the_runtime_knobs_existed_reads_as_onnx_runtime(
+    tiny_conv: tuple[object, object], quick_profile: HardwareProfile
+) -> None:
+    info = inspect_model(tiny_conv[0])  # type: ignore[arg-type]
+    space, _ = build_space(info, quick_profile, SpaceOptions(batch=2), 3)
+    layers = [f"n{i}" for i in range(8)]
+    for key in space.allowed_keys()[:50]:
+        point = space.point(key)
+        if point["runtime"] != "onnxruntime":
+            continue
+        old = {name: value for name, value in point.items() if name not in {k.name for k in openvino_knobs.KNOBS}}
+        assert recipe_for(old, lambda mode: layers) == recipe_for(point, lambda mode: layers)
