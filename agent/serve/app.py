@@ -614,6 +614,7 @@ async def _serve(config: ServeConfig) -> int:
             server.model = loading.result()
             memory.freeze_startup_objects()
             server.metrics.ready.set(1)
+            log.info("serving %s", server.config.recipe.describe())
             log.info("ready: variant sha256 %s (base %s)", server.model.variant_sha256, server.model.base_sha256)
             await stopping
             # Only a server that was ready lingers: one that never was is in no endpoints.

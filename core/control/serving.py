@@ -151,8 +151,11 @@ def canary_share(canary: int, stable: int) -> str:
 def variant_summary(run: AdaptationRun) -> VariantSummary:
     """The variant a succeeded run found, as the class status shows it (served or canary)."""
     metrics = run.status.best_metrics if run.status else None
+    best = run.status.best_recipe if run.status else None
     return VariantSummary(
         recipe_key=recipe_key(run),
+        # What serves, in words (runtime included), so `kubectl get -o yaml` says "... on OpenVINO (...)".
+        description=best.describe()[:256] if best is not None else None,
         variant=variant_key(run),
         run_name=name_of(run),
         p95_ms=metrics.p95_ms if metrics else None,

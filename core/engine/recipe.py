@@ -26,7 +26,6 @@ GraphFusion = Literal["none", "transformer", "conv"]
 Padding = Literal["keep", "remove"]
 # The inference runtimes a variant can be loaded by; each has its own session settings.
 Runtime = Literal["onnxruntime", "openvino"]
-RUNTIMES: tuple[str, ...] = get_args(Runtime)
 OpenVinoHint = Literal["latency", "throughput"]
 OpenVinoPrecision = Literal["f32", "bf16"]
 
@@ -120,7 +119,7 @@ class SessionSpec(_Frozen):
     openvino: OpenVinoSpec = OpenVinoSpec()
     execution_provider: str = "CPUExecutionProvider"
     graph_optimization_level: GraphOptimizationLevel = "all"
-    intra_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")
+    intra_op_num_threads: int = Field(0, ge=0, description="Threads of one run, on either runtime; 0 lets it decide.")
     inter_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")
     execution_mode: ExecutionMode = "sequential"
 

@@ -40,7 +40,7 @@ def test_serve_runs_an_openvino_variant_behind_the_same_endpoint(example: Exampl
         got = client.infer(MODEL, [tensor]).as_numpy("logits")
         expected = create_session(example.model_path.read_bytes(), Recipe()).run(None, {"input": samples})[0]
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
-        assert "on OpenVINO (latency hint)" in served.log.read_text()
+        assert "serving FP32, default threads, on OpenVINO (latency hint)" in served.log.read_text()
     finally:
         client.close()
         served.stop()

@@ -300,14 +300,16 @@ def test_a_provisional_class_says_what_its_pods_on_node_checks_found() -> None:
     c.pods = [_checked_pod(created, "p-1", good), _checked_pod(created, "p-2", bad)]
     new = next(s for s in c.reconcile({"g1": A100, "g2": A100_NEW}).class_statuses if s.state == "Provisional")
     assert "1 of 2 pods serve FP32" in new.message and "p95 31.00 ms over the SLO" in new.message
-    assert new.current is not None and new.current.run_name == donor and new.current.description is None
+    assert new.current is not None and new.current.run_name == donor
+    assert new.current.description == "FP32, default threads", "the donor's recipe, in words: some pods serve it"
 
     hostile = _checked_pod(created, "p-3", '{"serves": "rm -rf", "budget": {}}' + "x" * 10000)
     unfinished = _checked_pod(created, "p-4", bad, exit_code=1)
     c.pods = [_checked_pod(created, "p-2", bad), hostile, unfinished]
     new = next(s for s in c.reconcile({"g1": A100, "g2": A100_NEW}).class_statuses if s.state == "Provisional")
     assert "every pod serves FP32" in new.message, "unreadable and failed checks are not counted"
-    assert new.current is not None and new.current.description and new.current.description.startswith("FP32")
+    assert new.current is not None and new.current.description
+    assert new.current.description.startswith("FP32: the on-node check refused")
     assert new.current.run_name == donor, "the donor stays the stable side of the canary to come"
     assert len(new.message) <= 4096
 
