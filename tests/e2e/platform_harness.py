@@ -232,3 +232,28 @@ def platform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
         out = os.environ.get("METAINFER_E2E_TIMINGS")  # bench/real_node.py collects the suite's timings
         if out:
             Path(out).write_text(json.dumps(handle.timings, indent=2, sort_keys=True))
+
+
+def ready_serving_pods(platform: Platform, selector: str) -> list[dict[str, Any]]:
+    """The Ready, not terminating, pods of ``selector`` in the workload namespace."""
+    pods: list[dict[str, Any]] = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", selector)["items"]
+    return [
+        p
+        for p in pods
+        if p.get("metadata", {}).get("deletionTimestamp") is None
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
+    ]
+
+
+def model_ready_at(cluster_ip: str, model: str) -> bool:
+    """Whether a Service's address answers the KServe v2 model-ready call for ``model`` with 200."""
+    import http.client
+
+    connection = http.client.HTTPConnection(cluster_ip, 8080, timeout=5)
+    try:
+        connection.request("GET", f"/v2/models/{model}/ready")
+        return connection.getresponse().status == 200
+    except OSError:
+        return False
+    finally:
+        connection.close()

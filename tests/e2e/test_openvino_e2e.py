@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from platform_harness import WORKLOAD_NAMESPACE, Platform
+from platform_harness import WORKLOAD_NAMESPACE, Platform, model_ready_at, ready_serving_pods
 
 from metainfer.agent.zoo.light import light_model_path
 from metainfer.core.engine.recipe import Recipe
@@ -44,33 +44,11 @@ def _policy(model_sha256: str) -> dict[str, Any]:
     }
 
 
-def _ready_serving_pods(platform: Platform) -> list[dict[str, Any]]:
-    pods: list[dict[str, Any]] = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
-    return [
-        p for p in pods
-        if p["status"].get("phase") == "Running"
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
-    ]  # fmt: skip
-
-
 def _succeeded_runs(platform: Platform) -> list[dict[str, Any]]:
     runs: list[dict[str, Any]] = platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE)["items"]
     failed = [r for r in runs if r.get("status", {}).get("phase") == "Failed"]
     assert not failed, json.dumps(failed[0].get("status"), indent=1)[:3000]
     return [r for r in runs if r.get("status", {}).get("phase") == "Succeeded"]
-
-
-def _answers(cluster_ip: str) -> bool:
-    import http.client
-
-    connection = http.client.HTTPConnection(cluster_ip, 8080, timeout=5)
-    try:
-        connection.request("GET", f"/v2/models/{POLICY}/ready")
-        return connection.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        connection.close()
 
 
 def test_an_openvino_variant_is_adapted_by_a_job_and_served_through_the_policys_service(platform: Platform) -> None:
@@ -86,7 +64,7 @@ def test_an_openvino_variant_is_adapted_by_a_job_and_served_through_the_policys_
     platform.log(f"run {run['metadata']['name']}: {recipe.describe()}")
     assert recipe.session.runtime == "openvino", recipe.describe()
 
-    (pod,) = platform.wait("a Ready serving pod", lambda: _ready_serving_pods(platform), 300, 2)
+    (pod,) = platform.wait("a Ready serving pod", lambda: ready_serving_pods(platform, SERVING), 300, 2)
     log = platform.kubectl("logs", "-n", WORKLOAD_NAMESPACE, pod["metadata"]["name"], "-c", "server").stdout
     assert "on OpenVINO" in log, log[-2000:]
     stored = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
@@ -94,7 +72,7 @@ def test_an_openvino_variant_is_adapted_by_a_job_and_served_through_the_policys_
     assert any("on OpenVINO" in d for d in described), stored["status"]
 
     cluster_ip = platform.get("service", POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
-    platform.wait("the policy's Service to route to its Ready pod", lambda: _answers(cluster_ip), 30, 0.5)
+    platform.wait("the policy's Service to route to its Ready pod", lambda: model_ready_at(cluster_ip, POLICY), 30, 0.5)
     client = tritonhttp.InferenceServerClient(f"{cluster_ip}:8080")
     assert client.get_model_metadata(POLICY)["platform"] == "openvino"
     image = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 from client_loop import ClientLoop, LoopReport
-from platform_harness import RELEASE_NAMESPACE, WORKLOAD_NAMESPACE, Platform
+from platform_harness import RELEASE_NAMESPACE, WORKLOAD_NAMESPACE, Platform, model_ready_at, ready_serving_pods
 
 from hack.controlplane import node as node_mod
 from metainfer.agent.zoo import build_examples
@@ -65,7 +65,7 @@ def _succeeded_runs(platform: Platform) -> list[dict[str, Any]]:
 
 
 def _ready_serving_pods(platform: Platform) -> list[dict[str, Any]]:
-    return _ready_serving_pods_of(platform, SERVING)
+    return ready_serving_pods(platform, SERVING)
 
 
 def _seconds(start: str, end: str) -> float:
@@ -164,7 +164,8 @@ def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service
     # The first pod's Ready reaches kube-proxy's rules through the EndpointSlice a moment later (seen: a refused
     # connection right after Ready); until then the Service has no endpoint and rejects. Later changes keep an
     # endpoint throughout (the continuity tests below), so only this first start waits.
-    platform.wait("the policy's Service to route to its first Ready pod", lambda: _answers(cluster_ip), 30, 0.5)
+    routed = "the policy's Service to route to its first Ready pod"
+    platform.wait(routed, lambda: model_ready_at(cluster_ip, POLICY), 30, 0.5)
     client = tritonhttp.InferenceServerClient(f"{cluster_ip}:8080")
     request = tritonhttp.InferInput("input", list(batch.shape), "FP32")
     request.set_data_from_numpy(batch, binary_data=True)
@@ -175,19 +176,6 @@ def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     platform.log(f"recipe {recipe.describe()}; rebuilt here sha256 {hashlib.sha256(variant).hexdigest()[:12]}, "
                  f"run validated {run['status']['bestVariantSha256'][:12]}")  # fmt: skip
-
-
-def _answers(cluster_ip: str) -> bool:
-    import http.client
-
-    connection = http.client.HTTPConnection(cluster_ip, 8080, timeout=5)
-    try:
-        connection.request("GET", f"/v2/models/{POLICY}/ready")
-        return connection.getresponse().status == 200
-    except OSError:
-        return False
-    finally:
-        connection.close()
 
 
 def _prometheus_series(platform: Platform, promql: str) -> list[dict[str, Any]]:
@@ -366,7 +354,7 @@ def test_a_new_model_version_goes_through_the_canary_without_a_failed_request(
         platform.kubectl(
             "patch", "adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE, "--type=merge", "-p", json.dumps(patch)
         )
-        platform.wait("the new version's canary pod", lambda: _ready_serving_pods_of(platform, canary), 600, 3)
+        platform.wait("the new version's canary pod", lambda: ready_serving_pods(platform, canary), 600, 3)
 
         def decided() -> str | None:
             policy = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
@@ -692,9 +680,7 @@ def test_sustained_load_on_a_cpu_limited_pod_drifts_the_p95_and_a_drift_run_and_
         },
     }
     platform.kubectl("apply", "-f", "-", stdin=json.dumps(policy))
-    platform.wait(
-        "the heavy policy's first serving pod", lambda: _ready_serving_pods_of(platform, HEAVY_SERVING), 600, 3
-    )
+    platform.wait("the heavy policy's first serving pod", lambda: ready_serving_pods(platform, HEAVY_SERVING), 600, 3)
     service = platform.get("service", HEAVY, "-n", WORKLOAD_NAMESPACE)
     address = f"{service['spec']['clusterIP']}:8080"
 
@@ -775,7 +761,7 @@ def _roll_out_a_new_model_version_through_a_canary(platform: Platform, tmp_path:
         "patch", "adaptationpolicy", HEAVY, "-n", WORKLOAD_NAMESPACE, "--type=merge", "-p", json.dumps(patch)
     )
     canary = HEAVY_SERVING + ",metainfer.io/track=canary"
-    platform.wait("the canary pod of the new model version", lambda: _ready_serving_pods_of(platform, canary), 600, 3)
+    platform.wait("the canary pod of the new model version", lambda: ready_serving_pods(platform, canary), 600, 3)
     platform.timings["model_update_to_canary_ready_s"] = time.monotonic() - started
     platform.log(f"model update -> canary pod Ready: {time.monotonic() - started:.0f}s")
 
@@ -792,13 +778,3 @@ def _roll_out_a_new_model_version_through_a_canary(platform: Platform, tmp_path:
         lambda: not platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", canary)["items"],
         180,
     )
-
-
-def _ready_serving_pods_of(platform: Platform, selector: str) -> list[dict[str, Any]]:
-    pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", selector)["items"]
-    return [
-        p
-        for p in pods
-        if p.get("metadata", {}).get("deletionTimestamp") is None
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
-    ]
