@@ -56,6 +56,7 @@ from metainfer.core.control import checkpoint, runstatus, trial_history
 from metainfer.core.engine.errors import MetainferError, ModelError
 from metainfer.core.engine.history import TrialHistory, source_from_report
 from metainfer.core.engine.history_use import MAX_SOURCES
+from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.report import Report
 from metainfer.core.engine.runtime import available_providers, provider_usability, require_accelerator
 from metainfer.core.engine.trial import Trial
@@ -187,6 +188,9 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
     if variant is not None:
         variant_sha256, stored = _store_variant(variant)
         notes += [stored] if stored else []
+        if report.best.recipe.session.runtime == "openvino":
+            compiled_note = _store_compiled(variant, variant_sha256, report.best.recipe)
+            notes += [compiled_note] if compiled_note else []
     done = runstatus.mark_succeeded(writer.status, writer.generation, report, notes, variant_sha256=variant_sha256)
     writer.write(_keep_history(done, report, label), final=True)
     log(f"succeeded: {report.best.recipe.describe()} (recipe {report.best.recipe.key()})")
@@ -205,6 +209,27 @@ def _store_variant(variant: bytes) -> tuple[str, str | None]:
         return variant_store.sha256_of(variant), f"variant not stored ({exc}): serving pods rebuild it"
     log(f"variant stored: {path} ({len(variant)} bytes)")
     return sha256, None
+
+
+def _store_compiled(variant: bytes, sha256: str, recipe: Recipe) -> str | None:
+    """Compile the shipped OpenVINO variant into the store's compiled cache, so serving pods on this class import
+    it instead of compiling; a note when that failed (pods then compile, which is slower to start, not wrong)."""
+    root = os.environ.get(variant_store.ENV)
+    if not root:
+        return None
+    from metainfer.core.engine.runtime import create_session
+    from metainfer.core.engine.runtime_openvino import compiled_cache_key
+
+    def compile_into(directory: Path) -> None:
+        create_session(variant, recipe, compiled_cache=directory)
+
+    try:
+        path = variant_store.put_compiled(Path(root), compiled_cache_key(sha256, recipe), compile_into)
+    except (variant_store.StoreError, MetainferError) as exc:
+        log(f"compiled cache: {exc}; serving pods will compile the variant")
+        return f"compiled model not stored ({str(exc)[:300]}): serving pods compile it"
+    log(f"OpenVINO compiled model stored: {path}")
+    return None
 
 
 def _checkpointed(status: AdaptationRunStatus) -> tuple[list[Trial], float]:

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -64,13 +65,14 @@ class Session(Protocol):
     def get_providers(self) -> list[str]: ...
 
 
-def create_session(model: bytes | str, recipe: Recipe) -> Session:
+def create_session(model: bytes | str, recipe: Recipe, compiled_cache: Path | None = None) -> Session:
     """The session on the recipe's runtime and EP; raises ProviderUnavailable (with the runtime's reason) where
-    it cannot be had."""
+    it cannot be had. ``compiled_cache`` is a directory of OpenVINO compiled blobs to import from (and, where it
+    is writable, to add to); ONNX Runtime sessions ignore it."""
     if recipe.session.runtime == "openvino":
         from metainfer.core.engine.runtime_openvino import OpenVinoSession  # only images that serve it load it
 
-        return OpenVinoSession(model, recipe)
+        return OpenVinoSession(model, recipe, compiled_cache)
     wanted = recipe.session.execution_provider
     with warnings.catch_warnings():  # the missing-EP warning is this check's to report, with its cause
         warnings.simplefilter("ignore", UserWarning)

@@ -13,10 +13,13 @@ an error here, not a different measurement under the same name.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import queue
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -88,6 +91,23 @@ def openvino_devices() -> tuple[list[str], str | None]:
     return devices, None
 
 
+def device_identity() -> str:
+    """What OpenVINO's CPU plugin compiles for here: its version, the CPU's model and instruction sets. A compiled
+    blob is reused only where this is the same (OpenVINO's own blob key names the device, not its ISA)."""
+    import openvino
+
+    from metainfer.core.engine.profile.fingerprint import cpu_identity
+
+    return f"openvino {openvino.__version__}; {OPENVINO_DEVICE}: {cpu_identity()}"
+
+
+def compiled_cache_key(variant_sha256: str, recipe: Recipe) -> str:
+    """Where a variant's compiled blobs are kept: one key per (variant bytes, compile settings, OpenVINO build and
+    CPU), so a node of another CPU or an image of another OpenVINO never imports a blob made elsewhere."""
+    settings = {"variant": variant_sha256, "config": compile_config(recipe), "device": device_identity()}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
+
+
 def compile_config(recipe: Recipe) -> dict[str, Any]:
     """OpenVINO compile properties for ``recipe``: its hint, streams, threads and precision."""
     ov = recipe.session.openvino
@@ -106,13 +126,18 @@ class OpenVinoSession:
     """A compiled model with a pool of infer requests, so concurrent callers (the server's worker threads) never
     share one; ``run`` has ``InferenceSession.run``'s signature and results."""
 
-    def __init__(self, model: bytes | str, recipe: Recipe) -> None:
+    def __init__(self, model: bytes | str, recipe: Recipe, compiled_cache: Path | None = None) -> None:
         import openvino
 
         core = openvino.Core()
+        config = compile_config(recipe)
+        if compiled_cache is not None:
+            # OpenVINO keys each blob by the model, the compile settings, its version and the device; a blob that
+            # does not match is ignored and the model compiled (a read-only directory is then left as it is).
+            config["CACHE_DIR"] = str(compiled_cache)
         try:
             read = core.read_model(model)
-            self._compiled = core.compile_model(read, OPENVINO_DEVICE, compile_config(recipe))
+            self._compiled = core.compile_model(read, OPENVINO_DEVICE, config)
         except Exception as exc:
             why = f"OpenVINO could not compile the variant: {_first(exc)}"
             raise ProviderUnavailable(OPENVINO_PROVIDER, why) from exc
@@ -127,6 +152,11 @@ class OpenVinoSession:
         )
         self._idle: queue.SimpleQueue[openvino.InferRequest] = queue.SimpleQueue()
         self._lock = threading.Lock()
+
+    @property
+    def loaded_from_cache(self) -> bool:
+        """Whether the compiled model was imported from ``compiled_cache`` rather than compiled here."""
+        return bool(self._compiled.get_property("LOADED_FROM_CACHE"))
 
     def get_inputs(self) -> list[TensorArg]:
         return list(self._inputs)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,27 @@ tritonhttp = pytest.importorskip("tritonclient.http")
 POLICY = "inception"
 SERVING = "app.kubernetes.io/component=serving,metainfer.io/policy=" + POLICY
 QUALITY_BUDGET = 0.01
+STORE_CLAIM = "variants"
+
+
+def _store_volume(platform: Platform, directory: Path) -> None:
+    """A hostPath volume on the one node, claimed in the workload namespace: the policy's variant store."""
+    directory.mkdir(mode=0o777, exist_ok=True)
+    directory.chmod(0o777)  # the Job's non-root UID writes it
+    volume = {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "metainfer-e2e-variants"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(directory)}},
+    }  # fmt: skip
+    claim = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": STORE_CLAIM, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "manual", "volumeName": "metainfer-e2e-variants",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }  # fmt: skip
+    platform.kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [volume, claim]})
+    )
 
 
 def _policy(model_sha256: str) -> dict[str, Any]:
@@ -38,7 +60,7 @@ def _policy(model_sha256: str) -> dict[str, Any]:
             # CPU): the search's choice between runtimes is bench/runtime_choice.py's; this is the rollout of one.
             "searchSpace": {"runtimes": ["openvino"], "quantization": ["int8_static"], "maxKeepFloatLayers": 0},
             "search": {"trialBudget": 3, "timeBudgetSeconds": 400},
-            "serving": {"replicas": 1},
+            "serving": {"replicas": 1, "variantStore": {"claimName": STORE_CLAIM}},
             "rollout": {"canaryReplicas": 0},
         },
     }
@@ -51,8 +73,11 @@ def _succeeded_runs(platform: Platform) -> list[dict[str, Any]]:
     return [r for r in runs if r.get("status", {}).get("phase") == "Succeeded"]
 
 
-def test_an_openvino_variant_is_adapted_by_a_job_and_served_through_the_policys_service(platform: Platform) -> None:
+def test_an_openvino_variant_is_adapted_by_a_job_and_served_through_the_policys_service(
+    platform: Platform, tmp_path: Path
+) -> None:
     model = light_model_path("light_inception_v2")
+    _store_volume(platform, tmp_path / "variants")
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
     platform.kubectl(
         "create", "configmap", "inception-model", "-n", WORKLOAD_NAMESPACE, f"--from-file=model.onnx={model}"
@@ -67,6 +92,9 @@ def test_an_openvino_variant_is_adapted_by_a_job_and_served_through_the_policys_
     (pod,) = platform.wait("a Ready serving pod", lambda: ready_serving_pods(platform, SERVING), 300, 2)
     log = platform.kubectl("logs", "-n", WORKLOAD_NAMESPACE, pod["metadata"]["name"], "-c", "server").stdout
     assert "on OpenVINO" in log, log[-2000:]
+    # The Job compiled the variant into the store; the pod imported that blob instead of compiling (issue 30).
+    assert "OpenVINO model imported from the store's compiled cache" in log, log[-2000:]
+    assert list((tmp_path / "variants" / "openvino-cache").iterdir()), "the Job stored no compiled model"
     stored = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
     described = [c.get("current", {}).get("description", "") for c in stored["status"].get("classes", [])]
     assert any("on OpenVINO" in d for d in described), stored["status"]

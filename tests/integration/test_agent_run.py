@@ -38,6 +38,7 @@ from metainfer.core.api.policy import DataReference, ModelSource, SearchSettings
 from metainfer.core.api.run import MAX_TRIALS
 from metainfer.core.engine.modelinfo import sha256_file
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.transforms import build_variant
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -471,6 +472,49 @@ def test_the_validated_variant_is_stored_by_sha256_and_serving_loads_or_rebuilds
     served = serve("--variant-sha256", "0" * 64)  # the last flag wins: a sha the rebuild cannot match
     assert served.proc is not None and served.proc.wait(timeout=60) == 2
     assert f"but the adaptation validated {'0' * 64}" in served.log.read_text()
+
+
+def test_an_openvino_variant_is_stored_compiled_and_serving_imports_it_instead_of_compiling(
+    tmp_path: Path, digits, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30 item 3: what the Job stores for a variant it ships on OpenVINO (the bytes, and the blob OpenVINO
+    compiled) lets a serving pod import instead of compiling; a missing or damaged blob is compiled, never imported.
+    (A Job choosing OpenVINO on the real node, with a PVC: tests/e2e/test_openvino_e2e.py.)"""
+    pytest.importorskip("openvino")
+    from serve_harness import ServeProcess
+
+    from metainfer.agent import run, variant_store
+
+    model, _ = digits
+    sha = sha256_file(model)
+    recipe = Recipe.model_validate({"session": {"runtime": "openvino"}})
+    store = tmp_path / "store"
+    monkeypatch.setenv(variant_store.ENV, str(store))
+    variant = build_variant(model.read_bytes(), recipe.transform, None)
+    variant_sha, _ = variant_store.put(store, variant)
+    assert run._store_compiled(variant, variant_sha, recipe) is None
+    (cache,) = (store / "openvino-cache").iterdir()
+
+    def serve() -> str:
+        served = ServeProcess(tmp_path)
+        served.start([
+            "serve", "--model-uri", model.as_uri(), "--model-sha256", sha, "--recipe-json", recipe.model_dump_json(),
+            "--host", "127.0.0.1", "--port", str(served.port), "--variant-sha256", variant_sha,
+            "--variant-store", str(store),
+        ], {})  # fmt: skip
+        try:
+            served.wait_ready()
+            return served.log.read_text()
+        finally:
+            served.stop()
+
+    assert "OpenVINO model imported from the store's compiled cache" in serve()
+    blob = next(p for p in cache.iterdir() if p.suffix == ".blob")
+    cache.chmod(0o755)
+    blob.chmod(0o644)
+    blob.write_bytes(blob.read_bytes()[:-16])  # truncated: ignored, compiled, still served
+    log_text = serve()
+    assert "does not match its manifest" in log_text and "OpenVINO model compiled" in log_text, log_text[-2000:]
 
 
 def test_an_ended_run_keeps_its_trials_and_a_later_run_starts_from_them(

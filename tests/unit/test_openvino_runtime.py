@@ -3,9 +3,13 @@ and a search that measures candidates on it."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import cast
+
 import numpy as np
 import pytest
 
+from metainfer.agent import variant_store
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import ProviderUnavailable
@@ -17,11 +21,17 @@ from metainfer.core.engine.profile import HardwareProfile
 from metainfer.core.engine.profile.measure import probe_openvino
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import create_session
-from metainfer.core.engine.runtime_openvino import OPENVINO_PROVIDER, compile_config
+from metainfer.core.engine.runtime_openvino import (
+    OPENVINO_PROVIDER,
+    OpenVinoSession,
+    compile_config,
+    compiled_cache_key,
+)
 
 pytest.importorskip("openvino")
 
 OPENVINO = Recipe.model_validate({"session": {"runtime": "openvino"}})
+THROUGHPUT = Recipe.model_validate({"session": {"runtime": "openvino", "openvino": {"performance_hint": "throughput"}}})
 
 
 def test_recipes_of_onnx_runtime_keep_the_keys_they_had_before_openvino_was_a_choice() -> None:
@@ -132,3 +142,26 @@ def test_a_point_recorded_before_the_runtime_knobs_existed_reads_as_onnx_runtime
             continue
         old = {name: value for name, value in point.items() if name not in {k.name for k in openvino_knobs.KNOBS}}
         assert recipe_for(old, lambda mode: layers) == recipe_for(point, lambda mode: layers)
+
+
+def test_a_compiled_model_is_imported_from_its_cache_not_compiled_again(
+    digits: tuple[bytes, ModelInfo, Dataset], tmp_path: Path
+) -> None:
+    base, _, data = digits
+    key = compiled_cache_key(variant_store.sha256_of(base), OPENVINO)
+    assert key != compiled_cache_key(variant_store.sha256_of(base), THROUGHPUT), "settings are part of the key"
+    assert key != compiled_cache_key("0" * 64, OPENVINO), "the variant is part of the key"
+    path = variant_store.put_compiled(tmp_path, key, lambda d: _compile(base, OPENVINO, d))
+    cache = variant_store.compiled(tmp_path, key)
+    assert cache == path
+    imported = create_session(base, OPENVINO, cache)
+    assert isinstance(imported, OpenVinoSession) and imported.loaded_from_cache
+    assert not cast(OpenVinoSession, create_session(base, OPENVINO)).loaded_from_cache
+    feed = {name: array[:4] for name, array in data.inputs.items()}
+    np.testing.assert_allclose(
+        imported.run(None, feed)[0], create_session(base, Recipe()).run(None, feed)[0], atol=1e-4
+    )
+
+
+def _compile(model: bytes, recipe: Recipe, directory: Path) -> None:
+    create_session(model, recipe, directory)

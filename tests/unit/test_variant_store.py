@@ -48,3 +48,57 @@ def test_a_store_path_that_is_a_file_is_a_store_error(tmp_path: Path) -> None:
     (tmp_path / "sha256").write_text("not a directory")
     with pytest.raises(variant_store.StoreError, match="cannot write"):
         variant_store.put(tmp_path, b"x")
+
+
+def _blobs(directory: Path) -> None:
+    (directory / "1234.blob").write_bytes(b"compiled kernels")
+
+
+KEY = "a" * 64
+
+
+def test_a_compiled_cache_is_stored_with_a_manifest_and_found_again(tmp_path: Path) -> None:
+    path = variant_store.put_compiled(tmp_path, KEY, _blobs)
+    assert path == tmp_path / "openvino-cache" / KEY
+    assert sorted(p.name for p in path.iterdir()) == ["1234.blob", "MANIFEST.json"]
+    assert variant_store.compiled(tmp_path, KEY) == path
+    assert [p.name for p in path.parent.iterdir()] == [KEY], "no staging directory is left behind"
+
+    def must_not_compile(directory: Path) -> None:
+        raise AssertionError("a valid cache is kept, not compiled again")
+
+    assert variant_store.put_compiled(tmp_path, KEY, must_not_compile) == path
+
+
+@pytest.mark.parametrize("damage", ["changed", "added", "removed", "manifest"])
+def test_a_compiled_cache_that_differs_from_its_manifest_is_not_imported(tmp_path: Path, damage: str) -> None:
+    path = variant_store.put_compiled(tmp_path, KEY, _blobs)
+    os.chmod(path, 0o755)
+    for f in path.iterdir():
+        os.chmod(f, 0o644)
+    if damage == "changed":
+        (path / "1234.blob").write_bytes(b"compiled kernelz")
+    elif damage == "added":  # a blob OpenVINO would pick up under another hash
+        (path / "5678.blob").write_bytes(b"other kernels")
+    elif damage == "removed":
+        (path / "1234.blob").unlink()
+    else:
+        (path / "MANIFEST.json").write_text("{not json")
+    assert variant_store.compiled(tmp_path, KEY) is None
+    assert variant_store.put_compiled(tmp_path, KEY, _blobs) == path  # the next Job replaces it
+    assert variant_store.compiled(tmp_path, KEY) == path
+
+
+def test_a_compile_that_leaves_nothing_or_fails_stores_nothing(tmp_path: Path) -> None:
+    with pytest.raises(variant_store.StoreError, match="no compiled blob"):
+        variant_store.put_compiled(tmp_path, KEY, lambda directory: None)
+
+    def fails(directory: Path) -> None:
+        _blobs(directory)
+        raise RuntimeError("OpenVINO could not compile")
+
+    with pytest.raises(RuntimeError):
+        variant_store.put_compiled(tmp_path, KEY, fails)
+    assert list((tmp_path / "openvino-cache").iterdir()) == []
+    with pytest.raises(ValueError, match="sha256"):
+        variant_store.compiled(tmp_path, "../" + KEY)

@@ -73,6 +73,12 @@ def _cpu_model(info: dict[str, str]) -> str:
     return (model or platform.processor() or "unknown")[:128]
 
 
+def cpu_identity() -> str:
+    """The CPU's model and inference-relevant instruction sets, as one line (what compiled kernels depend on)."""
+    info = _cpuinfo()
+    return f"{_cpu_model(info)}; {' '.join(relevant_flags(info.get('flags') or info.get('Features') or ''))}"
+
+
 def affinity_cores() -> int:
     """Cores this process may run on (its CPU affinity mask)."""
     try:
