@@ -108,6 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=0.01,
         help="largest quality drop vs FP32 (top-1 points as a fraction, or 1-cosine); default 0.01",
     )
+    a.add_argument(
+        "--quality-metric",
+        type=_quality_metric,
+        default="auto",
+        help="the metric --max-accuracy-drop is written in: auto (default), top1_accuracy, cosine_similarity,"
+        " argmax_agreement (share of samples whose every step keeps FP32's argmax), or plugin:<entry point>",
+    )
     a.add_argument("--max-memory-mib", type=_positive_float, help="peak memory limit of the process, MiB")
     a.add_argument(
         "--budget-trials",
@@ -346,6 +353,16 @@ def _fraction(text: str) -> float:
     if not 0 <= value <= 1:
         raise argparse.ArgumentTypeError(f"must be between 0 and 1, got {text}")
     return value
+
+
+def _quality_metric(text: str) -> str:
+    from metainfer.core.engine.quality_choice import CHOICE_PATTERN
+
+    if not re.match(CHOICE_PATTERN, text):
+        raise argparse.ArgumentTypeError(
+            f"expected auto, top1_accuracy, cosine_similarity, argmax_agreement or plugin:<name>, got {text[:80]!r}"
+        )
+    return text
 
 
 if __name__ == "__main__":

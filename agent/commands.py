@@ -78,6 +78,7 @@ def adapt_command(args: argparse.Namespace) -> int:
             slo_p95_ms=args.slo_p95_ms,
             slo_p99_ms=args.slo_p99_ms,
             max_quality_drop=args.max_accuracy_drop,
+            quality_metric=args.quality_metric,
             max_memory_mib=args.max_memory_mib,
         ),
         objective=Objective(

@@ -61,8 +61,8 @@ class FakeMeasurer:
             throughput_per_s=batch * 1e3 / ms,
         )
 
-    def reference(self, model: bytes, recipe: Recipe, data: Dataset) -> Reference:
-        return OnnxRuntimeMeasurer().reference(model, recipe, data)
+    def reference(self, model: bytes, recipe: Recipe, data: Dataset, metric: str = "auto") -> Reference:
+        return OnnxRuntimeMeasurer().reference(model, recipe, data, metric)
 
     def measure(
         self,

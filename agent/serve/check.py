@@ -132,9 +132,13 @@ def _recipe_and_budget(args: argparse.Namespace) -> tuple[Recipe, CheckBudget]:
         first = exc.errors()[0]
         raise InputError("--recipe-json", f"not a valid recipe: {first['msg']}") from exc
     try:
-        budget = CheckBudget(max_quality_drop=args.max_quality_drop, latency_p95_ms=args.latency_p95_ms)
+        budget = CheckBudget(
+            max_quality_drop=args.max_quality_drop,
+            latency_p95_ms=args.latency_p95_ms,
+            quality_metric=args.quality_metric,
+        )
     except ValidationError as exc:
         first = exc.errors()[0]
-        flag = "--max-quality-drop" if first["loc"] == ("max_quality_drop",) else "--latency-p95-ms"
+        flag = "--" + str(first["loc"][0]).replace("_", "-")
         raise InputError(flag, str(first["msg"])) from exc
     return recipe, budget

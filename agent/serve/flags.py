@@ -123,6 +123,7 @@ def add_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--calibration-samples", type=int, default=64, help="samples int8_static calibrated on")
     parser.add_argument("--max-quality-drop", type=float, required=True, help="the policy's quality budget (0-1)")
     parser.add_argument("--latency-p95-ms", type=float, required=True, help="the policy's p95 SLO per batch, ms")
+    parser.add_argument("--quality-metric", default="auto", help="the metric the quality budget is written in")
     parser.add_argument("--out", type=Path, required=True, help="dir for the variant.onnx, recipe.json to serve")
     parser.add_argument(
         "--message-file", type=Path, default=Path("/dev/termination-log"),

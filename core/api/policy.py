@@ -45,6 +45,7 @@ from metainfer.core.api.names import API_VERSION, POLICY_KIND, ApiVersion, Polic
 from metainfer.core.api.vocabulary import ClassState, RolloutPhase
 from metainfer.core.engine.algorithms import DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
 from metainfer.core.engine.knobs import KNOBS, Knob, UpTo, check_knobs, overridable
+from metainfer.core.engine.quality_choice import CHOICE_PATTERN
 from metainfer.core.engine.scoring import (
     DEFAULT_LATENCY_WEIGHT,
     DEFAULT_MEMORY_WEIGHT,
@@ -164,6 +165,16 @@ class Slo(ApiModel):
     )
     max_quality_drop: float = Field(
         0.01, ge=0, le=1, description="Largest accepted drop of the quality metric vs FP32 (0.01 = 1 point)."
+    )
+    quality_metric: str = Field(
+        "auto",
+        max_length=72,
+        pattern=CHOICE_PATTERN,
+        description="The metric maxQualityDrop is written in. auto: top-1 accuracy when the data has labels, the"
+        " share of samples whose every step keeps FP32's argmax when an output is a distribution over classes at"
+        " each step (CTC text recognition, tagging), else cosine similarity. argmax_agreement asks for the latter"
+        " on any class scores (tagging logits); plugin:<name> names a metric the platform installed in the image"
+        " (Python entry point group metainfer.quality_metrics).",
     )
     max_memory_mib: int | None = Field(
         None, ge=1, alias="maxMemoryMiB", description="Peak memory budget of the serving process, MiB."

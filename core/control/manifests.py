@@ -385,6 +385,8 @@ def _provisional_check(
     """Add the init container that checks another class's variant on the node (``metainfer check-provisional``)
     and the emptyDir where it leaves what the serving ``container`` serves; returns the init container."""
     budget = ["--max-quality-drop", repr(slo.max_quality_drop), "--latency-p95-ms", repr(slo.latency_p95_ms)]
+    if slo.quality_metric != "auto":  # only then: pods of policies that never chose one keep their template
+        budget += ["--quality-metric", slo.quality_metric]
     check = {
         **container,
         "name": CHECK_CONTAINER,

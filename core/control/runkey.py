@@ -16,6 +16,10 @@ from typing import Any
 
 from metainfer.core.api.policy import AdaptationPolicySpec
 
+# Spec fields added after keys were first handed out: hashed only when set to something other than their default,
+# so an operator upgrade that adds one keeps every existing run key (and re-adapts nothing).
+ADDED_LATER: dict[tuple[str, str], Any] = {("slo", "qualityMetric"): "auto"}
+
 
 def run_key(
     policy_spec: AdaptationPolicySpec | Mapping[str, Any],
@@ -44,6 +48,9 @@ def run_key(
         mode="json", by_alias=True, include={"model", "slo", "objective", "search_space", "search"}
     )
     snapshot["search"].pop("maxConcurrentRuns", None)  # a scheduling limit, not part of the result
+    for (section, field), default in ADDED_LATER.items():
+        if snapshot[section].get(field) == default:
+            del snapshot[section][field]
     payload: list[Any] = [spec.model.sha256, spec.slo.batch_size, class_fingerprint, snapshot]
     if drift_epoch:
         payload.append({"driftEpoch": drift_epoch})

@@ -82,6 +82,7 @@ def settings_from_spec(spec: AdaptationRunSpec, measure: MeasureSettings | None 
             slo_p95_ms=spec.slo.latency_p95_ms,
             slo_p99_ms=spec.slo.latency_p99_ms,
             max_quality_drop=spec.slo.max_quality_drop,
+            quality_metric=spec.slo.quality_metric,
             max_memory_mib=float(spec.slo.max_memory_mib) if spec.slo.max_memory_mib is not None else None,
         ),
         objective=Objective(

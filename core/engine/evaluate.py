@@ -26,8 +26,10 @@ import numpy as np
 import psutil
 from pydantic import BaseModel, ConfigDict, Field
 
+from metainfer.core.engine import quality_metrics
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.memory import track_peak_memory
+from metainfer.core.engine.quality_choice import PLUGIN_PREFIX
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import Session, create_session
 from metainfer.core.engine.trial import EarlyStop, LatencyStats, Quality, QualityMetric, TrialMetrics
@@ -86,12 +88,14 @@ class Reference:
     labels: np.ndarray | None
     accuracy: float | None
     token_mask: np.ndarray | None = None
+    # The metric the quality budget is written in (quality_metrics.resolve); "auto": top-1 with labels, else cosine.
+    metric: str = "auto"
 
     def head(self, n: int) -> Reference:
         labels = None if self.labels is None else self.labels[:n]
         accuracy = None if labels is None else top1_accuracy(self.outputs[0][:n], labels)
         mask = None if self.token_mask is None else self.token_mask[:n]
-        return Reference([o[:n] for o in self.outputs], labels, accuracy, mask)
+        return Reference([o[:n] for o in self.outputs], labels, accuracy, mask, self.metric)
 
 
 def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
@@ -102,12 +106,14 @@ def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
     return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
 
 
-def make_reference(session: Session, data: Dataset, batch: int) -> Reference:
+def make_reference(session: Session, data: Dataset, batch: int, metric: str = "auto") -> Reference:
+    """FP32's outputs on ``data`` and the metric ``metric`` means for them (raises DataError if it cannot be had)."""
     outputs = run_all(session, data, batch)
     accuracy = None
     if data.labels is not None:
         accuracy = top1_accuracy(outputs[0], data.labels)
-    return Reference(outputs, data.labels, accuracy, token_mask(data))
+    resolved = quality_metrics.resolve(metric, outputs, data.labels)
+    return Reference(outputs, data.labels, accuracy, token_mask(data), resolved)
 
 
 def token_mask(data: Dataset) -> np.ndarray | None:
@@ -141,11 +147,22 @@ def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
     n = ref.outputs[0].shape[0]
-    if ref.labels is not None and ref.accuracy is not None:
+    metric = ref.metric
+    if metric == "auto":
+        metric = "top1_accuracy" if ref.labels is not None and ref.accuracy is not None else "cosine_similarity"
+    if metric == "top1_accuracy" and ref.labels is not None and ref.accuracy is not None:
         value = top1_accuracy(outputs[0], ref.labels)
         return Quality(
             metric="top1_accuracy", value=value, reference=ref.accuracy, drop=ref.accuracy - value, samples=n
         )
+    if metric == "argmax_agreement":
+        value = quality_metrics.argmax_agreement(outputs, ref.outputs, ref.token_mask)
+        return Quality(metric="argmax_agreement", value=value, reference=1.0, drop=1.0 - value, samples=n)
+    if metric.startswith(PLUGIN_PREFIX):
+        name = metric.removeprefix(PLUGIN_PREFIX)
+        value = quality_metrics.user_value(name, outputs, ref.outputs)
+        own = quality_metrics.user_value(name, ref.outputs, ref.outputs)
+        return Quality(metric="user_metric", value=value, reference=own, drop=own - value, samples=n, name=name)
     floats = [i for i, o in enumerate(ref.outputs) if np.issubdtype(o.dtype, np.floating)]
     if not floats:  # integer-only outputs (class ids): agreement rate
         value = float(np.mean([np.mean(outputs[i] == ref.outputs[i]) for i in range(len(ref.outputs))]))
@@ -162,8 +179,8 @@ def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
         else:
             values.append(mean_cosine(outputs[i], ref.outputs[i]))
     value = float(np.mean(values))
-    metric: QualityMetric = "mean_pooled_cosine_similarity" if pooled else "cosine_similarity"
-    return Quality(metric=metric, value=value, reference=1.0, drop=1.0 - value, samples=n)
+    cosine: QualityMetric = "mean_pooled_cosine_similarity" if pooled else "cosine_similarity"
+    return Quality(metric=cosine, value=value, reference=1.0, drop=1.0 - value, samples=n)
 
 
 def measure_latency(session: Session, data: Dataset, batch: int, settings: MeasureSettings) -> LatencyStats:

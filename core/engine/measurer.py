@@ -32,8 +32,9 @@ from metainfer.core.engine.trial import LatencyStats, TrialMetrics
 class Measurer(Protocol):
     """What the pipeline asks of the hardware, and nothing it decides itself."""
 
-    def reference(self, model: bytes, recipe: Recipe, data: Dataset) -> Reference:
-        """The FP32 outputs every candidate's quality is compared with, at ``recipe.batch``."""
+    def reference(self, model: bytes, recipe: Recipe, data: Dataset, metric: str = "auto") -> Reference:
+        """The FP32 outputs every candidate's quality is compared with, at ``recipe.batch``, and the quality metric
+        ``metric`` (the policy's choice) means for them."""
         ...
 
     def measure(
@@ -71,8 +72,8 @@ class OnnxRuntimeMeasurer:
     def __init__(self) -> None:
         self._floor_mib: float | None = None
 
-    def reference(self, model: bytes, recipe: Recipe, data: Dataset) -> Reference:
-        return make_reference(create_session(model, recipe), data, recipe.batch)
+    def reference(self, model: bytes, recipe: Recipe, data: Dataset, metric: str = "auto") -> Reference:
+        return make_reference(create_session(model, recipe), data, recipe.batch, metric)
 
     def measure(
         self,

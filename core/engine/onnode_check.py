@@ -39,7 +39,8 @@ def check_variant(
     samples = data.head(min(CHECK_SAMPLES, data.n_samples))
     found: dict[str, object] = {"budget": budget, "variant_sha256": variant_sha256, "samples": samples.n_samples}
     try:
-        reference = make_reference(create_session(base, Recipe(batch=recipe.batch)), samples, recipe.batch)
+        fp32 = create_session(base, Recipe(batch=recipe.batch))
+        reference = make_reference(fp32, samples, recipe.batch, budget.quality_metric)
         session = create_session(variant, recipe)
         quality = quality_of(run_all(session, samples, recipe.batch), reference)
         found |= {"quality_metric": quality.metric, "quality_drop": quality.drop}

@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from metainfer.core.engine.quality_choice import CHOICE_PATTERN
+
 REASON_LIMIT = 400  # the result travels in a termination message (4096 bytes at most) and into status
 
 Serves = Literal["variant", "fp32"]
@@ -22,6 +24,7 @@ class CheckBudget(BaseModel):
 
     max_quality_drop: float = Field(ge=0, le=1)
     latency_p95_ms: float = Field(gt=0)
+    quality_metric: str = Field("auto", pattern=CHOICE_PATTERN, description="The metric the drop is written in.")
 
 
 class OnNodeCheck(BaseModel):

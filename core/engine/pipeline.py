@@ -192,7 +192,8 @@ class Adaptation:
         s = self.settings
         self.observer.phase(PipelinePhase.BASELINE, 1)
         baseline_recipe = Recipe(batch=s.batch)
-        self.reference = self.measurer.reference(self.base, baseline_recipe, self.quality_data)
+        metric = s.constraints.quality_metric
+        self.reference = self.measurer.reference(self.base, baseline_recipe, self.quality_data, metric)
         baseline = self.measure(0, {}, baseline_recipe, None)
         if baseline.metrics is None:
             raise InputError("model", f"the FP32 model does not run on this machine: {baseline.error}")
@@ -425,7 +426,9 @@ class Adaptation:
         )
         validation: ValidationReport | None = None
         self.observer.phase(PipelinePhase.VALIDATION, min(len(ranked), MAX_VALIDATION_ATTEMPTS))
-        full_reference = self.measurer.reference(self.base, baseline.recipe, self.data)
+        full_reference = self.measurer.reference(
+            self.base, baseline.recipe, self.data, self.settings.constraints.quality_metric
+        )
         for candidate in ranked:
             variant = self.variant(candidate.recipe)
             validation = validate_variant(

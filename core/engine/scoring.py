@@ -34,6 +34,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from metainfer.core.engine.quality_choice import CHOICE_PATTERN
 from metainfer.core.engine.trial import LatencyStats, Trial, TrialMetrics, TrialStatus
 
 # The default weights everywhere (CLI flags, AdaptSettings, the policy's spec.objective): latency
@@ -61,6 +62,12 @@ class Constraints(BaseModel):
     slo_p95_ms: float | None = Field(None, gt=0, description="Latency SLO on p95 per batch, ms.")
     slo_p99_ms: float | None = Field(None, gt=0, description="Latency bound on p99 per batch, ms (optional).")
     max_quality_drop: float = Field(0.01, ge=0, description="Largest allowed quality drop vs FP32.")
+    quality_metric: str = Field(
+        "auto",
+        pattern=CHOICE_PATTERN,
+        description="The metric max_quality_drop is written in (core.engine.quality_metrics): auto decides from the"
+        " data's labels and the outputs' shape.",
+    )
     max_memory_mib: float | None = Field(None, gt=0, description="Largest allowed peak memory, MiB.")
 
 

@@ -11,7 +11,11 @@ from metainfer.core.engine.recipe import Recipe
 
 # mean_pooled_cosine_similarity: sequence outputs of a model with an attention mask,
 # compared after mask-weighted mean pooling (padding excluded), see evaluate.Reference.
-QualityMetric = Literal["top1_accuracy", "cosine_similarity", "mean_pooled_cosine_similarity"]
+# argmax_agreement: samples whose per-step argmax is FP32's at every step (core.engine.quality_metrics);
+# user_metric: a plugin the policy names (Quality.name).
+QualityMetric = Literal[
+    "top1_accuracy", "cosine_similarity", "mean_pooled_cosine_similarity", "argmax_agreement", "user_metric"
+]
 
 
 # Outcome of one measured candidate (core.api.vocabulary re-exports it as TrialState).
@@ -41,10 +45,14 @@ class Quality(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     metric: QualityMetric
-    value: float = Field(description="Top-1 accuracy (0..1) or mean cosine similarity (-1..1).")
+    value: float = Field(
+        description="Top-1 accuracy (0..1), mean cosine similarity (-1..1), the fraction of samples whose every step"
+        " keeps FP32's argmax (0..1), or a plugin's value."
+    )
     reference: float = Field(description="The FP32 model's value of the same metric.")
     drop: float = Field(description="reference - value: how much quality was lost.")
     samples: int = Field(ge=1)
+    name: str | None = Field(None, max_length=64, description="The plugin's name, for metric user_metric.")
 
 
 # Why a candidate's measurement stopped early: "raced" (clearly slower than the best so far after one timing

@@ -125,7 +125,12 @@ def test_policy_rules_also_hold_in_python_defaults() -> None:
     )
     # The CEL rule canaryReplicas < replicas must hold for the defaults.
     assert spec.rollout.canary_replicas < spec.serving.replicas
-    assert spec.to_api()["slo"] == {"latencyP95Ms": 10.0, "maxQualityDrop": 0.01, "batchSize": 1}
+    assert spec.to_api()["slo"] == {
+        "latencyP95Ms": 10.0,
+        "maxQualityDrop": 0.01,
+        "qualityMetric": "auto",
+        "batchSize": 1,
+    }
 
 
 @pytest.mark.parametrize(

@@ -667,3 +667,12 @@ def test_a_policys_scheduling_replaces_the_platforms_classes_in_its_job_and_serv
     assert build_run(policy(), gpu_group(), "NewHardwareClass")["metadata"]["name"] == run["metadata"]["name"], (
         "where pods are scheduled is not part of the adaptation: setting it must not re-adapt"
     )
+
+
+def test_a_spec_field_added_later_moves_no_run_key_until_it_is_set() -> None:
+    p = policy()
+    key = run_key(p["spec"], 3, "0" * 16)
+    assert key == "f4160a6f0d8a5045"  # pinned: what the release before slo.qualityMetric gave this policy
+    assert run_key({**p["spec"], "slo": {**p["spec"]["slo"], "qualityMetric": "auto"}}, 3, "0" * 16) == key
+    chosen = {**p["spec"], "slo": {**p["spec"]["slo"], "qualityMetric": "argmax_agreement"}}
+    assert run_key(chosen, 3, "0" * 16) != key

@@ -1,0 +1,151 @@
+"""Quality that means what the task means (issue 30 item 6): per-step argmax agreement for sequence classifiers,
+chosen from the outputs or by the policy, and a platform's own metric by entry point."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from metainfer.core.engine import quality_metrics
+from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.errors import DataError
+from metainfer.core.engine.evaluate import Reference, make_reference, quality_of
+from metainfer.core.engine.modelinfo import inspect_model
+from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
+from metainfer.core.engine.profile import HardwareProfile
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
+from metainfer.core.engine.scoring import Constraints
+
+RNG = np.random.default_rng(0)
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def test_auto_finds_a_per_step_distribution_and_nothing_else() -> None:
+    logits = RNG.standard_normal((4, 25, 37)).astype(np.float32)
+    assert quality_metrics.is_per_step_distribution(_softmax(logits))
+    assert quality_metrics.is_per_step_distribution(np.log(_softmax(logits)))
+    assert not quality_metrics.is_per_step_distribution(logits), "hidden states or unnormalised logits"
+    boxes = np.abs(RNG.standard_normal((1, 8400, 85))).astype(np.float32) * 100  # a detector's raw head
+    assert not quality_metrics.is_per_step_distribution(boxes)
+    assert not quality_metrics.is_per_step_distribution(_softmax(logits[:, 0]))  # [N, C]: top-1's, not a sequence
+    assert quality_metrics.resolve("auto", [logits, _softmax(logits)], None) == "argmax_agreement"
+    assert quality_metrics.resolve("auto", [logits], None) == "cosine_similarity"
+    assert quality_metrics.resolve("auto", [_softmax(logits)], np.zeros(4, np.int64)) == "top1_accuracy"
+
+
+def test_a_metric_that_cannot_be_had_is_an_error_naming_the_field() -> None:
+    with pytest.raises(DataError, match=r"slo\.qualityMetric.*needs labels"):
+        quality_metrics.resolve("top1_accuracy", [np.zeros((2, 3), np.float32)], None)
+    with pytest.raises(DataError, match=r"slo\.qualityMetric.*classes on its last axis"):
+        quality_metrics.resolve("argmax_agreement", [np.zeros((2,), np.float32)], None)
+    with pytest.raises(DataError, match=r"no quality metric plugin 'absent'.*metainfer\.quality_metrics"):
+        quality_metrics.resolve("plugin:absent", [np.zeros((2, 3), np.float32)], None)
+
+
+def test_a_sample_counts_only_when_every_step_keeps_fp32s_argmax() -> None:
+    reference = _softmax(RNG.standard_normal((10, 6, 5)))
+    close = reference + RNG.standard_normal(reference.shape) * 1e-6  # cosine ~1, no argmax moves
+    one_step = reference.copy()
+    top = reference[3, 2].argmax()
+    one_step[3, 2, (top + 1) % 5] = reference[3, 2, top] + 0.01  # one step of one line reads another character
+    ref = Reference([reference], None, None, metric="argmax_agreement")
+    assert quality_of([close], ref).value == 1.0
+    moved = quality_of([one_step], ref)
+    assert moved.metric == "argmax_agreement" and moved.value == pytest.approx(0.9) and moved.drop == pytest.approx(0.1)
+    cosine = quality_of([one_step], Reference([reference], None, None)).value
+    assert cosine > 0.99, "cosine hides what argmax agreement sees"
+    mask = np.ones((10, 6), np.int64)
+    mask[3, 2] = 0  # that step is padding: not compared
+    assert quality_metrics.argmax_agreement([one_step], [reference], mask) == 1.0
+    assert quality_of([one_step[:3]], ref.head(3)).value == 1.0 and ref.head(3).metric == "argmax_agreement"
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A package the platform installed in the image, offering a metric under the entry point group."""
+    (tmp_path / "lines_metric.py").write_text(
+        textwrap.dedent(
+            """
+            import numpy as np
+
+            def exact_lines(outputs, reference):
+                return float(np.mean(np.all(np.argmax(outputs[0], -1) == np.argmax(reference[0], -1), axis=1)))
+
+            def broken(outputs, reference):
+                raise ZeroDivisionError("the plugin's own bug")
+            """
+        )
+    )
+    info = tmp_path / "lines_metric-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: lines-metric\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(
+        "[metainfer.quality_metrics]\nexact_lines = lines_metric:exact_lines\nbroken = lines_metric:broken\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    quality_metrics.user_metric.cache_clear()
+    yield "exact_lines"
+    quality_metrics.user_metric.cache_clear()
+    sys.modules.pop("lines_metric", None)
+
+
+def test_a_platforms_metric_is_found_by_entry_point_and_its_failures_are_its_own(plugin: str) -> None:
+    reference = _softmax(RNG.standard_normal((4, 3, 5)))
+    changed = reference.copy()
+    changed[0, 0] = changed[0, 0][::-1] + np.arange(5)  # another argmax on line 0
+    assert quality_metrics.resolve(f"plugin:{plugin}", [reference], None) == f"plugin:{plugin}"
+    got = quality_of([changed], Reference([reference], None, None, metric=f"plugin:{plugin}"))
+    assert (got.metric, got.name, got.reference, got.value) == ("user_metric", plugin, 1.0, 0.75)
+    with pytest.raises(DataError, match="plugin 'broken' raised ZeroDivisionError: the plugin's own bug"):
+        quality_of([changed], Reference([reference], None, None, metric="plugin:broken"))
+    with pytest.raises(DataError, match="installed: broken, exact_lines"):
+        quality_metrics.user_metric("typo")
+
+
+def _recogniser(steps: int = 12, features: int = 16, classes: int = 20) -> bytes:
+    """A CTC-style head: per-step features through a linear layer and a softmax over the characters."""
+    weights = RNG.standard_normal((features, classes)).astype(np.float32)
+    graph = helper.make_graph(
+        [
+            helper.make_node("MatMul", ["x", "w"], ["logits"]),
+            helper.make_node("Softmax", ["logits"], ["probs"], axis=-1),
+        ],
+        "recogniser",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", steps, features])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["n", steps, classes])],
+        [onnx.numpy_helper.from_array(weights, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return model.SerializeToString()
+
+
+def test_an_adaptation_of_a_sequence_classifier_budgets_lines_not_cosine(
+    tmp_path: Path, quick_profile: HardwareProfile
+) -> None:
+    base = _recogniser()
+    path = tmp_path / "recogniser.onnx"
+    path.write_bytes(base)
+    info = inspect_model(path)
+    data = Dataset(inputs={"x": RNG.standard_normal((64, 12, 16)).astype(np.float32)})
+    reference = make_reference(create_session(base, Recipe()), data, 1)
+    assert reference.metric == "argmax_agreement"
+    settings = AdaptSettings(
+        batch=4, budget_trials=3, algorithm="random", constraints=Constraints(max_quality_drop=0.02),
+        overrides={"quantization": ("fp32", "int8_dynamic")},
+    )  # fmt: skip
+    report, _ = Adaptation(base, info, data, quick_profile, settings).run()
+    measured = [t for t in report.trials if t.metrics is not None]
+    assert measured and all(t.metrics.quality.metric == "argmax_agreement" for t in measured if t.metrics)
+    assert report.best.metrics is not None and report.best.metrics.quality.drop <= 0.02
