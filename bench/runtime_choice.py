@@ -108,6 +108,7 @@ def run_model(name: str, path: Path, data: Dataset, trials: int, profile: Any) -
     return {
         "model": name,
         "adapt_s": round(adapt_s, 1),
+        "scan_s": round(report.sensitivity_wall_s, 1),
         "trials": len(report.trials),
         "openvino_trials": sum(t.recipe.session.runtime == "openvino" for t in report.trials),
         "picked_runtime": pick.session.runtime,
@@ -134,7 +135,7 @@ def _pick_is_fastest(row: dict[str, Any]) -> bool:
 
 
 def render(data: dict[str, Any]) -> str:
-    header = ["model", "picked", *(LABELS[c] for c in CONTENDERS), "fastest", "adapt s (OpenVINO trials)"]
+    header = ["model", "picked", *(LABELS[c] for c in CONTENDERS), "fastest", "adapt s (scan s; OpenVINO trials)"]
     rows = []
     for row in data["rows"]:
         cells = []
@@ -145,7 +146,7 @@ def render(data: dict[str, Any]) -> str:
         mark = "" if _pick_is_fastest(row) else " (pick not fastest)"
         rows.append(
             [row["model"], f"{row['picked_runtime']}: {row['picked']}{same}", *cells, LABELS[row["fastest"]] + mark,
-             f"{row['adapt_s']:.0f} ({row['openvino_trials']}/{row['trials']})"]
+             f"{row['adapt_s']:.0f} ({row.get('scan_s', 0):.0f}; {row['openvino_trials']}/{row['trials']})"]
         )  # fmt: skip
     misses = [r["model"] for r in data["rows"] if not _pick_is_fastest(r)]
     text = [

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 import numpy as np
 import onnx
 
+from metainfer.core.engine import scan_gate
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError
@@ -54,6 +55,8 @@ CONVERGED_MIN = 4
 MIN_STATIC_SAMPLES = 8
 MAX_VALIDATION_ATTEMPTS = 3
 SENSITIVITY_SAMPLES = 32
+# Mixed-precision points passed over without measuring (scan_gate) before the search stops, per trial of budget.
+PASS_OVER_LIMIT = 4
 # Racing: a candidate whose running median is this much slower than the best so far (or three noise bands,
 # whichever is more) cannot win on speed, so its timing stops after one round.
 RACE_MARGIN = 0.3
@@ -214,15 +217,31 @@ class Adaptation:
         self.observer.phase(PipelinePhase.SEARCH, s.budget_trials)
         search_started = time.perf_counter() - resumed_search_s
         stop_reason = "trial budget reached"
+        passed_over = 0
+        deferred: list[Point] = []  # mixed-precision points waiting for their all-int8 version's result
         while len(trials) < s.budget_trials:
             if s.time_budget_s is not None and time.perf_counter() - search_started > s.time_budget_s:
                 stop_reason = f"time budget of {s.time_budget_s:g} s reached"
                 break
-            asked = searcher.ask(1)
+            asked = [deferred.pop(0)] if deferred else searcher.ask(1)
             if not asked:
                 stop_reason = "search space exhausted"
                 break
             point = asked[0]
+            gate = scan_gate.decide(
+                point, trials, {*self._sensitivity, *self._sensitivity_failed}, s.constraints.max_quality_drop,
+                space.is_allowed,
+            )  # fmt: skip
+            if gate.action == "pass_over":
+                searcher.tell(point, None)  # not a trial: nothing was measured, the budget is not spent
+                passed_over += 1
+                if passed_over > PASS_OVER_LIMIT * s.budget_trials:
+                    stop_reason = "only mixed-precision points left, and their int8 versions need no float layers"
+                    break
+                continue
+            if gate.action == "instead":
+                deferred.append(point)
+            point = gate.point
             predicted = searcher.predicted_score(point)
             try:
                 recipe = recipe_for(point, self.ranked_layers)
@@ -250,6 +269,11 @@ class Adaptation:
                 )
                 break
         search_wall = time.perf_counter() - search_started
+        if passed_over:
+            notes.append(
+                f"{passed_over} mixed-precision point(s) passed over unmeasured: their all-int8 versions met the"
+                " quality budget or failed otherwise, so no sensitivity scan could change the pick"
+            )
         if history_use is not None:
             history_use = self._account(history_use, trials, stop_reason)
         best, validation, variant = self._choose_and_validate(baseline, trials)

@@ -495,3 +495,48 @@ def test_no_racing_when_memory_can_make_a_slower_candidate_win(digits: Digits) -
     measurer = _ScreenRecorder(memory_mib=_memory_mib)
     _adapt_fake(digits, measurer, objective=Objective(latency_weight=1, memory_weight=1))
     assert all(screen is None or screen.stop_above_ms is None for _, screen in measurer.screens)
+
+
+MIXED_SPACE: dict[str, list[str | int | float | bool]] = {
+    "quantization": ["int8_dynamic"],
+    "keep_float": [0, 1, 2],
+    "fusion": ["none"],
+    "graph_optimization_level": ["all"],
+    "execution_mode": ["sequential"],
+    "intra_op_num_threads": [0],
+}
+
+
+def _adapt_mixed(digits: Digits, all_int8_drop: float) -> Report:
+    """Mixed-precision points on a landscape where float layers cure whatever all-int8 loses."""
+    base, info, data = digits
+
+    def drop(recipe: Recipe) -> float:
+        return 0.0 if recipe.transform.quantization.keep_float else all_int8_drop
+
+    settings = AdaptSettings(
+        batch=BATCH, budget_trials=3, algorithm="random", overrides=MIXED_SPACE,
+        constraints=Constraints(max_quality_drop=QUALITY_BUDGET), sensitivity_layers=4,
+    )  # fmt: skip
+    measurer = FakeMeasurer(drop=drop)
+    return Adaptation(base, info, data, fixed_profile(), settings, measurer=measurer).run()[0]
+
+
+def test_no_sensitivity_scan_is_paid_for_where_all_int8_already_meets_the_quality_budget(digits: Digits) -> None:
+    """Issue 30 item 6: on a detector 319 of 589 s of search went to a scan whose result was not used."""
+    report = _adapt_mixed(digits, all_int8_drop=0.0)
+    assert report.sensitivity == [] and report.sensitivity_wall_s == 0.0
+    searched = [t.recipe.transform.quantization for t in report.trials if t.index > 0]
+    assert searched and all(q.keep_float == () for q in searched), "mixed-precision points are passed over"
+    assert any("passed over unmeasured" in note for note in report.space.notes), report.space.notes
+
+
+def test_the_scan_runs_once_all_int8_misses_the_budget_and_mixed_precision_can_change_the_pick(
+    digits: Digits,
+) -> None:
+    report = _adapt_mixed(digits, all_int8_drop=LOSSY_DROP)
+    assert [s.mode for s in report.sensitivity] == ["int8_dynamic"] and report.sensitivity_wall_s > 0
+    searched = [t for t in report.trials if t.index > 0]
+    assert searched[0].recipe.transform.quantization.keep_float == (), "its all-int8 version is measured first"
+    assert any(t.recipe.transform.quantization.keep_float for t in searched)
+    assert report.best is not None and report.best.recipe.transform.quantization.keep_float
