@@ -352,20 +352,35 @@ class Adaptation:
 
     def _space(self) -> tuple[Space, list[str]]:
         padding_reason = self._padding_not_removable()
+        overrides: dict[str, tuple[object, ...]] = {k: tuple(v) for k, v in self.settings.overrides.items()}
+        openvino_gap = self._openvino_gap(overrides)
+        if openvino_gap:  # the knob offers runtimes by the profile; this model's ops decide for this model
+            overrides["runtime"] = ("onnxruntime",)
         options = SpaceOptions(
             batch=self.settings.batch,
             search_batch=self.settings.search_batch,
             allow_static=self.calibration.n_samples >= MIN_STATIC_SAMPLES,
             padding_removable=padding_reason is None,
-            overrides={k: tuple(v) for k, v in self.settings.overrides.items()},
+            overrides=overrides,
         )
         layers = len(quantizable_nodes(onnx.load_from_string(self.base), "int8_static"))
         space, notes = build_space(self.model, self.profile, options, min(layers, self.settings.sensitivity_layers))
+        if openvino_gap:
+            notes.append(openvino_gap)
         if padding_reason and self.model.is_transformer:
             notes.append(f"padding removal left out: {padding_reason}")
         if not space.allowed_keys():
             raise InputError("search space", "no candidate is allowed on this hardware: " + "; ".join(notes))
         return space, notes
+
+    def _openvino_gap(self, overrides: dict[str, tuple[object, ...]]) -> str | None:
+        """Why OpenVINO cannot run this model here (the operations its CPU plugin lacks), or None."""
+        if not self.profile.openvino.usable or "openvino" not in overrides.get("runtime", ("openvino",)):
+            return None
+        from metainfer.core.engine.runtime_openvino import unsupported_ops  # only where OpenVINO is installed
+
+        missing = unsupported_ops(self.base)
+        return f"runtime openvino left out: its CPU plugin does not run {', '.join(missing)}" if missing else None
 
     def _padding_not_removable(self) -> str | None:
         """Why the fused model admits no padding removal, or None when it does."""

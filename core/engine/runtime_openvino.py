@@ -16,6 +16,7 @@ import contextlib
 import hashlib
 import json
 import queue
+import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ OPENVINO_PROVIDER = "OpenVINO:CPU"
 _HINTS = {"latency": "LATENCY", "throughput": "THROUGHPUT"}
 # How often a running request looks at its RunOptions' terminate flag (the serving watchdog sets it).
 _POLL_MS = 5
+_GRAPH_ENDS = frozenset({"Parameter", "Result", "Constant"})
 _ORT_TYPE_NAMES = {
     "f32": "tensor(float)",
     "f16": "tensor(float16)",
@@ -89,6 +91,29 @@ def openvino_devices() -> tuple[list[str], str | None]:
     except Exception as exc:  # OpenVINO raises RuntimeError and its own types
         return [], f"OpenVINO failed to compile a one-op model: {type(exc).__name__}: {str(exc)[:300]}"
     return devices, None
+
+
+def unsupported_ops(model: bytes) -> list[str]:
+    """The operations of ``model`` OpenVINO cannot run on its CPU device: ONNX operations its frontend has no
+    conversion for, or OpenVINO operations its CPU plugin does not support; empty when it runs them all."""
+    import openvino
+
+    core = openvino.Core()
+    try:
+        read = core.read_model(model)
+    except Exception as exc:  # OpenVINO raises RuntimeError and its own types
+        found = re.search(r"No conversion rule found for operations: ([^\n]+)", str(exc))
+        if found:
+            return sorted({op.strip() for op in found.group(1).split(",") if op.strip()})[:32]
+        return [f"(the model, which OpenVINO could not read: {_first(exc)[:200]})"]
+    supported = core.query_model(read, OPENVINO_DEVICE)
+    return sorted(
+        {
+            op.get_type_name()
+            for op in read.get_ops()
+            if op.get_friendly_name() not in supported and op.get_type_name() not in _GRAPH_ENDS
+        }
+    )[:32]
 
 
 def device_identity() -> str:

@@ -165,3 +165,27 @@ def test_a_compiled_model_is_imported_from_its_cache_not_compiled_again(
 
 def _compile(model: bytes, recipe: Recipe, directory: Path) -> None:
     create_session(model, recipe, directory)
+
+
+def test_operations_openvino_cannot_run_are_named_and_keep_the_model_on_onnx_runtime(
+    digits: tuple[bytes, ModelInfo, Dataset], quick_profile: HardwareProfile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from onnx import TensorProto, helper
+
+    from metainfer.core.engine import runtime_openvino
+
+    graph = helper.make_graph(
+        [helper.make_node("StringNormalizer", ["x"], ["y"])], "strings",
+        [helper.make_tensor_value_info("x", TensorProto.STRING, [4])],
+        [helper.make_tensor_value_info("y", TensorProto.STRING, [4])],
+    )  # fmt: skip
+    strings = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+    assert runtime_openvino.unsupported_ops(strings) == ["StringNormalizer-17"]
+    base, info, data = digits
+    assert runtime_openvino.unsupported_ops(base) == []
+
+    monkeypatch.setattr(runtime_openvino, "unsupported_ops", lambda model: ["NonMaxSuppression-10"])
+    settings = AdaptSettings(batch=4, budget_trials=2, algorithm="random", overrides={"quantization": ("fp32",)})
+    report, _ = Adaptation(base, info, data, quick_profile, settings).run()
+    assert all(t.recipe.session.runtime == "onnxruntime" for t in report.trials)
+    assert "runtime openvino left out: its CPU plugin does not run NonMaxSuppression-10" in report.space.notes
