@@ -44,6 +44,7 @@ from metainfer.core.engine.transforms import (
     quantizable_nodes,
 )
 from metainfer.core.engine.transforms.fusion import fuse_transformer
+from metainfer.core.engine.transforms.quantize_nncf import nncf_available
 from metainfer.core.engine.trial import Trial, TrialMetrics, TrialStatus
 from metainfer.core.engine.validate import ValidationReport, validate_variant
 
@@ -361,6 +362,7 @@ class Adaptation:
             search_batch=self.settings.search_batch,
             allow_static=self.calibration.n_samples >= MIN_STATIC_SAMPLES,
             padding_removable=padding_reason is None,
+            nncf=nncf_available(),
             overrides=overrides,
         )
         layers = len(quantizable_nodes(onnx.load_from_string(self.base), "int8_static"))

@@ -13,7 +13,15 @@ import hashlib
 import json
 from typing import Any, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    computed_field,
+    model_serializer,
+    model_validator,
+)
 
 QuantizationMode = Literal["fp32", "fp16", "int8_dynamic", "int8_static"]
 # The numeric formats, and those that run integer kernels: defined once, here, for every module that asks.
@@ -28,6 +36,9 @@ Padding = Literal["keep", "remove"]
 Runtime = Literal["onnxruntime", "openvino"]
 OpenVinoHint = Literal["latency", "throughput"]
 OpenVinoPrecision = Literal["f32", "bf16"]
+# Which tool writes a static int8 variant: ONNX Runtime's quantizer, or NNCF's ONNX backend (its own range
+# estimators, bias correction and which ops to quantize); both write QDQ ONNX that either runtime loads.
+Quantizer = Literal["onnxruntime", "nncf"]
 
 ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
     "disable": "ORT_DISABLE_ALL",
@@ -67,6 +78,27 @@ class QuantizationSpec(_Frozen):
     keep_float: tuple[str, ...] = Field(
         (), description="Node names kept in float (mixed precision: the most sensitive layers)."
     )
+    quantizer: Quantizer = Field(
+        "onnxruntime",
+        description="The tool that writes a static int8 variant: ONNX Runtime's quantizer (its scales, types and"
+        " calibration are the fields above), or NNCF, which chooses them itself (symmetric per-channel weights,"
+        " its own activation ranges and bias correction).",
+    )
+
+    @model_validator(mode="after")
+    def _nncf_writes_static_qdq(self) -> QuantizationSpec:
+        if self.quantizer == "nncf" and (self.mode != "int8_static" or self.format != "qdq"):
+            raise ValueError("quantizer nncf writes static int8 in QDQ form: mode int8_static, format qdq")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_quantizer(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out at its default, so every variant built before NNCF was a choice keeps its provenance stamp,
+        # its bytes and its sha256 (serving pods rebuild variants and compare the sha256 the run validated).
+        data: dict[str, Any] = handler(self)
+        if data.get("quantizer") == "onnxruntime":
+            del data["quantizer"]
+        return data
 
 
 class TransformSpec(_Frozen):
@@ -204,7 +236,9 @@ class Recipe(_Frozen):
         q = self.transform.quantization
         head = {"fp32": "FP32", "fp16": "FP16", "int8_dynamic": "int8 dynamic", "int8_static": "int8 static"}[q.mode]
         parts: list[str] = []
-        if q.mode in INT8_MODES:
+        if q.quantizer == "nncf":
+            head += " (NNCF)"  # NNCF chooses scales, types and ranges itself: the fields below are not its
+        elif q.mode in INT8_MODES:
             head += " per-channel" if q.per_channel else " per-tensor"
             if q.weight_type != "int8":
                 parts.append(f"{q.weight_type} weights")
@@ -217,9 +251,9 @@ class Recipe(_Frozen):
                     parts.append(f"{q.calibration} calibration")
                 if q.format != "qdq":
                     parts.append("integer operators (QOperator)")
-            if q.keep_float:
-                n = len(q.keep_float)
-                parts.append(f"{n} sensitive layer{'s' if n > 1 else ''} kept in float")
+        if q.mode in INT8_MODES and q.keep_float:
+            n = len(q.keep_float)
+            parts.append(f"{n} sensitive layer{'s' if n > 1 else ''} kept in float")
         if self.transform.fusion != "none":
             parts.append(f"{self.transform.fusion} fusion")
         if self.transform.padding == "remove":

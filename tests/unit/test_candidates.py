@@ -222,6 +222,9 @@ _NO_OPENVINO_DIMS = [
     ("openvino_streams", (0,)),
     ("openvino_precision", ("f32",)),
 ]
+_NO_NNCF = "quantizer nncf left out: NNCF is not installed in this image"
+# Likewise the quantizer knob where NNCF is not offered.
+_NO_NNCF_DIMS = [("quantizer", ("onnxruntime",))]
 _EMULATED = "only run emulated (cast to fp32), never faster than fp32"
 _NOTE_FP16_CPU_MATMUL = f"fp16 on CPUExecutionProvider pruned: fp16 ['MatMul'] {_EMULATED}"
 _NOTE_FP16_CUDA_MATMUL = f"fp16 on CUDAExecutionProvider pruned: fp16 ['MatMul'] {_EMULATED}"
@@ -253,8 +256,9 @@ _CONV_OPENVINO_DIMS = [
     ("openvino_hint", ("latency", "throughput")),
     ("openvino_streams", (0, 1, 2, 4)),
     ("openvino_precision", ("f32", "bf16")),
+    *_NO_NNCF_DIMS,
 ]
-_CONV_DIMS = [*_CONV_DIMS, *_NO_OPENVINO_DIMS]
+_CONV_DIMS = [*_CONV_DIMS, *_NO_OPENVINO_DIMS, *_NO_NNCF_DIMS]
 SNAPSHOTS: dict[str, dict[str, object]] = {
     "digits_batch_search": {
         "dims": [
@@ -269,10 +273,11 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             *_SESSION_DIMS,
             ("batch", (1, 2, 4, 8, 16, 32)),
             *_NO_OPENVINO_DIMS,
+            *_NO_NNCF_DIMS,
         ],
-        "notes": [_NO_OPENVINO, _NOTE_FP16_CPU_MATMUL, _NOTE_FP16_CUDA_MATMUL, _NOTE_DYNAMIC_DNNL],
+        "notes": [_NO_OPENVINO, _NO_NNCF, _NOTE_FP16_CPU_MATMUL, _NOTE_FP16_CUDA_MATMUL, _NOTE_DYNAMIC_DNNL],
         "allowed": 5922,
-        "allowed_keys": "6661036cd07c17ac",
+        "allowed_keys": "3aff319b2faa96ea",
         "recipes": "6b099f2351e9e62c",
         "all_recipes": "39cf2fae4e4f3a72",
     },
@@ -291,6 +296,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             ("execution_mode", ("sequential", "parallel")),
             ("batch", (1,)),
             *_NO_OPENVINO_DIMS,
+            *_NO_NNCF_DIMS,
         ],
         "notes": [
             "int8_static left out: needs at least a few calibration samples",
@@ -300,7 +306,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 27,
-        "allowed_keys": "767cce705076bce8",
+        "allowed_keys": "6788aa91a72441ac",
         "recipes": "a5a718379fe72f93",
         "all_recipes": "3f5ed96bc08cc1c5",
     },
@@ -317,42 +323,53 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             *_SESSION_DIMS,
             ("batch", (4,)),
             *_NO_OPENVINO_DIMS,
+            *_NO_NNCF_DIMS,
         ],
         "notes": [
             _NO_OPENVINO,
+            _NO_NNCF,
             _NOTE_FP16_CPU_MATMUL,
             _NOTE_FP16_CUDA_MATMUL,
             "fp16 on DnnlExecutionProvider pruned: unsupported fp16 ops ['Erf']",
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 2016,
-        "allowed_keys": "64a5500ea0f943d6",
+        "allowed_keys": "cf3636f0c29ddae0",
         "recipes": "fdd9609e07c52a15",
         "all_recipes": "b4b85558d03fedd0",
     },
     "conv": {
         "dims": _CONV_DIMS,
-        "notes": [_NO_OPENVINO, *_CONV_NOTES],
+        "notes": [_NO_OPENVINO, _NO_NNCF, *_CONV_NOTES],
         "allowed": 2079,
-        "allowed_keys": "d8366048db73fbda",
+        "allowed_keys": "70346f3ddd566cbb",
         "recipes": "c65d3c3044f6acb6",
         "all_recipes": "ae60e6f8b1f22e2e",
     },
     "conv_no_nhwc": {
         "dims": _CONV_DIMS,
-        "notes": [_NO_OPENVINO, *_CONV_NOTES, "NHWC layout pruned: no profiled EP runs NhwcConv natively"],
+        "notes": [_NO_OPENVINO, _NO_NNCF, *_CONV_NOTES, "NHWC layout pruned: no profiled EP runs NhwcConv natively"],
         "allowed": 1302,
-        "allowed_keys": "e0738337152668b2",
+        "allowed_keys": "836acf6cc93af332",
         "recipes": "6afa9f669af3106f",
         "all_recipes": "ae60e6f8b1f22e2e",
     },
     # OpenVINO offered: 360 points on it join the 2079 on ONNX Runtime, whose own part is unchanged.
     "conv_openvino": {
         "dims": _CONV_OPENVINO_DIMS,
-        "notes": _CONV_NOTES,
+        "notes": [_NO_NNCF, *_CONV_NOTES],
         "allowed": 2439,
-        "allowed_keys": "0323fabf28244356",
+        "allowed_keys": "ca3b9ce10330de92",
         "recipes": "61b884f9b65c649f",
+    },
+    # NNCF offered: 84 static int8 points written by NNCF (ONNX Runtime's quantizer settings pinned on them) join
+    # the 2079, whose own part is unchanged.
+    "conv_nncf": {
+        "dims": [*_CONV_DIMS[:-1], ("quantizer", ("onnxruntime", "nncf"))],
+        "notes": [_NO_OPENVINO, *_CONV_NOTES],
+        "allowed": 2163,
+        "allowed_keys": "50f74c215242faa1",
+        "recipes": "9310e5ac0a3c19e7",
     },
 }
 
@@ -383,6 +400,7 @@ def _cases(
             SpaceOptions(batch=2, keep_float_fractions=(0.0, 0.5)),
             3,
         ),
+        "conv_nncf": (conv, profile, SpaceOptions(batch=2, keep_float_fractions=(0.0, 0.5), nncf=True), 3),
     }
 
 

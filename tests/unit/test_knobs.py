@@ -182,6 +182,7 @@ def test_the_policy_model_and_run_mapping_are_derived_from_the_knobs() -> None:
         "openvino_hints": "openvino_hint",
         "max_openvino_streams": "openvino_streams",
         "openvino_precisions": "openvino_precision",
+        "quantizers": "quantizer",
     }
     assert list(pinned.items()) == list(runstatus.OVERRIDE_DIMENSIONS.items())
     assert list(pinned) == fields

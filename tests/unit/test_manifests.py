@@ -672,7 +672,9 @@ def test_a_policys_scheduling_replaces_the_platforms_classes_in_its_job_and_serv
 def test_a_spec_field_added_later_moves_no_run_key_until_it_is_set() -> None:
     p = policy()
     key = run_key(p["spec"], 3, "0" * 16)
-    assert key == "f4160a6f0d8a5045"  # pinned: what the release before slo.qualityMetric gave this policy
+    assert key == "f4160a6f0d8a5045"  # pinned: what the release before slo.qualityMetric and quantizers gave it
     assert run_key({**p["spec"], "slo": {**p["spec"]["slo"], "qualityMetric": "auto"}}, 3, "0" * 16) == key
     chosen = {**p["spec"], "slo": {**p["spec"]["slo"], "qualityMetric": "argmax_agreement"}}
     assert run_key(chosen, 3, "0" * 16) != key
+    nncf = {**p["spec"], "searchSpace": {**p["spec"].get("searchSpace", {}), "quantizers": ["nncf"]}}
+    assert run_key(nncf, 3, "0" * 16) != key

@@ -55,6 +55,8 @@ class SpaceOptions:
     allow_static: bool = True
     # Whether the fused graph admits padding removal (core.engine.transforms.padding); the engine checks it.
     padding_removable: bool = False
+    # Whether this image has NNCF (core.engine.transforms.quantize_nncf.nncf_available); the engine checks it.
+    nncf: bool = False
     overrides: dict[str, tuple[object, ...]] = field(default_factory=dict)
 
 

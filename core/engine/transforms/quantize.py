@@ -177,6 +177,12 @@ def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset
             "weight_type": QUANT_TYPES[spec.weight_type],
             "nodes_to_exclude": list(spec.keep_float) or None,
         }
+        if spec.quantizer == "nncf":
+            if calibration is None:
+                raise InputError("data", "static int8 quantization needs calibration samples")
+            from metainfer.core.engine.transforms.quantize_nncf import feeds_of, to_int8_nncf
+
+            return to_int8_nncf(onnx.load(str(src)), spec, feeds_of(calibration, calibration_batch(model)))
         if spec.mode == "int8_dynamic":
             quantize_dynamic(src, dst, op_types_to_quantize=DYNAMIC_OP_TYPES, **common, extra_options=EXTRA)
         else:
