@@ -1,10 +1,11 @@
 """Runtime choice: per model, does the search pick the faster runtime, ONNX Runtime or OpenVINO?
 
 For each model the engine behind ``metainfer adapt`` runs with batch 1, a fixed
-trial budget and seed 0, with both runtimes in its space. Then five contenders
+trial budget and seed 0, with both runtimes in its space. Then six contenders
 are timed in one interleaved loop (same samples, same warm-up, rounds that
 alternate, so background load hits all alike): ONNX Runtime FP32 with default
-session options, OpenVINO FP32 (CPU plugin, latency hint), the fastest feasible
+session options, OpenVINO FP32 (CPU plugin, latency hint), OpenVINO + NNCF
+(NNCF's default int8 on the same calibration samples), the fastest feasible
 candidate the search measured on each runtime, and the variant it shipped.
 The row says which runtime it shipped and whether that is the fastest
 contender within the timing noise (5 %).
@@ -31,7 +32,7 @@ from bench import benchlib
 from metainfer.agent.zoo import build_examples
 from metainfer.agent.zoo.light import build_light_inputs, light_model_path, load_light_model
 from metainfer.core.engine.data import Dataset, load_npz
-from metainfer.core.engine.evaluate import MeasureSettings, measure_interleaved
+from metainfer.core.engine.evaluate import MeasureSettings, measure_interleaved, quality_of, run_all
 from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import load_or_measure
@@ -45,10 +46,11 @@ NAME = "runtime_choice"
 TITLE = "Runtime choice: ONNX Runtime or OpenVINO, per model"
 LIGHT = ("light_inception_v1", "light_inception_v2", "light_squeezenet")
 NOISE = 0.05
-CONTENDERS = ("ort_fp32", "openvino_fp32", "best_ort", "best_openvino", "metainfer")
+CONTENDERS = ("ort_fp32", "openvino_fp32", "openvino_nncf", "best_ort", "best_openvino", "metainfer")
 LABELS = {
     "ort_fp32": "ORT FP32",
     "openvino_fp32": "OpenVINO FP32",
+    "openvino_nncf": "OpenVINO + NNCF",
     "best_ort": "best on ORT",
     "best_openvino": "best on OpenVINO",
     "metainfer": "metainfer's pick",
@@ -96,6 +98,13 @@ def run_model(name: str, path: Path, data: Dataset, trials: int, profile: Any) -
     recipes: dict[str, Recipe | None] = {
         "ort_fp32": Recipe(),
         "openvino_fp32": Recipe.model_validate({"session": {"runtime": "openvino"}}),
+        # The peer an OpenVINO user runs: NNCF's default int8 on the same calibration samples, latency hint.
+        "openvino_nncf": Recipe.model_validate(
+            {
+                "transform": {"quantization": {"mode": "int8_static", "quantizer": "nncf"}},
+                "session": {"runtime": "openvino"},
+            }
+        ),
         "best_ort": _fastest(report, "onnxruntime"),
         "best_openvino": _fastest(report, "openvino"),
         "metainfer": pick,
@@ -104,6 +113,11 @@ def run_model(name: str, path: Path, data: Dataset, trials: int, profile: Any) -
     sessions = [create_session(build_variant(base, r.transform, adaptation.calibration), r) for r in timed.values()]
     stats = measure_interleaved(sessions, data, 1, TIMING, rounds=6)
     latency = {k: {"p50_ms": s.p50_ms, "p95_ms": s.p95_ms} for k, s in zip(timed, stats, strict=True)}
+    assert adaptation.reference is not None
+    quality = {
+        k: quality_of(run_all(session, adaptation.quality_data, 1), adaptation.reference).value
+        for k, session in zip(timed, sessions, strict=True)
+    }
     fastest = min(latency, key=lambda k: latency[k]["p50_ms"])
     return {
         "model": name,
@@ -111,11 +125,14 @@ def run_model(name: str, path: Path, data: Dataset, trials: int, profile: Any) -
         "scan_s": round(report.sensitivity_wall_s, 1),
         "trials": len(report.trials),
         "openvino_trials": sum(t.recipe.session.runtime == "openvino" for t in report.trials),
+        "nncf_trials": sum(t.recipe.transform.quantization.quantizer == "nncf" for t in report.trials),
         "picked_runtime": pick.session.runtime,
         "picked": pick.describe(),
         "quality_drop": report.best.metrics.quality.drop if report.best and report.best.metrics else None,
         "recipes": {k: r.describe() for k, r in timed.items()},
         "latency": latency,
+        "quality_metric": adaptation.reference.metric,
+        "quality": quality,
         "fastest": fastest,
         "pick_within_noise": latency["metainfer"]["p50_ms"] <= latency[fastest]["p50_ms"] * (1 + NOISE),
     }
@@ -135,22 +152,30 @@ def _pick_is_fastest(row: dict[str, Any]) -> bool:
 
 
 def render(data: dict[str, Any]) -> str:
-    header = ["model", "picked", *(LABELS[c] for c in CONTENDERS), "fastest", "adapt s (scan s; OpenVINO trials)"]
+    header = [
+        "model", "picked", *(LABELS[c] for c in CONTENDERS), "fastest", "adapt s (scan s; OpenVINO, NNCF trials)"
+    ]  # fmt: skip
     rows = []
     for row in data["rows"]:
         cells = []
         for c in CONTENDERS:
             lat = row["latency"].get(c)
-            cells.append(f"{lat['p50_ms']:.2f} / {lat['p95_ms']:.2f}" if lat else "—")
+            q = row.get("quality", {}).get(c)
+            cells.append(
+                f"{lat['p50_ms']:.2f} / {lat['p95_ms']:.2f}" + (f" · {q:.4f}" if q is not None else "") if lat else "—"
+            )
         same = "".join(f" (= {LABELS[c]})" for c in _same_as_pick(row))
         mark = "" if _pick_is_fastest(row) else " (pick not fastest)"
         rows.append(
             [row["model"], f"{row['picked_runtime']}: {row['picked']}{same}", *cells, LABELS[row["fastest"]] + mark,
-             f"{row['adapt_s']:.0f} ({row.get('scan_s', 0):.0f}; {row['openvino_trials']}/{row['trials']})"]
+             f"{row['adapt_s']:.0f} ({row.get('scan_s', 0):.0f}; {row['openvino_trials']}, {row.get('nncf_trials', 0)}"
+             f" of {row['trials']})"]
         )  # fmt: skip
     misses = [r["model"] for r in data["rows"] if not _pick_is_fastest(r)]
     text = [
-        f"p50 / p95 ms at batch 1, timed interleaved after a {data['trials']}-trial search (seed 0) with both runtimes"
+        "p50 / p95 ms · quality (FP32's metric: top-1 with labels, else cosine to ORT FP32, on the adaptation's"
+        " quality samples)."
+        f" p50 / p95 ms at batch 1, timed interleaved after a {data['trials']}-trial search (seed 0) with both runtimes"
         f' in the space; "fastest" is the contender with the lowest p50, and the pick counts as fastest within'
         f' {NOISE:.0%}, as itself or as its own recipe timed a second time ("= best on ..."; the gap between'
         " the two timings of one recipe is this machine's noise).",
@@ -158,7 +183,9 @@ def render(data: dict[str, Any]) -> str:
         "Rows where the pick is not the fastest contender: " + (", ".join(misses) if misses else "none") + ".",
         "OpenVINO here is the CPU plugin of `openvino` on this AMD CPU (no bf16: the precision knob offers f32 only)."
         " The light nets have constant weights, so every quality check on them passes trivially: latency evidence"
-        " only. Not measured: OpenVINO + NNCF, Olive, the naive one-liners (the CNN matrix has them).",
+        " only. OpenVINO + NNCF is NNCF's default int8 (same calibration samples) compiled with the latency hint;"
+        " metainfer's space holds it and its variations (NNCF with the ONNX Runtime runtime, threads, mixed"
+        " precision). Not measured here: Olive, the naive one-liners (the CNN matrix has them).",
     ]
     return "\n\n".join(text)
 
