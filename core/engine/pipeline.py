@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 
 from metainfer.core.engine import scan_gate
+from metainfer.core.engine.anchors import anchor_points
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError
@@ -219,7 +220,13 @@ class Adaptation:
         search_started = time.perf_counter() - resumed_search_s
         stop_reason = "trial budget reached"
         passed_over = 0
-        deferred: list[Point] = []  # mixed-precision points waiting for their all-int8 version's result
+        # Mixed-precision points waiting for their all-int8 version's result; first, the peers not yet measured.
+        measured = {space.key(t.point) for t in trials}
+        deferred: list[Point] = [
+            p
+            for p in anchor_points(space, s.batch, self.profile.machine.physical_cores)
+            if space.key(p) not in measured
+        ]
         while len(trials) < s.budget_trials:
             if s.time_budget_s is not None and time.perf_counter() - search_started > s.time_budget_s:
                 stop_reason = f"time budget of {s.time_budget_s:g} s reached"

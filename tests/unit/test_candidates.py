@@ -456,3 +456,22 @@ def test_every_knob_states_its_prior_and_names_only_its_own_choices(
     # the search's built-in prior reads them from the declarations
     space, _ = build_space(bert_info, synthetic_profile(), SpaceOptions(padding_removable=True), 3)
     assert builtin_prior(space, SearchContext()).spread == tuple(k.spread for k in KNOBS)
+
+
+def test_the_peers_a_user_would_run_are_measured_first_where_the_space_allows_them(
+    tiny_conv: tuple[Path, Path],
+) -> None:
+    from metainfer.core.engine.anchors import anchor_points
+
+    conv = inspect_model(tiny_conv[0])
+    options = SpaceOptions(batch=2, nncf=True)
+    space, _ = build_space(conv, synthetic_profile(openvino=True), options, 3)
+    described = [recipe_for(p, _ranked).describe() for p in anchor_points(space, 2, cores=4)]
+    assert described == [
+        "FP32, 4 threads, on OpenVINO (latency hint), batch 2",
+        "int8 static (NNCF), 4 threads, on OpenVINO (latency hint), batch 2",
+    ]
+    without_nncf, _ = build_space(conv, synthetic_profile(openvino=True), SpaceOptions(batch=2), 3)
+    assert len(anchor_points(without_nncf, 2, cores=4)) == 1
+    without_openvino, _ = build_space(conv, synthetic_profile(), options, 3)
+    assert anchor_points(without_openvino, 2, cores=4) == [], "a peer the hardware rules out is not measured"

@@ -121,6 +121,10 @@ def test_a_search_restricted_to_openvino_measures_its_candidates_there(
     measured = [t for t in report.trials if t.error is None]
     assert measured, [t.error for t in report.trials]
     assert all(t.recipe.session.runtime == "openvino" for t in report.trials)
+    # The peers an OpenVINO user runs come first: OpenVINO on the FP32 model, then with NNCF's int8.
+    first = [t.recipe for t in report.trials[:2]]
+    assert first[0].session.runtime == "openvino" and first[0].transform.quantization.mode == "fp32"
+    assert first[1].transform.quantization.quantizer == "nncf"
     assert report.best.recipe.session.runtime in ("openvino", "onnxruntime")  # FP32 on ORT when nothing beat it
 
 
