@@ -18,7 +18,11 @@ from metainfer.core.api.policy import AdaptationPolicySpec
 
 # Spec fields added after keys were first handed out: hashed only when set to something other than their default,
 # so an operator upgrade that adds one keeps every existing run key (and re-adapts nothing).
-ADDED_LATER: dict[tuple[str, str], Any] = {("slo", "qualityMetric"): "auto", ("searchSpace", "quantizers"): None}
+ADDED_LATER: dict[tuple[str, str], Any] = {
+    ("slo", "qualityMetric"): "auto",
+    ("searchSpace", "quantizers"): None,
+    ("searchSpace", "activations"): None,
+}
 
 
 def run_key(

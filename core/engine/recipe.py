@@ -39,6 +39,9 @@ OpenVinoPrecision = Literal["f32", "bf16"]
 # Which tool writes a static int8 variant: ONNX Runtime's quantizer, or NNCF's ONNX backend (its own range
 # estimators, bias correction and which ops to quantize); both write QDQ ONNX that either runtime loads.
 Quantizer = Literal["onnxruntime", "nncf"]
+# Spelled-out activations (Erf GELU, x * HardSigmoid(x), x * Sigmoid(x)) kept as exported, or written as one
+# operator each (core.engine.transforms.activations).
+Activations = Literal["keep", "fused"]
 
 ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
     "disable": "ORT_DISABLE_ALL",
@@ -120,12 +123,25 @@ class TransformSpec(_Frozen):
             "(needs transformer fusion and an attention-mask input); outputs at padded positions are zeros."
         ),
     )
+    activations: Activations = Field(
+        "keep",
+        description="'fused': GELU spelled out with Erf, x * HardSigmoid(x) and x * Sigmoid(x) written as one"
+        " operator each (Gelu, HardSwish, QuickGelu), before quantization, so a quantizer does not split them.",
+    )
 
     @model_validator(mode="after")
     def _padding_needs_fusion(self) -> TransformSpec:
         if self.padding == "remove" and self.fusion != "transformer":
             raise ValueError("padding 'remove' works on the fused graph: set fusion to 'transformer'")
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_activations(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out at its default, as QuantizationSpec.quantizer is: existing variants keep their bytes.
+        data: dict[str, Any] = handler(self)
+        if data.get("activations") == "keep":
+            del data["activations"]
+        return data
 
 
 class OpenVinoSpec(_Frozen):
@@ -256,6 +272,8 @@ class Recipe(_Frozen):
             parts.append(f"{n} sensitive layer{'s' if n > 1 else ''} kept in float")
         if self.transform.fusion != "none":
             parts.append(f"{self.transform.fusion} fusion")
+        if self.transform.activations == "fused":
+            parts.append("fused activations")
         if self.transform.padding == "remove":
             parts.append("padding removed")
         if self.transform.layout != "NCHW":

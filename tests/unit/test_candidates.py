@@ -224,7 +224,7 @@ _NO_OPENVINO_DIMS = [
 ]
 _NO_NNCF = "quantizer nncf left out: NNCF is not installed in this image"
 # Likewise the quantizer knob where NNCF is not offered.
-_NO_NNCF_DIMS = [("quantizer", ("onnxruntime",))]
+_NO_NNCF_DIMS = [("quantizer", ("onnxruntime",)), ("activations", ("keep",))]
 _EMULATED = "only run emulated (cast to fp32), never faster than fp32"
 _NOTE_FP16_CPU_MATMUL = f"fp16 on CPUExecutionProvider pruned: fp16 ['MatMul'] {_EMULATED}"
 _NOTE_FP16_CUDA_MATMUL = f"fp16 on CUDAExecutionProvider pruned: fp16 ['MatMul'] {_EMULATED}"
@@ -277,7 +277,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
         ],
         "notes": [_NO_OPENVINO, _NO_NNCF, _NOTE_FP16_CPU_MATMUL, _NOTE_FP16_CUDA_MATMUL, _NOTE_DYNAMIC_DNNL],
         "allowed": 5922,
-        "allowed_keys": "3aff319b2faa96ea",
+        "allowed_keys": "2715ba7c0b485e6b",
         "recipes": "6b099f2351e9e62c",
         "all_recipes": "39cf2fae4e4f3a72",
     },
@@ -306,7 +306,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 27,
-        "allowed_keys": "6788aa91a72441ac",
+        "allowed_keys": "6ff89ac65e9d53c9",
         "recipes": "a5a718379fe72f93",
         "all_recipes": "3f5ed96bc08cc1c5",
     },
@@ -323,7 +323,8 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             *_SESSION_DIMS,
             ("batch", (4,)),
             *_NO_OPENVINO_DIMS,
-            *_NO_NNCF_DIMS,
+            ("quantizer", ("onnxruntime",)),
+            ("activations", ("keep", "fused")),
         ],
         "notes": [
             _NO_OPENVINO,
@@ -333,16 +334,15 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             "fp16 on DnnlExecutionProvider pruned: unsupported fp16 ops ['Erf']",
             _NOTE_DYNAMIC_DNNL,
         ],
-        "allowed": 2016,
-        "allowed_keys": "cf3636f0c29ddae0",
-        "recipes": "fdd9609e07c52a15",
-        "all_recipes": "b4b85558d03fedd0",
+        "allowed": 3444,
+        "allowed_keys": "5295e262184eeb04",
+        "recipes": "abc05bf137358d4b",
     },
     "conv": {
         "dims": _CONV_DIMS,
         "notes": [_NO_OPENVINO, _NO_NNCF, *_CONV_NOTES],
         "allowed": 2079,
-        "allowed_keys": "70346f3ddd566cbb",
+        "allowed_keys": "eeab51e384849042",
         "recipes": "c65d3c3044f6acb6",
         "all_recipes": "ae60e6f8b1f22e2e",
     },
@@ -350,7 +350,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
         "dims": _CONV_DIMS,
         "notes": [_NO_OPENVINO, _NO_NNCF, *_CONV_NOTES, "NHWC layout pruned: no profiled EP runs NhwcConv natively"],
         "allowed": 1302,
-        "allowed_keys": "836acf6cc93af332",
+        "allowed_keys": "9d3a93effa72f319",
         "recipes": "6afa9f669af3106f",
         "all_recipes": "ae60e6f8b1f22e2e",
     },
@@ -359,16 +359,16 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
         "dims": _CONV_OPENVINO_DIMS,
         "notes": [_NO_NNCF, *_CONV_NOTES],
         "allowed": 2439,
-        "allowed_keys": "ca3b9ce10330de92",
+        "allowed_keys": "b5cb3efa160f3471",
         "recipes": "61b884f9b65c649f",
     },
     # NNCF offered: 84 static int8 points written by NNCF (ONNX Runtime's quantizer settings pinned on them) join
     # the 2079, whose own part is unchanged.
     "conv_nncf": {
-        "dims": [*_CONV_DIMS[:-1], ("quantizer", ("onnxruntime", "nncf"))],
+        "dims": [*_CONV_DIMS[:-2], ("quantizer", ("onnxruntime", "nncf")), ("activations", ("keep",))],
         "notes": [_NO_OPENVINO, *_CONV_NOTES],
         "allowed": 2163,
-        "allowed_keys": "50f74c215242faa1",
+        "allowed_keys": "baf6b9985e2b607e",
         "recipes": "9310e5ac0a3c19e7",
     },
 }

@@ -183,6 +183,7 @@ def test_the_policy_model_and_run_mapping_are_derived_from_the_knobs() -> None:
         "max_openvino_streams": "openvino_streams",
         "openvino_precisions": "openvino_precision",
         "quantizers": "quantizer",
+        "activations": "activations",
     }
     assert list(pinned.items()) == list(runstatus.OVERRIDE_DIMENSIONS.items())
     assert list(pinned) == fields

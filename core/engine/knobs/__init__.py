@@ -28,7 +28,7 @@ space, so nothing here loads onnx, onnxruntime, numpy or the searchers.
 
 from __future__ import annotations
 
-from metainfer.core.engine.knobs import graph, openvino, quantization, quantizer, session
+from metainfer.core.engine.knobs import activations, graph, openvino, quantization, quantizer, session
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
     DEFAULT_SPREAD,
@@ -69,7 +69,14 @@ from metainfer.core.engine.knobs.session import (
 from metainfer.core.engine.recipe import INT8_MODES, QUANTIZATION_MODES
 
 # Areas in a fixed order: the order of KNOBS is the order of the space's dimensions.
-KNOBS: tuple[Knob, ...] = (*quantization.KNOBS, *graph.KNOBS, *session.KNOBS, *openvino.KNOBS, *quantizer.KNOBS)
+KNOBS: tuple[Knob, ...] = (
+    *quantization.KNOBS,
+    *graph.KNOBS,
+    *session.KNOBS,
+    *openvino.KNOBS,
+    *quantizer.KNOBS,
+    *activations.KNOBS,
+)
 check_knobs(KNOBS)
 
 

@@ -17,6 +17,7 @@ import onnx
 
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.recipe import INT8_MODES, TransformSpec
+from metainfer.core.engine.transforms.activations import fuse_activations
 from metainfer.core.engine.transforms.conv import fuse_conv
 from metainfer.core.engine.transforms.fusion import fuse_transformer
 from metainfer.core.engine.transforms.layout import to_nhwc
@@ -34,6 +35,8 @@ def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None 
     elif spec.fusion == "conv":
         model = fuse_conv(model)
         ensure_node_names(model)
+    if spec.activations == "fused":
+        model, _ = fuse_activations(model)
     if spec.padding == "remove":
         model = remove_padding(model)
         ensure_node_names(model)
