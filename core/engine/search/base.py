@@ -69,6 +69,14 @@ class Searcher(ABC):
         self._seen.add(key)
         self._pending.pop(key, None)
 
+    def exclude(self, point: Point) -> None:
+        """Never propose ``point``, without telling the algorithms a score for it: a measurement made for another
+        reason (a peer's default configuration, core.engine.anchors) whose failure would mislead them about its
+        neighbours."""
+        key = self.space.key(point)
+        self._seen.add(key)
+        self._pending.pop(key, None)
+
     @property
     def history(self) -> History:
         return list(self._history)
