@@ -130,6 +130,16 @@ def test_pending_points_are_not_proposed_again(algorithm: str) -> None:
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
+def test_an_excluded_point_is_never_proposed_and_teaches_nothing(algorithm: str) -> None:
+    s = build(algorithm, ort_space(), 1)
+    excluded = s.space.allowed_points()[0]
+    s.exclude(excluded)
+    assert s.history == []
+    asked = drive(s, lambda p: 1.0, budget=10_000, batch=4)
+    assert excluded not in asked and len(asked) == len(s.space.allowed_points()) - 1
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_deterministic_resumable_and_json_state(algorithm: str) -> None:
     space, score = ort_space(), ort_landscape(0)
     a, b = build(algorithm, space, 7), build(algorithm, space, 7)
