@@ -198,7 +198,8 @@ def render(data: dict[str, Any]) -> str:
         f" p50 / p95 ms at batch 1, timed interleaved after a {data['trials']}-trial search (seed 0) with both runtimes"
         f' in the space; "fastest" is the contender with the lowest p50 among those within the quality budget'
         f" ({QUALITY_BUDGET} of ORT FP32's value, the adaptation's budget), and the pick counts as fastest within"
-        f' {NOISE:.0%} (or {TIMER_FLOOR_MS} ms), as itself or as its own recipe timed a second time ("= best on ..."; the gap between'
+        f" {NOISE:.0%} (or {TIMER_FLOOR_MS} ms), as itself or as its own recipe timed a second time"
+        ' ("= best on ..."; the gap between'
         " the two timings of one recipe is this machine's noise).",
         benchlib.markdown_table(header, rows),
         "Rows where the pick is not the fastest contender: " + (", ".join(misses) if misses else "none") + ".",
