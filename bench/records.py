@@ -337,6 +337,12 @@ class SearchEfficiencyResult(Record):
     why: str
 
 
+class GraphLeversResult(Record):
+    """bench/graph_levers.py: per model, each format and runtime timed with activations as exported and fused."""
+
+    rows: list[dict[str, Any]]
+
+
 class RuntimeChoiceResult(Record):
     """bench/runtime_choice.py: one row per model, the runtime the search picked and five contenders' latency."""
 

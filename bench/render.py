@@ -118,6 +118,12 @@ def _runtime_choice(r: records.RuntimeChoiceResult) -> str:
     return runtime_choice.render(r.model_dump())
 
 
+def _graph_levers(r: records.GraphLeversResult) -> str:
+    from bench import graph_levers
+
+    return graph_levers.render(r.model_dump())
+
+
 # Titles are data: the one place a section's heading is written.
 SECTIONS: dict[str, Section] = {
     "adaptation": Section("Adaptation quality", records.AdaptationResult, _adaptation),
@@ -127,6 +133,9 @@ SECTIONS: dict[str, Section] = {
     "cnn_matrix": Section("Conv nets at batch 1 (CNN matrix)", records.MatrixResult, _cnn_matrix),
     "runtime_choice": Section(
         "Runtime choice: ONNX Runtime or OpenVINO, per model", records.RuntimeChoiceResult, _runtime_choice
+    ),
+    "graph_levers": Section(
+        "Graph levers: spelled-out activations as one operator", records.GraphLeversResult, _graph_levers
     ),
     "search_efficiency": Section("Search efficiency", records.SearchEfficiencyResult, _search_efficiency),
     "warm_start": Section("Warm start across hardware classes", records.WarmStartResult, _warm_start),
