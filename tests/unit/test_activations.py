@@ -71,6 +71,7 @@ def test_each_spelled_out_activation_becomes_one_exact_operator(pattern, kind: s
     fused, counts = fuse_activations(model)
     assert counts == {kind: 1}
     assert [n.op_type for n in fused.graph.node] == ["Relu", op, "Identity"]
+    assert [t.name for t in fused.graph.initializer] == [], "the constants only the pattern read go with it"
     onnx.checker.check_model(fused)
     feed = {"in": RNG.standard_normal((2, 3, 4, 4)).astype(np.float32) * 3}
     want = create_session(model.SerializeToString(), Recipe()).run(None, feed)[0]

@@ -101,8 +101,17 @@ def fuse_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
             nodes.append(rewrite.replacement)
         elif id(current) not in taken:
             nodes.append(current)
+    freed = {name for node in out.graph.node if id(node) in taken for name in node.input}
     del out.graph.node[:]
     out.graph.node.extend(nodes)
+    still_read = {name for node in nodes for name in node.input} | {o.name for o in out.graph.output}
+    unused = [t for t in out.graph.initializer if t.name in freed and t.name not in still_read]
+    for tensor in unused:  # the constants only the replaced nodes read (sqrt 2, 1, 0.5)
+        out.graph.initializer.remove(tensor)
+    gone = {t.name for t in unused}
+    listed = [v for v in out.graph.input if v.name in gone]  # IR 3 lists initializers among the inputs
+    for value in listed:
+        out.graph.input.remove(value)
     if any(r.replacement.domain == MS_DOMAIN for r in rewrites) and not any(
         o.domain == MS_DOMAIN for o in out.opset_import
     ):
