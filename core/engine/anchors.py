@@ -11,15 +11,17 @@ surrogate one point per runtime to learn from.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from metainfer.core.engine.knobs import KNOBS, Knob
 from metainfer.core.engine.knobs.base import as_int
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.search.space import Point, Space
 
-PEERS: tuple[dict[str, object], ...] = (
-    {"session": {"runtime": "openvino"}},
-    {"transform": {"quantization": {"mode": "int8_static", "quantizer": "nncf"}}, "session": {"runtime": "openvino"}},
+# (transform, session) of each peer, as recipe fields.
+PEERS: tuple[tuple[dict[str, Any], dict[str, Any]], ...] = (
+    ({}, {"runtime": "openvino"}),
+    ({"quantization": {"mode": "int8_static", "quantizer": "nncf"}}, {"runtime": "openvino"}),
 )
 
 
@@ -31,9 +33,10 @@ def anchor_points(space: Space, batch: int, cores: int, *, knobs: Sequence[Knob]
     counts = [as_int(t) for t in offered]
     threads = min(counts, key=lambda t: (abs(t - cores), -t))
     points = []
-    for peer in PEERS:
-        session = {**peer.get("session", {}), "intra_op_num_threads": threads}  # type: ignore[dict-item]
-        recipe = Recipe.model_validate({**peer, "session": session, "batch": batch})
+    for transform, session in PEERS:
+        recipe = Recipe.model_validate(
+            {"transform": transform, "session": {**session, "intra_op_num_threads": threads}, "batch": batch}
+        )
         point = {knob.name: knob.read(recipe) for knob in knobs}
         if space.contains(point) and space.is_allowed(point):
             points.append(point)
