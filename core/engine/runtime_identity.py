@@ -11,6 +11,7 @@ Runtime's import (about 30 MB of RSS) to know it; the distribution's name carrie
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 
 RUNTIME_MAX = 256
@@ -28,6 +29,10 @@ DISTRIBUTIONS = (
 )
 
 
+# Once per process: each lookup of an absent distribution scans every sys.path entry, and the operator asks on
+# every reconcile (21 of 312 profiled seconds at 1,000 nodes x 100 policies). What is installed does not change
+# under a running process.
+@functools.cache
 def runtime_identity() -> str:
     """``<distribution> <version>`` of each installed runtime distribution (e.g. ``onnxruntime-gpu 1.22.0`` or
     ``onnxruntime 1.32.0+openvino 2026.4.1``), joined by ``+``; ``none`` without any."""
