@@ -28,7 +28,7 @@ import kopf
 from metainfer.core.api.names import FINALIZER, KOPF_PREFIX
 from metainfer.operator import metrics
 from metainfer.operator.config import ConfigError, OperatorConfig
-from metainfer.operator.diffbase import LeanAnnotationsDiffBaseStorage
+from metainfer.operator.diffbase import LeanAnnotationsDiffBaseStorage, changing_handlers_registered
 
 
 class ApiRetryBackoffs:
@@ -59,7 +59,9 @@ def configure(settings: kopf.OperatorSettings, config: OperatorConfig) -> None:
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=KOPF_PREFIX)
     settings.persistence.diffbase_storage = LeanAnnotationsDiffBaseStorage(
-        prefix=KOPF_PREFIX, key="last-handled-configuration"
+        prefix=KOPF_PREFIX,
+        key="last-handled-configuration",
+        changing_handlers=changing_handlers_registered(kopf.get_default_registry()),
     )
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330

@@ -64,3 +64,22 @@ def test_extra_fields_in_status_still_reach_the_essence() -> None:
     essence = lean.build(body=kopf.Body(raw), extra_fields=[("status", "classes")])
     assert essence["status"]["classes"] == raw["status"]["classes"]
     assert "status" not in lean.build(body=kopf.Body(raw))
+
+
+def test_without_changing_handlers_the_essence_is_the_identity_alone() -> None:
+    raw = _policy()
+    lean = LeanAnnotationsDiffBaseStorage(prefix=PREFIX, key="last-handled-configuration", changing_handlers=False)
+    essence = lean.build(body=kopf.Body(copy.deepcopy(raw)))
+    assert "spec" not in essence and "status" not in essence
+    assert not (essence.get("metadata") or {}).get("annotations")
+    changed = {**raw, "spec": {"model": {"uri": "file:///other.onnx"}}}
+    assert lean.build(body=kopf.Body(changed)) == essence  # nothing reads the diff: it need not see the change
+
+
+def test_the_operator_registers_no_handler_that_reads_the_diff_base() -> None:
+    """startup.configure keeps only identities in the diff base because of this; a changing handler added later
+    makes it keep the essence again (see operator.diffbase)."""
+    import metainfer.operator.handlers  # noqa: F401  (registers the operator's handlers)
+    from metainfer.operator.diffbase import changing_handlers_registered
+
+    assert not changing_handlers_registered(kopf.get_default_registry())
