@@ -113,9 +113,11 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
             logger.info("created run %s (%s)", planned.manifest["metadata"]["name"], planned.reason)
     for run_name in plan.runs_to_delete:
         await kube.delete(RUN_KIND, namespace, run_name)
+    warned: set[str] = set()  # one lookup and one Warning per missing account per reconcile, not one per Job
     for job in plan.jobs_to_create:  # the Job first, its name in the run's status after: see plan_job
         account = job.manifest["spec"]["template"]["spec"].get("serviceAccountName")
-        if account and await kube.service_account_missing(namespace, account):
+        if account and account not in warned and await kube.service_account_missing(namespace, account):
+            warned.add(account)
             # Found on a real node: the Job is accepted, but its pods never are, and nothing else says why.
             kopf.event(body, type="Warning", reason=Reason.AGENT_SERVICE_ACCOUNT_MISSING.value,
                        message=missing_agent_account(namespace, account, job.run_name))  # fmt: skip
