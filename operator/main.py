@@ -34,7 +34,20 @@ def run(namespaces: list[str] | None, liveness: str | None, standalone: bool, ve
 
     watched.WATCHED_PATTERNS[:] = namespaces or []
     kopf.configure(verbose=verbose)
+    if not verbose:
+        logging.getLogger("kopf.objects").addFilter(quiet_wakeups)
     return asyncio.run(_operate(namespaces, liveness, standalone))
+
+
+# The handlers that only wake a policy's daemon run on every event of every Node, run and child: kopf's INFO line
+# for each ("Handler 'on_child' succeeded.") was most of the log and 3 % of the operator's CPU at 1,000 nodes x
+# 100 policies, and says nothing the daemon's own lines do not. Their failures are still logged.
+WAKEUP_HANDLERS = ("on_node", "on_run", "on_child")
+_QUIET = frozenset(f"Handler '{name}' succeeded." for name in WAKEUP_HANDLERS)
+
+
+def quiet_wakeups(record: logging.LogRecord) -> bool:
+    return record.getMessage() not in _QUIET
 
 
 def peering_identity() -> str | None:

@@ -78,6 +78,15 @@ class PolicySeries:
 
     def __init__(self) -> None:
         self._owned: defaultdict[tuple[str, str], set[tuple[MetricWrapperBase, tuple[str, ...]]]] = defaultdict(set)
+        self._published: dict[tuple[str, str], Any] = {}
+
+    def unchanged(self, namespace: str, policy: str, published: Any) -> bool:
+        """Whether ``published`` (what a policy's series were last set from) is what they were set from last time;
+        remembers it otherwise. Setting 10 series per class on every reconcile was 6 of 312 profiled seconds."""
+        if self._published.get((namespace, policy)) == published:
+            return True
+        self._published[(namespace, policy)] = published
+        return False
 
     def child(self, metric: MetricWrapperBase, namespace: str, policy: str, *rest: str) -> Any:
         values = (namespace, policy, *rest)
@@ -95,6 +104,7 @@ class PolicySeries:
             _remove(metric, entry[1])
 
     def forget(self, namespace: str, policy: str) -> None:
+        self._published.pop((namespace, policy), None)
         for metric, values in self._owned.pop((namespace, policy), set()):
             _remove(metric, values)
 
@@ -110,6 +120,17 @@ SERIES = PolicySeries()
 def publish_policy(namespace: str, policy: str, spec: Mapping[str, Any], status: Mapping[str, Any]) -> None:
     """The policy's SLO and each class's identity, state and served p95, from the spec and the status just planned."""
     slo = spec.get("slo") or {}
+    read = [
+        (
+            c.get("fingerprint"),
+            _frozen(c.get("hardwareClass") or {}),
+            c.get("state"),
+            (c.get("current") or {}).get("p95Ms"),
+        )
+        for c in status.get("classes") or []
+    ]
+    if SERIES.unchanged(namespace, policy, (_frozen(slo), tuple(read))):
+        return
     SERIES.child(SLO_LATENCY, namespace, policy, "0.95").set(float(slo.get("latencyP95Ms", 0)) / 1000)
     p99 = slo.get("latencyP99Ms")
     if p99 is not None:
@@ -139,6 +160,15 @@ def publish_policy(namespace: str, policy: str, spec: Mapping[str, Any], status:
     SERIES.keep_only(CLASS_INFO, namespace, policy, info)
     SERIES.keep_only(CLASS_STATE, namespace, policy, states)
     SERIES.keep_only(CLASS_SERVED_P95, namespace, policy, served)
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable, comparable copy of a JSON value (the status and spec are live dicts the next reconcile reuses)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
 
 
 def _describe(hardware: Mapping[str, Any], fingerprint: str) -> str:

@@ -52,3 +52,19 @@ def test_a_policys_slo_and_classes_are_exported_and_removed_with_it() -> None:
         ("metainfer_operator_runs_started_total", {**policy, "hardware_class": fp, "trigger": "NewHardwareClass"}),
     ]:
         assert value(name, **labels) is None, name
+
+
+def test_a_policy_published_again_after_it_went_gets_its_series_back() -> None:
+    """Unchanged inputs skip the work, but not once the policy's series were removed (same spec, same status)."""
+    spec, policy = {"slo": {"latencyP95Ms": 10}}, {"namespace": "team-b", "policy": "bert"}
+    publish_policy("team-b", "bert", spec, status("Ready"))
+    publish_policy("team-b", "bert", spec, status("Ready"))
+    assert value("metainfer_policy_slo_latency_seconds", **policy, quantile="0.95") == 0.01
+    SERIES.forget("team-b", "bert")
+    assert value("metainfer_policy_slo_latency_seconds", **policy, quantile="0.95") is None
+    publish_policy("team-b", "bert", spec, status("Ready"))
+    assert value("metainfer_policy_slo_latency_seconds", **policy, quantile="0.95") == 0.01
+    state = {**policy, "hardware_class": GPU.fingerprint()}
+    publish_policy("team-b", "bert", spec, status("Adapting"))
+    assert value("metainfer_policy_class_state", **state, state="Adapting") == 1
+    SERIES.forget("team-b", "bert")
