@@ -195,9 +195,9 @@ async def policy_daemon(
 
 
 # A wake-up comes in bursts: a reconcile that creates 20 runs, their Jobs and the runs' statuses hears about each
-# of those 60 writes. Waiting this long after the first folds the burst into one reconcile instead of a reconcile
-# per arrival (each plans every class of the policy): 7 reconciles per policy became 3 at 1,000 nodes x 100
-# policies. It is small beside what a reaction takes anyway (the API round trips, the class settle time).
+# of those 60 writes. Waiting this long after the first folds what arrives meanwhile into the same reconcile (each
+# plans every class of the policy) instead of one per arrival on a slower API server. It is small beside what a
+# reaction takes anyway (the API round trips, the class settle time).
 WAKE_DEBOUNCE_S = 0.25
 
 
