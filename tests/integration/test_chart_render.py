@@ -785,3 +785,67 @@ def test_slo_alerts_read_each_policys_exported_slo_and_name_the_class_in_words(t
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
     result = subprocess.run(["promtool", "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _alerts(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    return {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+def test_each_alert_can_be_switched_off_and_given_labels() -> None:
+    alerts = {"MetainferReconcileErrors": {"enabled": False},
+              "MetainferSLOBreach": {"labels": {"team": "ml-serving", "severity": "critical"}}}  # fmt: skip
+    on = _alerts(template("--set", "prometheusRule.enabled=true",
+                          "--set-json", f"prometheusRule.alerts={json.dumps(alerts)}"))  # fmt: skip
+    assert "MetainferReconcileErrors" not in on and "MetainferAdaptationFailed" in on
+    assert on["MetainferSLOBreach"]["labels"] == {"severity": "critical", "team": "ml-serving"}
+    assert on["MetainferSLOBreachP99"]["labels"] == {"severity": "warning"}, "labels are per alert"
+    every = {name: {"enabled": False} for name in _alerts(template("--set", "prometheusRule.enabled=true"))}
+    switches = "prometheusRule.alerts=" + json.dumps(every)
+    none_on = template("--set", "prometheusRule.enabled=true", "--set-json", switches)
+    (rule,) = [d for d in none_on if d["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"] == [], "no group is left with no rules"
+    bad = run_helm("template", "mi", str(CHART), "--set", "prometheusRule.enabled=true",
+                   "--set", "prometheusRule.alerts.MetainferSLOBreech.enabled=false", check=False)  # fmt: skip
+    assert bad.returncode != 0 and "MetainferSLOBreech" in bad.stderr, "a misspelt alert name is refused"
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian: prometheus)")
+def test_adaptation_failures_alert_per_policy_and_class(tmp_path: Path) -> None:
+    """Failures of two policies in two namespaces give two alerts, each with its namespace, policy and class (an
+    Alertmanager route per team needs them); a success alerts for nobody."""
+    (rule,) = docs_of("PrometheusRule")
+    (tmp_path / "alerts.yaml").write_text(yaml.safe_dump({"groups": rule["spec"]["groups"]}))
+    series = []
+    runs = (("team-a", "bert", "failed"), ("team-b", "yolo", "failed"), ("team-c", "ok", "succeeded"))
+    for ns, policy, outcome in runs:
+        labels = f'namespace="{ns}",policy="{policy}",hardware_class="aaaabbbbccccdddd",outcome="{outcome}"'
+        series.append({"series": f'metainfer_operator_runs_finished_total{{{labels},reason="OutOfMemory"}}',
+                       "values": "0x5 1x30"})  # fmt: skip
+
+    def expected(ns: str, policy: str) -> dict[str, Any]:
+        return {
+            "exp_labels": {"severity": "warning", "namespace": ns, "policy": policy,
+                           "hardware_class": "aaaabbbbccccdddd", "reason": "OutOfMemory"},
+            "exp_annotations": {
+                "summary": "Adaptation runs of a metainfer policy failed",
+                "description": f"1 adaptation run(s) of policy {ns}/{policy} on class aaaabbbbccccdddd failed with "
+                f"reason OutOfMemory in the last 1h; the class is Degraded. `kubectl get adaptationruns -n {ns}` and "
+                "the policy's conditions name the cause.",
+                "runbook_url": "docs/runbooks.md#metainferadaptationfailed",
+            },
+        }  # fmt: skip
+
+    tests = {
+        "rule_files": ["alerts.yaml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": series,
+            "alert_rule_test": [{"eval_time": "10m", "alertname": "MetainferAdaptationFailed",
+                                 "exp_alerts": [expected("team-a", "bert"), expected("team-b", "yolo")]}],
+        }],
+    }  # fmt: skip
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+    result = subprocess.run(["promtool", "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

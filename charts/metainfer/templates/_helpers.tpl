@@ -84,3 +84,19 @@ relative reference to the runbook shipped in the project's docs. Argument: (list
 {{- $base := $root.Values.prometheusRule.runbookBaseURL | default "docs/runbooks.md" -}}
 {{- printf "%s#%s" $base (index . 1) -}}
 {{- end }}
+
+{{/*
+Per-alert switches from prometheusRule.alerts.<AlertName>: "true" when the alert is rendered (the default), and
+its labels: severity from the alert's settings, then the alert's extra labels (which may override it).
+*/}}
+{{- define "metainfer.alertOn" -}}
+{{- $root := index . 0 -}}
+{{- $settings := index ($root.Values.prometheusRule.alerts | default dict) (index . 1) | default dict -}}
+{{- if ne (toString (dig "enabled" true $settings)) "false" }}true{{ end -}}
+{{- end }}
+
+{{- define "metainfer.alertLabels" -}}
+{{- $root := index . 0 -}}
+{{- $settings := index ($root.Values.prometheusRule.alerts | default dict) (index . 1) | default dict -}}
+{{- toYaml (mergeOverwrite (dict "severity" (index . 2)) ($settings.labels | default dict)) -}}
+{{- end }}
