@@ -94,7 +94,8 @@ class OperatorConfig(BaseSettings):
 
     def prometheus_endpoint(self, policy_url: str | None) -> PrometheusEndpoint:
         """Where a policy's drift and canary checks query: its own URL only if the platform allows it."""
-        return prometheus_endpoint(policy_url, self.prometheus_url, self.prometheus_allowed_urls)
+        auth = str(self.prometheus_auth_dir) if self.prometheus_auth_dir else None
+        return prometheus_endpoint(policy_url, self.prometheus_url, self.prometheus_allowed_urls, auth)
 
     def namespace_run_limit(self) -> int:
         """No tenant can hold every cluster-wide slot: by default a namespace gets at most half of them."""
@@ -108,6 +109,11 @@ class OperatorConfig(BaseSettings):
         default_factory=list,
         description="Prometheus URLs a policy may name in spec.readaptation.prometheusURL (a JSON list; none by "
         "default).",
+    )
+    prometheus_auth_dir: Path | None = Field(
+        None,
+        description="A mounted Secret for the platform's Prometheus: token, or username and password, and ca.crt "
+        "(core.control.prometheus_auth); read on every query, sent only to prometheus_url.",
     )
     allowed_host_paths: list[str] = Field(
         default_factory=list,
@@ -225,6 +231,13 @@ class OperatorConfig(BaseSettings):
             return json.loads(value)
         except json.JSONDecodeError as exc:
             raise ValueError(f"not valid JSON ({exc})") from None
+
+    @field_validator("prometheus_auth_dir")
+    @classmethod
+    def _auth_dir(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_dir():
+            raise ValueError(f"{str(value)[:200]!r} is not a directory (the mounted Secret with the credentials)")
+        return value
 
     @field_validator("workload_fetch_allow_cidrs")
     @classmethod

@@ -175,7 +175,7 @@ async def _sample(endpoint: PrometheusEndpoint, spec: AdaptationPolicySpec, text
         return MetricsUnavailable(endpoint.reason or Reason.PROMETHEUS_UNREACHABLE, endpoint.refusal or "")
     timeout = min(QUERY_TIMEOUT_S, settings.check_interval_seconds / 2)
     try:
-        result = await query(url, text, timeout_s=timeout)
+        result = await query(url, text, timeout_s=timeout, credentials_dir=endpoint.credentials_dir)
     except Exception as exc:  # a bug in classification must still fail safe
         return MetricsUnavailable(Reason.PROMETHEUS_ERROR, f"{type(exc).__name__}: {exc}")
     return result if isinstance(result, MetricsUnavailable) else result.value

@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import math
+import ssl
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 from metainfer.core.api.conditions import Reason
+from metainfer.core.control.prometheus_auth import KEYS, MAX_FILE_BYTES, Credentials, credentials
 
 DEFAULT_TIMEOUT_S = 5.0
 
@@ -36,15 +39,53 @@ class MetricsUnavailable:
     message: str
 
 
+def read_credentials(directory: str | Path) -> Credentials:
+    """The credentials in a mounted Secret, read now (a rotated token or password needs no restart); ValueError
+    naming the directory and the problem."""
+    files: dict[str, bytes] = {}
+    for key in KEYS:
+        path = Path(directory) / key
+        try:
+            with path.open("rb") as handle:
+                files[key] = handle.read(MAX_FILE_BYTES + 1)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise ValueError(f"Prometheus credentials {str(directory)[:200]}: {key}: {exc.strerror}") from None
+    try:
+        return credentials(files)
+    except ValueError as exc:
+        raise ValueError(f"Prometheus credentials {str(directory)[:200]}: {exc}") from None
+
+
+def _request_options(creds: Credentials) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    if creds.authorization:
+        options["headers"] = {"Authorization": creds.authorization}
+    if creds.ca_pem:
+        options["ssl"] = ssl.create_default_context(cadata=creds.ca_pem)
+    return options
+
+
 async def query(
-    url: str, promql: str, *, timeout_s: float = DEFAULT_TIMEOUT_S, session: aiohttp.ClientSession | None = None
+    url: str,
+    promql: str,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    session: aiohttp.ClientSession | None = None,
+    credentials_dir: str | None = None,
 ) -> Sample | MetricsUnavailable:
-    """Run ``promql`` by POSTing to ``url`` (core.control.endpoints.query_url); exactly one finite value, or why not."""
+    """Run ``promql`` by POSTing to ``url`` (core.control.endpoints.query_url); exactly one finite value, or why not.
+    ``credentials_dir``: a mounted Secret whose credentials go with the request (core.control.prometheus_auth)."""
+    try:
+        options = _request_options(read_credentials(credentials_dir)) if credentials_dir else {}
+    except (ValueError, ssl.SSLError) as exc:  # a CA bundle that parses as PEM but not as certificates: SSLError
+        return MetricsUnavailable(Reason.PROMETHEUS_ERROR, str(exc)[:1024])
     timeout = aiohttp.ClientTimeout(total=timeout_s, connect=min(timeout_s, 3.0))
     own = session is None
     session = session or aiohttp.ClientSession(timeout=timeout)
     try:
-        async with session.post(url, data={"query": promql}, timeout=timeout) as resp:
+        async with session.post(url, data={"query": promql}, timeout=timeout, **options) as resp:
             text = await resp.text()
             status = resp.status
     except TimeoutError:
@@ -65,6 +106,12 @@ def parse(status: int, text: str, url: str = "") -> Sample | MetricsUnavailable:
     What a server wrote never reaches the status a policy author reads: only the HTTP status, the size of an
     answer that is not Prometheus', and Prometheus' own error type.
     """
+    if status in (401, 403):
+        return MetricsUnavailable(
+            Reason.PROMETHEUS_ERROR,
+            f"{url}: HTTP {status}: Prometheus refused the operator's query; give it credentials with the Helm "
+            "value prometheus.auth.secretName (token, or username and password; ca.crt)",
+        )
     try:
         body = json.loads(text)
     except ValueError:

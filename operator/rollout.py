@@ -112,7 +112,8 @@ async def _observe(
     }
     timeout = min(QUERY_TIMEOUT_S, spec.readaptation.check_interval_seconds / 2)
     try:
-        results = await asyncio.gather(*(query(url, t, timeout_s=timeout) for t in texts.values()))
+        asked = (query(url, t, timeout_s=timeout, credentials_dir=endpoint.credentials_dir) for t in texts.values())
+        results = await asyncio.gather(*asked)
     except Exception as exc:  # a bug in classification must still fail safe
         return canary.Observation(unavailable=Reason.PROMETHEUS_ERROR, message=f"{type(exc).__name__}: {exc}")
     for what, result in zip(texts, results, strict=True):

@@ -28,6 +28,9 @@ class PrometheusEndpoint:
     query_url: str | None = None
     refusal: str | None = None
     reason: Reason | None = None
+    # Where the platform's credentials for its Prometheus are mounted; set only when the query goes to the
+    # platform's own URL, never to one a policy names (core.control.prometheus_auth).
+    credentials_dir: str | None = None
 
 
 def query_url(base: str) -> str:
@@ -48,9 +51,10 @@ def _normal(url: str) -> str:
 
 
 def prometheus_endpoint(
-    policy_url: str | None, platform_url: str | None, allowed: Collection[str]
+    policy_url: str | None, platform_url: str | None, allowed: Collection[str], credentials_dir: str | None = None
 ) -> PrometheusEndpoint:
-    """Where to query for one policy: its own Prometheus if the platform allows it, else the platform's."""
+    """Where to query for one policy: its own Prometheus if the platform allows it, else the platform's (the only
+    one that gets ``credentials_dir``)."""
     if policy_url:
         if _normal(policy_url) not in {_normal(a) for a in allowed}:
             return PrometheusEndpoint(
@@ -59,15 +63,16 @@ def prometheus_endpoint(
                 "(Helm value prometheus.allowedURLs); remove it to use the platform's Prometheus",
             )
         base = policy_url
+        platform = platform_url is not None and _normal(policy_url) == _normal(platform_url)
     elif platform_url:
-        base = platform_url
+        base, platform = platform_url, True
     else:
         return PrometheusEndpoint(
             reason=Reason.PROMETHEUS_UNREACHABLE,
             refusal="no Prometheus configured: set the Helm value prometheus.url (METAINFER_PROMETHEUS_URL)",
         )
     try:
-        return PrometheusEndpoint(query_url=query_url(base))
+        return PrometheusEndpoint(query_url=query_url(base), credentials_dir=credentials_dir if platform else None)
     except ValueError as exc:
         where = "spec.readaptation.prometheusURL" if policy_url else "the platform's Prometheus URL"
         return PrometheusEndpoint(reason=Reason.PROMETHEUS_NOT_ALLOWED, refusal=f"{where}: {exc}")

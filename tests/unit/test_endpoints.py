@@ -40,3 +40,13 @@ def test_only_plain_http_base_urls_are_posted_to(url: str) -> None:
         query_url(url)
     allowed = prometheus_endpoint(url, PLATFORM, [url])
     assert allowed.query_url is None and allowed.refusal is not None
+
+
+def test_the_platforms_credentials_go_only_to_the_platforms_prometheus() -> None:
+    platform, other = "https://prometheus.monitoring:9090", "http://team-prometheus.ml:9090"
+    own = prometheus_endpoint(None, platform, [], "/etc/metainfer/prometheus-auth")
+    assert own.credentials_dir == "/etc/metainfer/prometheus-auth"
+    named_same = prometheus_endpoint(platform + "/", platform, [platform], "/etc/metainfer/prometheus-auth")
+    assert named_same.credentials_dir == "/etc/metainfer/prometheus-auth"
+    theirs = prometheus_endpoint(other, platform, [other], "/etc/metainfer/prometheus-auth")
+    assert theirs.query_url == other + "/api/v1/query" and theirs.credentials_dir is None
