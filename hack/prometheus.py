@@ -15,16 +15,20 @@ needed); tests import ``hack.prometheus.find_binary`` and ``PrometheusServer``.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hack.controlplane.processes import free_port, stop_child
 
@@ -98,6 +102,30 @@ def find_binary_with_kubernetes_sd(log: Log = lambda _: None) -> Path:
     return binary
 
 
+@dataclass(frozen=True)
+class WebSecurity:
+    """Prometheus' own web config: TLS with ``cert``/``key`` (signed by ``ca``) and basic auth for one user, as a
+    platform's Prometheus may refuse anonymous queries."""
+
+    cert: Path
+    key: Path
+    ca: Path
+    username: str
+    password: str
+
+    def config(self) -> dict[str, object]:
+        import bcrypt  # the dev extra's: Prometheus reads only bcrypt hashes of basic-auth passwords
+
+        hashed = bcrypt.hashpw(self.password.encode(), bcrypt.gensalt(rounds=4)).decode()
+        return {
+            "tls_server_config": {"cert_file": str(self.cert), "key_file": str(self.key)},
+            "basic_auth_users": {self.username: hashed},
+        }
+
+    def authorization(self) -> str:
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
+
 class PrometheusServer:
     """One Prometheus process on 127.0.0.1:<random port>, scraping ``targets`` every ``scrape_interval_s``.
 
@@ -115,10 +143,12 @@ class PrometheusServer:
         *,
         scrape_configs: list[dict[str, object]] | None = None,
         host: str = "127.0.0.1",
+        web: WebSecurity | None = None,
     ) -> None:
         """``scrape_configs`` replace the one static job (e.g. kubernetes_sd on a real node); ``host`` is the
-        listen address (the node's address, for the operator pod to query it)."""
-        self.binary, self.workdir, self.host = binary, workdir, host
+        listen address (the node's address, for the operator pod to query it); ``web``: serve HTTPS with basic
+        auth only."""
+        self.binary, self.workdir, self.host, self.web = binary, workdir, host, web
         self.port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -130,10 +160,21 @@ class PrometheusServer:
         }
         self.config = workdir / "prometheus.yml"
         self.config.write_text(json.dumps(config, indent=1))  # JSON is YAML
+        self.web_config = workdir / "web.yml"
+        if web is not None:
+            self.web_config.write_text(json.dumps(web.config(), indent=1))
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.web else 'http'}://{self.host}:{self.port}"
+
+    def _open(self, url: str, data: bytes | None = None, timeout: float = 5) -> Any:  # urlopen's own: Any
+        request = urllib.request.Request(url, data=data)
+        context = None
+        if self.web is not None:
+            request.add_header("Authorization", self.web.authorization())
+            context = ssl.create_default_context(cafile=str(self.web.ca))
+        return urllib.request.urlopen(request, timeout=timeout, context=context)
 
     @property
     def log(self) -> Path:
@@ -148,6 +189,7 @@ class PrometheusServer:
             f"--web.listen-address={self.host}:{self.port}",
             "--storage.tsdb.retention.time=1h",
             "--web.enable-lifecycle",
+            *([f"--web.config.file={self.web_config}"] if self.web else []),
         ]
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -156,7 +198,7 @@ class PrometheusServer:
             if self.proc.poll() is not None:
                 raise PrometheusUnavailable(f"prometheus exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
             try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
+                with self._open(f"{self.url}/-/ready", timeout=1) as resp:
                     if resp.status == 200:
                         return self
             except OSError:
@@ -172,7 +214,7 @@ class PrometheusServer:
     def query(self, promql: str) -> dict[str, object]:
         """One instant query (for test diagnostics)."""
         data = urllib.parse.urlencode({"query": promql}).encode()
-        with urllib.request.urlopen(f"{self.url}/api/v1/query", data=data, timeout=5) as resp:
+        with self._open(f"{self.url}/api/v1/query", data=data) as resp:
             return dict(json.loads(resp.read()))
 
 
