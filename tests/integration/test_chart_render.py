@@ -849,3 +849,17 @@ def test_adaptation_failures_alert_per_policy_and_class(tmp_path: Path) -> None:
     (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
     result = subprocess.run(["promtool", "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_prometheus_credentials_are_a_mounted_secret_the_operator_reads() -> None:
+    docs = template("--set", "prometheus.url=https://prometheus.monitoring:9090",
+                    "--set", "prometheus.auth.secretName=prometheus-reader")  # fmt: skip
+    (dep,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = dep["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "prometheus-auth"]
+    assert volume["secret"]["secretName"] == "prometheus-reader"
+    (mount,) = [m for m in pod["containers"][0]["volumeMounts"] if m["name"] == "prometheus-auth"]
+    assert mount["readOnly"] is True
+    assert operator_env(docs)["METAINFER_PROMETHEUS_AUTH_DIR"] == mount["mountPath"]
+    (plain,) = [d for d in template() if d["kind"] == "Deployment"]
+    assert "prometheus-auth" not in json.dumps(plain), "anonymous by default"
