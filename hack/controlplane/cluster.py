@@ -5,10 +5,11 @@ data, logs, the kubeconfig and ``state.json`` with the pids. The state file is
 written after every launch, so a crashed ``up`` can still be cleaned by ``down``;
 a failing ``start`` stops what it started before raising.
 
-kube-controller-manager runs only the garbage collector, namespace and
-service-account controllers: owner-reference cascades and namespace deletion
-then behave like a real cluster, while Jobs and Deployments stay untouched by
-controllers (no kubelet runs here; tests drive them).
+kube-controller-manager runs only the garbage collector, namespace,
+service-account and cluster-role aggregation controllers: owner-reference
+cascades, namespace deletion and aggregated roles then behave like a real
+cluster, while Jobs and Deployments stay untouched by controllers (no kubelet
+runs here; tests drive them).
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ from hack.controlplane.errors import ControlPlaneError, StartError
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
 OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs", "node")
-CONTROLLERS = "garbage-collector-controller,namespace-controller,serviceaccount-controller"
+# clusterrole-aggregation: the chart folds its user roles into edit/admin/view, as a real cluster does.
+CONTROLLERS = (
+    "garbage-collector-controller,namespace-controller,serviceaccount-controller,clusterrole-aggregation-controller"
+)
 
 
 @dataclass

@@ -448,3 +448,36 @@ def test_the_platform_allow_lists_hold_under_the_charts_operator_account(
         time.sleep(2)
         assert runs(api, namespace) == [] and jobs(api, namespace) == [] and serving(api, namespace) == []
         assert " 403 " not in op.output() and "Traceback" not in op.output()  # RBAC refused nothing
+
+
+def test_namespace_editors_manage_policies_and_viewers_read_them(
+    control_plane: Any, namespace: str, installed: dict, tmp_path: Path
+) -> None:
+    """The chart's user roles fold into Kubernetes' default ones (the clusterrole-aggregation controller runs):
+    `edit` in a namespace manages its AdaptationPolicies and reads runs, `view` reads; neither writes a run."""
+    core, rbac = client.CoreV1Api(control_plane.api_client), client.RbacAuthorizationV1Api(control_plane.api_client)
+    people = {}
+    for person, role in (("alice", "edit"), ("bob", "view")):
+        core.create_namespaced_service_account(namespace, {"metadata": {"name": person}})
+        rbac.create_namespaced_role_binding(namespace, {
+            "metadata": {"name": f"{person}-{role}"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
+            "subjects": [{"kind": "ServiceAccount", "name": person, "namespace": namespace}],
+        })  # fmt: skip
+        people[person] = sa_kubeconfig(control_plane, namespace, person, tmp_path / f"{person}.kubeconfig")
+    alice, bob = people["alice"], people["bob"]
+    deadline = time.monotonic() + 30
+    while not can_i(control_plane, alice, "create", "adaptationpolicies.metainfer.io", "-n", namespace):
+        assert time.monotonic() < deadline, "edit never gained adaptationpolicies: the roles were not aggregated"
+        time.sleep(0.5)
+    for verb in ("update", "patch", "delete", "list", "watch"):
+        assert can_i(control_plane, alice, verb, "adaptationpolicies.metainfer.io", "-n", namespace), verb
+    assert can_i(control_plane, alice, "get", "adaptationruns.metainfer.io", "-n", namespace)
+    assert can_i(control_plane, bob, "list", "adaptationpolicies.metainfer.io", "-n", namespace)
+    assert can_i(control_plane, bob, "get", "adaptationruns.metainfer.io", "-n", namespace)
+    for person in (alice, bob):
+        for denied in [("create", "adaptationruns.metainfer.io"), ("patch", "adaptationruns.metainfer.io"),
+                       ("patch", "adaptationpolicies.metainfer.io", "--subresource=status")]:  # fmt: skip
+            assert not can_i(control_plane, person, *denied, "-n", namespace), f"{person} may {denied}"
+    assert not can_i(control_plane, bob, "create", "adaptationpolicies.metainfer.io", "-n", namespace)
+    assert not can_i(control_plane, alice, "create", "adaptationpolicies.metainfer.io", "-n", "default")

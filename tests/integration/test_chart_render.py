@@ -318,7 +318,8 @@ def test_operator_writes_workloads_only_in_the_namespaces_it_watches() -> None:
 @pytest.mark.parametrize("all_on", [False, True], ids=["defaults", "all-optional-on"])
 def test_no_wildcards_in_rbac(all_on: bool) -> None:
     roles = [d for d in rendered(all_on) if d["kind"] in ("ClusterRole", "Role")]
-    assert len([r for r in roles if r["kind"] == "ClusterRole"]) == 2
+    # The operator's, the agent's, and the two user roles folded into edit/admin and view.
+    assert len([r for r in roles if r["kind"] == "ClusterRole"]) == 4
     for role in roles:
         for rule in role["rules"]:
             for field in ("verbs", "resources", "apiGroups"):
@@ -863,3 +864,23 @@ def test_prometheus_credentials_are_a_mounted_secret_the_operator_reads() -> Non
     assert operator_env(docs)["METAINFER_PROMETHEUS_AUTH_DIR"] == mount["mountPath"]
     (plain,) = [d for d in template() if d["kind"] == "Deployment"]
     assert "prometheus-auth" not in json.dumps(plain), "anonymous by default"
+
+
+def test_user_roles_fold_into_the_default_ones_and_write_no_run() -> None:
+    roles = {d["metadata"]["name"]: d for d in template() if d["kind"] == "ClusterRole"}
+    edit, view = roles["mi-metainfer-edit"], roles["mi-metainfer-view"]
+    assert edit["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-edit"] == "true"
+    assert view["metadata"]["labels"]["rbac.authorization.k8s.io/aggregate-to-view"] == "true"
+    for role in (edit, view):
+        for rule in role["rules"]:
+            if set(rule["resources"]) - {"adaptationpolicies"}:
+                assert set(rule["verbs"]) <= {"get", "list", "watch"}, rule
+    off = {d["metadata"]["name"] for d in template("--set", "rbac.aggregateToDefaultRoles=false")}
+    assert not {"mi-metainfer-edit", "mi-metainfer-view"} & off
+
+
+def test_kubernetes_older_than_the_admission_policies_is_refused_at_install() -> None:
+    """ValidatingAdmissionPolicy v1 is GA in 1.30: a 1.29 cluster is told so by helm, not half-installed."""
+    old = run_helm("template", "mi", str(CHART), "--kube-version", "1.29.9", check=False)
+    assert old.returncode != 0 and "kubeVersion" in old.stderr
+    assert any(d["kind"] == "ValidatingAdmissionPolicy" for d in template("--kube-version", "1.30.0"))
