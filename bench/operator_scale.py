@@ -417,9 +417,10 @@ def verdicts(small: dict[str, Any], big: dict[str, Any]) -> list[str]:
             f"status), and each policy reconcile adds a read, a status patch and at times an Event "
             f"({per_policy:.0f} per policy here): {per_run:.1f} requests per run in all, {big['converge_requests']} "
             f"for {big['expected_runs']} runs, at about {rate:.0f} requests/s from one Python process that shares "
-            "the machine's 2 cores with etcd and kube-apiserver (see the load above). The operator's own CPU per "
-            "request (kopf's event processing, the kubernetes client's (de)serialisation) is what bounds that rate "
-            "here; `METAINFER_SCALE_PROFILE_DIR=DIR` writes a cProfile of the operator to look at it."
+            "the machine's 2 cores with etcd and kube-apiserver (see the load above). Those cores are the bound: "
+            "the operator spends its share on kopf's processing of each watch event and the kubernetes client's "
+            "(de)serialisation, kube-apiserver as much again on validating, storing and fanning out each write; "
+            "`METAINFER_SCALE_PROFILE_DIR=DIR` writes a cProfile of the operator to look at it."
         )
     rss = big["rss_peak_mb"]
     rss_line = (
