@@ -770,20 +770,19 @@ def test_slo_alerts_read_each_policys_exported_slo_and_name_the_class_in_words(t
             },
         }  # fmt: skip
 
-    tests = {
+    play_rules(tmp_path, series, [
+        {"eval_time": "20m", "alertname": "MetainferSLOBreach", "exp_alerts": [expected("p95", "48ms")]},
+        {"eval_time": "20m", "alertname": "MetainferSLOBreachP99", "exp_alerts": [expected("p99", "49.6ms")]},
+    ])  # fmt: skip
+
+
+def play_rules(tmp_path: Path, series: list[dict[str, str]], alert_tests: list[dict[str, Any]]) -> None:
+    """``promtool test rules``: the rendered rules, fed ``series`` at one sample a minute, must fire as expected."""
+    (tmp_path / "tests.yaml").write_text(yaml.safe_dump({
         "rule_files": ["alerts.yaml"],
         "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": series,
-            "alert_rule_test": [
-                {"eval_time": "20m", "alertname": "MetainferSLOBreach", "exp_alerts": [expected("p95", "48ms")]},
-                {"eval_time": "20m", "alertname": "MetainferSLOBreachP99",
-                 "exp_alerts": [expected("p99", "49.6ms")]},
-            ],
-        }],
-    }  # fmt: skip
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
+        "tests": [{"interval": "1m", "input_series": series, "alert_rule_test": alert_tests}],
+    }))  # fmt: skip
     result = subprocess.run(["promtool", "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -837,19 +836,8 @@ def test_adaptation_failures_alert_per_policy_and_class(tmp_path: Path) -> None:
             },
         }  # fmt: skip
 
-    tests = {
-        "rule_files": ["alerts.yaml"],
-        "evaluation_interval": "1m",
-        "tests": [{
-            "interval": "1m",
-            "input_series": series,
-            "alert_rule_test": [{"eval_time": "10m", "alertname": "MetainferAdaptationFailed",
-                                 "exp_alerts": [expected("team-a", "bert"), expected("team-b", "yolo")]}],
-        }],
-    }  # fmt: skip
-    (tmp_path / "tests.yaml").write_text(yaml.safe_dump(tests))
-    result = subprocess.run(["promtool", "test", "rules", "tests.yaml"], cwd=tmp_path, capture_output=True, text=True)
-    assert result.returncode == 0, result.stdout + result.stderr
+    failed = [expected("team-a", "bert"), expected("team-b", "yolo")]
+    play_rules(tmp_path, series, [{"eval_time": "10m", "alertname": "MetainferAdaptationFailed", "exp_alerts": failed}])
 
 
 def test_prometheus_credentials_are_a_mounted_secret_the_operator_reads() -> None:
