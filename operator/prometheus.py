@@ -9,6 +9,7 @@ number that could trigger a re-adaptation.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import ssl
@@ -63,8 +64,15 @@ def _request_options(creds: Credentials) -> dict[str, Any]:
     if creds.authorization:
         options["headers"] = {"Authorization": creds.authorization}
     if creds.ca_pem:
-        options["ssl"] = ssl.create_default_context(cadata=creds.ca_pem)
+        options["ssl"] = _tls_context(creds.ca_pem)
     return options
+
+
+# Keyed by the bundle's text: each drift and canary check sends several queries per class, and parsing the same
+# CA into a new context for each was repeated work; a rotated bundle is a new key.
+@functools.lru_cache(maxsize=4)
+def _tls_context(ca_pem: str) -> ssl.SSLContext:
+    return ssl.create_default_context(cadata=ca_pem)
 
 
 async def query(
