@@ -2,11 +2,13 @@
 # One image for the operator, the adaptation Jobs and the serving pods; entrypoint `metainfer`.
 #
 #   docker build -t metainfer:0.1.0 .
-#   docker build -t metainfer:0.1.0-cuda --build-arg ONNXRUNTIME_PACKAGE="onnxruntime-gpu[cuda,cudnn]" .
+#   docker build -t metainfer:0.1.0-cuda --build-arg RUNTIME=cuda .
 #
-# GPU and other accelerator variants swap the onnxruntime distribution (docs/helm.md lists them).
+# RUNTIME names a lock under locks/ (`make lock` writes them from pyproject.toml): cpu (onnxruntime, the default),
+# cuda (onnxruntime-gpu with CUDA and cuDNN wheels), openvino (onnxruntime-openvino). Every package is pinned by
+# version and sha256, so two builds of one commit install byte-identical wheels.
 # The runtime stage installs the wheel built by the builder stage, never the checkout, so the
-# image holds exactly what a `pip install metainfer` would.
+# image holds exactly what a `pip install metainfer` would, at the lock's versions.
 
 ARG PYTHON_VERSION=3.11
 ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-bookworm
@@ -19,11 +21,10 @@ COPY core/ core/
 COPY agent/ agent/
 COPY operator/ operator/
 RUN python -m pip wheel --no-deps --wheel-dir /dist .
+COPY locks/ /dist/locks/
 
 FROM ${BASE_IMAGE} AS runtime
-# onnxruntime (CPU, default), onnxruntime-gpu[cuda,cudnn] (NVIDIA), onnxruntime-openvino (Intel),
-# onnxruntime-rocm / onnxruntime-migraphx (AMD; from AMD's package index: set PIP_EXTRA_INDEX_URL).
-ARG ONNXRUNTIME_PACKAGE=onnxruntime
+ARG RUNTIME=cpu
 ARG PIP_INDEX_URL
 ARG PIP_EXTRA_INDEX_URL
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -32,18 +33,14 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/metainfer \
     PATH=/opt/metainfer/bin:$PATH
-# A venv keeps the image's Python untouched; the wheel comes from the builder through a bind mount,
-# so it is not left in a layer. Bytecode is compiled at install time: the root filesystem is read-only at runtime.
-# DL3013: the onnxruntime variant's version pin, if any, is part of the ONNXRUNTIME_PACKAGE build arg.
-# hadolint ignore=DL3013
+# A venv keeps the image's Python untouched; the wheel and the locks come from the builder through a bind mount,
+# so they are not left in a layer. The dependencies come from the lock alone (--no-deps on the wheel: pip resolves
+# nothing at build time). Bytecode is compiled at install time: the root filesystem is read-only at runtime.
 RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
     set -eux; \
     python3 -m venv "$VIRTUAL_ENV"; \
-    pip install /dist/metainfer-*.whl; \
-    if [ "$ONNXRUNTIME_PACKAGE" != "onnxruntime" ]; then \
-        pip uninstall --yes onnxruntime; \
-        pip install "$ONNXRUNTIME_PACKAGE"; \
-    fi; \
+    pip install --require-hashes --no-deps --only-binary=:all: -r "/dist/locks/${RUNTIME}.txt"; \
+    pip install --no-deps /dist/metainfer-*.whl; \
     python -c "import onnxruntime, metainfer.agent.cli; print('providers:', onnxruntime.get_available_providers())"; \
     mkdir -p /var/cache/metainfer; \
     chown 65532:65532 /var/cache/metainfer

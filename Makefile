@@ -11,7 +11,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image lock e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -143,8 +143,14 @@ exports test-exports: venv
 
 # The project's image without a container engine or registry: the Dockerfile's runtime stage run in a
 # chroot over a local Debian root filesystem; loaded into the development node when one runs.
+# RUNTIME=cuda|openvino builds another flavour (its lock under locks/; default cpu).
 image: venv
-	$(BIN)/python hack/build_image.py
+	$(BIN)/python hack/build_image.py $(if $(RUNTIME),--build-arg RUNTIME=$(RUNTIME),)
+
+# The image's dependency locks, one per runtime flavour, resolved from pyproject.toml with hashes (uv); a unit
+# test fails when pyproject.toml changes and this was not re-run.
+lock: venv
+	$(BIN)/python hack/lock.py
 
 # The product on a real node: helm install, a policy adapted by a Job pod, served, scraped, relabelled.
 e2e: test-e2e

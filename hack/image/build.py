@@ -4,12 +4,13 @@
    cached under ~/.cache/metainfer/image keyed by the package list): the local
    stand-in for the Dockerfile's ``BASE_IMAGE`` (Debian bookworm, whose python3 is
    the Dockerfile's default ``PYTHON_VERSION``).
-2. The wheel of this checkout and a wheelhouse of its dependencies, built on the
-   host from the package index (this machine's Python is the image's: CPython
-   3.11 on glibc x86_64, so the same wheels fit).
+2. The wheel of this checkout, and a wheelhouse of exactly the wheels the flavour's
+   lock (locks/<RUNTIME>.txt, hashes included) names, downloaded on the host from the
+   package index once per lock (this machine's Python is the image's: CPython 3.11 on
+   glibc x86_64, so the same wheels fit).
 3. The Dockerfile's runtime stage, executed instruction by instruction in a
    chroot over that root filesystem, with the wheel bind-mounted at /dist as the
-   builder stage's output is, and pip pointed at the wheelhouse.
+   builder stage's output is (the wheel and locks/), and pip pointed at the wheelhouse.
 4. One deterministic layer and an OCI archive named ``metainfer.local/metainfer:<version>``,
    loaded into the development node's containerd when one runs.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,18 +117,41 @@ def _apt_install(packages: list[str]) -> None:
 
 
 def wheels(out: Path, log: Log = print) -> Path:
-    """This checkout's wheel in ``out/dist`` and every dependency as a wheel in ``out/wheels``."""
-    dist, house = out / "dist", out / "wheels"
-    shutil.rmtree(dist, ignore_errors=True)
+    """This checkout's wheel in ``out/dist`` beside a copy of locks/ (the builder stage's /dist)."""
+    dist = out / "dist"
+    if dist.exists():
+        shutil.rmtree(dist)
     dist.mkdir(parents=True)
-    house.mkdir(parents=True, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
     _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(REPO)], "building the wheel")
     (wheel,) = dist.glob("metainfer-*.whl")
-    log(f"resolving {wheel.name}'s dependencies into {house}")
-    _run([*pip, "wheel", "--quiet", "--wheel-dir", str(house), str(wheel)], "building the wheelhouse")
-    (house / wheel.name).unlink(missing_ok=True)  # it comes from /dist, as in the Dockerfile
+    shutil.copytree(REPO / "locks", dist / "locks")
     return wheel
+
+
+def lock_wheelhouse(lock: Path, out: Path, log: Log = print) -> Path:
+    """Every wheel ``lock`` pins, checked against its hashes, in a folder keyed by the lock's contents (once)."""
+    house = out / "wheels" / hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
+    complete = house / ".complete"
+    if complete.exists():
+        return house
+    if house.exists():
+        shutil.rmtree(house)
+    house.mkdir(parents=True)
+    log(f"downloading the wheels {lock.name} pins into {house}")
+    pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:", "--require-hashes"]
+    _run([*pip, "--dest", str(house), "-r", str(lock)], f"downloading the wheels of {lock.name}")
+    complete.touch()
+    return house
+
+
+def lock_with_onnxruntime(lock_text: str, release: str, wheel: Path) -> str:
+    """``lock_text`` with its onnxruntime pin replaced by ``release``, hashed by the wheel downloaded for it."""
+    entry = re.compile(r"^onnxruntime==\S+ \\\n(?:    --hash=sha256:[0-9a-f]{64}(?: \\)?\n)+", re.M)
+    if len(entry.findall(lock_text)) != 1:
+        raise ImageError("the cpu lock has no single onnxruntime pin to replace")
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return entry.sub(f"onnxruntime=={release} \\\n    --hash=sha256:{digest}\n", lock_text)
 
 
 def build(
@@ -138,27 +163,36 @@ def build(
 ) -> BuiltImage:
     """Build the image archive (see the module docstring); returns where it is and what it weighs.
 
-    ``onnxruntime`` (a version, e.g. ``1.31.1``) builds the same project on another ONNX Runtime release, tagged
-    ``<version>-onnxruntime<release>``: a chart upgrade that changes the runtime (tests/e2e), without touching
-    the default image's inputs."""
+    ``build_args["RUNTIME"]`` picks the flavour's lock (default cpu); a flavour other than cpu is tagged
+    ``<version>-<flavour>``. ``onnxruntime`` (a version, e.g. ``1.31.1``) builds the same project on another ONNX
+    Runtime release, tagged ``<version>-cpu-onnxruntime<release>``: a chart upgrade that changes the runtime
+    (tests/e2e), without touching the default image's inputs."""
     if os.geteuid() != 0:
         raise ImageError("make image needs root (chroot and bind mounts over the root filesystem)")
     started = time.monotonic()
-    version = project_version() + (f"-onnxruntime{onnxruntime}" if onnxruntime else "")
-    name = f"{IMAGE_REPOSITORY}:{version}"
     out_dir = out_dir or REPO / "build" / "image"
     out_dir.mkdir(parents=True, exist_ok=True)
     base = base_rootfs(log)
-    stage = dockerfile.parse(REPO / "Dockerfile", build_args, base_env=BASE_ENV)
     work = cache_root() / "image" / "work"
     wheel = wheels(work, log)
-    wheelhouse = work / "wheels" if onnxruntime is None else _with_onnxruntime(work, onnxruntime, log)
+    build_args = dict(build_args or {})
+    if onnxruntime is not None:
+        build_args["RUNTIME"] = _add_onnxruntime_lock(wheel.parent / "locks", onnxruntime, log)
+    stage = dockerfile.parse(REPO / "Dockerfile", build_args, base_env=BASE_ENV)
+    runtime = stage.args.get("RUNTIME", "")
+    lock = wheel.parent / "locks" / f"{runtime}.txt"
+    if not lock.is_file():
+        known = sorted(p.stem for p in (wheel.parent / "locks").glob("*.txt"))
+        raise ImageError(f"RUNTIME={runtime!r} has no lock (locks/{runtime}.txt); locked flavours: {known}")
+    wheelhouse = lock_wheelhouse(lock, work, log)
+    version = project_version() + ("" if runtime == "cpu" else f"-{runtime}")
+    name = f"{IMAGE_REPOSITORY}:{version}"
     archive = out_dir / f"metainfer-{version}.oci.tar"
-    key = _inputs_key(wheel, wheelhouse, base, build_args or {})
+    key = _inputs_key(wheel, lock, base, build_args)
     key_file = archive.with_name(archive.name + ".inputs")
     if archive.exists() and key_file.exists() and key_file.read_text() == key:
         seconds = time.monotonic() - started
-        log(f"{name} is up to date ({archive}): same wheel contents, wheelhouse, base and Dockerfile")
+        log(f"{name} is up to date ({archive}): same wheel contents, lock, base and Dockerfile")
         return BuiltImage(name, archive, _manifest_digest(archive), archive.stat().st_size, seconds)
     key_file.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="metainfer-image-", dir=out_dir) as tmp:
@@ -185,35 +219,28 @@ def build(
     return BuiltImage(name, archive, digest, archive.stat().st_size, seconds)
 
 
-def _with_onnxruntime(work: Path, release: str, log: Log) -> Path:
-    """A wheelhouse that is the default one with ``onnxruntime==release`` as its only ONNX Runtime (hard links;
-    the release's wheel from the package index, once): the Dockerfile's install then resolves to that release."""
-    house = work / f"wheels-onnxruntime-{release}"
-    if house.exists():
-        shutil.rmtree(house)
-    house.mkdir(parents=True)
-    for wheel in (work / "wheels").glob("*.whl"):
-        if not wheel.name.startswith("onnxruntime-"):
-            os.link(wheel, house / wheel.name)
+def _add_onnxruntime_lock(locks: Path, release: str, log: Log) -> str:
+    """A lock beside the others that is the cpu one with ``onnxruntime==release`` (its wheel from the package index,
+    once); returns its flavour name for the RUNTIME build arg."""
     cached = cache_root() / "image" / "onnxruntime" / release
     if not list(cached.glob("onnxruntime-*.whl")):
         log(f"downloading onnxruntime {release}'s wheel")
         cached.mkdir(parents=True, exist_ok=True)
         pip = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:"]
         _run([*pip, "--dest", str(cached), f"onnxruntime=={release}"], f"downloading onnxruntime {release}")
-    for wheel in cached.glob("onnxruntime-*.whl"):
-        shutil.copy2(wheel, house / wheel.name)
-    return house
+    (wheel,) = cached.glob("onnxruntime-*.whl")
+    name = f"cpu-onnxruntime{release}"
+    (locks / f"{name}.txt").write_text(lock_with_onnxruntime((locks / "cpu.txt").read_text(), release, wheel))
+    return name
 
 
-def _inputs_key(wheel: Path, wheelhouse: Path, base: Path, build_args: dict[str, str]) -> str:
-    """What the image is made of: the wheel's files (not its zip timestamps), the wheelhouse, base, Dockerfile."""
+def _inputs_key(wheel: Path, lock: Path, base: Path, build_args: dict[str, str]) -> str:
+    """What the image is made of: the wheel's files (not its zip timestamps), the lock, base, Dockerfile."""
     digest = hashlib.sha256()
     with zipfile.ZipFile(wheel) as zipped:
         for entry in sorted(zipped.namelist()):
             digest.update(entry.encode() + b"\0" + zipped.read(entry))
-    for dependency in sorted(p.name for p in wheelhouse.glob("*.whl")):
-        digest.update(dependency.encode())
+    digest.update(lock.read_bytes())
     digest.update(base.name.encode() + (REPO / "Dockerfile").read_bytes())
     digest.update(repr(sorted(build_args.items())).encode())
     return digest.hexdigest()
