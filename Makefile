@@ -102,7 +102,7 @@ device-check: venv
 
 crds: venv
 	$(BIN)/python -m metainfer.core.api.crdgen crds/
-	cp crds/*.yaml charts/metainfer/crds/
+	cp crds/*.yaml charts/metainfer/files/crds/
 
 # A one-node cluster: control plane + kube-scheduler, containerd, kubelet, kube-proxy (needs root).
 # NODE=0: the control plane only (etcd + kube-apiserver + kube-controller-manager), no root needed.
@@ -133,8 +133,15 @@ test: lint
 # the Go builds ran beside it).
 unit test-unit: venv
 	$(PYTEST) tests/unit
+# Integration in two passes: the tests that wait on processes (API server, Prometheus, operators, helm, serve)
+# run in INTEGRATION_WORKERS pytest-xdist workers, each with its own control plane and a file at a time; those
+# marked `alone` judge latencies under a load they make themselves and run afterwards, one by one.
+INTEGRATION_WORKERS ?= 3
 integration test-integration: assets
-	$(PYTEST) tests/integration
+	@status=0; \
+	$(PYTEST) -n $(INTEGRATION_WORKERS) --dist loadfile -m "not alone" tests/integration || status=1; \
+	$(PYTEST) -m alone tests/integration || status=1; \
+	exit $$status
 test-e2e: assets
 	$(PYTEST) tests/e2e
 # Peer environments (torch and the exporters) are built by the tests themselves, once, under ~/.cache/metainfer.

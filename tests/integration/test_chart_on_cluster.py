@@ -98,12 +98,12 @@ def test_lint_template_and_server_side_apply(
     lint = run_helm(helm, "lint", "--strict", str(CHART), *extra)
     assert "0 chart(s) failed" in lint, lint
     release = f"r{secrets.token_hex(3)}"
-    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace, "--include-crds",
+    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace,
                         "--set", f"workloadNamespaces={{{namespace}}}", *extra)  # fmt: skip
     documents = [d for d in yaml.safe_load_all(manifest) if d]
     crds = [d for d in documents if d["kind"] == "CustomResourceDefinition"]
     objects = [d for d in documents if d["kind"] != "CustomResourceDefinition"]
-    assert len(crds) == len(list((CHART / "crds").glob("*.yaml")))
+    assert len(crds) == len(list((CHART / "files" / "crds").glob("*.yaml")))
     kinds = {d["kind"] for d in objects}
     optional = {kind for kind, _ in MONITORING_KINDS}
     assert kinds & optional == (optional if all_on else set())

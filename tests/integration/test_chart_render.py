@@ -137,12 +137,33 @@ def keys_in(obj: Any) -> set[str]:
 
 def test_chart_crds_are_byte_identical_to_crds_dir() -> None:
     source = {p.name: p.read_bytes() for p in (REPO / "crds").glob("*.yaml")}
-    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "files" / "crds").glob("*.yaml")}
     assert source, "crds/ is empty"
     stale = sorted(n for n in source.keys() | chart.keys() if source.get(n) != chart.get(n))
-    assert not stale, (
-        f"charts/metainfer/crds differs from crds/ in {stale}: run `cp crds/*.yaml charts/metainfer/crds/`"
-    )
+    assert not stale, f"charts/metainfer/files/crds differs from crds/ in {stale}: run `make crds`"
+
+
+def _crd_files() -> dict[str, dict[str, Any]]:
+    return {d["metadata"]["name"]: d for p in (REPO / "crds").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())}
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["keep", "no-keep"])
+def test_the_release_installs_the_crds_as_generated_with_the_keep_annotation_when_asked(keep: bool) -> None:
+    docs = template("--set", f"crds.keep={str(keep).lower()}")
+    rendered_crds = {d["metadata"]["name"]: d for d in docs if d["kind"] == "CustomResourceDefinition"}
+    expected = _crd_files()
+    assert rendered_crds.keys() == expected.keys()
+    for name, crd in rendered_crds.items():
+        annotations = crd["metadata"].pop("annotations", {})
+        kept = {"helm.sh/resource-policy": "keep", "argocd.argoproj.io/sync-options": "Delete=false"}
+        assert annotations == (kept if keep else {}), name
+        assert crd == expected[name], f"{name} is not the CRD of crds/ once rendered"
+
+
+def test_crds_disabled_renders_none_and_helm_crds_folder_is_not_used() -> None:
+    assert not [d for d in template("--set", "crds.enabled=false") if d["kind"] == "CustomResourceDefinition"]
+    # Helm's crds/ folder is installed once and never upgraded: the chart must not carry one.
+    assert not (CHART / "crds").exists()
 
 
 # --- values and schema ---------------------------------------------------------------------------------------------

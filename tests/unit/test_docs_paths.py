@@ -21,7 +21,7 @@ IMPORT = re.compile(r"(?<![\w.])(metainfer\.(?:core|agent|operator)(?:\.\w+)*)")
 BARE = re.compile(r"`(\w+\.py)`")
 DOCS = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 # Paths the docs name that are made at run time, not kept in the repository.
-GENERATED = ("charts/metainfer/crds/", "docs/images/")
+GENERATED = ("charts/metainfer/files/crds/", "docs/images/")
 
 
 def _module_exists(dotted: str) -> bool:
