@@ -38,6 +38,16 @@ def tier_of(path: Path) -> str | None:
 def pytest_configure(config: pytest.Config) -> None:
     for tier in TIERS:
         config.addinivalue_line("markers", f"{tier}: a test of the {tier} tier (set from its folder under tests/)")
+    config.addinivalue_line(
+        "markers",
+        "alone: judges wall-clock latency under a load it makes itself, so no other test may run beside it "
+        "(`make test-integration` runs the rest in parallel with pytest-xdist, then these one by one)",
+    )
+
+
+def _parallel(config: pytest.Config) -> bool:
+    workers = getattr(config, "workerinput", {}).get("workercount", 1)
+    return int(workers) > 1
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -46,6 +56,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if tier is None:
             raise pytest.UsageError(f"{item.nodeid}: every test lives in one of tests/{{{','.join(TIERS)}}}/")
         item.add_marker(getattr(pytest.mark, tier))
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if _parallel(item.config) and item.get_closest_marker("alone") is not None:
+        pytest.fail(
+            f"{item.nodeid} is marked `alone` (its latencies mean something only with no neighbour): "
+            "select `-m 'not alone'` with -n, and run `-m alone` without it",
+            pytrace=False,
+        )
 
 
 # -- small real models and a quick profile, for every tier ------------------------------------------------------

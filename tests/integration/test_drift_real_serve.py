@@ -55,6 +55,9 @@ from metainfer.agent.zoo import ExampleModel, build_examples
 from metainfer.core.api.names import LABEL_TRACK
 from metainfer.core.control.promql import p95_query
 
+# Alone (no neighbouring test): its load must saturate `metainfer serve` and move the p95 the operator reads.
+pytestmark = pytest.mark.alone
+
 POLICY = "digits"
 INTERVAL_S = 5  # readaptation.checkIntervalSeconds (the API's minimum)
 WINDOW_S = 10  # readaptation.windowSeconds (the API's minimum)

@@ -19,6 +19,9 @@ from serve_harness import SERVED_RECIPE, ServeProcess, start_serving
 
 from metainfer.agent.zoo import ExampleModel
 
+# Alone (no neighbouring test): eight concurrent requests are given 300 ms to meet in one batch.
+pytestmark = pytest.mark.alone
+
 ROWS = 8
 
 

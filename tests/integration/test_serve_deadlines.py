@@ -15,6 +15,9 @@ from metainfer.agent.serve.protocol import Signature
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import create_session
 
+# Alone (no neighbouring test): a call is stopped at its deadline and only then: wall-clock bounds.
+pytestmark = pytest.mark.alone
+
 
 class Flag:
     terminate = False

@@ -29,6 +29,9 @@ from serve_harness import SERVED_RECIPE, ServeProcess, slow_model, start_serving
 from metainfer.agent.zoo import ExampleModel
 from metainfer.core.engine.recipe import Recipe
 
+# Alone (no neighbouring test): liveness probes beside each attack are judged against a latency bound.
+pytestmark = pytest.mark.alone
+
 RECIPE = SERVED_RECIPE
 MODEL = "digits"
 LIVENESS_BOUND_S = 1.0

@@ -31,6 +31,9 @@ from bench.serve_attacks import (
 )
 from metainfer.core.engine.recipe import Recipe
 
+# Alone (no neighbouring test): each case must find the server back near its baseline latency and memory.
+pytestmark = pytest.mark.alone
+
 RSS_TOLERANCE_MIB = 64
 
 
