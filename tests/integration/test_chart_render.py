@@ -893,3 +893,83 @@ def test_kubernetes_older_than_the_admission_policies_is_refused_at_install() ->
     old = run_helm("template", "mi", str(CHART), "--kube-version", "1.29.9", check=False)
     assert old.returncode != 0 and "kubeVersion" in old.stderr
     assert any(d["kind"] == "ValidatingAdmissionPolicy" for d in template("--kube-version", "1.30.0"))
+
+
+# --- NetworkPolicies ------------------------------------------------------------------------------------------------
+NETWORK = ["--set", "networkPolicy.enabled=true", "--set", "networkPolicy.apiServer.cidrs={10.96.0.1/32}"]
+
+
+def _selects(policy: dict[str, Any], labels: dict[str, str]) -> bool:
+    wanted = policy["spec"]["podSelector"]["matchLabels"]
+    return all(labels.get(k) == v for k, v in wanted.items())
+
+
+def test_network_policies_are_off_by_default_and_need_the_api_servers_address() -> None:
+    assert not docs_of("NetworkPolicy", all_on=False)
+    refused = run_helm("template", "mi", str(CHART), "--set", "networkPolicy.enabled=true", check=False)
+    assert refused.returncode != 0 and "networkPolicy.apiServer.cidrs" in refused.stderr
+
+
+def test_network_policies_select_exactly_the_pods_the_operator_and_chart_create(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from metainfer.core.control.hardware import group_nodes
+    from metainfer.core.control.manifests import build_deployment, build_job, build_run
+    from metainfer.core.engine.recipe import Recipe
+
+    docs = template(*NETWORK, "--set", "workloadNamespaces={ml-a,ml-b}")
+    policies = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "NetworkPolicy"}
+    assert set(policies) == {("metainfer-system", "mi-metainfer-operator")} | {
+        (ns, f"mi-metainfer-{role}") for ns in ("ml-a", "ml-b") for role in ("adaptation", "serving")
+    }
+    config = operator_config(operator_env(docs), monkeypatch)
+    group = next(iter(group_nodes([("node", {"kubernetes.io/arch": "amd64"})]).values()))
+    policy = {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": "digits", "namespace": "ml-a", "uid": "uid-policy", "generation": 1},
+        "spec": {"model": {"uri": "https://models.example/d.onnx", "sha256": "a" * 64}, "slo": {"latencyP95Ms": 5}},
+    }
+    run = build_run(policy, group, "NewHardwareClass")
+    run["metadata"]["uid"] = "uid-run"
+    run["status"] = {
+        "phase": "Succeeded",
+        "bestRecipe": Recipe().model_dump(mode="json"),
+        "bestRecipeKey": Recipe().key(),
+    }
+    job = build_job(run, group, config.job_settings())["spec"]["template"]
+    serving = build_deployment(policy, group, run, config.serving_defaults())["spec"]["template"]
+    (operator,) = [d for d in docs if d["kind"] == "Deployment"]
+    pods = {
+        "operator": operator["spec"]["template"],
+        "adaptation": job,
+        "serving": serving,
+    }
+    for role, pod in pods.items():
+        chosen = [name for (_, name), p in policies.items() if _selects(p, pod["metadata"]["labels"])]
+        assert set(chosen) == {f"mi-metainfer-{role}"}, (role, chosen)
+    # Every port a policy names by name is one the selected pod's container declares.
+    for role, pod in pods.items():
+        declared = {p["name"] for c in pod["spec"]["containers"] for p in c.get("ports", [])}
+        (np,) = [
+            p
+            for (_, name), p in policies.items()
+            if name == f"mi-metainfer-{role}" and p["metadata"]["namespace"] != "ml-b"
+        ]
+        named = {port["port"] for rule in np["spec"].get("ingress", []) for port in rule.get("ports", [])}
+        assert {p for p in named if isinstance(p, str)} <= declared, (role, named, declared)
+    # The serving account has no token: serving pods get no route to the API server; Jobs and the operator do.
+    api = {"ipBlock": {"cidr": "10.96.0.1/32"}}
+    for name, np in policies.items():
+        reaches_api = any(api in rule.get("to", []) for rule in np["spec"]["egress"])
+        assert reaches_api == (not name[1].endswith("-serving")), name
+
+
+def test_serving_clients_narrow_who_may_call_serving_pods_and_prometheus_still_scrapes() -> None:
+    clients = '[{"namespaceSelector":{"matchLabels":{"team":"a"}}}]'
+    docs = template(*NETWORK, "--set-json", f"networkPolicy.servingClients={clients}")
+    (serving,) = [d for d in docs if d["kind"] == "NetworkPolicy" and d["metadata"]["name"].endswith("-serving")]
+    (rule,) = serving["spec"]["ingress"]
+    assert rule["from"][0] == {"namespaceSelector": {"matchLabels": {"team": "a"}}}
+    assert rule["from"][1]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
+    assert {p["port"] for p in rule["ports"]} == {"http", "grpc"}
