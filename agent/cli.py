@@ -187,6 +187,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_check_arguments(c)
 
+    k = sub.add_parser(
+        "check-install",
+        help="is the operator rolled out and is a policy admitted? (what `helm test` runs; exit 1 on a failed check)",
+    )
+    k.add_argument("--deployment", required=True, metavar="NAMESPACE/NAME", help="the operator's Deployment")
+    k.add_argument(
+        "--policy-namespace",
+        action="append",
+        default=[],
+        dest="policy_namespaces",
+        metavar="NAMESPACE",
+        help="a workload namespace where a dry-run AdaptationPolicy must be admitted (repeatable)",
+    )
+    k.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
+
     g = sub.add_parser("agent", help="node-side roles run by the operator's Jobs")
     gsub = g.add_subparsers(dest="agent_command", required=True, metavar="ROLE", parser_class=_Parser)
     gr = gsub.add_parser("run", help="execute one AdaptationRun and write its status (the adaptation Job)")
@@ -200,7 +215,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "adapt":
             check_adapt_args(args)
-        if args.command not in ("operator", "runtime"):  # they run no model; ORT and numpy would add ~30 MB to its RSS
+        if args.command not in (
+            "operator",
+            "runtime",
+            "check-install",
+        ):  # they run no model; ORT and numpy would add ~30 MB to its RSS
             _quiet_onnxruntime()
         if args.command == "profile":
             from metainfer.agent.commands import profile_command
@@ -231,6 +250,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.agent.serve.check import check_provisional_command
 
             return check_provisional_command(args)
+        if args.command == "check-install":
+            from metainfer.agent.install_check import check_install_command
+
+            return check_install_command(args.deployment, args.policy_namespaces, args.kubeconfig)
         if args.command == "agent":
             from metainfer.agent.run import run_command
 

@@ -102,6 +102,18 @@ def test_the_operator_runs_as_a_pod_under_the_charts_service_account(platform: P
     assert all(c["ready"] for c in pod["status"]["containerStatuses"])
 
 
+def test_helm_test_checks_the_installed_release_from_a_pod(platform: Platform) -> None:
+    """`helm test`: the chart's check pod runs on the node under its own account: the operator is rolled out and a
+    dry-run policy is admitted in the workload namespace. Its account and RBAC are gone afterwards."""
+    started = time.monotonic()
+    result = platform.helm("test", "metainfer", "-n", RELEASE_NAMESPACE, "--logs", "--timeout", "3m")
+    platform.timings["helm_test_s"] = time.monotonic() - started
+    assert "Phase:          Succeeded" in result.stdout or "Phase: Succeeded" in result.stdout, result.stdout
+    assert "ok: operator Deployment" in result.stdout and "admitted (nothing stored)" in result.stdout, result.stdout
+    left = platform.kubectl("get", "serviceaccounts,roles,rolebindings,pods", "-A", "-o", "name").stdout
+    assert "install-check" not in left, left
+
+
 def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service(
     platform: Platform, digits: Path
 ) -> None:

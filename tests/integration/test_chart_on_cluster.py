@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -481,3 +482,50 @@ def test_namespace_editors_manage_policies_and_viewers_read_them(
             assert not can_i(control_plane, person, *denied, "-n", namespace), f"{person} may {denied}"
     assert not can_i(control_plane, bob, "create", "adaptationpolicies.metainfer.io", "-n", namespace)
     assert not can_i(control_plane, alice, "create", "adaptationpolicies.metainfer.io", "-n", "default")
+
+
+def test_the_helm_test_check_runs_under_its_own_account_and_says_what_is_not_ready(
+    control_plane: Any, namespace: str, helm: str, tmp_path: Path
+) -> None:
+    """`helm test`'s pod runs `metainfer check-install` under the hook's ServiceAccount. No kubelet runs here, so
+    the pod itself is not started: its command runs as a process with a token of that account. The operator
+    Deployment has no pod, so the check must fail on it and say so, while the dry-run policy is admitted (and not
+    stored); a namespace the account has no Role in is refused, and said so."""
+    release = f"r{secrets.token_hex(3)}"
+    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace,
+                        "--set", f"workloadNamespaces={{{namespace}}}")  # fmt: skip
+    objects = [d for d in yaml.safe_load_all(manifest) if d]
+    hooks = [d for d in objects if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
+    (pod,) = [d for d in hooks if d["kind"] == "Pod"]
+    (operator,) = [d for d in objects if d["kind"] == "Deployment"]
+    scene = [d for d in hooks if d["kind"] != "Pod"] + [operator]
+    path = tmp_path / "scene.yaml"
+    path.write_text(yaml.safe_dump_all(scene))
+    control_plane.kubectl("apply", "--server-side", "--field-manager=helm-test", "-f", str(path))
+    account = pod["spec"]["serviceAccountName"]
+    kubeconfig = sa_kubeconfig(control_plane, namespace, account, tmp_path / "check.kubeconfig")
+    (container,) = pod["spec"]["containers"]
+    assert container["command"] == ["metainfer"]
+
+    def check(*extra: str) -> subprocess.CompletedProcess[str]:
+        argv = [
+            sys.executable,
+            "-m",
+            "metainfer.agent.cli",
+            *container["args"],
+            *extra,
+            "--kubeconfig",
+            str(kubeconfig),
+        ]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+
+    first = check()
+    assert first.returncode == 1, first.stdout + first.stderr
+    assert f"FAIL: operator Deployment {namespace}/{operator['metadata']['name']}:" in first.stdout
+    assert f"ok: a dry-run AdaptationPolicy in {namespace}: admitted" in first.stdout, first.stdout
+    stored = client.CustomObjectsApi(control_plane.api_client).list_namespaced_custom_object(
+        GROUP, VERSION, namespace, "adaptationpolicies"
+    )
+    assert stored["items"] == []
+    elsewhere = check("--policy-namespace", "default")
+    assert "FAIL: a dry-run AdaptationPolicy in default: refused: HTTP 403" in elsewhere.stdout, elsewhere.stdout

@@ -68,7 +68,15 @@ def run_helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]
 
 @cache
 def rendered(all_on: bool) -> tuple[dict[str, Any], ...]:
-    args = ["template", "mi", str(CHART), "--namespace", "metainfer-system", *(ALL_ON if all_on else [])]
+    args = [
+        "template",
+        "mi",
+        str(CHART),
+        "--namespace",
+        "metainfer-system",
+        "--skip-tests",
+        *(ALL_ON if all_on else []),
+    ]
     return tuple(d for d in yaml.safe_load_all(run_helm(*args).stdout) if d)
 
 
@@ -77,7 +85,8 @@ def docs_of(kind: str, all_on: bool = True) -> list[dict[str, Any]]:
 
 
 def template(*args: str) -> list[dict[str, Any]]:
-    result = run_helm("template", "mi", str(CHART), "--namespace", "metainfer-system", *args)
+    """The release's objects (`helm test`'s hooks aside: test_the_helm_test_hook_* look at those)."""
+    result = run_helm("template", "mi", str(CHART), "--namespace", "metainfer-system", "--skip-tests", *args)
     return [d for d in yaml.safe_load_all(result.stdout) if d]
 
 
@@ -973,3 +982,28 @@ def test_serving_clients_narrow_who_may_call_serving_pods_and_prometheus_still_s
     assert rule["from"][0] == {"namespaceSelector": {"matchLabels": {"team": "a"}}}
     assert rule["from"][1]["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}
     assert {p["port"] for p in rule["ports"]} == {"http", "grpc"}
+
+
+# --- helm test ------------------------------------------------------------------------------------------------------
+
+
+def test_the_helm_test_hook_may_read_the_operator_and_create_policies_only() -> None:
+    result = run_helm(
+        "template", "mi", str(CHART), "--namespace", "metainfer-system",
+        "--set", "workloadNamespaces={ml-a,ml-b}", "--show-only", "templates/tests/install-check.yaml",
+    )  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert all(d["metadata"]["annotations"]["helm.sh/hook"] == "test" for d in docs)
+    rules = {(d["metadata"]["namespace"], r) for d in docs if d["kind"] == "Role" for r in _rules(d)}
+    assert rules == {("metainfer-system", ("apps", "deployments", "get"))} | {
+        (ns, ("metainfer.io", "adaptationpolicies", "create")) for ns in ("ml-a", "ml-b")
+    }
+    (read,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["namespace"] == "metainfer-system"]
+    assert read["rules"][0]["resourceNames"] == ["mi-metainfer-operator"]
+    (pod,) = [d for d in docs if d["kind"] == "Pod"]
+    (operator,) = docs_of("Deployment", all_on=False)
+    assert pod["spec"]["securityContext"] == operator["spec"]["template"]["spec"]["securityContext"]
+    (check,) = pod["spec"]["containers"]
+    assert check["securityContext"] == operator["spec"]["template"]["spec"]["containers"][0]["securityContext"]
+    assert check["args"] == ["check-install", "--deployment", "metainfer-system/mi-metainfer-operator",
+                             "--policy-namespace", "ml-a", "--policy-namespace", "ml-b"]  # fmt: skip
