@@ -49,7 +49,7 @@ def all_optional_on() -> list[str]:
 
     The monitors and the rule
     carry kube-prometheus-stack's selector label, scrape timeouts and relabelings; the operator pod and the pods it
-    creates get a pull secret (``regcred``); the NetworkPolicies are on.
+    creates get a pull secret (``regcred``); the NetworkPolicies and the operator's PodDisruptionBudget are on.
     """
     relabel = '[{"action":"replace","sourceLabels":["__meta_kubernetes_pod_node_name"],"targetLabel":"node"}]'
     drop = '[{"action":"drop","sourceLabels":["__name__"],"regex":"python_gc_.*"}]'
@@ -70,6 +70,7 @@ def all_optional_on() -> list[str]:
         "--set-json", 'imagePullSecrets=[{"name":"regcred"}]',
         "--set-json", 'workloads.imagePullSecrets=[{"name":"regcred"}]',
         "--set", "networkPolicy.enabled=true",
+        "--set", "operator.podDisruptionBudget.enabled=true",
         "--set", "networkPolicy.apiServer.cidrs={10.96.0.1/32}",
         "--set-json", 'networkPolicy.modelStore=[{"to":[{"ipBlock":{"cidr":"10.20.0.0/16"}}],"ports":[{"port":443}]}]',
     ]  # fmt: skip

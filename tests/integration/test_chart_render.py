@@ -1007,3 +1007,24 @@ def test_the_helm_test_hook_may_read_the_operator_and_create_policies_only() -> 
     assert check["securityContext"] == operator["spec"]["template"]["spec"]["containers"][0]["securityContext"]
     assert check["args"] == ["check-install", "--deployment", "metainfer-system/mi-metainfer-operator",
                              "--policy-namespace", "ml-a", "--policy-namespace", "ml-b"]  # fmt: skip
+
+
+def test_the_operators_disruption_budget_is_optional_selects_it_and_never_pins_a_broken_pod() -> None:
+    assert not docs_of("PodDisruptionBudget", all_on=False)
+    (budget,) = [
+        d for d in template("--set", "operator.podDisruptionBudget.enabled=true") if d["kind"] == "PodDisruptionBudget"
+    ]
+    (operator,) = docs_of("Deployment", all_on=False)
+    labels = operator["spec"]["template"]["metadata"]["labels"]
+    assert budget["kind"] == "PodDisruptionBudget" and budget["metadata"]["namespace"] == "metainfer-system"
+    assert budget["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert budget["spec"]["maxUnavailable"] == 1 and "minAvailable" not in budget["spec"]
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    strict_args = [
+        "--set",
+        "operator.podDisruptionBudget.enabled=true",
+        "--set",
+        "operator.podDisruptionBudget.minAvailable=1",
+    ]
+    (strict,) = [d for d in template(*strict_args) if d["kind"] == "PodDisruptionBudget"]
+    assert strict["spec"]["minAvailable"] == 1 and "maxUnavailable" not in strict["spec"]
