@@ -50,6 +50,9 @@ from metainfer.core.api.names import MANAGED_BY
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "metainfer"
 ALL_ON = all_optional_on()
+# The release's objects without its CRDs (the session's come from crds/, and a test's teardown deletes the
+# cluster-scoped objects it applied) and without `helm test`'s hooks.
+RELEASE_OBJECTS = ["--set", "crds.enabled=false", "--skip-tests"]
 MONITORING_KINDS = [("ServiceMonitor", "servicemonitors"), ("PodMonitor", "podmonitors"),
                     ("PrometheusRule", "prometheusrules")]  # fmt: skip
 
@@ -184,7 +187,7 @@ def installed(control_plane: Any, namespace: str, helm: str, tmp_path: Path) -> 
     """The chart's objects (defaults) in the test namespace; kubeconfigs of its operator and agent accounts."""
     release = f"r{secrets.token_hex(3)}"
     # The harness runs the operator with --namespace (one test, one namespace): the chart is told the same.
-    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace,
+    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace, *RELEASE_OBJECTS,
                         "--set", f"workloadNamespaces={{{namespace}}}",
                         "--set", f"operator.watchNamespaces={{{namespace}}}")  # fmt: skip
     objects = [d for d in yaml.safe_load_all(manifest) if d]
@@ -382,7 +385,8 @@ def test_platform_settings_render_objects_and_pods_that_restricted_pod_security_
     from metainfer.operator.config import OperatorConfig
 
     control_plane.kubectl("label", "namespace", namespace, "pod-security.kubernetes.io/enforce=restricted")
-    manifest = run_helm(helm, "template", f"r{secrets.token_hex(3)}", str(CHART), "--namespace", namespace,
+    release = f"r{secrets.token_hex(3)}"
+    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace, *RELEASE_OBJECTS,
                         "--set", f"workloadNamespaces={{{namespace}}}", *ALL_ON, *PLATFORM)  # fmt: skip
     objects = [d for d in yaml.safe_load_all(manifest) if d]
     accounts = [d["metadata"]["name"] for d in objects if d["kind"] == "ServiceAccount"]
@@ -492,7 +496,7 @@ def test_the_helm_test_check_runs_under_its_own_account_and_says_what_is_not_rea
     Deployment has no pod, so the check must fail on it and say so, while the dry-run policy is admitted (and not
     stored); a namespace the account has no Role in is refused, and said so."""
     release = f"r{secrets.token_hex(3)}"
-    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace,
+    manifest = run_helm(helm, "template", release, str(CHART), "--namespace", namespace, "--set", "crds.enabled=false",
                         "--set", f"workloadNamespaces={{{namespace}}}")  # fmt: skip
     objects = [d for d in yaml.safe_load_all(manifest) if d]
     hooks = [d for d in objects if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
