@@ -89,10 +89,12 @@ helm: venv
 	$(BIN)/python hack/helm.py
 
 # Control-plane binaries (KUBEBUILDER_ASSETS if set, else built with Go and cached), helm,
-# and Prometheus (on PATH, else Debian's package) for the drift and canary tests.
+# Prometheus (on PATH, else Debian's package) for the drift and canary tests, and the container registry
+# (CNCF Distribution, built with Go and cached).
 assets: venv helm
 	$(BIN)/python hack/cluster.py assets
 	$(BIN)/python hack/prometheus.py
+	$(BIN)/python hack/registry.py
 
 # CRDs are generated from core's pydantic types; the chart carries byte copies.
 # The prepared accelerator check (issue 29): on a machine with a GPU, in its image's Python environment, one table

@@ -1,0 +1,279 @@
+"""A real container registry for the development cluster and the tests: CNCF Distribution, TLS and htpasswd.
+
+Distribution (github.com/distribution/distribution/v3, Apache-2.0; the registry most others descend from and the
+reference implementation of the OCI distribution spec) is built with Go at a pinned version and cached, like the
+control plane and helm. It serves HTTPS only, with a certificate the caller gives (the cluster's own CA in the
+development cluster) and basic auth from an htpasswd file (bcrypt), so nothing is pulled or pushed anonymously.
+
+``push_archive`` uploads an OCI image archive (what ``make image`` writes) through the distribution API and
+returns the manifest's digest, the reference a chart then pins (``image.digest``).
+
+    PYTHONSAFEPATH=1 .venv/bin/python hack/registry.py   # build (or find) the binary and print its path
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import http.client
+import json
+import os
+import ssl
+import subprocess
+import sys
+import tarfile
+import time
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hack.controlplane import assets
+from hack.controlplane.errors import AssetError, ControlPlaneError
+from hack.controlplane.processes import free_port, stop_child
+
+REGISTRY_VERSION = "v3.1.2"
+REGISTRY = assets.GoBinary(
+    name="registry",
+    module="github.com/distribution/distribution/v3",
+    version=REGISTRY_VERSION,
+    package="github.com/distribution/distribution/v3/cmd/registry",
+)
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+_CHUNK = 1 << 20
+
+
+class RegistryError(ControlPlaneError):
+    pass
+
+
+def provide(log: assets.Log = print) -> Path:
+    """The registry binary: ``METAINFER_REGISTRY_BIN``, the cache, or a fresh Go build into the cache."""
+    override = os.environ.get("METAINFER_REGISTRY_BIN")
+    if override:
+        if not os.access(override, os.X_OK):
+            raise AssetError(f"METAINFER_REGISTRY_BIN={override} is not an executable file")
+        return Path(override)
+    directory = assets.cache_root() / "registry" / REGISTRY_VERSION
+    binary = directory / REGISTRY.name
+    if binary.is_file() and os.access(binary, os.X_OK):
+        return binary
+    directory.mkdir(parents=True, exist_ok=True)
+    with assets.lock(directory.parent / f"{REGISTRY_VERSION}.lock"):
+        if not binary.is_file():  # another process may have built it while we waited
+            assets.build(REGISTRY, directory, log)
+    return binary
+
+
+@dataclass(frozen=True)
+class Credentials:
+    username: str
+    password: str
+
+    def authorization(self) -> str:
+        return "Basic " + base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+
+    def docker_config(self, registry: str) -> str:
+        """A `.dockerconfigjson` (what a kubernetes.io/dockerconfigjson Secret holds) for ``registry``."""
+        auth = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+        return json.dumps({"auths": {registry: {"username": self.username, "password": self.password, "auth": auth}}})
+
+
+@dataclass
+class RegistryServer:
+    """One registry process on ``host:port`` serving HTTPS with ``cert``/``key`` and basic auth for ``credentials``;
+    blobs under ``workdir``. ``start()`` returns once ``/v2/`` answers (401 without credentials)."""
+
+    binary: Path
+    workdir: Path
+    cert: Path
+    key: Path
+    ca: Path
+    credentials: Credentials
+    host: str = "127.0.0.1"
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def address(self) -> str:
+        """``host:port``, as image references and `helm push oci://` name the registry."""
+        return f"{self.host}:{self.port}"
+
+    @property
+    def log(self) -> Path:
+        return self.workdir / "registry.log"
+
+    def _config(self) -> Path:
+        import bcrypt  # the dev extra's: the registry reads only bcrypt hashes from its htpasswd file
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        hashed = bcrypt.hashpw(self.credentials.password.encode(), bcrypt.gensalt(rounds=10)).decode()
+        htpasswd = self.workdir / "htpasswd"
+        htpasswd.write_text(f"{self.credentials.username}:{hashed}\n")
+        config = {
+            "version": 0.1,
+            "log": {"level": "info", "accesslog": {"disabled": True}},
+            "storage": {"filesystem": {"rootdirectory": str(self.workdir / "data")}, "delete": {"enabled": True}},
+            "http": {
+                "addr": self.address,
+                # Signs upload-session state: fixed per registry so a restart keeps uploads in flight valid.
+                "secret": hashlib.sha256(str(self.workdir).encode()).hexdigest(),
+                "tls": {"certificate": str(self.cert), "key": str(self.key)},
+            },
+            "auth": {"htpasswd": {"realm": "metainfer", "path": str(htpasswd)}},
+        }
+        path = self.workdir / "config.yml"
+        path.write_text(json.dumps(config, indent=1))  # JSON is YAML
+        return path
+
+    def start(self, timeout_s: float = 30.0) -> RegistryServer:
+        config = self._config()
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [str(self.binary), "serve", str(config)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RegistryError(f"registry exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
+            with contextlib.suppress(OSError):
+                if _request(self.address, self.ca, "GET", "/v2/", None).status == 401:
+                    return self
+            time.sleep(0.2)
+        self.stop()
+        raise RegistryError(f"registry did not answer on {self.address} within {timeout_s:.0f}s: {self.log}")
+
+    def stop(self) -> None:
+        stop_child(self.proc)
+        self.proc = None
+
+
+@dataclass(frozen=True)
+class _Response:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+
+def _request(
+    address: str,
+    ca: Path,
+    method: str,
+    path: str,
+    credentials: Credentials | None,
+    *,
+    body: bytes | Path | None = None,
+    headers: dict[str, str] | None = None,
+) -> _Response:
+    host, _, port = address.rpartition(":")
+    context = ssl.create_default_context(cafile=str(ca))
+    connection = http.client.HTTPSConnection(host, int(port), context=context, timeout=120)
+    sent = dict(headers or {})
+    if credentials is not None:
+        sent["Authorization"] = credentials.authorization()
+    try:
+        if isinstance(body, Path):
+            sent["Content-Length"] = str(body.stat().st_size)
+            connection.putrequest(method, path)
+            for key, value in sent.items():
+                connection.putheader(key, value)
+            connection.endheaders()
+            with body.open("rb") as stream:
+                while chunk := stream.read(_CHUNK):
+                    connection.send(chunk)
+        else:
+            connection.request(method, path, body=body, headers=sent)
+        response = connection.getresponse()
+        return _Response(response.status, {k.lower(): v for k, v in response.getheaders()}, response.read())
+    finally:
+        connection.close()
+
+
+@contextlib.contextmanager
+def _archive_blobs(archive: Path, scratch: Path) -> Iterator[tuple[bytes, list[Path]]]:
+    """The manifest (bytes as stored) and the files of its config and layers, unpacked from an OCI archive."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(archive) as tar:
+        index = json.load(_member(tar, "index.json"))
+        (entry,) = index["manifests"]
+        manifest_bytes = _member(tar, _blob_name(entry["digest"])).read()
+        manifest = json.loads(manifest_bytes)
+        blobs = []
+        for descriptor in [manifest["config"], *manifest["layers"]]:
+            target = scratch / descriptor["digest"].replace(":", "-")
+            if not target.exists():
+                with target.open("wb") as out, _member(tar, _blob_name(descriptor["digest"])) as source:
+                    while chunk := source.read(_CHUNK):
+                        out.write(chunk)
+            blobs.append(target)
+    try:
+        yield manifest_bytes, blobs
+    finally:
+        for blob in blobs:
+            blob.unlink(missing_ok=True)
+
+
+def _member(tar: tarfile.TarFile, name: str):  # type: ignore[no-untyped-def]  # tarfile's reader type is private
+    handle = tar.extractfile(name)
+    if handle is None:
+        raise RegistryError(f"{name} is missing from the archive")
+    return handle
+
+
+def _blob_name(digest: str) -> str:
+    algorithm, _, hexdigest = digest.partition(":")
+    return f"blobs/{algorithm}/{hexdigest}"
+
+
+def push_archive(
+    archive: Path, address: str, repository: str, tag: str, credentials: Credentials, ca: Path, scratch: Path
+) -> str:
+    """Upload an OCI image archive as ``address/repository:tag``; returns the manifest's digest (``sha256:...``).
+
+    Blobs the registry already holds are not sent again (HEAD first), so pushing a rebuilt image sends only what
+    changed."""
+    with _archive_blobs(archive, scratch) as (manifest_bytes, blobs):
+        for blob in blobs:
+            digest = blob.name.replace("-", ":", 1)
+            base = f"/v2/{repository}/blobs"
+            if _request(address, ca, "HEAD", f"{base}/{digest}", credentials).status == 200:
+                continue
+            started = _request(address, ca, "POST", f"{base}/uploads/", credentials, body=b"")
+            if started.status != 202 or "location" not in started.headers:
+                raise RegistryError(f"starting the upload of {digest}: HTTP {started.status} {started.body[:300]!r}")
+            location = urllib.parse.urlsplit(started.headers["location"])
+            query = [*urllib.parse.parse_qsl(location.query), ("digest", digest)]
+            put = f"{location.path}?{urllib.parse.urlencode(query)}"
+            done = _request(address, ca, "PUT", put, credentials, body=blob,
+                            headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+            if done.status != 201:
+                raise RegistryError(f"uploading {digest}: HTTP {done.status} {done.body[:300]!r}")
+        stored = _request(address, ca, "PUT", f"/v2/{repository}/manifests/{tag}", credentials,
+                          body=manifest_bytes, headers={"Content-Type": OCI_MANIFEST})  # fmt: skip
+        if stored.status != 201:
+            raise RegistryError(
+                f"storing the manifest of {repository}:{tag}: HTTP {stored.status} {stored.body[:300]!r}"
+            )
+        digest = "sha256:" + hashlib.sha256(manifest_bytes).hexdigest()
+        answered = stored.headers.get("docker-content-digest", digest)
+        if answered != digest:
+            raise RegistryError(f"the registry stored the manifest as {answered}, not {digest}")
+        return digest
+
+
+def manifest_digest(address: str, repository: str, reference: str, credentials: Credentials | None, ca: Path) -> str:
+    """The digest the registry serves for ``repository:reference`` (HTTP status text when it refuses)."""
+    response = _request(address, ca, "HEAD", f"/v2/{repository}/manifests/{reference}", credentials,
+                        headers={"Accept": OCI_MANIFEST})  # fmt: skip
+    if response.status != 200:
+        return f"HTTP {response.status}"
+    return response.headers["docker-content-digest"]
+
+
+if __name__ == "__main__":
+    try:
+        print(provide(lambda message: print(message, file=sys.stderr)))
+    except AssetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
