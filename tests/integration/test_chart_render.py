@@ -107,8 +107,9 @@ def operator_config(env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Any
     return OperatorConfig()
 
 
-def workload_pods(config: Any) -> dict[str, dict[str, Any]]:
-    """The pod specs of the adaptation Job and the serving Deployment the operator builds with ``config``."""
+def workload_templates(config: Any) -> dict[str, dict[str, Any]]:
+    """The pod templates (labels and spec) of the adaptation Job and the serving Deployment the operator builds
+    with ``config``."""
     from metainfer.core.control.hardware import group_nodes
     from metainfer.core.control.manifests import build_deployment, build_job, build_run
     from metainfer.core.engine.recipe import Recipe
@@ -130,7 +131,12 @@ def workload_pods(config: Any) -> dict[str, dict[str, Any]]:
     }
     job = build_job(run, group, config.job_settings())
     deployment = build_deployment(policy, group, run, config.serving_defaults())
-    return {"job": job["spec"]["template"]["spec"], "serving": deployment["spec"]["template"]["spec"]}
+    return {"job": job["spec"]["template"], "serving": deployment["spec"]["template"]}
+
+
+def workload_pods(config: Any) -> dict[str, dict[str, Any]]:
+    """The pod specs of the adaptation Job and the serving Deployment the operator builds with ``config``."""
+    return {role: template["spec"] for role, template in workload_templates(config).items()}
 
 
 def keys_in(obj: Any) -> set[str]:
@@ -922,32 +928,14 @@ def test_network_policies_are_off_by_default_and_need_the_api_servers_address() 
 def test_network_policies_select_exactly_the_pods_the_operator_and_chart_create(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from metainfer.core.control.hardware import group_nodes
-    from metainfer.core.control.manifests import build_deployment, build_job, build_run
-    from metainfer.core.engine.recipe import Recipe
-
     docs = template(*NETWORK, "--set", "workloadNamespaces={ml-a,ml-b}")
     policies = {(d["metadata"]["namespace"], d["metadata"]["name"]): d for d in docs if d["kind"] == "NetworkPolicy"}
     assert set(policies) == {("metainfer-system", "mi-metainfer-operator")} | {
         (ns, f"mi-metainfer-{role}") for ns in ("ml-a", "ml-b") for role in ("adaptation", "serving")
     }
     config = operator_config(operator_env(docs), monkeypatch)
-    group = next(iter(group_nodes([("node", {"kubernetes.io/arch": "amd64"})]).values()))
-    policy = {
-        "apiVersion": "metainfer.io/v1alpha1",
-        "kind": "AdaptationPolicy",
-        "metadata": {"name": "digits", "namespace": "ml-a", "uid": "uid-policy", "generation": 1},
-        "spec": {"model": {"uri": "https://models.example/d.onnx", "sha256": "a" * 64}, "slo": {"latencyP95Ms": 5}},
-    }
-    run = build_run(policy, group, "NewHardwareClass")
-    run["metadata"]["uid"] = "uid-run"
-    run["status"] = {
-        "phase": "Succeeded",
-        "bestRecipe": Recipe().model_dump(mode="json"),
-        "bestRecipeKey": Recipe().key(),
-    }
-    job = build_job(run, group, config.job_settings())["spec"]["template"]
-    serving = build_deployment(policy, group, run, config.serving_defaults())["spec"]["template"]
+    templates = workload_templates(config)
+    job, serving = templates["job"], templates["serving"]
     (operator,) = [d for d in docs if d["kind"] == "Deployment"]
     pods = {
         "operator": operator["spec"]["template"],
