@@ -94,7 +94,7 @@ helm: venv
 assets: venv helm
 	$(BIN)/python hack/cluster.py assets
 	$(BIN)/python hack/prometheus.py
-	$(BIN)/python hack/registry.py
+	$(BIN)/python -m hack.controlplane.registry
 
 # CRDs are generated from core's pydantic types; the chart carries byte copies.
 # The prepared accelerator check (issue 29): on a machine with a GPU, in its image's Python environment, one table
@@ -150,8 +150,8 @@ test-e2e: assets
 exports test-exports: venv
 	$(PYTEST) tests/exports
 
-# The project's image without a container engine or registry: the Dockerfile's runtime stage run in a
-# chroot over a local Debian root filesystem; loaded into the development node when one runs.
+# The project's image without a container engine: the Dockerfile's runtime stage run in a chroot over a local
+# Debian root filesystem; pushed with the chart to the development cluster's registry when one runs.
 # RUNTIME=cuda|openvino builds another flavour (its lock under locks/; default cpu).
 image: venv
 	$(BIN)/python hack/build_image.py $(if $(RUNTIME),--build-arg RUNTIME=$(RUNTIME),)

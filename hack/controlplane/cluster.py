@@ -18,6 +18,7 @@ import base64
 import contextlib
 import json
 import re
+import secrets
 import shutil
 import ssl
 import subprocess
@@ -34,12 +35,13 @@ import yaml
 from hack.controlplane import crds, hostchanges, processes
 from hack.controlplane import node as node_mod
 from hack.controlplane import pki as pki_mod
+from hack.controlplane import registry as registry_mod
 from hack.controlplane.assets import Assets
 from hack.controlplane.errors import ControlPlaneError, StartError
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
-OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs", "node")
+OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs", "node", "registry")
 # clusterrole-aggregation: the chart folds its user roles into edit/admin/view, as a real cluster does.
 CONTROLLERS = (
     "garbage-collector-controller,namespace-controller,serviceaccount-controller,clusterrole-aggregation-controller"
@@ -77,6 +79,11 @@ class ControlPlane:
     def stop(self) -> list[str]:
         return stop(self.root, popens=self.popens)
 
+    @property
+    def registry(self) -> registry_mod.ClusterRegistry | None:
+        """The registry the node pulls from (started with the node), or None without a node."""
+        return registry_mod.ClusterRegistry.load(self.root / "registry")
+
 
 def start(
     root: Path,
@@ -105,7 +112,8 @@ def start(
     if (root / STATE_FILE).exists():
         raise ControlPlaneError(f"{root / STATE_FILE} exists: a control plane may be running; stop it first")
     root.mkdir(parents=True, exist_ok=True)
-    for leftover in ("etcd-data", "pki", "logs", "node"):  # of a failed start; never anything else under root
+    # What a failed start left; never anything else under root.
+    for leftover in ("etcd-data", "pki", "logs", "node", "registry"):
         shutil.rmtree(root / leftover, ignore_errors=True)
     popens: dict[str, subprocess.Popen[bytes]] = {}
     state = _State(root)
@@ -319,6 +327,7 @@ def _start_node(
     root, logs = plane.root, plane.root / "logs"
     certs = pki_mod.Pki(
         ca_cert=plane.ca_cert,
+        ca_key=root / "pki" / "ca.key",
         serving_cert=root / "pki" / "apiserver.crt",
         serving_key=root / "pki" / "apiserver.key",
         admin_cert=plane.client_cert,
@@ -337,7 +346,8 @@ def _start_node(
         assets.node_binary("kube-scheduler"),
         [f"--kubeconfig={scheduler_config}", "--leader-elect=false", "--secure-port=0", "--v=1"],
     )
-    node_mod.write_containerd_config(paths)
+    registry = _start_registry(root, certs, launch, popens, logs, deadline, log)
+    node_mod.write_containerd_config(paths, {registry.address: registry.ca})
     launch("containerd", Path(shutil.which("containerd") or "containerd"), node_mod.containerd_args(paths))
     _wait(lambda: node_mod.containerd_ready(paths), "containerd", popens, logs, deadline)
     node_mod.import_image(paths, pause.archive(log))
@@ -365,6 +375,32 @@ def _start_node(
         deadline,
     )
     log(f"node {node_mod.NODE_NAME} Ready in {time.monotonic() - started:.1f}s")
+
+
+def _start_registry(
+    root: Path,
+    certs: pki_mod.Pki,
+    launch: Callable[[str, Path, list[str]], None],
+    popens: dict[str, subprocess.Popen[bytes]],
+    logs: Path,
+    deadline: float,
+    log: Log,
+) -> registry_mod.ClusterRegistry:
+    """CNCF Distribution on loopback for the node's containerd: TLS from the cluster's CA, one htpasswd account
+    with a fresh random password. Loopback only: containerd runs on the host, and no pod needs the registry."""
+    binary = registry_mod.provide(log)
+    directory = root / "registry"
+    cert, key = pki_mod.issue_serving(
+        certs.ca_cert, certs.ca_key, directory / "tls", "metainfer-registry", ips=("127.0.0.1",), dns=("localhost",)
+    )
+    credentials = registry_mod.Credentials("metainfer", secrets.token_urlsafe(24))
+    server = registry_mod.RegistryServer(binary, directory, cert, key, certs.ca_cert, credentials)
+    launch("registry", binary, ["serve", str(server.write_config())])
+    _wait(server.answers, "the registry", popens, logs, deadline)
+    found = registry_mod.ClusterRegistry(server.address, certs.ca_cert, credentials)
+    found.save(directory)
+    log(f"registry at https://{found.address} (TLS from the cluster CA, htpasswd; {directory / 'registry.json'})")
+    return found
 
 
 def _node_ready(plane: ControlPlane) -> bool:

@@ -178,9 +178,18 @@ def setup_network() -> None:
         _run([*base, "-I", "OUTPUT", "1", "-j", UNROUTABLE_CHAIN])
 
 
-def write_containerd_config(paths: NodePaths) -> None:
+def write_containerd_config(paths: NodePaths, registries: dict[str, Path] | None = None) -> None:
+    """containerd's config for the node; ``registries`` (``host:port`` -> CA file) are trusted through
+    hosts.toml files (containerd's per-registry config), nothing else: no insecure registry anywhere."""
     base = paths.root / "containerd"
     cri = 'plugins."io.containerd.grpc.v1.cri"'
+    hosts_dir = base / "certs.d"
+    for address, ca in (registries or {}).items():
+        (hosts_dir / address).mkdir(parents=True, exist_ok=True)
+        (hosts_dir / address / "hosts.toml").write_text(
+            f'server = "https://{address}"\n\n[host."https://{address}"]\n'
+            f'  capabilities = ["pull", "resolve"]\n  ca = "{ca}"\n'
+        )
     text = f"""version = 2
 root = "{base / "root"}"
 state = "{base / "state"}"
@@ -201,6 +210,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
   enable_selinux = false
+
+[{cri}.registry]
+  config_path = "{hosts_dir}"
 
 [{cri}.cni]
   bin_dir = "{CNI_BIN_DIR}"

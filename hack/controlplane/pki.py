@@ -33,6 +33,7 @@ class Pki:
     """Paths of the generated PEM files."""
 
     ca_cert: Path
+    ca_key: Path  # signs what joins the cluster later (the registry's serving certificate)
     serving_cert: Path
     serving_key: Path
     admin_cert: Path
@@ -116,6 +117,7 @@ def generate(
     sa_key = _key()
     pki = Pki(
         ca_cert=directory / "ca.crt",
+        ca_key=directory / "ca.key",
         serving_cert=directory / "apiserver.crt",
         serving_key=directory / "apiserver.key",
         admin_cert=directory / "admin.crt",
@@ -125,6 +127,7 @@ def generate(
         clients=issued,
     )
     _write(pki.ca_cert, ca_cert.public_bytes(serialization.Encoding.PEM))
+    _write(pki.ca_key, _private_pem(ca_key))
     _write(pki.serving_cert, serving.public_bytes(serialization.Encoding.PEM))
     _write(pki.serving_key, _private_pem(serving_key))
     _write(pki.admin_cert, admin.public_bytes(serialization.Encoding.PEM))
@@ -135,6 +138,31 @@ def generate(
         sa_key.public_key().public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo),
     )
     return pki
+
+
+def issue_serving(
+    ca_cert: Path, ca_key: Path, out: Path, common_name: str, *, ips: tuple[str, ...], dns: tuple[str, ...] = ()
+) -> tuple[Path, Path]:
+    """A serving certificate signed by the cluster's CA for ``ips``/``dns``: ``out``.crt and ``out``.key."""
+    issuer = x509.load_pem_x509_certificate(ca_cert.read_bytes())
+    signer = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
+    if not isinstance(signer, ec.EllipticCurvePrivateKey):
+        raise TypeError(f"{ca_key} is not the EC key this module writes")
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    key = _key()
+    sans: list[x509.GeneralName] = [x509.DNSName(name) for name in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    cert = (
+        _builder(_name(common_name), issuer.subject, key.public_key(), now, issuer.not_valid_after_utc)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(signer, hashes.SHA256())
+    )
+    cert_path, key_path = out.with_suffix(".crt"), out.with_suffix(".key")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    _write(cert_path, cert.public_bytes(serialization.Encoding.PEM))
+    _write(key_path, _private_pem(key))
+    return cert_path, key_path
 
 
 def _key() -> ec.EllipticCurvePrivateKey:

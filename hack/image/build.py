@@ -34,6 +34,7 @@ from pathlib import Path
 from hack.controlplane import oci
 from hack.controlplane.assets import cache_root
 from hack.controlplane.errors import ControlPlaneError
+from hack.controlplane.registry import ClusterRegistry
 from hack.image import dockerfile
 
 Log = Callable[[str], None]
@@ -312,6 +313,54 @@ def import_into_node(image: BuiltImage, cluster_root: Path, log: Log = print) ->
     node_mod.import_image(paths, image.archive)
     log(f"loaded {image.name} into the node's containerd in {time.monotonic() - started:.0f}s")
     return True
+
+
+@dataclass(frozen=True)
+class Published:
+    """An image and the chart in the development cluster's registry, and how to install them from there."""
+
+    registry: ClusterRegistry
+    repository: str  # <registry>/metainfer
+    digest: str
+    chart: str  # oci://<registry>/charts/metainfer
+    chart_version: str
+    chart_digest: str
+
+    @property
+    def image(self) -> str:
+        return f"{self.repository}@{self.digest}"
+
+    def install_commands(self, registry_json: Path, release: str = "metainfer", namespace: str = "metainfer-system",
+                         pull_secret: str = "metainfer-registry", chart_crds: bool = True) -> list[str]:  # fmt: skip
+        """Shell lines: the pull secret (in the release namespace; workload namespaces need one too) and helm
+        install from the registry, the image pinned by digest. The password is read from ``registry_json`` (the
+        cluster's saved ClusterRegistry), never shown. ``chart_crds=False`` where the CRDs were applied from crds/
+        (as `make cluster-up` does): the chart then leaves them alone."""
+        password = f'$(python3 -c \'import json; print(json.load(open("{registry_json}"))["password"])\')'
+        user = self.registry.credentials.username
+        return [
+            f"PASSWORD={password}",
+            f"kubectl create namespace {namespace}",
+            f"kubectl -n {namespace} create secret docker-registry {pull_secret} "
+            f'--docker-server={self.registry.address} --docker-username={user} --docker-password="$PASSWORD"',
+            f"helm install {release} {self.chart} --version {self.chart_version} -n {namespace} "
+            f'--ca-file {self.registry.ca} --username {user} --password "$PASSWORD" '
+            f"--set image.repository={self.repository} --set image.digest={self.digest} "
+            f"--set 'imagePullSecrets[0].name={pull_secret}' --set 'workloads.imagePullSecrets[0].name={pull_secret}'"
+            + ("" if chart_crds else " --set crds.enabled=false"),
+        ]
+
+
+def publish(image: BuiltImage, registry: ClusterRegistry, helm: Path, log: Log = print) -> Published:
+    """Push ``image`` to ``registry`` (as metainfer:<its tag>) and the chart beside it (oci://.../charts)."""
+    started = time.monotonic()
+    tag = image.name.rsplit(":", 1)[1]
+    scratch = cache_root() / "image" / "push"
+    digest = registry.push_image(image.archive, "metainfer", tag, scratch)
+    chart, version, chart_digest = registry.push_chart(helm, REPO / "charts" / "metainfer", REPO / "build" / "chart")
+    log(f"pushed {registry.address}/metainfer:{tag} ({digest}) and {chart}:{version} in "
+        f"{time.monotonic() - started:.0f}s")  # fmt: skip
+    return Published(registry, f"{registry.address}/metainfer", digest, chart, version, chart_digest)
 
 
 def _run(cmd: list[str], what: str) -> None:

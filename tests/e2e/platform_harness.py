@@ -1,12 +1,14 @@
 """The product on a real one-node cluster, installed the way a platform team installs it.
 
 The module fixture ``platform`` starts the development cluster with its node
-(containerd, kubelet, kube-proxy, the scheduler and every controller), builds
-the project's image with ``hack/image`` and loads it into the node, starts a
+(containerd, kubelet, kube-proxy, the scheduler and every controller) and its
+registry (TLS from the cluster's CA, htpasswd), builds the project's image with
+``hack/image`` and pushes it and the packaged chart to that registry, starts a
 real Prometheus on the node's address that discovers serving pods with
 kubernetes_sd (the relabelling docs/real-cluster.md documents), and runs
-``helm install`` of charts/metainfer. Nothing plays the kubelet here: Jobs and
-Deployments run as containers.
+``helm install oci://...`` with the image pinned by digest: the kubelet pulls it
+with the pull secret the test creates in each namespace. Nothing plays the
+kubelet here: Jobs and Deployments run as containers.
 
 A node changes the host (bridge, iptables, cgroups): it needs root, and only
 one runs at a time on a machine. Without root the suite is skipped with that
@@ -38,6 +40,7 @@ from hack.prometheus import PrometheusServer, find_binary_with_kubernetes_sd
 REPO = Path(__file__).resolve().parents[2]
 RELEASE_NAMESPACE = "metainfer-system"
 WORKLOAD_NAMESPACE = "team-a"
+PULL_SECRET = "metainfer-registry"
 # The node has 2 CPUs: the operator (100m), one Job (1 CPU) and serving pods (500m each) fit at once.
 CHART_VALUES: dict[str, Any] = {
     "workloadNamespaces": [WORKLOAD_NAMESPACE],
@@ -79,6 +82,7 @@ class Platform:
     kubectl_path: Path
     helm_path: Path
     image: image_build.BuiltImage
+    published: image_build.Published  # the image and chart in the cluster's registry: what the release runs
     prometheus: PrometheusServer
     log: Callable[[str], None]
     timings: dict[str, Any]  # what bench/real_node.py reports: seconds, p95s, the drift run's outcome
@@ -91,6 +95,24 @@ class Platform:
         if check and result.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
         return result
+
+    @property
+    def image_ref(self) -> str:
+        """The image every pod of the release runs: <registry>/metainfer@sha256:..."""
+        return self.published.image
+
+    def chart_args(self) -> list[str]:
+        """What helm install/upgrade takes to read the chart from the registry."""
+        return [self.published.chart, "--version", self.published.chart_version, *self.published.registry.helm_auth()]
+
+    def pull_secret(self, namespace: str) -> None:
+        """The registry's account as a kubernetes.io/dockerconfigjson Secret in ``namespace``."""
+        registry = self.published.registry
+        self.kubectl(
+            "create", "secret", "docker-registry", PULL_SECRET, "-n", namespace,
+            f"--docker-server={registry.address}", f"--docker-username={registry.credentials.username}",
+            f"--docker-password={registry.credentials.password}",
+        )  # fmt: skip
 
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
@@ -182,10 +204,11 @@ def running_platform(root: Path, log: Callable[[str], None]) -> Iterator[Platfor
     try:
         log(f"cluster with node up in {timings['cluster_up_s']:.1f}s")
         image = image_build.build(log=log)
+        if plane.registry is None:
+            raise AssertionError(f"the cluster under {root} runs no registry")
         started = time.monotonic()
-        if not image_build.import_into_node(image, root, log):
-            raise AssertionError("the node's containerd did not take the image")
-        timings["image_import_s"] = time.monotonic() - started
+        published = image_build.publish(image, plane.registry, helm_path, log)
+        timings["image_push_s"] = time.monotonic() - started
         prometheus = PrometheusServer(
             find_binary_with_kubernetes_sd(log),
             root / "prometheus",
@@ -195,23 +218,26 @@ def running_platform(root: Path, log: Callable[[str], None]) -> Iterator[Platfor
             host=node_mod.NODE_IP,
         ).start()
         api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
-        handle = Platform(plane, api_client, kubectl_path, helm_path, image, prometheus, log, timings)
-        handle.kubectl("create", "namespace", RELEASE_NAMESPACE)
-        handle.kubectl("create", "namespace", WORKLOAD_NAMESPACE)
+        handle = Platform(plane, api_client, kubectl_path, helm_path, image, published, prometheus, log, timings)
+        for namespace in (RELEASE_NAMESPACE, WORKLOAD_NAMESPACE):
+            handle.kubectl("create", "namespace", namespace)
+            handle.pull_secret(namespace)
         values = root / "values.yaml"
-        repository, tag = image.name.rsplit(":", 1)
+        secrets = [{"name": PULL_SECRET}]
         values.write_text(
             json.dumps(
                 {
                     **CHART_VALUES,
-                    "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+                    "image": {"repository": published.repository, "digest": published.digest},
+                    "imagePullSecrets": secrets,
+                    "workloads": {"imagePullSecrets": secrets},
                     "prometheus": {"url": prometheus.url},
                 }
             )
         )
         started = time.monotonic()
         handle.helm(
-            "install", "metainfer", str(REPO / "charts" / "metainfer"), "-n", RELEASE_NAMESPACE,
+            "install", "metainfer", *handle.chart_args(), "-n", RELEASE_NAMESPACE,
             "-f", str(values), "--wait", "--timeout", "4m",
         )  # fmt: skip
         timings["helm_install_to_operator_ready_s"] = time.monotonic() - started

@@ -16,7 +16,14 @@ from typing import Any
 import numpy as np
 import pytest
 from client_loop import ClientLoop, LoopReport
-from platform_harness import RELEASE_NAMESPACE, WORKLOAD_NAMESPACE, Platform, model_ready_at, ready_serving_pods
+from platform_harness import (
+    PULL_SECRET,
+    RELEASE_NAMESPACE,
+    WORKLOAD_NAMESPACE,
+    Platform,
+    model_ready_at,
+    ready_serving_pods,
+)
 
 from hack.controlplane import node as node_mod
 from metainfer.agent.zoo import build_examples
@@ -28,7 +35,6 @@ from metainfer.core.engine.transforms.build import build_variant
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 
-REPO = Path(__file__).resolve().parents[2]
 POLICY = "digits"
 SERVING = "app.kubernetes.io/component=serving,metainfer.io/policy=" + POLICY
 
@@ -100,6 +106,51 @@ def test_the_operator_runs_as_a_pod_under_the_charts_service_account(platform: P
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
     assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
     assert all(c["ready"] for c in pod["status"]["containerStatuses"])
+
+
+def test_the_release_came_from_the_registry_by_digest_and_an_anonymous_pull_is_refused(platform: Platform) -> None:
+    """helm installed the chart from oci://<registry>/charts; the operator runs <registry>/metainfer@sha256:...,
+    which the kubelet pulled with the pull secret (nothing was imported into containerd). The same image without
+    a pull secret, pulled again, is refused by the registry: the secret is what authenticated the pull."""
+    release = json.loads(platform.helm("get", "metadata", "metainfer", "-n", RELEASE_NAMESPACE, "-o", "json").stdout)
+    assert (release["chart"], release["version"]) == ("metainfer", platform.published.chart_version), release
+    (pod,) = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+    assert pod["spec"]["containers"][0]["image"] == platform.image_ref
+    assert pod["spec"]["imagePullSecrets"] == [{"name": PULL_SECRET}]
+    (status,) = pod["status"]["containerStatuses"]
+    registry = platform.published.registry.address
+    assert status["imageID"] == f"{registry}/metainfer@{platform.published.digest}", status
+
+    namespace = "no-pull-secret"
+    platform.kubectl("create", "namespace", namespace)
+    try:
+        probe = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "anonymous-pull", "namespace": namespace},
+            "spec": {
+                "restartPolicy": "Never",
+                "automountServiceAccountToken": False,
+                "containers": [
+                    {"name": "probe", "image": platform.image_ref, "imagePullPolicy": "Always", "args": ["--help"]}
+                ],
+            },
+        }
+        platform.kubectl("apply", "-f", "-", stdin=json.dumps(probe))
+
+        def refused() -> str | None:
+            pod = platform.get("pod", "anonymous-pull", "-n", namespace)
+            for container in pod.get("status", {}).get("containerStatuses", []):
+                waiting = container.get("state", {}).get("waiting") or {}
+                if waiting.get("reason") in ("ErrImagePull", "ImagePullBackOff") and waiting.get("message"):
+                    return str(waiting["message"])
+            assert pod["status"].get("phase") != "Succeeded", "the registry served the image without credentials"
+            return None
+
+        message = platform.wait("the anonymous pull to be refused", refused, 90, 1)
+        assert "401" in message or "unauthorized" in message.lower(), message
+    finally:
+        platform.kubectl("delete", "namespace", namespace, "--wait=false")
 
 
 def test_helm_test_checks_the_installed_release_from_a_pod(platform: Platform) -> None:
@@ -450,16 +501,16 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
     from hack.image import build as image_build
 
     other = image_build.build(log=platform.log, onnxruntime=OTHER_ONNXRUNTIME)
-    assert image_build.import_into_node(other, platform.plane.root, platform.log)
-    old_image = platform.image.name
+    pushed = image_build.publish(other, platform.published.registry, platform.helm_path, platform.log)
+    new_image = pushed.image
+    old_image = platform.image_ref
     assert _serving_images(platform) and all(i == {old_image} for i in _serving_images(platform).values())
     before = {r["metadata"]["name"] for r in _runs(platform)}
-    repository, tag = other.name.rsplit(":", 1)
     with _client_loop(platform) as loop:
         started = time.monotonic()
         platform.helm(
-            "upgrade", "metainfer", str(REPO / "charts" / "metainfer"), "-n", RELEASE_NAMESPACE, "--reuse-values",
-            "--set", f"image.repository={repository}", "--set", f"image.tag={tag}", "--wait", "--timeout", "4m",
+            "upgrade", "metainfer", *platform.chart_args(), "-n", RELEASE_NAMESPACE, "--reuse-values",
+            "--set", f"image.digest={pushed.digest}", "--wait", "--timeout", "4m",
         )  # fmt: skip
 
         def runtime_runs() -> list[dict[str, Any]]:
@@ -471,7 +522,7 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
 
         (run,) = platform.wait("a RuntimeChange run for the class", runtime_runs, 180, 2)
         assert run["spec"]["runtime"].startswith(f"onnxruntime {OTHER_ONNXRUNTIME}+openvino ")
-        assert run["spec"]["image"] == other.name
+        assert run["spec"]["image"] == new_image
         # While it adapts, the stable pods keep the old image: nothing was rolled onto the new runtime.
         assert all(i == {old_image} for i in _serving_images(platform).values()), _serving_images(platform)
         name = run["metadata"]["name"]
@@ -496,7 +547,7 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
             images = set().union(*_serving_images(platform).values())
             policy = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
             phases = {(c.get("rollout") or {}).get("phase") for c in policy["status"].get("classes", [])}
-            if images == {other.name}:
+            if images == {new_image}:
                 return "served on the new image"
             if images == {old_image} and "RolledBack" in phases:
                 return "canary rolled back: the old image keeps serving"

@@ -1,5 +1,5 @@
-"""The development registry (hack/registry.py): a real CNCF Distribution over TLS with htpasswd, an OCI image
-pushed to it through the distribution API, and the chart pushed as an OCI artifact by a real helm.
+"""The development registry (hack/controlplane/registry.py): a real CNCF Distribution over TLS with htpasswd, an
+OCI image pushed to it through the distribution API, and the chart pushed as an OCI artifact by a real helm.
 
 The image here is a small one made by the same OCI writer as `make image` (the 1 GiB project image is pushed by
 the e2e suite); everything else is what the development cluster runs.
@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hack import registry
-from hack.controlplane import oci, pki
+from hack.controlplane import oci, pki, registry
 from hack.controlplane.errors import AssetError
 from hack.helm import provide as provide_helm
 
@@ -107,4 +106,23 @@ def test_the_chart_is_pushed_and_read_back_as_an_oci_artifact(server: registry.R
     shown = run_helm("show", "chart", f"oci://{server.address}/charts/metainfer", "--version", version, *auth)
     assert shown.returncode == 0, shown.stderr
     assert "name: metainfer" in shown.stdout and f"version: {version}" in shown.stdout
+    assert registry.manifest_digest(server.address, "charts/metainfer", version, USER, server.ca) == digest
+
+
+def test_the_cluster_registry_is_saved_for_its_owner_only_and_pushes_the_chart(
+    server: registry.RegistryServer, tmp_path: Path
+) -> None:
+    """What `make cluster-up` saves for `make image`: the password never readable by others; the chart pushed
+    from it is the artifact the registry then serves."""
+    try:
+        helm = provide_helm(lambda message: print(message, file=sys.__stderr__))
+    except AssetError as exc:
+        pytest.fail(f"cannot provide helm: {exc}", pytrace=False)
+    found = registry.ClusterRegistry(server.address, server.ca, USER)
+    found.save(tmp_path)
+    assert (tmp_path / registry.CLUSTER_REGISTRY_FILE).stat().st_mode & 0o077 == 0
+    assert registry.ClusterRegistry.load(tmp_path) == found
+    assert registry.ClusterRegistry.load(tmp_path / "elsewhere") is None
+    reference, version, digest = found.push_chart(helm, CHART, tmp_path / "helm")
+    assert reference == f"oci://{server.address}/charts/metainfer"
     assert registry.manifest_digest(server.address, "charts/metainfer", version, USER, server.ca) == digest

@@ -6,15 +6,18 @@ control plane and helm. It serves HTTPS only, with a certificate the caller give
 development cluster) and basic auth from an htpasswd file (bcrypt), so nothing is pulled or pushed anonymously.
 
 ``push_archive`` uploads an OCI image archive (what ``make image`` writes) through the distribution API and
-returns the manifest's digest, the reference a chart then pins (``image.digest``).
+returns the manifest's digest, the reference a chart then pins (``image.digest``); ``push_chart`` packages the
+chart and pushes it as an OCI artifact with helm. ``make cluster-up`` starts one for the development node
+(``ClusterRegistry``: its address, CA and credentials, saved under the cluster's root for ``make image``).
 
-    PYTHONSAFEPATH=1 .venv/bin/python hack/registry.py   # build (or find) the binary and print its path
+    .venv/bin/python -m hack.controlplane.registry   # build (or find) the binary and print its path
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import hashlib
 import http.client
 import json
@@ -28,6 +31,8 @@ import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import yaml
 
 from hack.controlplane import assets
 from hack.controlplane.errors import AssetError, ControlPlaneError
@@ -104,7 +109,8 @@ class RegistryServer:
     def log(self) -> Path:
         return self.workdir / "registry.log"
 
-    def _config(self) -> Path:
+    def write_config(self) -> Path:
+        """The registry's config file (and its htpasswd) under ``workdir``; `registry serve` takes it."""
         import bcrypt  # the dev extra's: the registry reads only bcrypt hashes from its htpasswd file
 
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -127,8 +133,15 @@ class RegistryServer:
         path.write_text(json.dumps(config, indent=1))  # JSON is YAML
         return path
 
+    def answers(self) -> bool:
+        """Whether the registry serves its API (a 401 to an anonymous client is the healthy answer)."""
+        try:
+            return _request(self.address, self.ca, "GET", "/v2/", None).status == 401
+        except OSError:
+            return False
+
     def start(self, timeout_s: float = 30.0) -> RegistryServer:
-        config = self._config()
+        config = self.write_config()
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [str(self.binary), "serve", str(config)], stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -137,9 +150,8 @@ class RegistryServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise RegistryError(f"registry exited {self.proc.returncode}: {self.log.read_text()[-2000:]}")
-            with contextlib.suppress(OSError):
-                if _request(self.address, self.ca, "GET", "/v2/", None).status == 401:
-                    return self
+            if self.answers():
+                return self
             time.sleep(0.2)
         self.stop()
         raise RegistryError(f"registry did not answer on {self.address} within {timeout_s:.0f}s: {self.log}")
@@ -147,6 +159,70 @@ class RegistryServer:
     def stop(self) -> None:
         stop_child(self.proc)
         self.proc = None
+
+
+CLUSTER_REGISTRY_FILE = "registry.json"
+
+
+@dataclass(frozen=True)
+class ClusterRegistry:
+    """The development cluster's registry as ``make image`` and the e2e suite reach it: loopback address (the
+    node's containerd pulls from it; no pod can reach it), the cluster CA that signed its certificate, and the
+    one account htpasswd knows. Saved 0600 under the cluster's root: the password is a secret."""
+
+    address: str
+    ca: Path
+    credentials: Credentials
+
+    def save(self, directory: Path) -> None:
+        path = directory / CLUSTER_REGISTRY_FILE
+        data = {"address": self.address, "ca": str(self.ca), **dataclasses.asdict(self.credentials)}
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(data, indent=1))
+
+    @classmethod
+    def load(cls, directory: Path) -> ClusterRegistry | None:
+        path = directory / CLUSTER_REGISTRY_FILE
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        return cls(data["address"], Path(data["ca"]), Credentials(data["username"], data["password"]))
+
+    def push_image(self, archive: Path, repository: str, tag: str, scratch: Path) -> str:
+        """``archive`` as ``address/repository:tag``; returns the manifest digest."""
+        return push_archive(archive, self.address, repository, tag, self.credentials, self.ca, scratch)
+
+    def push_chart(self, helm: Path, chart: Path, workdir: Path) -> tuple[str, str, str]:
+        """Package ``chart`` and ``helm push`` it under ``oci://address/charts``; returns (reference, version,
+        digest): ``helm install <reference> --version <version>`` installs it."""
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = {
+            **os.environ,
+            "HELM_CONFIG_HOME": str(workdir / "config"),
+            "HELM_CACHE_HOME": str(workdir / "cache"),
+            "HELM_DATA_HOME": str(workdir / "data"),
+        }
+        meta = yaml.safe_load((chart / "Chart.yaml").read_text())
+        name, version = meta["name"], str(meta["version"])
+        _helm(helm, env, "package", str(chart), "--destination", str(workdir))
+        package = workdir / f"{name}-{version}.tgz"
+        pushed = _helm(helm, env, "push", str(package), f"oci://{self.address}/charts", *self.helm_auth())
+        digest = next((line.split()[-1] for line in pushed.splitlines() if line.startswith("Digest:")), "")
+        if not digest.startswith("sha256:"):
+            raise RegistryError(f"helm push printed no digest:\n{pushed}")
+        return f"oci://{self.address}/charts/{name}", version, digest
+
+    def helm_auth(self) -> list[str]:
+        """helm flags that reach this registry: its CA and the account (helm takes no password file)."""
+        return ["--ca-file", str(self.ca), "--username", self.credentials.username,
+                "--password", self.credentials.password]  # fmt: skip
+
+
+def _helm(helm: Path, env: dict[str, str], *args: str) -> str:
+    result = subprocess.run([str(helm), *args], capture_output=True, text=True, env=env, timeout=300, check=False)
+    if result.returncode != 0:
+        raise RegistryError(f"helm {args[0]} failed (exit {result.returncode}): {result.stderr[-2000:]}")
+    return result.stdout + result.stderr
 
 
 @dataclass(frozen=True)
