@@ -27,6 +27,7 @@ from platform_harness import (
 
 from hack.controlplane import node as node_mod
 from metainfer.agent.zoo import build_examples
+from metainfer.core.api import names
 from metainfer.core.control.naming import label_value
 from metainfer.core.engine.onnode_result import OnNodeCheck
 from metainfer.core.engine.recipe import Recipe
@@ -845,3 +846,50 @@ def _roll_out_a_new_model_version_through_a_canary(platform: Platform, tmp_path:
         lambda: not platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", canary)["items"],
         180,
     )
+
+
+def test_policies_first_then_helm_uninstall_leaves_nothing_behind(platform: Platform) -> None:
+    """docs/helm.md#uninstall, command for command, on the node (the module's last test): policies go while the
+    operator runs (its finalizer, and their runs, Jobs, Deployments, Services and pods with them), then the
+    release; what the docs say stays with crds.keep (the CRDs, HardwareProfiles, the peering object) goes with
+    the documented commands, and both namespaces then delete completely: no object, pod or finalizer is left."""
+    platform.kubectl("delete", "adaptationpolicies", "--all", "-A", "--wait", "--timeout=5m")
+    ours = f"{names.MANAGED_BY}={names.PRODUCT}"
+    children = "adaptationruns,jobs,deployments,replicasets,services,pods"
+    platform.wait(
+        "every object the operator made to be gone",
+        lambda: not platform.kubectl("get", children, "-A", "-l", ours, "-o", "name").stdout.strip(),
+        180,
+    )
+    platform.helm("uninstall", "metainfer", "-n", RELEASE_NAMESPACE, "--wait", "--timeout", "3m")
+    release_kinds = (
+        "deployments,services,serviceaccounts,configmaps,secrets,roles,rolebindings,clusterroles,clusterrolebindings,"
+        "validatingadmissionpolicies,validatingadmissionpolicybindings,networkpolicies,poddisruptionbudgets"
+    )
+    release = "app.kubernetes.io/instance=metainfer"
+    assert platform.kubectl("get", release_kinds, "-A", "-l", release, "-o", "name").stdout.strip() == ""
+    assert platform.get("secrets", "-n", RELEASE_NAMESPACE, "-l", "owner=helm")["items"] == []
+    platform.wait(
+        "no pod left in the release and workload namespaces",
+        lambda: not any(platform.get("pods", "-n", ns)["items"] for ns in (RELEASE_NAMESPACE, WORKLOAD_NAMESPACE)),
+        120,
+    )
+
+    kept = sorted(
+        c["metadata"]["name"]
+        for c in platform.get("crds")["items"]
+        if c["metadata"]["name"].endswith(f".{names.GROUP}") or c["metadata"]["name"] == "clusterkopfpeerings.kopf.dev"
+    )
+    assert kept == [
+        "adaptationpolicies.metainfer.io", "adaptationruns.metainfer.io", "clusterkopfpeerings.kopf.dev",
+        "hardwareprofiles.metainfer.io",
+    ]  # fmt: skip
+    assert platform.get("hardwareprofiles")["items"], "the agent's HardwareProfiles are kept for a reinstall"
+    platform.kubectl("delete", "hardwareprofiles", "--all", "--wait", "--timeout=60s")
+    platform.kubectl("delete", "clusterkopfpeerings", "--all", "--wait", "--timeout=60s")
+    platform.kubectl("delete", "crd", *kept, "--wait", "--timeout=120s")
+    for namespace in (RELEASE_NAMESPACE, WORKLOAD_NAMESPACE):
+        platform.kubectl("delete", "namespace", namespace, "--wait", "--timeout=120s")
+    cluster_scoped = "clusterroles,clusterrolebindings,validatingadmissionpolicies,validatingadmissionpolicybindings"
+    left = [n for n in platform.kubectl("get", cluster_scoped, "-o", "name").stdout.split() if "metainfer" in n]
+    assert left == []
