@@ -24,12 +24,14 @@ import argparse
 import os
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
 from hack.controlplane import assets
 from hack.controlplane.errors import AssetError
 
+REPO = Path(__file__).resolve().parents[1]
 # Helm 4 is the current major line; v4.3.2 declares Go 1.26 in its go.mod, like Kubernetes v1.37.
 HELM_VERSION = "v4.3.2"
 HELM_MODULE = "helm.sh/helm/v4"
@@ -42,6 +44,29 @@ HELM = assets.GoBinary(
     package=f"{HELM_MODULE}/cmd/helm",
     ldflags=f"-s -w -X {_VERSION_PKG}.version={HELM_VERSION} -X {_VERSION_PKG}.gitTreeState=clean",
 )
+
+
+# The last commit whose chart (0.1.0) carried its CRDs in Helm's crds/ folder: what an upgrade starts from.
+PREVIOUS_CHART_COMMIT = "68087a8002d8b730e024ad7d1ff4c934e8f73ef4"
+PREVIOUS_CHART_VERSION = "0.1.0"
+
+
+def previous_chart(out: Path) -> Path:
+    """The previous release's chart directory, read from git history into ``out``."""
+    archive = out / "chart.tar"
+    result = subprocess.run(
+        ["git", "-C", str(REPO), "archive", "--format=tar", "-o", str(archive), PREVIOUS_CHART_COMMIT,
+         "charts/metainfer"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise AssetError(f"the previous chart is read from git history ({PREVIOUS_CHART_COMMIT}): {result.stderr}")
+    with tarfile.open(archive) as tar:
+        tar.extractall(out, filter="data")
+    chart = out / "charts" / "metainfer"
+    if f"version: {PREVIOUS_CHART_VERSION}" not in (chart / "Chart.yaml").read_text():
+        raise AssetError(f"{PREVIOUS_CHART_COMMIT} holds no chart {PREVIOUS_CHART_VERSION}")
+    return chart
 
 
 def all_optional_on() -> list[str]:

@@ -28,7 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from client_loop import ClientLoop
 from kubernetes import client, config
 
 from hack import helm
@@ -41,6 +43,10 @@ REPO = Path(__file__).resolve().parents[2]
 RELEASE_NAMESPACE = "metainfer-system"
 WORKLOAD_NAMESPACE = "team-a"
 PULL_SECRET = "metainfer-registry"
+DIGITS_POLICY = "digits"
+# Longest a client of the policy may go without an answer while the cluster changes: the loop's own cadence
+# (50 ms) plus a request, with room for a CPU-starved moment on a 2-core node running a Job beside the pods.
+CONTINUITY_GAP_S = 2.0
 # The node has 2 CPUs: the operator (100m), one Job (1 CPU) and serving pods (500m each) fit at once.
 CHART_VALUES: dict[str, Any] = {
     "workloadNamespaces": [WORKLOAD_NAMESPACE],
@@ -101,9 +107,10 @@ class Platform:
         """The image every pod of the release runs: <registry>/metainfer@sha256:..."""
         return self.published.image
 
-    def chart_args(self) -> list[str]:
-        """What helm install/upgrade takes to read the chart from the registry."""
-        return [self.published.chart, "--version", self.published.chart_version, *self.published.registry.helm_auth()]
+    def chart_args(self, version: str | None = None) -> list[str]:
+        """What helm install/upgrade takes to read the chart (this checkout's, or ``version``) from the registry."""
+        version = version or self.published.chart_version
+        return [self.published.chart, "--version", version, *self.published.registry.helm_auth()]
 
     def pull_secret(self, namespace: str) -> None:
         """The registry's account as a kubernetes.io/dockerconfigjson Secret in ``namespace``."""
@@ -170,7 +177,7 @@ class Platform:
             time.sleep(interval_s)
 
 
-def _reporter(request: pytest.FixtureRequest) -> Callable[[str], None]:
+def reporter(request: pytest.FixtureRequest) -> Callable[[str], None]:
     terminal = request.config.pluginmanager.get_plugin("terminalreporter")
 
     def log(message: str) -> None:
@@ -188,8 +195,10 @@ def require_root() -> None:
 
 
 @contextlib.contextmanager
-def running_platform(root: Path, log: Callable[[str], None]) -> Iterator[Platform]:
-    """Cluster with node, image loaded, Prometheus with kubernetes_sd, chart installed; all stopped on exit.
+def running_platform(root: Path, log: Callable[[str], None], first_chart: Path | None = None) -> Iterator[Platform]:
+    """Cluster with node, image and chart in its registry, Prometheus with kubernetes_sd, chart installed from the
+    registry; all stopped on exit. ``first_chart``: push that chart directory too and install it instead (an
+    earlier release, for upgrade tests); ``Platform.chart_args`` still name this checkout's chart.
 
     Also used by bench/real_node.py, which times the same steps.
     """
@@ -209,6 +218,9 @@ def running_platform(root: Path, log: Callable[[str], None]) -> Iterator[Platfor
         started = time.monotonic()
         published = image_build.publish(image, plane.registry, helm_path, log)
         timings["image_push_s"] = time.monotonic() - started
+        install_version = published.chart_version
+        if first_chart is not None:
+            _, install_version, _ = plane.registry.push_chart(helm_path, first_chart, root / "first-chart")
         prometheus = PrometheusServer(
             find_binary_with_kubernetes_sd(log),
             root / "prometheus",
@@ -237,7 +249,7 @@ def running_platform(root: Path, log: Callable[[str], None]) -> Iterator[Platfor
         )
         started = time.monotonic()
         handle.helm(
-            "install", "metainfer", *handle.chart_args(), "-n", RELEASE_NAMESPACE,
+            "install", "metainfer", *handle.chart_args(install_version), "-n", RELEASE_NAMESPACE,
             "-f", str(values), "--wait", "--timeout", "4m",
         )  # fmt: skip
         timings["helm_install_to_operator_ready_s"] = time.monotonic() - started
@@ -253,7 +265,7 @@ def running_platform(root: Path, log: Callable[[str], None]) -> Iterator[Platfor
 @pytest.fixture(scope="module")
 def platform(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     require_root()
-    with running_platform(tmp_path_factory.mktemp("node-cluster"), _reporter(request)) as handle:
+    with running_platform(tmp_path_factory.mktemp("node-cluster"), reporter(request)) as handle:
         yield handle
         out = os.environ.get("METAINFER_E2E_TIMINGS")  # bench/real_node.py collects the suite's timings
         if out:
@@ -283,3 +295,28 @@ def model_ready_at(cluster_ip: str, model: str) -> bool:
         return False
     finally:
         connection.close()
+
+
+def digits_policy(model_sha256: str) -> dict[str, Any]:
+    """The digits policy the suites adapt and serve: its model from the ConfigMap ``digits-model``."""
+    return {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": DIGITS_POLICY, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {
+            "model": {"uri": "configmap://digits-model/model.onnx", "sha256": model_sha256},
+            "slo": {"latencyP95Ms": 40, "batchSize": 16},
+            "search": {"trialBudget": 6, "timeBudgetSeconds": 300},
+            "serving": {"replicas": 1},
+            "rollout": {"canaryReplicas": 0},
+            "readaptation": {"checkIntervalSeconds": 5, "windowSeconds": 30},
+        },
+    }
+
+
+def digits_client_loop(platform: Platform) -> ClientLoop:
+    """One request every 50 ms through the digits policy's Service, as a client that follows status.endpoint does."""
+    cluster_ip = platform.get("service", DIGITS_POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
+    batch = np.random.default_rng(2).random((16, 64), dtype=np.float32)
+    inputs = [{"name": "input", "shape": [16, 64], "datatype": "FP32", "data": batch.ravel().tolist()}]
+    return ClientLoop(cluster_ip, 8080, DIGITS_POLICY, inputs)

@@ -15,12 +15,16 @@ from typing import Any
 
 import numpy as np
 import pytest
-from client_loop import ClientLoop, LoopReport
+from client_loop import LoopReport
 from platform_harness import (
+    CONTINUITY_GAP_S,
+    DIGITS_POLICY,
     PULL_SECRET,
     RELEASE_NAMESPACE,
     WORKLOAD_NAMESPACE,
     Platform,
+    digits_client_loop,
+    digits_policy,
     model_ready_at,
     ready_serving_pods,
 )
@@ -36,7 +40,7 @@ from metainfer.core.engine.transforms.build import build_variant
 
 tritonhttp = pytest.importorskip("tritonclient.http")
 
-POLICY = "digits"
+POLICY = DIGITS_POLICY
 SERVING = "app.kubernetes.io/component=serving,metainfer.io/policy=" + POLICY
 
 
@@ -44,22 +48,6 @@ SERVING = "app.kubernetes.io/component=serving,metainfer.io/policy=" + POLICY
 def digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("examples")
     return build_examples(out, ["digits"])["digits"].model_path
-
-
-def _policy(model_sha256: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "metainfer.io/v1alpha1",
-        "kind": "AdaptationPolicy",
-        "metadata": {"name": POLICY, "namespace": WORKLOAD_NAMESPACE},
-        "spec": {
-            "model": {"uri": "configmap://digits-model/model.onnx", "sha256": model_sha256},
-            "slo": {"latencyP95Ms": 40, "batchSize": 16},
-            "search": {"trialBudget": 6, "timeBudgetSeconds": 300},
-            "serving": {"replicas": 1},
-            "rollout": {"canaryReplicas": 0},
-            "readaptation": {"checkIntervalSeconds": 5, "windowSeconds": 30},
-        },
-    }
 
 
 def _runs(platform: Platform) -> list[dict[str, Any]]:
@@ -179,7 +167,7 @@ def test_a_policy_is_adapted_by_a_job_on_the_node_and_served_through_its_service
         "create", "configmap", "digits-model", "-n", WORKLOAD_NAMESPACE, f"--from-file=model.onnx={digits}"
     )
     applied = time.monotonic()
-    platform.kubectl("apply", "-f", "-", stdin=json.dumps(_policy(sha)))
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(digits_policy(sha)))
 
     runs = platform.wait("the adaptation run to succeed", lambda: _succeeded_runs(platform), 600, 3)
     run = runs[0]
@@ -282,19 +270,6 @@ def test_prometheus_discovers_and_scrapes_the_serving_pods_and_the_operator_read
     platform.log(f"production compute p95 read by the operator through Prometheus: {p95} ms")
 
 
-# Longest a client of the policy may go without an answer while the cluster changes: the loop's own cadence
-# (50 ms) plus a request, with room for a CPU-starved moment on a 2-core node running a Job beside the pods.
-CONTINUITY_GAP_S = 2.0
-
-
-def _client_loop(platform: Platform) -> ClientLoop:
-    """One request every 50 ms through the policy's Service, as a client that follows status.endpoint does."""
-    cluster_ip = platform.get("service", POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
-    batch = np.random.default_rng(2).random((16, 64), dtype=np.float32)
-    inputs = [{"name": "input", "shape": [16, 64], "datatype": "FP32", "data": batch.ravel().tolist()}]
-    return ClientLoop(cluster_ip, 8080, POLICY, inputs)
-
-
 def _continuity(platform: Platform, scenario: str, report: LoopReport) -> None:
     """Record what the client saw (bench/continuity.py renders it) and hold the scenario to the target."""
     platform.timings.setdefault("continuity", {})[scenario] = report.to_json()
@@ -308,7 +283,7 @@ def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Pl
     """A driver upgrade in place, as the operator sees it: the node's class changes. Make before break: the old
     class's pods (a relabel does not evict them) serve until the new class has a Ready pod, and only then go; a
     client of the policy's Service sees no failed request and no gap."""
-    with _client_loop(platform) as loop:
+    with digits_client_loop(platform) as loop:
         _relabel_and_follow(platform)
     _continuity(platform, "relabel", loop.report)
 
@@ -417,7 +392,7 @@ def test_a_new_model_version_goes_through_the_canary_without_a_failed_request(
         }
     }  # fmt: skip
     canary = SERVING + ",metainfer.io/track=canary"
-    with _client_loop(platform) as loop:
+    with digits_client_loop(platform) as loop:
         started = time.monotonic()
         platform.kubectl(
             "patch", "adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE, "--type=merge", "-p", json.dumps(patch)
@@ -453,7 +428,7 @@ def test_the_operator_scaled_to_zero_for_a_minute_costs_no_request(platform: Pla
     deployment = platform.get("deployments", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")
     (operator,) = deployment["items"]
     name = operator["metadata"]["name"]
-    with _client_loop(platform) as loop:
+    with digits_client_loop(platform) as loop:
         platform.kubectl("scale", "deployment", name, "-n", RELEASE_NAMESPACE, "--replicas=0")
         platform.wait(
             "the operator pod to be gone",
@@ -507,7 +482,7 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
     old_image = platform.image_ref
     assert _serving_images(platform) and all(i == {old_image} for i in _serving_images(platform).values())
     before = {r["metadata"]["name"] for r in _runs(platform)}
-    with _client_loop(platform) as loop:
+    with digits_client_loop(platform) as loop:
         started = time.monotonic()
         platform.helm(
             "upgrade", "metainfer", *platform.chart_args(), "-n", RELEASE_NAMESPACE, "--reuse-values",
@@ -605,7 +580,7 @@ def test_a_policy_outside_the_workload_namespaces_gets_a_warning_not_a_silent_st
     """Found on the real node: the chart makes the agent's ServiceAccount only in workloadNamespaces; elsewhere
     the Job is accepted but the Job controller's pods are refused, and the run waited for its deadline unexplained."""
     platform.kubectl("create", "namespace", "team-b")
-    policy = _policy("0" * 64)
+    policy = digits_policy("0" * 64)
     policy["metadata"]["namespace"] = "team-b"
     platform.kubectl("apply", "-f", "-", stdin=json.dumps(policy))
 
@@ -622,7 +597,7 @@ def test_a_run_whose_job_fails_without_a_result_keeps_its_pods_last_log_lines(pl
     """The Job's pods go with its TTL, and a Job that fails before the agent writes a result (here: the model's
     server refuses every connection, a transient fetch error, and no retry is left) leaves nothing else saying
     why: the run keeps its pod's last log lines, bounded (issue 31, item 5)."""
-    policy = _policy("0" * 64)
+    policy = digits_policy("0" * 64)
     policy["metadata"]["name"] = "unreachable"
     # The pod network's gateway on a port nothing listens on: refused at once, inside the cluster's own network.
     policy["spec"]["model"]["uri"] = "http://10.244.0.1:9/model.onnx"

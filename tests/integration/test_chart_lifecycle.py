@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +23,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from hack import helm as hack_helm
 from hack.controlplane import assets, cluster
 from hack.controlplane.errors import AssetError, ControlPlaneError
 from hack.helm import HELM_VERSION, provide
@@ -31,8 +31,6 @@ from metainfer.core.api import GROUP, VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "metainfer"
-# The last commit whose chart (0.1.0) carried its CRDs in Helm's crds/ folder.
-PREVIOUS_CHART_COMMIT = "68087a8002d8b730e024ad7d1ff4c934e8f73ef4"
 RELEASE, NAMESPACE, WORKLOADS = "metainfer", "metainfer-system", "team-a"
 OUR_CRDS = sorted(
     d["metadata"]["name"] for p in (REPO / "crds").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())
@@ -66,20 +64,10 @@ def helm() -> str:
 
 @pytest.fixture(scope="module")
 def previous_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("previous-chart")
-    archive = out / "chart.tar"
-    result = subprocess.run(
-        ["git", "-C", str(REPO), "archive", "--format=tar", "-o", str(archive), PREVIOUS_CHART_COMMIT,
-         "charts/metainfer"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        pytest.fail(f"the previous chart is read from git history ({PREVIOUS_CHART_COMMIT}): {result.stderr}")
-    with tarfile.open(archive) as tar:
-        tar.extractall(out, filter="data")
-    chart = out / "charts" / "metainfer"
-    assert "version: 0.1.0" in (chart / "Chart.yaml").read_text() and (chart / "crds").is_dir()
-    return chart
+    try:
+        return hack_helm.previous_chart(tmp_path_factory.mktemp("previous-chart"))
+    except AssetError as exc:
+        pytest.fail(str(exc), pytrace=False)
 
 
 def _helm(helm: str, plane: cluster.ControlPlane, *args: str) -> str:

@@ -1016,3 +1016,12 @@ def test_the_operators_disruption_budget_is_optional_selects_it_and_never_pins_a
     ]
     (strict,) = [d for d in template(*strict_args) if d["kind"] == "PodDisruptionBudget"]
     assert strict["spec"]["minAvailable"] == 1 and "maxUnavailable" not in strict["spec"]
+
+
+@pytest.mark.parametrize("dropped", ["crds", "networkPolicy", "operator.podDisruptionBudget"])
+def test_values_of_an_older_chart_reused_as_they_were_are_refused_with_what_to_run(dropped: str) -> None:
+    """`helm upgrade --reuse-values` from chart 0.1.0 brings values without the sections 0.2.0 added (null
+    removes a key, as an older release's values lack it): the render names them and the flag to use instead."""
+    reused = run_helm("template", "mi", str(CHART), "--set", f"{dropped}=null", check=False)
+    assert reused.returncode != 0
+    assert f"values {dropped} are missing" in reused.stderr and "--reset-then-reuse-values" in reused.stderr

@@ -100,3 +100,22 @@ its labels: severity from the alert's settings, then the alert's extra labels (w
 {{- $settings := index ($root.Values.prometheusRule.alerts | default dict) (index . 1) | default dict -}}
 {{- toYaml (mergeOverwrite (dict "severity" (index . 2)) ($settings.labels | default dict)) -}}
 {{- end }}
+
+{{/*
+Values reused from an older chart (helm upgrade --reuse-values keeps the previous release's values and not this
+chart's new defaults) lack the sections this chart added, and a template reading one would stop on a nil pointer
+that names no cause. Each template reading an added section includes this first: it says what happened and what
+to run instead.
+*/}}
+{{- define "metainfer.valuesCheck" -}}
+{{- $missing := list }}
+{{- range $key := list "crds" "networkPolicy" }}
+{{- if not (hasKey $.Values $key) }}{{ $missing = append $missing $key }}{{ end }}
+{{- end }}
+{{- if not (hasKey (.Values.operator | default dict) "podDisruptionBudget") }}
+{{- $missing = append $missing "operator.podDisruptionBudget" }}
+{{- end }}
+{{- if $missing }}
+{{- fail (printf "values %s are missing: they come from an older chart (helm upgrade --reuse-values reuses the previous release's values without this chart's new defaults). Upgrade with --reset-then-reuse-values, or pass your values with -f (docs/helm.md#upgrading-from-chart-010)" (join ", " $missing)) }}
+{{- end }}
+{{- end }}
