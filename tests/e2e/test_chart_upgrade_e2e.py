@@ -24,6 +24,7 @@ from platform_harness import (
     Platform,
     digits_client_loop,
     digits_policy,
+    model_ready_at,
     ready_serving_pods,
     reporter,
     require_root,
@@ -78,6 +79,10 @@ def test_upgrading_from_the_previous_chart_costs_a_serving_policy_no_request(
     served = platform.wait(
         "a Ready serving pod under the previous chart", lambda: ready_serving_pods(platform, SERVING), 600, 2
     )
+    # The first pod's Ready reaches kube-proxy's rules a moment later (CI saw 16 refused connections in the first
+    # 0.8 s): the client starts once the policy's address routes, as one following status.endpoint would.
+    cluster_ip = platform.get("service", DIGITS_POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
+    platform.wait("the policy's Service to route", lambda: model_ready_at(cluster_ip, DIGITS_POLICY), 30, 0.5)
     pods_before = sorted(p["metadata"]["uid"] for p in served)
     runs_before = _run_names(platform)
     (operator_before,) = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", f"{names.COMPONENT}=operator")["items"]
