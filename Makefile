@@ -89,12 +89,13 @@ helm: venv
 	$(BIN)/python hack/helm.py
 
 # Control-plane binaries (KUBEBUILDER_ASSETS if set, else built with Go and cached), helm,
-# Prometheus (on PATH, else Debian's package) for the drift and canary tests, and the container registry
-# (CNCF Distribution, built with Go and cached).
+# Prometheus (on PATH, else Debian's package) for the drift and canary tests, the container registry (CNCF
+# Distribution) and the S3-compatible object store (SeaweedFS), both built with Go and cached.
 assets: venv helm
 	$(BIN)/python hack/cluster.py assets
 	$(BIN)/python hack/prometheus.py
 	$(BIN)/python -m hack.controlplane.registry
+	$(BIN)/python -m hack.controlplane.objectstore
 
 # CRDs are generated from core's pydantic types; the chart carries byte copies.
 # The prepared accelerator check (issue 29): on a machine with a GPU, in its image's Python environment, one table

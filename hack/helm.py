@@ -21,7 +21,6 @@ import ``provide`` and ``all_optional_on`` from ``hack.helm``.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tarfile
@@ -101,38 +100,9 @@ def all_optional_on() -> list[str]:
     ]  # fmt: skip
 
 
-def helm_dir() -> Path:
-    return assets.cache_root() / "helm" / HELM_VERSION
-
-
 def provide(log: assets.Log = print) -> Path:
     """Return the path of a usable helm: ``METAINFER_HELM``, the cache, or a fresh build into the cache."""
-    override = os.environ.get("METAINFER_HELM")
-    if override:
-        path = Path(override)
-        if not (path.is_file() and os.access(path, os.X_OK)):
-            raise AssetError(f"METAINFER_HELM={path} is not an executable file; unset it to build helm {HELM_VERSION}")
-        return path
-    directory = helm_dir()
-    target = directory / HELM.name
-    if _usable(target):
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    with assets.lock(directory.parent / f"{directory.name}.lock"):
-        if not _usable(target):  # another process may have built it while we waited
-            try:
-                assets.find_go()
-            except AssetError as exc:
-                raise AssetError(
-                    f"helm {HELM_VERSION} is built from source with Go, which is missing or too old ({exc}). "
-                    "Install Go 1.26+ or set METAINFER_HELM to an existing helm binary"
-                ) from exc
-            assets.build(HELM, directory, log)
-    return target
-
-
-def _usable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
+    return assets.provide_go_binary(HELM, "METAINFER_HELM", log)
 
 
 def main(argv: list[str] | None = None) -> int:

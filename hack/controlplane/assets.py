@@ -85,6 +85,9 @@ class GoBinary:
     package: str
     replace_staging: bool = False
     ldflags: str = "-s -w"
+    # The module's own replace directives (old path, "new path version"): Go ignores a dependency's, so a module
+    # that needs them to build (SeaweedFS) names them here and the wrapper module applies them.
+    module_replaces: tuple[tuple[str, str], ...] = ()
 
 
 def cache_root() -> Path:
@@ -125,6 +128,34 @@ def _build_missing(directory: Path, names: list[str], log: Log) -> None:
         for name in names:
             if not _is_executable(directory / name):
                 build(_BINARIES[name], directory, log)
+
+
+def provide_go_binary(binary: GoBinary, override_env: str, log: Log = print) -> Path:
+    """A tool built from a Go module: the executable ``override_env`` names (one a CI image already has), else
+    the cache (``cache_root()/<name>/<version>``), else a fresh build into the cache, one builder at a time."""
+    override = os.environ.get(override_env)
+    if override:
+        if not _is_executable(Path(override)):
+            raise AssetError(
+                f"{override_env}={override} is not an executable file; unset it to build {binary.name} {binary.version}"
+            )
+        return Path(override)
+    directory = cache_root() / binary.name / binary.version
+    target = directory / binary.name
+    if _is_executable(target):
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    with lock(directory.parent / f"{binary.version}.lock"):
+        if not _is_executable(target):  # another process may have built it while we waited
+            try:
+                find_go()
+            except AssetError as exc:
+                raise AssetError(
+                    f"{binary.name} {binary.version} is built from source with Go, which is missing or too old "
+                    f"({exc}). Install Go 1.26+ or set {override_env} to an existing {binary.name} binary"
+                ) from exc
+            build(binary, directory, log)
+    return target
 
 
 def build(binary: GoBinary, directory: Path, log: Log = print) -> Path:
@@ -247,9 +278,10 @@ def _staging_modules(
 def _write_go_mod(work: Path, binary: GoBinary, replaces: list[tuple[str, str]]) -> None:
     lines = [f"module metainfer.local/assets/{binary.name}", "", "go 1.26.0", ""]
     lines.append(f"require {binary.module} {binary.version}")
-    if replaces:
+    if replaces or binary.module_replaces:
         lines += ["", "replace ("]
         lines += [f"\t{module} => {module} {version}" for module, version in replaces]
+        lines += [f"\t{old} => {new}" for old, new in binary.module_replaces]
         lines.append(")")
     content = "\n".join(lines) + "\n"
     go_mod = work / "go.mod"

@@ -55,20 +55,7 @@ class RegistryError(ControlPlaneError):
 
 def provide(log: assets.Log = print) -> Path:
     """The registry binary: ``METAINFER_REGISTRY_BIN``, the cache, or a fresh Go build into the cache."""
-    override = os.environ.get("METAINFER_REGISTRY_BIN")
-    if override:
-        if not os.access(override, os.X_OK):
-            raise AssetError(f"METAINFER_REGISTRY_BIN={override} is not an executable file")
-        return Path(override)
-    directory = assets.cache_root() / "registry" / REGISTRY_VERSION
-    binary = directory / REGISTRY.name
-    if binary.is_file() and os.access(binary, os.X_OK):
-        return binary
-    directory.mkdir(parents=True, exist_ok=True)
-    with assets.lock(directory.parent / f"{REGISTRY_VERSION}.lock"):
-        if not binary.is_file():  # another process may have built it while we waited
-            assets.build(REGISTRY, directory, log)
-    return binary
+    return assets.provide_go_binary(REGISTRY, "METAINFER_REGISTRY_BIN", log)
 
 
 @dataclass(frozen=True)
