@@ -189,24 +189,29 @@ class ClusterRegistry:
             "HELM_CACHE_HOME": str(workdir / "cache"),
             "HELM_DATA_HOME": str(workdir / "data"),
         }
+        self.helm_login(helm, env)
         meta = yaml.safe_load((chart / "Chart.yaml").read_text())
         name, version = meta["name"], str(meta["version"])
         _helm(helm, env, "package", str(chart), "--destination", str(workdir))
         package = workdir / f"{name}-{version}.tgz"
-        pushed = _helm(helm, env, "push", str(package), f"oci://{self.address}/charts", *self.helm_auth())
+        pushed = _helm(helm, env, "push", str(package), f"oci://{self.address}/charts", "--ca-file", str(self.ca))
         digest = next((line.split()[-1] for line in pushed.splitlines() if line.startswith("Digest:")), "")
         if not digest.startswith("sha256:"):
             raise RegistryError(f"helm push printed no digest:\n{pushed}")
         return f"oci://{self.address}/charts/{name}", version, digest
 
-    def helm_auth(self) -> list[str]:
-        """helm flags that reach this registry: its CA and the account (helm takes no password file)."""
-        return ["--ca-file", str(self.ca), "--username", self.credentials.username,
-                "--password", self.credentials.password]  # fmt: skip
+    def helm_login(self, helm: Path, env: dict[str, str]) -> None:
+        """``helm registry login`` with the password on stdin, into the registry config ``env`` names (helm's
+        default under HELM_CONFIG_HOME, or HELM_REGISTRY_CONFIG): later helm commands then authenticate without
+        the password on their command line, where ps and a failed command's message would show it."""
+        _helm(helm, env, "registry", "login", self.address, "--username", self.credentials.username,
+              "--password-stdin", "--ca-file", str(self.ca), stdin=self.credentials.password)  # fmt: skip
 
 
-def _helm(helm: Path, env: dict[str, str], *args: str) -> str:
-    result = subprocess.run([str(helm), *args], capture_output=True, text=True, env=env, timeout=300, check=False)
+def _helm(helm: Path, env: dict[str, str], *args: str, stdin: str | None = None) -> str:
+    result = subprocess.run(
+        [str(helm), *args], input=stdin, capture_output=True, text=True, env=env, timeout=300, check=False
+    )
     if result.returncode != 0:
         raise RegistryError(f"helm {args[0]} failed (exit {result.returncode}): {result.stderr[-2000:]}")
     return result.stdout + result.stderr

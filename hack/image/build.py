@@ -343,8 +343,10 @@ class Published:
             f"kubectl create namespace {namespace}",
             f"kubectl -n {namespace} create secret docker-registry {pull_secret} "
             f'--docker-server={self.registry.address} --docker-username={user} --docker-password="$PASSWORD"',
+            f'echo "$PASSWORD" | helm registry login {self.registry.address} --username {user} --password-stdin '
+            f"--ca-file {self.registry.ca}",
             f"helm install {release} {self.chart} --version {self.chart_version} -n {namespace} "
-            f'--ca-file {self.registry.ca} --username {user} --password "$PASSWORD" '
+            f"--ca-file {self.registry.ca} "
             f"--set image.repository={self.repository} --set image.digest={self.digest} "
             f"--set 'imagePullSecrets[0].name={pull_secret}' --set 'workloads.imagePullSecrets[0].name={pull_secret}'"
             + ("" if chart_crds else " --set crds.enabled=false"),

@@ -110,7 +110,7 @@ class Platform:
     def chart_args(self, version: str | None = None) -> list[str]:
         """What helm install/upgrade takes to read the chart (this checkout's, or ``version``) from the registry."""
         version = version or self.published.chart_version
-        return [self.published.chart, "--version", version, *self.published.registry.helm_auth()]
+        return [self.published.chart, "--version", version, "--ca-file", str(self.published.registry.ca)]
 
     def pull_secret(self, namespace: str) -> None:
         """The registry's account as a kubernetes.io/dockerconfigjson Secret in ``namespace``."""
@@ -124,8 +124,14 @@ class Platform:
     def get(self, *args: str) -> Any:
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def helm_env(self) -> dict[str, str]:
+        """helm's environment: this cluster, and caches and registry login of its own."""
+        helm_home = self.plane.root / "helm"
+        return {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "HELM_CACHE_HOME": str(helm_home / "cache"),
+                "HELM_REGISTRY_CONFIG": str(helm_home / "registry.json")}  # fmt: skip
+
     def helm(self, *args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "KUBECONFIG": str(self.plane.kubeconfig), "HELM_CACHE_HOME": str(self.plane.root / "helm")}
+        env = self.helm_env()
         result = subprocess.run([str(self.helm_path), *args], capture_output=True, text=True, env=env, timeout=600)
         if result.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
@@ -231,6 +237,7 @@ def running_platform(root: Path, log: Callable[[str], None], first_chart: Path |
         ).start()
         api_client = config.new_client_from_config(config_file=str(plane.kubeconfig))
         handle = Platform(plane, api_client, kubectl_path, helm_path, image, published, prometheus, log, timings)
+        published.registry.helm_login(helm_path, handle.helm_env())
         for namespace in (RELEASE_NAMESPACE, WORKLOAD_NAMESPACE):
             handle.kubectl("create", "namespace", namespace)
             handle.pull_secret(namespace)
