@@ -55,11 +55,17 @@ def test_adaptation_finds_a_valid_variant(digits: Digits, quick_profile: Hardwar
     assert final is not None and final.speedup_p50 > 0
     assert final.baseline.quality == report.baseline.metrics.quality  # re-measured for latency only
     # Whatever the timings: what ships is FP32, or a variant not slower than FP32 back to back beyond the
-    # timing noise; FP32 is kept only for a winner that re-measured slower, or faster only within the noise.
+    # timing noise; FP32 is kept only for a winner that re-measured slower, or faster only within the noise, or
+    # slower beyond the noise at the percentile the SLO is written in (p95 here: CI saw a winner 1.18x faster at
+    # p50 kept back for its p95, which this assertion had ignored).
     band = report.latency_noise_band
     assert band is not None and band > 0
     assert report.best.index == 0 or final.speedup_p50 >= 1 / (1 + band)
-    assert not final.kept_baseline or (report.best.recipe == FP32 and final.speedup_p50 < 1 + band)
+    assert final.slo_percentile == "p95"
+    slower_in_the_tail = final.speedup_p95 < 1 / (1 + band)
+    assert not final.kept_baseline or (
+        report.best.recipe == FP32 and (final.speedup_p50 < 1 + band or slower_in_the_tail)
+    )
     # The variant returned is runnable as is with the recipe's session settings.
     _, _, data = digits
     out = create_session(variant, report.best.recipe).run(None, data.batch(0, 4))
