@@ -1,8 +1,11 @@
 """Fetch a model or data file named by a ModelSource/DataReference URI, and verify its sha256.
 
-Three schemes, as the CRD allows: ``http(s)://`` (urllib, with a timeout and a
-size cap), ``file:///path`` (a volume mounted into the Job) and
-``configmap://NAME/KEY`` (same namespace; ``binaryData`` or ``data``). Every
+The schemes the CRD allows: ``http(s)://`` (urllib, with a timeout and a size
+cap), ``s3://``, ``gs://``, ``az://`` and ``hf://`` (agent/object_store.py, with
+the credentials the policy's Secret holds), ``file:///path`` (a volume mounted
+into the Job) and ``configmap://NAME/KEY`` (same namespace; ``binaryData`` or
+``data``). A CA bundle in the credentials Secret (``ca.crt``) also verifies
+https:// URIs. Every
 source is copied into the run's temp dir while being hashed, so the bytes
 that were verified are exactly the bytes the engine loads, and a mismatch is
 reported before anything parses the file.
@@ -16,12 +19,15 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+import ssl
 import urllib.error
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, BinaryIO, Protocol
 from urllib.parse import unquote, urlsplit
 
+from metainfer.agent import object_store
 from metainfer.agent.fetch_guard import RefusedAddress, opener
 from metainfer.core.api.conditions import Reason
 
@@ -68,7 +74,11 @@ def fetch(
         raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {shown}: a URI must not carry credentials before its host")
     dest.parent.mkdir(parents=True, exist_ok=True)
     if scheme in ("http", "https"):
-        actual = _fetch_http(uri, dest, what)
+        actual = _fetch_http(uri, dest, what, _credentials(uri, what))
+    elif scheme == "hf":
+        actual = _fetch_hub(uri, dest, what)
+    elif scheme in object_store.SCHEMES:
+        actual = _fetch_object(uri, dest, what)
     elif scheme == "file":
         actual = _fetch_file(uri, dest, what)
     elif scheme == "configmap":
@@ -86,9 +96,13 @@ def fetch(
 
 def _copy(source: BinaryIO, dest: Path, uri: str, what: str) -> str:
     """Stream ``source`` into ``dest`` under the size cap; the hex sha256 of what was written."""
+    return _write_chunks(iter(lambda: source.read(_CHUNK), b""), dest, uri, what)
+
+
+def _write_chunks(chunks: Iterable[bytes], dest: Path, uri: str, what: str) -> str:
     digest, limit, total = hashlib.sha256(), max_bytes(), 0
     with dest.open("wb") as out:
-        while chunk := source.read(_CHUNK):
+        for chunk in chunks:
             total += len(chunk)
             if total > limit:
                 out.close()
@@ -102,10 +116,55 @@ def _copy(source: BinaryIO, dest: Path, uri: str, what: str) -> str:
     return digest.hexdigest()
 
 
-def _fetch_http(uri: str, dest: Path, what: str) -> str:
-    request = urllib.request.Request(uri, headers={"User-Agent": "metainfer-agent"})
+def _credentials(uri: str, what: str) -> object_store.Credentials:
     try:
-        with opener().open(request, timeout=HTTP_TIMEOUT_S) as response:
+        return object_store.load_credentials()
+    except object_store.StoreError as exc:
+        raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {uri}: {exc}") from exc
+
+
+def _fetch_object(uri: str, dest: Path, what: str) -> str:
+    try:
+        return object_store.read_object(
+            uri, lambda chunks: _write_chunks(chunks, dest, uri, what), _credentials(uri, what)
+        )
+    except object_store.StoreError as exc:
+        dest.unlink(missing_ok=True)
+        raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {exc}", transient=exc.transient) from exc
+
+
+def _fetch_hub(uri: str, dest: Path, what: str) -> str:
+    """hf:// is the Hub's resolve URL; the token (HF_TOKEN in the Secret) goes to the Hub's endpoint only, never to
+    the host a redirect names (the Hub redirects large files to a CDN with a signed URL)."""
+    credentials = _credentials(uri, what)
+    try:
+        url = object_store.hf_url(object_store.parse(uri), credentials)
+        object_store.guard_endpoint(url)
+    except object_store.StoreError as exc:
+        raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {uri}: {exc}") from exc
+    token = credentials.get("HF_TOKEN")
+    return _fetch_http(url, dest, what, credentials, bearer=token, shown=uri)
+
+
+def _fetch_http(
+    uri: str,
+    dest: Path,
+    what: str,
+    credentials: object_store.Credentials,
+    *,
+    bearer: str | None = None,
+    shown: str | None = None,
+) -> str:
+    """GET ``uri``; ``shown`` is what messages call it (the hf:// URI the policy wrote)."""
+    request = urllib.request.Request(uri, headers={"User-Agent": "metainfer-agent"})
+    if bearer:
+        request.add_unredirected_header("Authorization", f"Bearer {bearer}")  # dropped on any redirect
+    context = ssl.create_default_context() if credentials.ca_pem else None
+    if context is not None:
+        context.load_verify_locations(cadata=credentials.ca_pem)  # added to the system roots, as for the stores
+    uri = shown or uri
+    try:
+        with opener(context).open(request, timeout=HTTP_TIMEOUT_S) as response:
             length = response.headers.get("Content-Length")
             if length is not None and length.isdigit() and int(length) > max_bytes():
                 raise FetchError(

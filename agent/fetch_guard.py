@@ -18,6 +18,7 @@ import http.client
 import ipaddress
 import os
 import socket
+import ssl
 import urllib.request
 from typing import Any
 
@@ -127,6 +128,7 @@ class _HTTPSHandler(urllib.request.HTTPSHandler):
         return self.do_open(_GuardedHTTPSConnection, req, context=getattr(self, "_context", None))
 
 
-def opener() -> urllib.request.OpenerDirector:
-    """A urllib opener whose every connection (redirects too) refuses the addresses above."""
-    return urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler())
+def opener(context: ssl.SSLContext | None = None) -> urllib.request.OpenerDirector:
+    """A urllib opener whose every connection (redirects too) refuses the addresses above; ``context`` verifies
+    https (a store behind a private CA)."""
+    return urllib.request.build_opener(_HTTPHandler(), _HTTPSHandler(context=context))

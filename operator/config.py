@@ -198,6 +198,20 @@ class OperatorConfig(BaseSettings):
         description="CIDRs model and data URIs may reach although non-routable (JSON list, e.g. "
         '["10.96.0.0/12"]); loopback, link-local and metadata addresses are refused otherwise.',
     )
+    workload_fetch_proxy: str | None = Field(
+        None,
+        max_length=2048,
+        pattern=r"^https?://[^\s]+$",
+        description="The proxy model and data fetches of Jobs and serving pods go through (HTTPS_PROXY there).",
+    )
+    workload_fetch_no_proxy: str | None = Field(
+        None, max_length=4096, pattern=r"^[^\s]*$", description="NO_PROXY of Jobs and serving pods."
+    )
+    workload_store_workload_identity: bool = Field(
+        False,
+        description="Read object stores without a credentials Secret with the pods' ServiceAccount identity "
+        "(cloud workload identity) instead of anonymously.",
+    )
     job_resources: Annotated[ResourceRequirements, NoDecode] = Field(
         DEFAULT_JOB_RESOURCES,
         description="Requests/limits of the adaptation Job's container (JSON); Guaranteed QoS by default.",
@@ -315,6 +329,9 @@ class OperatorConfig(BaseSettings):
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,
             fetch_allow_cidrs=tuple(self.workload_fetch_allow_cidrs),
+            fetch_proxy=self.workload_fetch_proxy,
+            fetch_no_proxy=self.workload_fetch_no_proxy,
+            store_workload_identity=self.workload_store_workload_identity,
         )
 
     def serving_defaults(self) -> ServingDefaults:
@@ -330,6 +347,9 @@ class OperatorConfig(BaseSettings):
             pod_security_context=self.workload_pod_security_context,
             container_security_context=self.workload_container_security_context,
             fetch_allow_cidrs=tuple(self.workload_fetch_allow_cidrs),
+            fetch_proxy=self.workload_fetch_proxy,
+            fetch_no_proxy=self.workload_fetch_no_proxy,
+            store_workload_identity=self.workload_store_workload_identity,
             shutdown_delay_seconds=self.serving_shutdown_delay_seconds,
             drain_timeout_seconds=self.serving_drain_timeout_seconds,
         )

@@ -55,7 +55,11 @@ from metainfer.core.engine.scoring import (
 
 SHA256_PATTERN = r"^[a-f0-9]{64}$"
 # No '@' before the path: credentials in a URI cannot work here and would be copied into status and logs.
-MODEL_URI_PATTERN = r"^(https?|file|configmap)://([^\s/@]+(/[^\s]*)?|/[^\s]+)$"
+MODEL_URI_PATTERN = r"^(https?|file|configmap|s3|gs|az|hf)://([^\s/@]+(/[^\s]*)?|/[^\s]+)$"
+URI_SCHEMES_TEXT = (
+    "http(s)://, s3://BUCKET/KEY, gs://BUCKET/KEY, az://CONTAINER/BLOB, hf://ORG/REPO[@REVISION]/FILE, file:// (a"
+    " mounted volume) or configmap://NAME/KEY"
+)
 TensorType = Literal["float32", "float16", "int64", "int32", "int8", "uint8", "bool"]
 Quantity = Annotated[int | str, Field(description="A Kubernetes quantity, e.g. 500m, 2, 4Gi.")]
 
@@ -76,7 +80,7 @@ class DataReference(ApiModel):
     uri: str = Field(
         max_length=2048,
         pattern=MODEL_URI_PATTERN,
-        description="Where the .npz lives: http(s)://, file:// (a mounted volume) or configmap://NAME/KEY.",
+        description=f"Where the .npz lives: {URI_SCHEMES_TEXT}; read with the model's credentials.",
     )
     sha256: str | None = Field(None, pattern=SHA256_PATTERN, description="Expected sha256 of the file.")
     calibration_samples: int = Field(100, ge=1, le=100000, description="Samples used to calibrate int8.")
@@ -124,14 +128,25 @@ class ModelVolume(ApiModel):
         return value
 
 
+class StoreCredentials(ApiModel):
+    """Where the agent and serving pods find the model store's credentials: a Secret, mounted read-only.
+
+    Naming a Secret is admitted only from someone who may read it (the chart's ValidatingAdmissionPolicy asks the
+    authorizer), so a policy cannot borrow credentials its author could not read herself."""
+
+    secret_name: str = Field(
+        min_length=1, max_length=253, pattern=DNS1123_SUBDOMAIN, description="A Secret in the policy's namespace."
+    )
+
+
 class ModelSource(ApiModel):
     """The base ONNX model. The sha256 pins it: a variant is rebuilt from (sha256, recipe)."""
 
     uri: str = Field(
         max_length=2048,
         pattern=MODEL_URI_PATTERN,
-        description="http(s)://..., file:///path on a mounted volume, or configmap://NAME/KEY "
-        "(same namespace, binaryData; small models only). No user:password@: credentials would show in status.",
+        description=f"{URI_SCHEMES_TEXT} (same namespace, binaryData; small models only). No user:password@:"
+        " credentials would show in status; name a Secret in credentials instead.",
     )
     sha256: str = Field(pattern=SHA256_PATTERN, description="Lower-case hex sha256 of the model file.")
     version: str | None = Field(None, max_length=128, description="Free-form model version, for people.")
@@ -142,6 +157,12 @@ class ModelSource(ApiModel):
         None, description="Calibration/validation samples; without them quality is measured on random inputs."
     )
     volume: ModelVolume | None = Field(None, description="Volume holding file:// models and data.")
+    credentials: StoreCredentials | None = Field(
+        None,
+        description="A Secret of the policy's namespace with what the model's and data's store needs: keys, token,"
+        " endpoint, CA bundle (docs/model-stores.md). Without it, object stores are read anonymously (or with the"
+        " workload identity the platform enabled).",
+    )
 
 
 class Slo(ApiModel):

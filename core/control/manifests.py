@@ -27,6 +27,7 @@ from metainfer.core.api.names import (
     ANNOTATION_TOLERATIONS,
     API_VERSION,
     COMPONENT,
+    GROUP,
     LABEL_CLASS,
     LABEL_POLICY,
     LABEL_PROVISIONAL,
@@ -43,6 +44,7 @@ from metainfer.core.api.policy import (
     ModelVolume,
     PolicyScheduling,
     Slo,
+    StoreCredentials,
     VariantStore,
 )
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
@@ -191,6 +193,8 @@ def build_job(
         container, group, settings, settings.service_account, tolerations, spec.model.volume, spec.scheduling
     )
     pod |= {"restartPolicy": "Never", "automountServiceAccountToken": True}  # the agent writes the run's status
+    if spec.model.credentials is not None:
+        _mount_store_credentials(pod, container, spec.model.credentials)
     if spec.variant_store is not None:
         _mount_variant_store(pod, container, spec.variant_store, read_only=False)
         container["env"].append({"name": "METAINFER_VARIANT_STORE", "value": VARIANT_STORE_MOUNT})
@@ -332,6 +336,9 @@ def build_deployment(
     tolerations = [*(t.to_api() for t in spec.hardware.tolerations or []), *settings.tolerations]
     pod = _pod_spec(container, group, settings, settings.service_account, tolerations, model.volume, spec.scheduling)
     pod["automountServiceAccountToken"] = False  # serving never talks to the API server
+    # The Secret the policy names now (a rotated one, say), else the run's: the run key leaves credentials out.
+    if (credentials := spec.model.credentials or model.credentials) is not None:
+        _mount_store_credentials(pod, container, credentials)
     pod["terminationGracePeriodSeconds"] = settings.termination_grace_seconds()
     # A Deployment's replicas spread over the class's nodes, so draining one node (a driver upgrade does, node by
     # node) leaves replicas serving on the others. ScheduleAnyway: a class of one node still gets every replica.
@@ -376,6 +383,8 @@ def build_deployment(
 
 
 CONFIGMAP_MOUNT = "/var/lib/metainfer/configmaps"
+# Under /var/run/secrets, which a policy's own volume may not use (core.api.k8s_syntax.RESERVED_MOUNT_PREFIX).
+STORE_CREDENTIALS_MOUNT = f"/var/run/secrets/{GROUP}/model-store"
 PROVISIONAL_MOUNT = "/var/lib/metainfer/provisional"
 
 
@@ -523,7 +532,7 @@ def _container(
             *env,
             {"name": "HOME", "value": "/tmp"},
             {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
-            *_fetch_allow_env(settings),
+            *_fetch_env(settings),
         ],
         "resources": resources,
         "securityContext": settings.container_security_context.to_api(),
@@ -584,11 +593,28 @@ def _mount_variant_store(
     container["volumeMounts"].append({"name": "variants", "mountPath": VARIANT_STORE_MOUNT, "readOnly": read_only})
 
 
-def _fetch_allow_env(settings: WorkloadSettings) -> list[dict[str, str]]:
-    """The platform's exceptions to the fetch guard (agent/fetch_guard.py), only where it made any."""
-    if not settings.fetch_allow_cidrs:
-        return []
-    return [{"name": "METAINFER_FETCH_ALLOW_CIDRS", "value": ",".join(settings.fetch_allow_cidrs)}]
+def _fetch_env(settings: WorkloadSettings) -> list[dict[str, str]]:
+    """The platform's fetch settings, only those it made: exceptions to the fetch guard (agent/fetch_guard.py),
+    the proxy, workload identity for object stores (agent/object_store.py)."""
+    env = []
+    if settings.fetch_allow_cidrs:
+        env.append({"name": "METAINFER_FETCH_ALLOW_CIDRS", "value": ",".join(settings.fetch_allow_cidrs)})
+    if settings.fetch_proxy:
+        env += [{"name": name, "value": settings.fetch_proxy} for name in ("HTTPS_PROXY", "HTTP_PROXY")]
+    if settings.fetch_no_proxy:
+        env.append({"name": "NO_PROXY", "value": settings.fetch_no_proxy})
+    if settings.store_workload_identity:
+        env.append({"name": "METAINFER_STORE_AMBIENT_CREDENTIALS", "value": "true"})
+    return env
+
+
+def _mount_store_credentials(pod: dict[str, Any], container: dict[str, Any], credentials: StoreCredentials) -> None:
+    """The Secret the policy names, read-only where agent/object_store.py reads it (one file per key)."""
+    pod["volumes"].append({"name": "store-credentials", "secret": {"secretName": credentials.secret_name}})
+    container["volumeMounts"].append(
+        {"name": "store-credentials", "mountPath": STORE_CREDENTIALS_MOUNT, "readOnly": True}
+    )
+    container["env"].append({"name": "METAINFER_STORE_CREDENTIALS", "value": STORE_CREDENTIALS_MOUNT})
 
 
 def _probe(path: str, *, period: int, failures: int = 3) -> dict[str, Any]:

@@ -52,6 +52,8 @@ def run_key(
         mode="json", by_alias=True, include={"model", "slo", "objective", "search_space", "search"}
     )
     snapshot["search"].pop("maxConcurrentRuns", None)  # a scheduling limit, not part of the result
+    # What the model is read with, not what it is (its sha256 pins that): rotating the Secret re-adapts nothing.
+    snapshot["model"].pop("credentials", None)
     for (section, field), default in ADDED_LATER.items():
         if snapshot[section].get(field) == default:
             del snapshot[section][field]

@@ -78,6 +78,19 @@ class WorkloadSettings(BaseModel):
         description="CIDRs model and data URIs may reach although they are loopback, link-local or otherwise "
         "non-routable (METAINFER_FETCH_ALLOW_CIDRS in the pods); none by default.",
     )
+    fetch_proxy: str | None = Field(
+        None,
+        max_length=2048,
+        description="The proxy model and data fetches go through (HTTPS_PROXY and HTTP_PROXY in the pods).",
+    )
+    fetch_no_proxy: str | None = Field(
+        None, max_length=4096, description="Hosts, domains and CIDRs reached without it (NO_PROXY in the pods)."
+    )
+    store_workload_identity: bool = Field(
+        False,
+        description="Object stores without a credentials Secret are read with the pods' ambient identity (the "
+        "ServiceAccount's cloud role) instead of anonymously (METAINFER_STORE_AMBIENT_CREDENTIALS).",
+    )
 
 
 class AgentJobSettings(WorkloadSettings):

@@ -533,3 +533,59 @@ def test_the_helm_test_check_runs_under_its_own_account_and_says_what_is_not_rea
     assert stored["items"] == []
     elsewhere = check("--policy-namespace", "default")
     assert "FAIL: a dry-run AdaptationPolicy in default: refused: HTTP 403" in elsewhere.stdout, elsewhere.stdout
+
+
+def test_a_policy_names_only_credentials_its_author_may_read(
+    control_plane: Any, namespace: str, installed: dict, tmp_path: Path
+) -> None:
+    """The chart's admission policy asks the authorizer whether the writer of a policy may get the Secret its
+    spec.model.credentials names: carol, who may write policies but not read that Secret, is refused (and learns
+    nothing of it but its name, which she gave); given `get` on it, she is admitted; edits that keep the name are
+    not asked again."""
+    core, rbac = client.CoreV1Api(control_plane.api_client), client.RbacAuthorizationV1Api(control_plane.api_client)
+    core.create_namespaced_secret(namespace, {"metadata": {"name": "store-keys"}, "stringData": {"HF_TOKEN": "t"}})
+    core.create_namespaced_service_account(namespace, {"metadata": {"name": "carol"}})
+    rules = [{"apiGroups": [GROUP], "resources": ["adaptationpolicies"], "verbs": ["create", "get", "update", "patch"]}]
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "policy-writer"}, "rules": rules})
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "carol-policy-writer"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "policy-writer"},
+        "subjects": [{"kind": "ServiceAccount", "name": "carol", "namespace": namespace}],
+    })  # fmt: skip
+    carol = sa_kubeconfig(control_plane, namespace, "carol", tmp_path / "carol.kubeconfig")
+    policy = make_policy(namespace, "from-bucket", Path("/models/m.onnx"), "a" * 64)
+    policy["spec"]["model"] = {"uri": "hf://org/repo/m.onnx", "sha256": "a" * 64,
+                               "credentials": {"secretName": "store-keys"}}  # fmt: skip
+    manifest = tmp_path / "policy.yaml"
+    manifest.write_text(yaml.safe_dump(policy))
+
+    def create_as_carol() -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(control_plane.kubectl_path), "--kubeconfig", str(carol), "create", "-f",
+                               str(manifest)], capture_output=True, text=True, timeout=30, check=False)  # fmt: skip
+
+    deadline = time.monotonic() + 30
+    while (refused := create_as_carol()).returncode == 0 or "may not get the Secret" not in refused.stderr:
+        if refused.returncode == 0:  # admitted before the policy took effect: undo and retry
+            control_plane.kubectl("delete", "adaptationpolicy", "from-bucket", "-n", namespace, check=False)
+        assert time.monotonic() < deadline, f"never refused: {refused.stdout} {refused.stderr}"
+        time.sleep(0.5)
+    assert "spec.model.credentials.secretName" in refused.stderr and "store-keys" in refused.stderr
+
+    rbac.create_namespaced_role(namespace, {"metadata": {"name": "store-keys-reader"}, "rules": [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["store-keys"], "verbs": ["get"]}]})  # fmt: skip
+    rbac.create_namespaced_role_binding(namespace, {
+        "metadata": {"name": "carol-store-keys"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "store-keys-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": "carol", "namespace": namespace}],
+    })  # fmt: skip
+    deadline = time.monotonic() + 30
+    while (admitted := create_as_carol()).returncode != 0:
+        assert time.monotonic() < deadline, f"never admitted: {admitted.stderr}"
+        time.sleep(0.5)
+    # The binding goes: an edit that keeps the name (what the operator's finalizer patch is) is still admitted.
+    rbac.delete_namespaced_role_binding("carol-store-keys", namespace)
+    time.sleep(1)
+    patched = control_plane.kubectl("patch", "adaptationpolicy", "from-bucket", "-n", namespace, "--type=merge",
+                                    "-p", '{"spec":{"slo":{"latencyP95Ms": 500}}}', "--as", f"system:serviceaccount:"
+                                    f"{namespace}:carol", check=False)  # fmt: skip
+    assert patched.returncode == 0, patched.stderr

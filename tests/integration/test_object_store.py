@@ -82,3 +82,106 @@ def test_the_gateway_serves_https_with_a_certificate_from_a_private_ca(weed: Pat
         assert secured.answers(keys.ca_cert)  # 403 to the anonymous client, over TLS verified by the CA
     finally:
         secured.stop()
+
+
+# The agent's fetch (agent/fetch.py, agent/object_store.py) against the same store: what a Job and a serving pod do
+# with a policy whose model lives in a private bucket and whose credentials come from a mounted Secret.
+
+
+def _secret_dir(path: Path, store: objectstore.ObjectStore, **extra: str) -> Path:
+    """A directory laid out as the kubelet mounts a Secret: one file per key."""
+    path.mkdir(parents=True, exist_ok=True)
+    keys = {
+        "AWS_ACCESS_KEY_ID": store.credentials.access_key,
+        "AWS_SECRET_ACCESS_KEY": store.credentials.secret_key,
+        "AWS_ENDPOINT_URL": store.endpoint,
+        **extra,
+    }
+    for key, value in keys.items():
+        (path / key).write_text(value + "\n")  # kubectl create secret --from-file keeps a trailing newline
+    return path
+
+
+@pytest.fixture
+def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store listens on loopback, which the fetch guard refuses unless the platform allows it."""
+    monkeypatch.setenv("METAINFER_FETCH_ALLOW_CIDRS", "127.0.0.0/8")
+
+
+def test_the_agent_fetches_a_private_object_with_the_secrets_keys(
+    store: objectstore.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
+) -> None:
+    import hashlib
+
+    from metainfer.agent.fetch import FetchError, fetch
+
+    payload = b"onnx bytes " * 50_000
+    obstore.put(_client(store), "agent/model.onnx", payload)
+    digest = hashlib.sha256(payload).hexdigest()
+    uri = f"s3://{BUCKET}/agent/model.onnx"
+    monkeypatch.setenv("METAINFER_STORE_CREDENTIALS", str(_secret_dir(tmp_path / "secret", store)))
+
+    got = fetch(uri, tmp_path / "out" / "model.onnx", expected_sha256=digest, namespace="ns", configmaps=None)
+    assert got.read_bytes() == payload
+
+    with pytest.raises(FetchError, match="no such object") as missing:
+        fetch(f"s3://{BUCKET}/agent/absent.onnx", tmp_path / "absent", expected_sha256=None, namespace="ns",
+              configmaps=None)  # fmt: skip
+    assert not missing.value.transient
+
+    wrong = _secret_dir(tmp_path / "wrong", store, AWS_SECRET_ACCESS_KEY="not-the-secret")
+    monkeypatch.setenv("METAINFER_STORE_CREDENTIALS", str(wrong))
+    with pytest.raises(FetchError, match=r"refused the credentials|403|Forbidden") as refused:
+        fetch(uri, tmp_path / "wrong.onnx", expected_sha256=None, namespace="ns", configmaps=None)
+    assert not refused.value.transient
+    assert "not-the-secret" not in str(refused.value)
+    assert not (tmp_path / "wrong.onnx").exists()
+
+    anonymous = tmp_path / "anonymous"
+    anonymous.mkdir()
+    (anonymous / "AWS_ENDPOINT_URL").write_text(store.endpoint)
+    monkeypatch.setenv("METAINFER_STORE_CREDENTIALS", str(anonymous))
+    with pytest.raises(FetchError, match="anonymous request"):
+        fetch(uri, tmp_path / "anon.onnx", expected_sha256=None, namespace="ns", configmaps=None)
+
+
+def test_a_store_on_loopback_is_refused_unless_the_platform_allows_it(
+    store: objectstore.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from metainfer.agent.fetch import FetchError, fetch
+
+    monkeypatch.delenv("METAINFER_FETCH_ALLOW_CIDRS", raising=False)
+    monkeypatch.setenv("METAINFER_STORE_CREDENTIALS", str(_secret_dir(tmp_path / "secret", store)))
+    with pytest.raises(FetchError, match="loopback") as refused:
+        fetch(f"s3://{BUCKET}/digits/model.onnx", tmp_path / "m", expected_sha256=None, namespace="ns",
+              configmaps=None)  # fmt: skip
+    assert not refused.value.transient
+
+
+def test_the_secrets_ca_bundle_verifies_a_private_store(
+    weed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
+) -> None:
+    from metainfer.agent.fetch import FetchError, fetch
+
+    keys = pki.generate(tmp_path / "pki")
+    cert, key = pki.issue_serving(keys.ca_cert, keys.ca_key, tmp_path / "tls" / "s3", "s3", ips=("127.0.0.1",))
+    secured = objectstore.ObjectStore(weed, tmp_path / "store", tls=(cert, key)).start(ca=keys.ca_cert)
+    try:
+        client = S3Store(
+            BUCKET, endpoint=secured.endpoint, access_key_id=secured.credentials.access_key,
+            secret_access_key=secured.credentials.secret_key, region="us-east-1",
+            client_options={"root_certificate": keys.ca_cert.read_text()},
+        )  # fmt: skip
+        obstore.put(client, "tls/model.onnx", b"over tls")
+        uri = f"s3://{BUCKET}/tls/model.onnx"
+        without_ca = _secret_dir(tmp_path / "no-ca", secured)
+        monkeypatch.setenv("METAINFER_STORE_CREDENTIALS", str(without_ca))
+        with pytest.raises(FetchError, match=r"(?i)certificate|tls|ssl|connect"):
+            fetch(uri, tmp_path / "a", expected_sha256=None, namespace="ns", configmaps=None)
+        with_ca = _secret_dir(tmp_path / "ca", secured, **{"ca.crt": keys.ca_cert.read_text()})
+        monkeypatch.setenv("METAINFER_STORE_CREDENTIALS", str(with_ca))
+        assert fetch(uri, tmp_path / "b", expected_sha256=None, namespace="ns", configmaps=None).read_bytes() == (
+            b"over tls"
+        )
+    finally:
+        secured.stop()

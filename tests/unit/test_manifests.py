@@ -678,3 +678,51 @@ def test_a_spec_field_added_later_moves_no_run_key_until_it_is_set() -> None:
     assert run_key(chosen, 3, "0" * 16) != key
     nncf = {**p["spec"], "searchSpace": {**p["spec"].get("searchSpace", {}), "quantizers": ["nncf"]}}
     assert run_key(nncf, 3, "0" * 16) != key
+
+
+def test_a_credentials_secret_is_mounted_read_only_into_the_job_and_every_serving_container() -> None:
+    """The Secret the policy names reaches the agent, the serving container and a provisional check alike, at the
+    path agent/object_store.py reads; the run carries it, so serving a run's model uses the run's credentials."""
+    from metainfer.agent.object_store import CREDENTIALS_ENV
+
+    group = gpu_group()
+    model = {"uri": "s3://models/m.onnx", "sha256": "a" * 64, "credentials": {"secretName": "store-keys"}}
+    p = policy(model=model)
+    run = succeeded(build_run(p, group, "NewHardwareClass"))
+    job_pod = build_job(run, group)["spec"]["template"]["spec"]
+    serving_pod = build_deployment(p, group, run, provisional=True)["spec"]["template"]["spec"]
+    for pod in (job_pod, serving_pod):
+        assert {"name": "store-credentials", "secret": {"secretName": "store-keys"}} in pod["volumes"]
+        for container in [*pod["containers"], *pod.get("initContainers", [])]:
+            mount = next(m for m in container["volumeMounts"] if m["name"] == "store-credentials")
+            assert mount["readOnly"] and mount["mountPath"].startswith("/var/run/secrets/")
+            env = {e["name"]: e.get("value") for e in container["env"]}
+            assert env[CREDENTIALS_ENV] == mount["mountPath"]
+    plain = build_job(build_run(policy(), group, "NewHardwareClass"), group)["spec"]["template"]["spec"]
+    assert "store-credentials" not in json.dumps(plain)
+
+
+def test_the_platforms_proxy_and_workload_identity_reach_the_pods_only_when_set() -> None:
+    from metainfer.operator.config import ConfigError, OperatorConfig
+
+    config = OperatorConfig(workload_fetch_proxy="http://proxy.corp:3128", workload_fetch_no_proxy=".svc,10.0.0.0/8",
+                            workload_store_workload_identity=True)  # fmt: skip
+    group = gpu_group()
+    run = succeeded(build_run(policy(), group, "NewHardwareClass"))
+    job = build_job(run, group, config.job_settings())
+    deployment = build_deployment(policy(), group, run, config.serving_defaults())
+    for pod in (job["spec"]["template"]["spec"], deployment["spec"]["template"]["spec"]):
+        env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+        assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == "http://proxy.corp:3128"
+        assert env["NO_PROXY"] == ".svc,10.0.0.0/8" and env["METAINFER_STORE_AMBIENT_CREDENTIALS"] == "true"
+    default = json.dumps(build_job(run, group, OperatorConfig().job_settings()))
+    assert "HTTPS_PROXY" not in default and "METAINFER_STORE_AMBIENT_CREDENTIALS" not in default
+    with pytest.raises(ConfigError, match="METAINFER_WORKLOAD_FETCH_PROXY"):
+        OperatorConfig(workload_fetch_proxy="proxy.corp:3128")
+
+
+def test_naming_or_rotating_a_credentials_secret_re_adapts_nothing() -> None:
+    model = {"uri": "s3://models/m.onnx", "sha256": "a" * 64}
+    keys = {run_key(policy(model={**model, **extra})["spec"], 1, "fp") for extra in
+            ({}, {"credentials": {"secretName": "keys"}}, {"credentials": {"secretName": "rotated"}})}  # fmt: skip
+    assert len(keys) == 1

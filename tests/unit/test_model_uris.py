@@ -13,7 +13,13 @@ from metainfer.core.api.policy import DataReference, ModelSource
 SHA = "a" * 64
 
 
-@pytest.mark.parametrize("uri", ["https://m/x.onnx", "http://m:8080/x?v=2", "file:///models/x.onnx", "configmap://c/k"])
+@pytest.mark.parametrize(
+    "uri",
+    [
+        "https://m/x.onnx", "http://m:8080/x?v=2", "file:///models/x.onnx", "configmap://c/k", "s3://bucket/a/b.onnx",
+        "gs://bucket/m.onnx", "az://container/m.onnx", "hf://org/repo@v1.0/onnx/model.onnx",
+    ],
+)  # fmt: skip
 def test_the_documented_schemes_are_accepted(uri: str) -> None:
     assert ModelSource(uri=uri, sha256=SHA).uri == uri
     assert DataReference(uri=uri).uri == uri
