@@ -34,6 +34,7 @@ import yaml
 
 from hack.controlplane import crds, hostchanges, processes
 from hack.controlplane import node as node_mod
+from hack.controlplane import objectstore as objectstore_mod
 from hack.controlplane import pki as pki_mod
 from hack.controlplane import registry as registry_mod
 from hack.controlplane.assets import Assets
@@ -41,7 +42,7 @@ from hack.controlplane.errors import ControlPlaneError, StartError
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
-OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs", "node", "registry")
+OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs", "node", "registry", "objectstore")
 # clusterrole-aggregation: the chart folds its user roles into edit/admin/view, as a real cluster does.
 CONTROLLERS = (
     "garbage-collector-controller,namespace-controller,serviceaccount-controller,clusterrole-aggregation-controller"
@@ -84,6 +85,11 @@ class ControlPlane:
         """The registry the node pulls from (started with the node), or None without a node."""
         return registry_mod.ClusterRegistry.load(self.root / "registry")
 
+    @property
+    def object_store(self) -> objectstore_mod.ClusterObjectStore | None:
+        """The S3 store pods read models from (started with the node), or None without a node."""
+        return objectstore_mod.ClusterObjectStore.load(self.root / "objectstore")
+
 
 def start(
     root: Path,
@@ -113,7 +119,7 @@ def start(
         raise ControlPlaneError(f"{root / STATE_FILE} exists: a control plane may be running; stop it first")
     root.mkdir(parents=True, exist_ok=True)
     # What a failed start left; never anything else under root.
-    for leftover in ("etcd-data", "pki", "logs", "node", "registry"):
+    for leftover in ("etcd-data", "pki", "logs", "node", "registry", "objectstore"):
         shutil.rmtree(root / leftover, ignore_errors=True)
     popens: dict[str, subprocess.Popen[bytes]] = {}
     state = _State(root)
@@ -347,6 +353,7 @@ def _start_node(
         [f"--kubeconfig={scheduler_config}", "--leader-elect=false", "--secure-port=0", "--v=1"],
     )
     registry = _start_registry(root, certs, launch, popens, logs, deadline, log)
+    _start_object_store(root, certs, launch, popens, logs, deadline, log)
     node_mod.write_containerd_config(paths, {registry.address: registry.ca})
     launch("containerd", Path(shutil.which("containerd") or "containerd"), node_mod.containerd_args(paths))
     _wait(lambda: node_mod.containerd_ready(paths), "containerd", popens, logs, deadline)
@@ -400,6 +407,32 @@ def _start_registry(
     found = registry_mod.ClusterRegistry(server.address, certs.ca_cert, credentials)
     found.save(directory)
     log(f"registry at https://{found.address} (TLS from the cluster CA, htpasswd; {directory / 'registry.json'})")
+    return found
+
+
+def _start_object_store(
+    root: Path,
+    certs: pki_mod.Pki,
+    launch: Callable[[str, Path, list[str]], None],
+    popens: dict[str, subprocess.Popen[bytes]],
+    logs: Path,
+    deadline: float,
+    log: Log,
+) -> objectstore_mod.ClusterObjectStore:
+    """SeaweedFS's S3 gateway on the node's bridge address, where pods reach it (policies' s3:// models), with
+    TLS from the cluster's CA and one fresh access key; every bucket private. Its other servers stay on loopback."""
+    binary = objectstore_mod.provide(log)
+    directory = root / "objectstore"
+    cert, key = pki_mod.issue_serving(
+        certs.ca_cert, certs.ca_key, directory / "tls", "metainfer-objectstore", ips=(node_mod.NODE_IP,)
+    )
+    server = objectstore_mod.ObjectStore(binary, directory, tls=(cert, key), gateway_host=node_mod.NODE_IP)
+    directory.mkdir(parents=True, exist_ok=True)
+    launch("objectstore", binary, server.command()[1:])
+    _wait(lambda: server.answers(certs.ca_cert), "the object store", popens, logs, deadline)
+    found = objectstore_mod.ClusterObjectStore(server.endpoint, certs.ca_cert, server.credentials)
+    found.save(directory)
+    log(f"object store at {found.endpoint} (S3; TLS from the cluster CA; {directory / 'objectstore.json'})")
     return found
 
 

@@ -22,6 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 from hack.controlplane import assets
@@ -61,8 +62,10 @@ class S3Credentials:
 
 @dataclass
 class ObjectStore:
-    """One ``weed server`` with its S3 gateway on ``host:port``; data under ``workdir``. ``tls`` (certificate,
-    key) makes the gateway HTTPS-only. ``start()`` returns once the gateway refuses an anonymous request."""
+    """One ``weed server`` with its S3 gateway on ``gateway_host:port`` (default ``host``); data under
+    ``workdir``. Master, volume server and filer listen on ``host`` only: their own HTTP APIs take no credentials,
+    so only the gateway may face pods. ``tls`` (certificate, key) makes the gateway HTTPS-only. ``start()``
+    returns once the gateway refuses an anonymous request."""
 
     binary: Path
     workdir: Path
@@ -70,12 +73,13 @@ class ObjectStore:
     tls: tuple[Path, Path] | None = None
     host: str = "127.0.0.1"
     port: int = field(default_factory=free_port)
+    gateway_host: str | None = None
     proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
         """The S3 endpoint URL (AWS_ENDPOINT_URL)."""
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.gateway_host or self.host}:{self.port}"
 
     @property
     def log(self) -> Path:
@@ -110,11 +114,12 @@ class ObjectStore:
         return [
             str(self.binary), "server", f"-dir={data}", f"-ip={self.host}", f"-ip.bind={self.host}",
             f"-master.port={ports['master']}", f"-master.port.grpc={ports['master.grpc']}",
-            "-master.volumeSizeLimitMB=64", "-volume.max=4",
+            "-master.volumeSizeLimitMB=64", "-volume.max=64",
             f"-volume.port={ports['volume']}", f"-volume.port.grpc={ports['volume.grpc']}",
             "-filer", f"-filer.port={ports['filer']}", f"-filer.port.grpc={ports['filer.grpc']}",
             f"-filer.localSocket={self.workdir / 'filer.sock'}",
-            "-s3", *gateway, f"-s3.port.grpc={ports['s3.grpc']}", f"-s3.config={self._identities()}",
+            "-s3", *gateway, f"-s3.ip.bind={self.gateway_host or self.host}",
+            f"-s3.port.grpc={ports['s3.grpc']}", f"-s3.config={self._identities()}",
             f"-s3.localSocket={self.workdir / 's3.sock'}", "-s3.port.iceberg=0", "-s3.port.lance=0",
         ]  # fmt: skip
 
@@ -149,6 +154,60 @@ class ObjectStore:
         # Throwaway data: no reason to wait out weed's slow HTTPS shutdown (15 s seen) before SIGKILL.
         stop_child(self.proc, grace_s=3.0)
         self.proc = None
+
+
+CLUSTER_STORE_FILE = "objectstore.json"
+
+
+@dataclass(frozen=True)
+class ClusterObjectStore:
+    """The development cluster's object store as the e2e suite and users reach it: an S3 endpoint on the node's
+    bridge address (pods reach it; nothing off the host does), the cluster CA that signed its certificate, and the
+    one access key it knows. Saved 0600 under the cluster's root: the secret key is a secret."""
+
+    endpoint: str
+    ca: Path
+    credentials: S3Credentials
+
+    def save(self, directory: Path) -> None:
+        path = directory / CLUSTER_STORE_FILE
+        data = {"endpoint": self.endpoint, "ca": str(self.ca), "access_key": self.credentials.access_key,
+                "secret_key": self.credentials.secret_key}  # fmt: skip
+        path.touch(mode=0o600)
+        path.write_text(json.dumps(data, indent=1))
+
+    @classmethod
+    def load(cls, directory: Path) -> ClusterObjectStore | None:
+        path = directory / CLUSTER_STORE_FILE
+        if not path.is_file():
+            return None
+        data = json.loads(path.read_text())
+        return cls(data["endpoint"], Path(data["ca"]), S3Credentials(data["access_key"], data["secret_key"]))
+
+    def secret_keys(self) -> dict[str, str]:
+        """What a policy's credentials Secret holds to read this store (agent/object_store.py's key names)."""
+        return {
+            "AWS_ACCESS_KEY_ID": self.credentials.access_key,
+            "AWS_SECRET_ACCESS_KEY": self.credentials.secret_key,
+            "AWS_ENDPOINT_URL": self.endpoint,
+            "ca.crt": self.ca.read_text(),
+        }
+
+    def put(self, bucket: str, key: str, data: bytes) -> str:
+        """Upload ``data`` to ``s3://bucket/key``; returns that URI."""
+        import obstore
+        from obstore.store import S3Store
+
+        store = S3Store(
+            bucket, endpoint=self.endpoint, access_key_id=self.credentials.access_key,
+            secret_access_key=self.credentials.secret_key, region="us-east-1",
+            client_options={"root_certificate": self.ca.read_text()},
+            # A volume server still registering with the master answers 500 for a few seconds: wait it out.
+            retry_config={"max_retries": 12, "backoff": {"init_backoff": timedelta(seconds=1),
+                                                         "max_backoff": timedelta(seconds=5), "base": 2}},
+        )  # fmt: skip
+        obstore.put(store, key, data)
+        return f"s3://{bucket}/{key}"
 
 
 if __name__ == "__main__":

@@ -30,21 +30,24 @@ def test_every_crd_is_established_with_its_names(control_plane: Any) -> None:
         assert crd.spec.versions[0].subresources.status is not None
 
 
-def test_every_example_applies(control_plane: Any, namespace: str) -> None:
-    result = control_plane.kubectl("apply", "-n", namespace, "-f", str(EXAMPLES))
+def test_every_example_applies(control_plane: Any) -> None:
+    """As they are: the examples name their namespace (team-a, a workload namespace of the chart's e2e install)."""
+    control_plane.kubectl("create", "namespace", "team-a", check=False)
+    result = control_plane.kubectl("apply", "-f", str(EXAMPLES))
     try:
         for path in sorted(EXAMPLES.glob("*.yaml")):
             name = yaml.safe_load(path.read_text())["metadata"]["name"]
             assert name in result.stdout, f"{path.name} not applied:\n{result.stdout}"
-        listed = control_plane.kubectl("get", "metainfer", "-n", namespace, "-o", "name").stdout
-        assert "adaptationpolicy.metainfer.io/digits" in listed
+        listed = control_plane.kubectl("get", "metainfer", "-n", "team-a", "-o", "name").stdout
+        assert "adaptationpolicy.metainfer.io/digits-from-bucket" in listed
     finally:
-        control_plane.kubectl("delete", "-f", str(EXAMPLES / "hardwareprofile-cpu.yaml"), "--ignore-not-found")
+        control_plane.kubectl("delete", "-f", str(EXAMPLES), "--ignore-not-found")
 
 
 @pytest.mark.parametrize("example", ["digits-policy.yaml", "bert-mini-policy.yaml", "digits-cpu-policy.yaml"])
 def test_server_defaults_equal_the_pydantic_defaults(control_plane: Any, namespace: str, example: str) -> None:
     doc = yaml.safe_load((EXAMPLES / example).read_text())
+    doc["metadata"].pop("namespace", None)  # into this test's namespace
     create(control_plane.api_client, doc, namespace)
     stored = client.CustomObjectsApi(control_plane.api_client).get_namespaced_custom_object(
         GROUP, VERSION, namespace, "adaptationpolicies", doc["metadata"]["name"]
