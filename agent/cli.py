@@ -96,8 +96,28 @@ def build_parser() -> argparse.ArgumentParser:
         " decided by\nmemory and quality.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    a.add_argument("model", metavar="MODEL", type=Path, help="the FP32 ONNX model")
-    a.add_argument("--data", type=Path, required=True, help="NPZ: arrays named after the inputs [+ labels]")
+    a.add_argument(
+        "model",
+        metavar="MODEL",
+        type=_file_or_uri,
+        help="the FP32 ONNX model: a file, or an s3://, gs://, az://, hf:// or https:// URI (fetched with"
+        " --credentials, else the store's usual environment variables)",
+    )
+    a.add_argument(
+        "--data",
+        type=_file_or_uri,
+        required=True,
+        help="NPZ: arrays named after the inputs [+ labels]; a file or a URI like MODEL",
+    )
+    a.add_argument("--model-sha256", type=_sha256, help="pin a fetched MODEL: other bytes fail the fetch")
+    a.add_argument("--data-sha256", type=_sha256, help="pin fetched --data the same way")
+    a.add_argument(
+        "--credentials",
+        type=Path,
+        metavar="DIR",
+        help="the store's keys, one file per key as a Kubernetes Secret is mounted (docs/model-stores.md);"
+        " default: the same names from the environment (AWS_ACCESS_KEY_ID, HF_TOKEN, ...)",
+    )
     a.add_argument("--batch", type=_positive_int, default=1, help="production batch size (default 1)")
     a.add_argument("--search-batch", action="store_true", help="also search the batch size")
     a.add_argument("--slo-p95-ms", type=_positive_float, help="p95 latency SLO per batch, ms")
@@ -280,8 +300,12 @@ def check_adapt_args(args: argparse.Namespace) -> None:
     weights = [getattr(args, flag[2:].replace("-", "_")) for flag in WEIGHT_FLAGS]
     if not any(w > 0 for w in weights):
         raise InputError(", ".join(WEIGHT_FLAGS), "at least one objective weight must be > 0")
-    _check_input_file(args.model, ModelError)
-    _check_input_file(args.data, DataError)
+    if isinstance(args.model, Path):
+        _check_input_file(args.model, ModelError)
+    if isinstance(args.data, Path):
+        _check_input_file(args.data, DataError)
+    if args.credentials is not None and not args.credentials.is_dir():
+        raise InputError(f"--credentials {args.credentials}", "not a directory (one file per key)")
     for path in getattr(args, "history", None) or []:
         if not path.exists():
             raise InputError(f"--history {path}", "no such file or directory")
@@ -294,6 +318,25 @@ def check_adapt_args(args: argparse.Namespace) -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise InputError(f"--out {out}", f"cannot create the directory: {exc.strerror or exc}") from None
+
+
+def _file_or_uri(value: str) -> Path | str:
+    """A local path, or a URI the agent's fetch reads (agent/fetch.py); a URI of another scheme is refused here."""
+    if "://" not in value:
+        return Path(value)
+    from metainfer.core.api.policy import MODEL_URI_PATTERN
+
+    if not re.match(MODEL_URI_PATTERN, value) or value.startswith(("configmap://", "file://")):
+        raise argparse.ArgumentTypeError(
+            f"{value[:200]!r}: expected a file or an s3://, gs://, az://, hf:// or http(s):// URI"
+        )
+    return value
+
+
+def _sha256(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-fA-F]{64}", value):
+        raise argparse.ArgumentTypeError(f"{value[:80]!r} is not a hex sha256 (64 digits)")
+    return value.lower()
 
 
 def _check_input_file(path: Path, error: type[InputError]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -10,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from metainfer.agent.progress import progress_for
-from metainfer.core.engine.errors import InputError, NoFeasibleCandidate
+from metainfer.core.engine.errors import DataError, InputError, ModelError, NoFeasibleCandidate
 from metainfer.core.engine.phases import PipelinePhase
 from metainfer.core.engine.trial import TrialStatus
 
@@ -53,6 +55,40 @@ def profile_command(out_path: Path | None, refresh: bool) -> int:
 
 
 def adapt_command(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="metainfer-adapt-") as fetched:
+        model_path, data_path = _local_inputs(args, Path(fetched))
+        return _adapt(args, model_path, data_path)
+
+
+def _local_inputs(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
+    """MODEL and --data as local files: URIs are fetched (and checked against their sha256 when given) with the
+    store's keys from --credentials, else from the environment (agent/object_store.py)."""
+    from metainfer.agent import object_store
+    from metainfer.agent.fetch import FetchError, fetch
+
+    if args.credentials is not None:
+        os.environ[object_store.CREDENTIALS_ENV] = str(args.credentials)
+    else:  # one's own machine: the SDKs' environment variables and the default credential chains apply
+        os.environ.setdefault(object_store.AMBIENT_ENV, "true")
+    paths = []
+    for source, sha256, what, error in (
+        (args.model, args.model_sha256, "model", ModelError),
+        (args.data, args.data_sha256, "data", DataError),
+    ):
+        if isinstance(source, Path):
+            paths.append(source)
+            continue
+        name = "model.onnx" if what == "model" else "data.npz"
+        try:
+            with console.status(f"fetching {source}"):
+                paths.append(fetch(source, workdir / name, expected_sha256=sha256, namespace="", configmaps=None,
+                                   what=what))  # fmt: skip
+        except FetchError as exc:
+            raise error(source, str(exc).removeprefix(f"{what} ").removeprefix(f"{source}: ")) from None
+    return paths[0], paths[1]
+
+
+def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path) -> int:
     from metainfer.core.engine.data import load_npz
     from metainfer.core.engine.evaluate import MeasureSettings
     from metainfer.core.engine.modelinfo import inspect_model, load_model
@@ -62,9 +98,9 @@ def adapt_command(args: argparse.Namespace) -> int:
     from metainfer.core.engine.report import AdaptSettings
     from metainfer.core.engine.scoring import Constraints, Objective
 
-    model = load_model(args.model)
-    info = inspect_model(args.model, model)
-    data = load_npz(args.data, info)
+    model = load_model(model_path)
+    info = inspect_model(model_path, model)
+    data = load_npz(data_path, info)
     if args.batch > data.n_samples:
         console.print(
             f"[yellow]warning:[/] --batch {args.batch} is larger than the {data.n_samples} samples in {args.data}:"
@@ -98,7 +134,7 @@ def adapt_command(args: argparse.Namespace) -> int:
         observer.phase(PipelinePhase.PROFILING, None)
         profile = load_or_measure(on_step=observer.on_step)
         _warn_unusable_providers()
-        adaptation = Adaptation(args.model.read_bytes(), info, data, profile, settings, observer)
+        adaptation = Adaptation(model_path.read_bytes(), info, data, profile, settings, observer)
         if sources is not None:
             from metainfer.core.engine.history import select
 

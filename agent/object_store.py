@@ -81,12 +81,15 @@ def load_credentials(directory: str | os.PathLike[str] | None = None, *, ambient
     if ambient is None:
         ambient = os.environ.get(AMBIENT_ENV, "").lower() in ("1", "true", "yes")
     where = directory if directory is not None else os.environ.get(CREDENTIALS_ENV)
+    wanted = {key for keys in SECRET_KEYS.values() for key in keys}
     if not where:
-        return Credentials(ambient=ambient)
+        # Ambient: the process's own environment, under the same names (a platform that turned workload identity
+        # on put them there, or a user running `metainfer adapt` on her machine).
+        values = {key: value.strip() for key in sorted(wanted) if ambient and (value := os.environ.get(key))}
+        return Credentials(values=values, ambient=ambient)
     root = Path(where)
     if not root.is_dir():
         raise StoreError(f"the store credentials directory {root} is not mounted (is the Secret there?)")
-    wanted = {key for keys in SECRET_KEYS.values() for key in keys}
     values = {key: text for key in sorted(wanted) if (text := _read_key(root, key)) is not None}
     return Credentials(values=values, ca_pem=_read_key(root, CA_KEY), ambient=ambient)
 

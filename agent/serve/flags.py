@@ -9,7 +9,9 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``metainfer serve`` (core/control/manifests.py build_deployment writes them)."""
     parser.add_argument(
-        "--model-uri", required=True, help="base model: http(s)://, s3://, gs://, az://, hf://, file:///path or configmap://NAME/KEY"
+        "--model-uri",
+        required=True,
+        help="base model: http(s)://, s3://, gs://, az://, hf://, file:///path or configmap://NAME/KEY",
     )
     parser.add_argument("--model-sha256", help="expected sha256 of the base model (verified before loading)")
     recipe = parser.add_mutually_exclusive_group(required=True)

@@ -185,3 +185,34 @@ def test_the_secrets_ca_bundle_verifies_a_private_store(
         )
     finally:
         secured.stop()
+
+
+def test_metainfer_adapt_reads_model_and_data_from_a_bucket_with_the_environments_keys(
+    store: objectstore.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
+) -> None:
+    """`metainfer adapt s3://...` on one's own machine: the keys from the usual environment variables, the sha256
+    pins checked, a wrong pin an input error (exit 2) before any search."""
+    from metainfer.agent.cli import EXIT_INPUT, main
+    from metainfer.agent.zoo import build_examples
+
+    digits = build_examples(tmp_path / "examples", ["digits"])["digits"]
+    obstore.put(_client(store), "cli/model.onnx", digits.model_path.read_bytes())
+    obstore.put(_client(store), "cli/data.npz", digits.data_path.read_bytes())
+    monkeypatch.delenv("METAINFER_STORE_CREDENTIALS", raising=False)
+    monkeypatch.delenv("METAINFER_STORE_AMBIENT_CREDENTIALS", raising=False)
+    for key, value in (
+        ("AWS_ACCESS_KEY_ID", store.credentials.access_key),
+        ("AWS_SECRET_ACCESS_KEY", store.credentials.secret_key),
+        ("AWS_ENDPOINT_URL", store.endpoint),
+    ):
+        monkeypatch.setenv(key, value)  # fmt: skip
+    common = ["--data", f"s3://{BUCKET}/cli/data.npz", "--data-sha256", digits.data_sha256, "--batch", "8"]
+
+    wrong = main(["adapt", f"s3://{BUCKET}/cli/model.onnx", "--model-sha256", "0" * 64, *common,
+                  "--out", str(tmp_path / "wrong")])  # fmt: skip
+    assert wrong == EXIT_INPUT
+
+    out = tmp_path / "out"
+    assert main(["adapt", f"s3://{BUCKET}/cli/model.onnx", "--model-sha256", digits.sha256, *common,
+                 "--budget-trials", "2", "--out", str(out)]) == 0  # fmt: skip
+    assert (out / "report.json").is_file() and (out / "recipe.json").is_file()

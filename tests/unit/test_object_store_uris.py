@@ -119,3 +119,25 @@ def test_a_policy_names_its_credentials_secret_by_a_valid_name() -> None:
     assert source.to_api()["credentials"] == {"secretName": "store-keys"}
     with pytest.raises(ValueError, match="secretName"):
         ModelSource.model_validate({"uri": "s3://b/m", "sha256": "a" * 64, "credentials": {"secretName": "Bad_Name"}})
+
+
+def test_ambient_credentials_are_the_environments_under_the_same_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(object_store.CREDENTIALS_ENV, raising=False)
+    monkeypatch.setenv("HF_TOKEN", "hf_x")
+    assert object_store.load_credentials(ambient=False).values == {}  # a pod's environment is not a Secret
+    assert object_store.load_credentials(ambient=True).values["HF_TOKEN"] == "hf_x"
+
+
+def test_adapt_takes_uris_and_refuses_other_schemes() -> None:
+    from metainfer.agent.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["adapt", "s3://b/m.onnx", "--data", "hf://o/r/d.npz", "--out", "x",
+                              "--model-sha256", "A" * 64])  # fmt: skip
+    assert args.model == "s3://b/m.onnx" and args.data == "hf://o/r/d.npz" and args.model_sha256 == "a" * 64
+    assert isinstance(parser.parse_args(["adapt", "m.onnx", "--data", "d.npz", "--out", "x"]).model, Path)
+    for bad in (["adapt", "ftp://h/m.onnx", "--data", "d.npz", "--out", "x"],
+                ["adapt", "configmap://c/k", "--data", "d.npz", "--out", "x"],
+                ["adapt", "m.onnx", "--data", "d.npz", "--out", "x", "--model-sha256", "abc"]):  # fmt: skip
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
