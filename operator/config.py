@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from metainfer.core.api.hardwareclass import AcceleratorVendor
 from metainfer.core.api.k8s_syntax import DNS1123_SUBDOMAIN
 from metainfer.core.api.policy import ResourceRequirements, Toleration
 from metainfer.core.api.security import (
@@ -40,10 +41,12 @@ from metainfer.core.control.settings import (
     DEFAULT_SHUTDOWN_DELAY_S,
     AgentJobSettings,
     ServingDefaults,
+    VendorImage,
 )
 
 # JSON-valued settings are decoded by OperatorConfig itself, so that bad JSON is reported like any other bad value.
 JSON_SETTINGS = (
+    "agent_images",
     "workload_image_pull_secrets",
     "workload_fetch_allow_cidrs",
     "workload_tolerations",
@@ -78,6 +81,12 @@ class OperatorConfig(BaseSettings):
             raise ConfigError(_described(exc)) from exc
 
     agent_image: str = Field("metainfer:latest", description="Image of the adaptation Job and the serving pods.")
+    agent_images: Annotated[dict[AcceleratorVendor, VendorImage], NoDecode] = Field(
+        default_factory=dict,
+        description='The image of each accelerator vendor\'s classes (JSON, {"nvidia": {"image": ..., "runtime": '
+        "...}}); agent_image is the CPU classes'. A vendor left out has its classes refused (NoImageForHardware), "
+        "never adapted or served by an image that cannot use their accelerator.",
+    )
     agent_service_account: str = Field("metainfer-agent", description="Least-privilege account of agent Jobs.")
     agent_runtime: str | None = Field(
         None,
@@ -246,6 +255,13 @@ class OperatorConfig(BaseSettings):
         except json.JSONDecodeError as exc:
             raise ValueError(f"not valid JSON ({exc})") from None
 
+    @field_validator("agent_images")
+    @classmethod
+    def _vendor_images(cls, value: dict[str, VendorImage]) -> dict[str, VendorImage]:
+        if "cpu" in value:
+            raise ValueError("cpu classes run agent_image (METAINFER_AGENT_IMAGE): name accelerator vendors only")
+        return value
+
     @field_validator("prometheus_auth_dir")
     @classmethod
     def _auth_dir(cls, value: Path | None) -> Path | None:
@@ -320,6 +336,7 @@ class OperatorConfig(BaseSettings):
         """What every adaptation Job gets from the platform."""
         return AgentJobSettings(
             image=self.agent_image,
+            vendor_images=dict(self.agent_images),
             service_account=self.agent_service_account,
             image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
             tolerations=self.platform_tolerations(),
@@ -338,6 +355,7 @@ class OperatorConfig(BaseSettings):
         """What every serving pod gets from the platform where its policy says nothing."""
         return ServingDefaults(
             image=self.agent_image,
+            vendor_images=dict(self.agent_images),
             service_account=self.serving_service_account,
             image_pull_secrets=tuple(s.name for s in self.workload_image_pull_secrets),
             tolerations=self.platform_tolerations(),

@@ -104,6 +104,9 @@ class ClassContext:
     now: dt.datetime
     # Provisional pods' on-node checks by class fingerprint (core.control.pod_checks); none outside the operator.
     pod_checks: Mapping[str, tuple[PodCheck, ...]] = field(default_factory=dict)
+    # The platform maps no image to the class's accelerator vendor (WorkloadSettings.for_vendor): refused, never
+    # adapted or served by the CPU image; ``job_settings`` and ``serving`` are then the platform's as given.
+    image_missing: bool = False
     # Derived from the fields above, once: every step of the class's planning reads them.
     drift_epoch: str | None = field(init=False)  # the salt of ``run_key``: the class's last confirmed latency drift
     rerun: str | None = field(init=False)  # the other salt: the policy's manual re-run request (rerun_request)

@@ -58,7 +58,15 @@ from metainfer.core.control.manifests import build_policy_service, build_run, po
 from metainfer.core.control.objects import InvalidRun, generation_of, label_of, name_of, run_phase
 from metainfer.core.control.pin import pinned_run, plan_pinned
 from metainfer.core.control.pod_checks import PodCheck
-from metainfer.core.control.runs import hold_class, job_decisions, plan_job, plan_runs, run_status_from_job, skipped
+from metainfer.core.control.runs import (
+    hold_class,
+    job_decisions,
+    plan_job,
+    plan_runs,
+    refuse_class,
+    run_status_from_job,
+    skipped,
+)
 from metainfer.core.control.serving import plan_serving
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
 from metainfer.core.control.workloads import DeploymentState
@@ -146,8 +154,6 @@ def plan_policy(
         previous_classes={c.fingerprint: c for c in previous.classes},
         deployments=existing,
         jobs=jobs,
-        job_settings=job_settings,
-        serving=serving,
         wait_for_available=limits.wait_for_available,
         now=now,
         pod_checks=pod_checks or {},
@@ -160,6 +166,7 @@ def plan_policy(
             group=group,
             runs=tuple(by_class.get(group.fingerprint, ())),
             invalid_runs=tuple(r for r in invalid_runs if r.class_fingerprint == group.fingerprint),
+            **class_settings(group, job_settings, serving),
         )
         for group in groups
     ]
@@ -183,6 +190,18 @@ def plan_policy(
         class_plans, leftovers, previous.conditions, generation_of(policy), now, unclassified, policy_endpoint(policy)
     )
     return with_pin(with_excluded(plan, excluded_nodes or {}), policy)
+
+
+def class_settings(
+    group: ClassGroup, job_settings: AgentJobSettings | None, serving: ServingDefaults | None
+) -> dict[str, Any]:
+    """The Job and serving settings of ``group``'s classes: the image (and runtime) the platform maps to its
+    accelerator vendor; the platform's own, with ``image_missing``, where it maps none."""
+    vendor = group.hardware_class.vendor
+    job = job_settings.for_vendor(vendor) if job_settings else None
+    served = serving.for_vendor(vendor) if serving else None
+    missing = (job_settings is not None and job is None) or (serving is not None and served is None)
+    return {"job_settings": job or job_settings, "serving": served or serving, "image_missing": missing}
 
 
 def with_excluded(plan: Plan, nodes: Mapping[str, str]) -> Plan:
@@ -273,9 +292,12 @@ def plan_classes(contexts: Sequence[ClassContext], slots: int) -> list[ClassPlan
 
 
 def plan_class(context: ClassContext, *, slot_free: bool) -> ClassPlan:
-    """One selected class: its runs, then what it serves; held while one of its runs does not validate."""
+    """One selected class: its runs, then what it serves; held while one of its runs does not validate, refused
+    while the platform maps no image to its accelerator."""
     if context.invalid_runs:
         return hold_class(context)
+    if context.image_missing:
+        return refuse_class(context)
     pinned = pinned_run(context)
     if pinned is not None:
         return plan_pinned(context, pinned)

@@ -39,6 +39,8 @@ from metainfer.core.control.settings import AgentJobSettings
 from metainfer.core.control.workloads import job_end
 
 MAX_HELD_MESSAGE = 1024
+# What a held or refused class serves, and since when: true as last written while nothing is rolled out.
+_SERVED_FIELDS = ("current", "run_name", "deployment_name", "last_adaptation_time", "last_adaptation_reason")
 _JOB_REASONS = {"BackoffLimitExceeded": Reason.BACKOFF_LIMIT_EXCEEDED, "DeadlineExceeded": Reason.DEADLINE_EXCEEDED}
 
 
@@ -165,18 +167,32 @@ def hold_class(context: ClassContext) -> ClassPlan:
     was = context.previous
     base = fresh_status(context)
     if was is not None:  # what it serves, and since when, stays true while nothing is rolled out
-        base = updated(
-            base,
-            current=was.current,
-            run_name=was.run_name,
-            deployment_name=was.deployment_name,
-            last_adaptation_time=was.last_adaptation_time,
-            last_adaptation_reason=was.last_adaptation_reason,
-        )
+        base = updated(base, **{k: getattr(was, k) for k in _SERVED_FIELDS})
     status = updated(base, state=ClassState.DEGRADED, reason=Reason.INVALID_SPEC, message=message)
     said = was is not None and (was.state, was.reason, was.message) == (status.state, status.reason, status.message)
     unread = () if said else tuple(skipped(r) for r in context.invalid_runs)
     return ClassPlan(status, Decisions(events=(*discovered(context, status), *unread)) + class_jobs(context))
+
+
+def refuse_class(context: ClassContext) -> ClassPlan:
+    """A class of an accelerator vendor the platform maps no image to: Degraded (NoImageForHardware) saying which
+    setting is missing. Nothing starts for it, what it serves stays, and its runs' ended Jobs are still read: the
+    platform's image is the CPU one, and a class never adapts or serves there on a CPU its accelerator idles beside.
+    """
+    vendor = context.group.hardware_class.vendor
+    message = (
+        f"no image for {vendor} classes: the platform maps none (Helm value agent.vendorImages.{vendor}, "
+        f"METAINFER_AGENT_IMAGES); the CPU image cannot use their accelerator, so nothing is adapted or served here"
+    )
+    was = context.previous
+    base = fresh_status(context)
+    if was is not None:
+        base = updated(base, **{k: getattr(was, k) for k in _SERVED_FIELDS})
+    status = updated(base, state=ClassState.DEGRADED, reason=Reason.NO_IMAGE_FOR_HARDWARE, message=message)
+    said = was is not None and (was.state, was.reason) == (status.state, status.reason)
+    events = () if said else (Event("Warning", Reason.NO_IMAGE_FOR_HARDWARE, f"class {status.name}: {message}"),)
+    jobs = job_decisions(context.runs, None, jobs=context.jobs, settings=context.job_settings, now=context.now)
+    return ClassPlan(status, Decisions(events=(*discovered(context, status), *events)) + jobs)
 
 
 def skipped(run: InvalidRun) -> Event:

@@ -13,10 +13,11 @@ spec.serving.resources does not name.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from metainfer.core.api.hardwareclass import AcceleratorVendor
 from metainfer.core.api.policy import ResourceRequirements
 from metainfer.core.api.security import (
     DEFAULT_CONTAINER_SECURITY_CONTEXT,
@@ -44,6 +45,28 @@ DEFAULT_DRAIN_TIMEOUT_S = 20.0
 TERMINATION_MARGIN_S = 5
 
 
+IMAGE_MAX = 1024  # a registry path with a tag or a digest; bounded as every value copied into a run
+
+
+class VendorImage(BaseModel):
+    """The image the classes of one accelerator vendor adapt and serve with (``make image RUNTIME=<flavour>``:
+    cuda for nvidia, openvino for intel), and the runtime it carries."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    image: str = Field(min_length=1, max_length=IMAGE_MAX)
+    runtime: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="The image's runtime as `metainfer runtime` prints it there. Unset: the image reference stands "
+        "for it, so any other image re-adapts the vendor's classes.",
+    )
+
+    def runtime_identity(self) -> str:
+        return (self.runtime or f"image {self.image}")[:256]
+
+
 class WorkloadSettings(BaseModel):
     """What adaptation Jobs and serving pods share; each has its own values (``AgentJobSettings``,
     ``ServingDefaults``)."""
@@ -51,6 +74,12 @@ class WorkloadSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     image: str = "ghcr.io/metainfer/metainfer:0.1.0"
+    vendor_images: dict[AcceleratorVendor, VendorImage] | None = Field(
+        None,
+        description="The image of each accelerator vendor's classes (``for_vendor``); ``image`` is the CPU classes'. "
+        "None: no mapping (tests, the demo), every class gets ``image``; a mapping without a vendor refuses its "
+        "classes rather than run them on an image that cannot use their accelerator.",
+    )
     image_pull_policy: PullPolicy = "IfNotPresent"
     image_pull_secrets: tuple[str, ...] = Field((), description="Secrets of the pod's namespace to pull images with.")
     tolerations: tuple[dict[str, Any], ...] = Field((), description="Added to the policy's tolerations.")
@@ -91,6 +120,16 @@ class WorkloadSettings(BaseModel):
         description="Object stores without a credentials Secret are read with the pods' ambient identity (the "
         "ServiceAccount's cloud role) instead of anonymously (METAINFER_STORE_AMBIENT_CREDENTIALS).",
     )
+
+    def for_vendor(self, vendor: AcceleratorVendor) -> Self | None:
+        """These settings for the classes of ``vendor``: its image and runtime where the platform maps one; None
+        for an accelerator vendor a mapping leaves out (core.control.runs refuses the class, naming it)."""
+        if vendor == "cpu" or self.vendor_images is None:
+            return self
+        entry = self.vendor_images.get(vendor)
+        if entry is None:
+            return None
+        return self.model_copy(update={"image": entry.image, "runtime": entry.runtime_identity()})
 
 
 class AgentJobSettings(WorkloadSettings):

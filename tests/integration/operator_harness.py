@@ -72,6 +72,8 @@ class Operator:
             "METAINFER_RESYNC_SECONDS": "5",
             "METAINFER_PEERING_NAME": self.peering,
             "METAINFER_CLASS_SETTLE_SECONDS": "1",
+            # As the chart's defaults do: GPU classes get the CUDA flavour, not refused (NoImageForHardware).
+            "METAINFER_AGENT_IMAGES": '{"nvidia": {"image": "metainfer:latest-cuda"}}',
             **self.extra_env,
         }
         cmd = [

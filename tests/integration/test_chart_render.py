@@ -1028,3 +1028,37 @@ def test_values_of_an_older_chart_reused_as_they_were_are_refused_with_what_to_r
     reused = run_helm("template", "mi", str(CHART), "--set", f"{dropped}=null", check=False)
     assert reused.returncode != 0
     assert f"values {dropped} are missing" in reused.stderr and "--reset-then-reuse-values" in reused.stderr
+
+
+def test_each_accelerator_vendor_gets_its_flavours_image_and_a_vendor_left_out_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Defaults: nvidia classes run <repository>:<tag>-cuda, intel ones -openvino, amd and huawei none (refused by
+    the operator, not run on the CPU image). A digest pins a flavour; null drops a vendor."""
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    config = operator_config(operator_env(template("--set", "image.repository=reg/mi")), monkeypatch)
+    nvidia, intel = (config.job_settings().for_vendor(v) for v in ("nvidia", "intel"))
+    assert nvidia is not None and nvidia.image == f"reg/mi:{version}-cuda"
+    assert intel is not None and intel.image == f"reg/mi:{version}-openvino"
+    assert config.job_settings().for_vendor("amd") is None and config.serving_defaults().for_vendor("huawei") is None
+    assert config.job_settings().image == f"reg/mi:{version}"
+
+    digest = "sha256:" + "b" * 64
+    pinned = template(
+        "--set", "image.repository=reg/mi",
+        "--set", f"agent.vendorImages.nvidia.digest={digest}",
+        "--set", "agent.vendorImages.nvidia.runtime=onnxruntime-gpu 1.31.1",
+        "--set", "agent.vendorImages.intel=null",
+        "--set", "agent.vendorImages.amd.image=other/mi-rocm:7",
+    )  # fmt: skip
+    config = operator_config(operator_env(pinned), monkeypatch)
+    nvidia = config.serving_defaults().for_vendor("nvidia")
+    assert nvidia is not None and (nvidia.image, nvidia.runtime) == (f"reg/mi@{digest}", "onnxruntime-gpu 1.31.1")
+    amd = config.job_settings().for_vendor("amd")
+    assert amd is not None and amd.image == "other/mi-rocm:7"
+    assert config.job_settings().for_vendor("intel") is None
+
+    empty = run_helm("template", "mi", str(CHART), "--set", "agent.vendorImages.amd.runtime=x", check=False)
+    assert empty.returncode != 0 and "agent.vendorImages.amd names no flavour, digest or image" in empty.stderr
+    typo = run_helm("template", "mi", str(CHART), "--set", "agent.vendorImages.nvida.flavour=cuda", check=False)
+    assert typo.returncode != 0 and "nvida" in typo.stderr

@@ -594,6 +594,25 @@ def test_the_platforms_fetch_exceptions_reach_job_and_serving_pods_only_when_set
         OperatorConfig(workload_fetch_allow_cidrs='["nope"]')
 
 
+def test_the_platforms_vendor_images_reach_job_and_serving_settings_and_cpu_is_not_a_vendor_image() -> None:
+    from metainfer.operator.config import ConfigError, OperatorConfig
+
+    images = {"nvidia": {"image": "r/metainfer:1-cuda", "runtime": "onnxruntime-gpu 1.31.1"}}
+    config = OperatorConfig(agent_image="r/metainfer:1", agent_images=json.dumps(images))
+    for settings in (config.job_settings(), config.serving_defaults()):
+        nvidia = settings.for_vendor("nvidia")
+        assert nvidia is not None and (nvidia.image, nvidia.runtime) == ("r/metainfer:1-cuda", "onnxruntime-gpu 1.31.1")
+        assert settings.for_vendor("amd") is None and settings.for_vendor("cpu") is settings
+    # Unset: no accelerator vendor has an image, so none is run on the CPU image.
+    assert OperatorConfig().job_settings().for_vendor("nvidia") is None
+    with pytest.raises(ConfigError, match=r"METAINFER_AGENT_IMAGES: .*cpu classes run agent_image"):
+        OperatorConfig(agent_images='{"cpu": {"image": "x"}}')
+    with pytest.raises(ConfigError, match="METAINFER_AGENT_IMAGES"):
+        OperatorConfig(agent_images='{"nvida": {"image": "x"}}')
+    with pytest.raises(ConfigError, match="METAINFER_AGENT_IMAGES: not valid JSON"):
+        OperatorConfig(agent_images="{nvidia")
+
+
 def test_the_platforms_tolerations_reach_job_and_serving_pods_after_the_policys() -> None:
     from metainfer.operator.config import ConfigError, OperatorConfig
 

@@ -30,7 +30,7 @@ from metainfer.core.control.reconcile import (
     run_phase,
     run_status_from_job,
 )
-from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
+from metainfer.core.control.settings import AgentJobSettings, ServingDefaults, VendorImage
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.core.engine.recipe import Recipe
 
@@ -1024,3 +1024,87 @@ def test_runs_recorded_before_runtimes_were_get_the_platforms_image() -> None:
     _platform(c, "metainfer:2", "onnxruntime 1.22.0")
     c.reconcile({"c1": CPU})
     assert _image_of(c) == "metainfer:2"
+
+
+def _vendor_platform(c: Cluster, vendor_images: dict[str, VendorImage]) -> None:
+    common: dict[str, Any] = {"image": "metainfer:1", "runtime": "onnxruntime 1.31.1", "vendor_images": vendor_images}
+    c.job_settings = AgentJobSettings(**common)
+    c.serving = ServingDefaults(**common)
+
+
+def test_each_accelerator_class_adapts_and_serves_on_the_image_its_vendor_maps_to() -> None:
+    c = Cluster()
+    cuda = VendorImage(image="metainfer:1-cuda", runtime="onnxruntime-gpu 1.31.1")
+    _vendor_platform(c, {"nvidia": cuda})
+    c.reconcile({"g1": A100, "c1": CPU})
+    jobs = c.reconcile({"g1": A100, "c1": CPU}).jobs_to_create  # the Jobs of the runs just created
+    images = {job.manifest["spec"]["template"]["spec"]["containers"][0]["image"] for job in jobs}
+    assert images == {"metainfer:1-cuda", "metainfer:1"}
+    by_vendor = {r["spec"]["hardwareClass"]["vendor"]: r["spec"] for r in c.runs.values()}
+    assert by_vendor["nvidia"]["image"] == "metainfer:1-cuda"
+    assert by_vendor["nvidia"]["runtime"] == "onnxruntime-gpu 1.31.1"
+    assert by_vendor["cpu"]["image"] == "metainfer:1" and by_vendor["cpu"]["runtime"] == "onnxruntime 1.31.1"
+    for name in list(c.runs):
+        c.finish(name)
+    c.reconcile({"g1": A100, "c1": CPU})
+    served = {
+        d["metadata"]["name"]: d["spec"]["template"]["spec"]["containers"][0]["image"] for d in c.deployments.values()
+    }
+    assert sorted(served.values()) == ["metainfer:1", "metainfer:1-cuda"]
+
+    # A new CUDA image with no runtime named: its reference stands for the runtime, so the nvidia class re-adapts
+    # and the cpu class does not.
+    _vendor_platform(c, {"nvidia": VendorImage(image="metainfer:2-cuda")})
+    again = c.reconcile({"g1": A100, "c1": CPU})
+    assert [r.manifest["spec"]["hardwareClass"]["vendor"] for r in again.runs_to_create] == ["nvidia"]
+    assert [r.reason for r in again.runs_to_create] == [Reason.RUNTIME_CHANGE]
+
+
+def test_an_accelerator_class_with_no_image_is_refused_naming_the_setting_and_never_gets_the_cpu_image() -> None:
+    c = Cluster()
+    _vendor_platform(c, {"intel": VendorImage(image="metainfer:1-openvino")})
+    plan = c.reconcile({"g1": A100, "c1": CPU})
+    assert [r.manifest["spec"]["hardwareClass"]["vendor"] for r in plan.runs_to_create] == ["cpu"]
+    jobs = c.reconcile({"g1": A100, "c1": CPU}).jobs_to_create
+    assert [job.manifest["spec"]["template"]["spec"]["containers"][0]["image"] for job in jobs] == ["metainfer:1"]
+    (gpu,) = [s for s in plan.class_statuses if s.hardware_class.vendor == "nvidia"]
+    assert (gpu.state, gpu.reason) == ("Degraded", Reason.NO_IMAGE_FOR_HARDWARE)
+    assert gpu.message and "agent.vendorImages.nvidia" in gpu.message and "METAINFER_AGENT_IMAGES" in gpu.message
+    warnings = [e for e in plan.events if e.reason == Reason.NO_IMAGE_FOR_HARDWARE]
+    assert len(warnings) == 1 and warnings[0].type == "Warning"
+    # Said once: later reconciles repeat neither the event nor a run.
+    later = c.reconcile({"g1": A100, "c1": CPU})
+    assert not [e for e in later.events if e.reason == Reason.NO_IMAGE_FOR_HARDWARE]
+    assert not [r for r in later.runs_to_create if r.manifest["spec"]["hardwareClass"]["vendor"] == "nvidia"]
+
+    # The platform maps one: the class starts its run on that image.
+    _vendor_platform(c, {"nvidia": VendorImage(image="metainfer:1-cuda")})
+    mapped = c.reconcile({"g1": A100, "c1": CPU})
+    (run,) = mapped.runs_to_create
+    assert run.manifest["spec"]["image"] == "metainfer:1-cuda"
+
+
+def test_a_refused_class_keeps_serving_what_it_served_and_starts_no_job() -> None:
+    c = Cluster()
+    _vendor_platform(c, {"nvidia": VendorImage(image="metainfer:1-cuda", runtime="onnxruntime-gpu 1.31.1")})
+    c.reconcile({"g1": A100})
+    (run,) = c.runs
+    c.finish(run)
+    c.reconcile({"g1": A100})
+    assert len(c.deployments) == 1
+    _vendor_platform(c, {})  # the platform drops the mapping
+    plan = c.reconcile({"g1": A100})
+    (status,) = plan.class_statuses
+    assert status.reason == Reason.NO_IMAGE_FOR_HARDWARE and status.run_name == run
+    assert plan.deployments_to_delete == [] and plan.jobs_to_create == [] and len(c.deployments) == 1
+
+
+def test_vendor_settings_map_only_accelerators_and_no_mapping_keeps_one_image() -> None:
+    cuda = VendorImage(image="m:1-cuda")
+    mapped = AgentJobSettings(image="m:1", runtime="ort", vendor_images={"nvidia": cuda})
+    assert mapped.for_vendor("cpu") is mapped
+    nvidia = mapped.for_vendor("nvidia")
+    assert nvidia is not None and nvidia.image == "m:1-cuda" and nvidia.runtime == "image m:1-cuda"
+    assert mapped.for_vendor("amd") is None
+    unmapped = AgentJobSettings(image="m:1")
+    assert unmapped.for_vendor("amd") is unmapped  # tests and the demo: no mapping, one image

@@ -67,6 +67,32 @@ app.kubernetes.io/component: operator
 {{- default (include "metainfer.image" .) .Values.agent.image }}
 {{- end }}
 
+{{/* METAINFER_AGENT_IMAGES: agent.vendorImages resolved to {"<vendor>": {"image": ..., "runtime": ...}}; a null
+entry is left out (its classes are refused). */}}
+{{- define "metainfer.vendorImages" -}}
+{{- $out := dict }}
+{{- range $vendor, $entry := (.Values.agent.vendorImages | default dict) }}
+{{- if $entry }}
+{{- $image := "" }}
+{{- if $entry.image }}
+{{- $image = $entry.image }}
+{{- else if $entry.digest }}
+{{- $image = printf "%s@%s" $.Values.image.repository $entry.digest }}
+{{- else if $entry.flavour }}
+{{- $image = printf "%s:%s-%s" $.Values.image.repository (default $.Chart.AppVersion $.Values.image.tag) $entry.flavour }}
+{{- else }}
+{{- fail (printf "agent.vendorImages.%s names no flavour, digest or image (null refuses %s classes)" $vendor $vendor) }}
+{{- end }}
+{{- $item := dict "image" $image }}
+{{- with $entry.runtime }}
+{{- $_ := set $item "runtime" . }}
+{{- end }}
+{{- $_ := set $out $vendor $item }}
+{{- end }}
+{{- end }}
+{{- toJson $out }}
+{{- end }}
+
 {{/* Workload namespaces as a list: the values' list, or the release namespace. */}}
 {{- define "metainfer.workloadNamespaces" -}}
 {{- $list := .Values.workloadNamespaces | default (list .Release.Namespace) | uniq }}
