@@ -173,9 +173,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("out", metavar="DIR", type=Path)
     e.add_argument("--only", nargs="*", help="names to build (default: digits and the transformer)")
 
-    sub.add_parser(
+    rt = sub.add_parser(
         "runtime",
         help="print this image's ONNX Runtime build as the run key records it (the chart's agent.runtime)",
+    )
+    rt.add_argument(
+        "--providers",
+        action="store_true",
+        help="print JSON instead: the runtime, and each execution provider this build offers with whether a "
+        "session on it runs here (null) or why not",
     )
 
     o = sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
@@ -254,10 +260,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return examples_command(args.out, args.only)
         if args.command == "runtime":
-            from metainfer.core.engine.runtime_identity import runtime_identity
+            from metainfer.agent.commands import runtime_command
 
-            print(runtime_identity())
-            return 0
+            return runtime_command(providers=args.providers)
         if args.command == "operator":
             from metainfer.operator.main import run as run_operator
 

@@ -24,6 +24,25 @@ console = Console(stderr=True, width=None if Console(stderr=True).is_terminal el
 out = Console(width=None if Console().is_terminal else 120)
 
 
+def runtime_command(*, providers: bool) -> int:
+    """`metainfer runtime`: the runtime identity; with ``providers``, JSON adding each EP of this build and whether
+    it runs here (what an image flavour is checked by: hack/image/build.py runs it as the image's user)."""
+    import json
+
+    from metainfer.core.engine.runtime_identity import runtime_identity
+
+    if not providers:
+        print(runtime_identity())
+        return 0
+    import onnxruntime as ort
+
+    from metainfer.core.engine.runtime import provider_usability
+
+    usability = provider_usability(ort.get_available_providers())
+    print(json.dumps({"runtime": runtime_identity(), "onnxruntime": ort.__version__, "providers": usability}))
+    return 0
+
+
 def profile_command(out_path: Path | None, refresh: bool) -> int:
     from metainfer.core.engine.profile import SUMMARY_COLUMNS, load_or_measure
 

@@ -11,7 +11,9 @@ fails its run with the reason (``require_accelerator``) instead of adapting on t
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -74,6 +76,8 @@ def create_session(model: bytes | str, recipe: Recipe, compiled_cache: Path | No
 
         return OpenVinoSession(model, recipe, compiled_cache)
     wanted = recipe.session.execution_provider
+    if wanted != CPU_PROVIDER:
+        preload_accelerator_libraries()
     with warnings.catch_warnings():  # the missing-EP warning is this check's to report, with its cause
         warnings.simplefilter("ignore", UserWarning)
         session: Session = ort.InferenceSession(model, sess_options=session_options(recipe), providers=recipe.providers)
@@ -90,6 +94,9 @@ def available_providers() -> list[str]:
 
 def provider_usability(providers: Iterable[str]) -> dict[str, str | None]:
     """Per EP: None when a session on it really runs there, else why not. A one-node model per EP, milliseconds."""
+    providers = list(providers)
+    if any(p != CPU_PROVIDER for p in providers):
+        preload_accelerator_libraries()
     probe = probe_model()
     out: dict[str, str | None] = {}
     for provider in providers:
@@ -125,6 +132,21 @@ def require_accelerator(vendor: str, usability: Mapping[str, str | None]) -> Non
     )  # fmt: skip
 
 
+@functools.cache
+def preload_accelerator_libraries() -> None:
+    """Once per process, before any session asks for an accelerator EP: load the CUDA and cuDNN libraries the
+    image's pip wheels (nvidia-*) carry. onnxruntime-gpu's EP libraries find them only on the loader's path, which
+    a venv's site-packages is not; ``onnxruntime.preload_dlls`` loads them by path (ONNX Runtime 1.21+). Without
+    it every CUDA and TensorRT session of the CUDA image falls back ("libcublasLt.so.13: cannot open shared
+    object file") even on a GPU node. What it prints about libraries it could not load goes to stderr: the driver's
+    own library (libcuda) is absent on a node without a GPU, and the EP then says so itself."""
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is None or "CUDAExecutionProvider" not in ort.get_available_providers():
+        return
+    with contextlib.redirect_stdout(sys.stderr), contextlib.suppress(Exception):
+        preload()
+
+
 def why_not(wanted: str, got: list[str], model: bytes | str, providers: list[str]) -> str:
     """ONNX Runtime's reason for leaving ``wanted`` out: its build lacks it, or what it logs when the EP fails to
     initialise (taken from a second attempt at warning level, so that the usual path logs nothing)."""
@@ -140,7 +162,7 @@ def why_not(wanted: str, got: list[str], model: bytes | str, providers: list[str
             _session(model, so, providers)
     lines += [str(w.message) for w in caught]
     stem = wanted.removesuffix("ExecutionProvider").lower()
-    relevant = [line.strip() for line in lines if stem in line.lower() or "fail" in line.lower()]
+    relevant = [_essence(line) for line in lines if stem in line.lower() or "fail" in line.lower()]
     if relevant:
         return _bounded(f"ONNX Runtime ran the session on {', '.join(got)} instead: " + " | ".join(relevant[-3:]))
     return _bounded(f"ONNX Runtime ran the session on {', '.join(got)} instead, without saying why")
@@ -186,5 +208,17 @@ def probe_model() -> bytes:
     return bytes(onnx.shape_inference.infer_shapes(model).SerializeToString())
 
 
+# ONNX Runtime's log lines: colour codes, a timestamp and logger prefix, the source path of the throw site.
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_LOG_PREFIX = re.compile(r"^\S+ \S+ \[[EWIV]:onnxruntime:[^\]]*\]\s*")
+_THROW_SITE = re.compile(r"^/\S+:\d+ .*?\[ONNXRuntimeError\] : \d+ : \w+ : ")
+
+
 def _bounded(text: str) -> str:
+    text = _ANSI.sub("", text)
     return text if len(text) <= CAUSE_LIMIT else text[: CAUSE_LIMIT - 3] + "..."
+
+
+def _essence(line: str) -> str:
+    """One of ONNX Runtime's log lines without what says nothing to a reader of a condition message."""
+    return _THROW_SITE.sub("", _LOG_PREFIX.sub("", _ANSI.sub("", line).strip()))

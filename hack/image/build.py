@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -28,8 +29,9 @@ import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hack.controlplane import oci
 from hack.controlplane.assets import cache_root
@@ -58,6 +60,11 @@ class BuiltImage:
     manifest_digest: str
     size_bytes: int
     seconds: float
+    # What the image's ENTRYPOINT printed for `runtime --providers`, run as the image's USER in its WORKDIR with
+    # its ENV: the runtime identity, and per execution provider None (a session on it runs on the build host)
+    # or why not.
+    runtime: str = ""
+    providers: dict[str, str | None] = field(default_factory=dict)
 
 
 def project_version() -> str:
@@ -191,10 +198,13 @@ def build(
     archive = out_dir / f"metainfer-{version}.oci.tar"
     key = _inputs_key(wheel, lock, base, build_args)
     key_file = archive.with_name(archive.name + ".inputs")
-    if archive.exists() and key_file.exists() and key_file.read_text() == key:
+    check_file = archive.with_name(archive.name + ".check.json")
+    if archive.exists() and key_file.exists() and key_file.read_text() == key and check_file.exists():
         seconds = time.monotonic() - started
         log(f"{name} is up to date ({archive}): same wheel contents, lock, base and Dockerfile")
-        return BuiltImage(name, archive, _manifest_digest(archive), archive.stat().st_size, seconds)
+        check = json.loads(check_file.read_text())
+        return BuiltImage(name, archive, _manifest_digest(archive), archive.stat().st_size, seconds,
+                          check["runtime"], check["providers"])  # fmt: skip
     key_file.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory(prefix="metainfer-image-", dir=out_dir) as tmp:
         rootfs = Path(tmp, "rootfs")
@@ -203,6 +213,8 @@ def build(
         for env, script in stage.runs:
             log(f"RUN {script[:80]}...")
             _chroot_run(rootfs, script, env, dist=wheel.parent, wheelhouse=wheelhouse)
+        check = _entrypoint_check(rootfs, stage)
+        log(f"{name}: {check['runtime']}; providers {check['providers']}")
         layer = Path(tmp, "layer.tar")
         oci.write_layer(rootfs, layer)
         config = oci.ImageConfig(
@@ -214,10 +226,43 @@ def build(
             exposed_ports=stage.exposed_ports,
         )
         digest = oci.write_archive(archive, name, layer, config)
+    check_file.write_text(json.dumps(check))
     key_file.write_text(key)
     seconds = time.monotonic() - started
     log(f"built {name} ({archive}, {archive.stat().st_size / 2**20:.0f} MiB) in {seconds:.0f}s")
-    return BuiltImage(name, archive, digest, archive.stat().st_size, seconds)
+    return BuiltImage(name, archive, digest, archive.stat().st_size, seconds, check["runtime"], check["providers"])
+
+
+def _entrypoint_check(rootfs: Path, stage: dockerfile.RuntimeStage) -> dict[str, Any]:
+    """``ENTRYPOINT runtime --providers`` as the container would run it (USER, WORKDIR, ENV, nothing else): the
+    image starts as its user, and its ONNX Runtime offers the EPs of its flavour; ``providers`` says which of them
+    run on this host (no GPU here: CUDA's reason is ONNX Runtime's own)."""
+    argv = [
+        "chroot", f"--userspec={stage.user or '0:0'}", str(rootfs),
+        "/usr/bin/env", "-i", "-C", stage.workdir or "/", *(f"{k}={v}" for k, v in stage.env.items()),
+        *stage.entrypoint, "runtime", "--providers",
+    ]  # fmt: skip
+    with _proc_mounted(rootfs):
+        result = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=300)
+    if result.returncode != 0:
+        raise ImageError(f"the image's entrypoint failed (exit {result.returncode}): {' '.join(argv[3:])[:300]}\n"
+                         f"{result.stderr[-3000:]}")  # fmt: skip
+    try:
+        report: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    except (json.JSONDecodeError, IndexError):
+        raise ImageError(f"the image's `runtime --providers` printed no JSON: {result.stdout[-500:]!r}") from None
+    return report
+
+
+@contextlib.contextmanager
+def _proc_mounted(rootfs: Path) -> Iterator[None]:
+    target = rootfs / "proc"
+    target.mkdir(exist_ok=True)
+    _run(["mount", "-t", "proc", "proc", str(target)], f"mounting {target}")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
 
 
 def _add_onnxruntime_lock(locks: Path, release: str, log: Log) -> str:
@@ -248,7 +293,6 @@ def _inputs_key(wheel: Path, lock: Path, base: Path, build_args: dict[str, str])
 
 
 def _manifest_digest(archive: Path) -> str:
-    import json
     import tarfile
 
     with tarfile.open(archive) as tar:

@@ -1,11 +1,13 @@
-"""The registry-less image (`make image`) is the image the Dockerfile describes.
+"""The registry-less image (`make image`) is the image the Dockerfile describes, in every runtime flavour.
 
 No Docker engine runs here, so the Dockerfile path cannot be built in a test;
 what can be checked is that both paths meet on everything the issue names:
 the entrypoint, user, working directory and environment the Dockerfile
 declares (read here with plain regular expressions, not with the builder's own
 parser), the Python minor version, and the packages: exactly the pins of
-locks/cpu.txt, from wheels whose hashes that lock names.
+locks/<flavour>.txt, from wheels whose hashes that lock names. Each flavour's
+entrypoint is run as its user (``metainfer runtime --providers``, by the build):
+its ONNX Runtime must offer the execution providers the flavour is for.
 """
 
 from __future__ import annotations
@@ -31,10 +33,23 @@ def _normalize(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-@pytest.fixture(scope="module")
-def image() -> build.BuiltImage:
+# The execution providers each flavour's ONNX Runtime must offer (locks/<flavour>.txt names its build).
+FLAVOUR_PROVIDERS = {
+    "cpu": {"CPUExecutionProvider"},
+    "cuda": {"CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"},
+    "openvino": {"OpenVINOExecutionProvider", "CPUExecutionProvider"},
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FLAVOUR_PROVIDERS))
+def image(request: pytest.FixtureRequest) -> build.BuiltImage:
     require_root()
-    return build.build()
+    return build.build(build_args={"RUNTIME": request.param})
+
+
+def _flavour(image: build.BuiltImage) -> str:
+    tag = image.name.rsplit(":", 1)[1]
+    return tag.split("-", 1)[1] if "-" in tag else "cpu"
 
 
 def test_the_image_config_is_what_the_dockerfile_declares(image: build.BuiltImage) -> None:
@@ -58,7 +73,7 @@ def test_the_image_config_is_what_the_dockerfile_declares(image: build.BuiltImag
 
 
 def test_the_image_installs_exactly_the_locks_wheels(image: build.BuiltImage) -> None:
-    """Every installed distribution is the cpu lock's pin (and nothing else is installed), and every wheel the
+    """Every installed distribution is the flavour lock's pin (and nothing else is installed), and every wheel the
     build installed from is one of the lock's hashes: two builds of one commit install byte-identical wheels."""
     python_version = re.search(r"^ARG PYTHON_VERSION=(\S+)$", (REPO / "Dockerfile").read_text(), re.M)[1]  # type: ignore[index]
     installed: dict[str, str] = {}
@@ -73,16 +88,32 @@ def test_the_image_installs_exactly_the_locks_wheels(image: build.BuiltImage) ->
         if match:
             installed[_normalize(match[1])] = match[2]
     assert f"usr/bin/python{python_version}" in names, f"the base's python3 is not the Dockerfile's {python_version}"
-    cpu_lock = REPO / "locks" / "cpu.txt"
-    pinned = lock.pins(cpu_lock.read_text())
+    flavour_lock = REPO / "locks" / f"{_flavour(image)}.txt"
+    pinned = lock.pins(flavour_lock.read_text())
     seeded_by_venv = {"pip", "setuptools"}
     assert {k: v for k, v in installed.items() if k not in seeded_by_venv} == {
         "metainfer": build.project_version(),
         **{name: version for name, (version, _) in pinned.items()},
     }
-    wheelhouse = build.lock_wheelhouse(cpu_lock, build.cache_root() / "image" / "work")
+    wheelhouse = build.lock_wheelhouse(flavour_lock, build.cache_root() / "image" / "work")
     wheels = sorted(wheelhouse.glob("*.whl"))
     assert len(wheels) == len(pinned)
     for wheel in wheels:
         name = _normalize(wheel.name.split("-")[0])
         assert hashlib.sha256(wheel.read_bytes()).hexdigest() in pinned[name][1], wheel.name
+
+
+def test_the_entrypoint_runs_as_the_images_user_and_offers_the_flavours_providers(image: build.BuiltImage) -> None:
+    flavour = _flavour(image)
+    assert FLAVOUR_PROVIDERS[flavour] <= set(image.providers), (flavour, image.providers)
+    runtime_line = lock.pins((REPO / "locks" / f"{flavour}.txt").read_text())
+    distribution = {"cpu": "onnxruntime", "cuda": "onnxruntime-gpu", "openvino": "onnxruntime-openvino"}[flavour]
+    assert image.runtime.startswith(f"{distribution} {runtime_line[distribution][0]}"), image.runtime
+    assert image.providers["CPUExecutionProvider"] is None
+    if flavour == "cuda" and not Path("/dev/nvidia0").exists():
+        # No GPU and no driver on this host: the CUDA EP loads the image's CUDA and cuDNN wheels and then stops at
+        # the driver's own library, which only a GPU node's container runtime provides. (Before the image preloaded
+        # its nvidia-* wheels it stopped at libcublasLt.so.13, on GPU nodes too.) TensorRT's libraries are not in
+        # the image: NVIDIA publishes them on its own package index only (docs/real-cluster.md).
+        assert "libcuda.so.1: cannot open shared object file" in str(image.providers["CUDAExecutionProvider"])
+        assert "libnvinfer.so" in str(image.providers["TensorrtExecutionProvider"])

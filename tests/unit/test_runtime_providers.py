@@ -58,3 +58,20 @@ def test_an_accelerator_class_needs_one_of_its_vendors_eps_usable_and_a_cpu_clas
     assert "CUDAExecutionProvider: no device visible" in message and "has no TensorrtExecutionProvider" in message
     with pytest.raises(ProviderUnavailable, match="a amd class needs one of them"):
         require_accelerator("amd", provider_usability([CPU_PROVIDER]))
+
+
+def test_a_reason_keeps_onnx_runtimes_words_without_colour_codes_timestamps_or_throw_sites() -> None:
+    from metainfer.core.engine.runtime import _bounded, _essence
+
+    line = (
+        "\x1b[1;31m2026-12-03 23:43:30.982171260 [E:onnxruntime:Default, provider_bridge_ort.cc:2430 operator()] "
+        "/onnxruntime_src/onnxruntime/core/session/provider_bridge_ort.cc:2043 onnxruntime::Provider& "
+        "onnxruntime::ProviderLibrary::Get() [ONNXRuntimeError] : 1 : FAIL : Failed to load library "
+        "/opt/metainfer/lib/libonnxruntime_providers_cuda.so with error: libcuda.so.1: cannot open shared object "
+        "file: No such file or directory\x1b[m"
+    )
+    assert _essence(line) == (
+        "Failed to load library /opt/metainfer/lib/libonnxruntime_providers_cuda.so with error: libcuda.so.1: "
+        "cannot open shared object file: No such file or directory"
+    )
+    assert "\x1b" not in _bounded("\x1b[0;93mwarning\x1b[m" * 200) and len(_bounded("x" * 5000)) == 600
