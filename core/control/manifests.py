@@ -75,6 +75,7 @@ from metainfer.core.control.pod_checks import CHECK_CONTAINER
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.schedulability import merged_affinity
 from metainfer.core.control.settings import AgentJobSettings, ServingDefaults, WorkloadSettings, merged_resources
+from metainfer.core.engine.recipe import COMPUTED_FIELDS
 
 # Kubernetes' own node label (not one of ours, so not in core/api/names.py): serving replicas spread over it.
 LABEL_HOSTNAME = "kubernetes.io/hostname"
@@ -276,7 +277,7 @@ def build_deployment(
     cm_volumes: list[tuple[dict[str, Any], dict[str, Any]]] = []
     model_uri = _served_uri(model.uri, cm_volumes)
     source = ["--model-uri", model_uri, "--model-sha256", model.sha256]
-    variant_args = ["--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"})]
+    variant_args = ["--recipe-json", recipe.model_dump_json(exclude=set(COMPUTED_FIELDS))]
     variant_sha256 = run.status.best_variant_sha256 if run.status else None
     store = run.spec.variant_store if variant_sha256 else None  # the store is addressed by the sha256
     if variant_sha256:  # serve loads these bytes from the store, or rebuilds and checks it got them

@@ -22,6 +22,19 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
     ("slo", "qualityMetric"): "auto",
     ("searchSpace", "quantizers"): None,
     ("searchSpace", "activations"): None,
+    # The execution-provider options (core.engine.knobs.providers).
+    **{
+        ("searchSpace", field): None
+        for field in (
+            "cudaConvAlgoSearches",
+            "cudaTf32",
+            "cudaArenaExtendStrategies",
+            "tensorrtFp16",
+            "tensorrtBuilderOptimizationLevels",
+            "openvinoEpPrecisions",
+            "openvinoEpStreams",
+        )
+    },
 }
 
 

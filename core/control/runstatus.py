@@ -36,6 +36,7 @@ from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.knobs import KNOBS, QUANTIZATION, QUANTIZATION_MODES, Knob, overridable
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.profile.types import CPU_PROVIDER, HardwareProfile
+from metainfer.core.engine.recipe import COMPUTED_FIELDS
 from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.scoring import Constraints, Objective, by_closeness
 from metainfer.core.engine.trial import Trial, TrialMetrics
@@ -409,7 +410,7 @@ def status_to_api(status: AdaptationRunStatus) -> dict[str, object]:
     """Status JSON for the API server; ``bestRecipe`` without Recipe's derived (computed) fields."""
     body = status.to_api()
     if status.best_recipe is not None:
-        body["bestRecipe"] = status.best_recipe.model_dump(mode="json", exclude={"session_options", "providers"})
+        body["bestRecipe"] = status.best_recipe.model_dump(mode="json", exclude=set(COMPUTED_FIELDS))
     return body
 
 

@@ -36,6 +36,10 @@ Padding = Literal["keep", "remove"]
 Runtime = Literal["onnxruntime", "openvino"]
 OpenVinoHint = Literal["latency", "throughput"]
 OpenVinoPrecision = Literal["f32", "bf16"]
+# Execution-provider options (session.ep), each in ONNX Runtime's own spelling where it has one.
+CudnnConvAlgoSearch = Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"]
+ArenaExtendStrategy = Literal["kNextPowerOfTwo", "kSameAsRequested"]
+OpenVinoEpPrecision = Literal["FP32", "FP16", "ACCURACY"]
 # Which tool writes a static int8 variant: ONNX Runtime's quantizer, or NNCF's ONNX backend (its own range
 # estimators, bias correction and which ops to quantize); both write QDQ ONNX that either runtime loads.
 Quantizer = Literal["onnxruntime", "nncf"]
@@ -50,9 +54,11 @@ ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
     "all": "ORT_ENABLE_ALL",
 }
 ORT_EXECUTION_MODES: dict[str, str] = {"sequential": "ORT_SEQUENTIAL", "parallel": "ORT_PARALLEL"}
-DERIVED_FIELDS = frozenset(
-    {"session_options", "providers", "base_sha256", "variant_sha256", "transform_key", "recipe_key", "batch_dependent"}
-)
+# What Recipe computes from its fields: written beside them for people and tools, never part of its identity.
+COMPUTED_FIELDS = frozenset({"session_options", "providers"})
+DERIVED_FIELDS = COMPUTED_FIELDS | {
+    "base_sha256", "variant_sha256", "transform_key", "recipe_key", "batch_dependent"
+}  # fmt: skip
 
 
 class _Frozen(BaseModel):
@@ -156,6 +162,42 @@ class OpenVinoSpec(_Frozen):
     )
 
 
+class ExecutionProviderOptions(_Frozen):
+    """The options of the accelerator EPs that make them fast, passed to the EP the recipe names (and only to it):
+    CUDA's cuDNN convolution algorithm search, TF32 and arena growth; TensorRT's FP16 kernels and builder effort;
+    the OpenVINO EP's inference precision and streams. Each default is ONNX Runtime's own, so a recipe that sets
+    none loads as before these options existed."""
+
+    cuda_cudnn_conv_algo_search: CudnnConvAlgoSearch = "EXHAUSTIVE"
+    cuda_use_tf32: bool = True
+    cuda_arena_extend_strategy: ArenaExtendStrategy = "kNextPowerOfTwo"
+    tensorrt_fp16: bool = False
+    tensorrt_builder_optimization_level: int = Field(3, ge=0, le=5)
+    openvino_precision: OpenVinoEpPrecision = "FP32"
+    openvino_num_streams: int = Field(1, ge=1, le=64)
+
+    def for_provider(self, provider: str) -> dict[str, str]:
+        """``provider``'s options as ONNX Runtime takes them (strings); empty for any other EP."""
+        if provider == "CUDAExecutionProvider":
+            return {
+                "cudnn_conv_algo_search": self.cuda_cudnn_conv_algo_search,
+                "use_tf32": str(int(self.cuda_use_tf32)),
+                "arena_extend_strategy": self.cuda_arena_extend_strategy,
+            }
+        if provider == "TensorrtExecutionProvider":
+            return {
+                "trt_fp16_enable": str(self.tensorrt_fp16).lower(),
+                "trt_builder_optimization_level": str(self.tensorrt_builder_optimization_level),
+            }
+        if provider == "OpenVINOExecutionProvider":
+            return {"device_type": "CPU", "precision": self.openvino_precision,
+                    "num_streams": str(self.openvino_num_streams)}  # fmt: skip
+        return {}
+
+
+_DEFAULT_EP_OPTIONS = ExecutionProviderOptions().model_dump(mode="json")
+
+
 class SessionSpec(_Frozen):
     """How the variant is loaded: the runtime and its settings, applied at load time, bytes unchanged.
 
@@ -166,6 +208,9 @@ class SessionSpec(_Frozen):
     runtime: Runtime = Field("onnxruntime", description="The inference runtime that loads the variant.")
     openvino: OpenVinoSpec = OpenVinoSpec()
     execution_provider: str = "CPUExecutionProvider"
+    ep: ExecutionProviderOptions = Field(
+        ExecutionProviderOptions(), description="Options of the execution provider named above (and of no other)."
+    )
     graph_optimization_level: GraphOptimizationLevel = "all"
     intra_op_num_threads: int = Field(0, ge=0, description="Threads of one run, on either runtime; 0 lets it decide.")
     inter_op_num_threads: int = Field(0, ge=0, description="0 lets ONNX Runtime decide.")
@@ -181,6 +226,15 @@ class SessionSpec(_Frozen):
                 f" not {self.execution_provider!r}"
             )
         return self
+
+    @model_serializer(mode="wrap")
+    def _omit_default_ep_options(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # Left out at ONNX Runtime's defaults, as QuantizationSpec.quantizer is: a CPU recipe reads as it did
+        # before EP options were knobs, in recipe.json and in every run's status.
+        data: dict[str, Any] = handler(self)
+        if data.get("ep") == _DEFAULT_EP_OPTIONS:
+            del data["ep"]
+        return data
 
 
 class Recipe(_Frozen):
@@ -217,6 +271,11 @@ class Recipe(_Frozen):
         ep = self.session.execution_provider
         return [ep] if ep in fallback else [ep, *fallback]
 
+    def provider_options(self) -> list[dict[str, str]]:
+        """ONNX Runtime's ``provider_options``, one dict per entry of ``providers`` (not written beside the fields:
+        ``session.ep`` says it, and a CPU recipe's JSON stays as it was)."""
+        return [self.session.ep.for_provider(p) for p in self.providers]
+
     def batch_dependent(self) -> bool:
         """Whether a sample's outputs depend on the other samples of its run: dynamic int8 quantizes each run's
         activations with one scale computed from all of its rows, so a request served in a run with others gets
@@ -234,7 +293,7 @@ class Recipe(_Frozen):
         The runtime's fields join the hash only when they differ from ONNX Runtime's defaults, so every recipe
         made before OpenVINO was a choice keeps its key (the operator compares keys to decide on rollouts).
         """
-        data = self.model_dump(mode="json", exclude={"session_options", "providers"})
+        data = self.model_dump(mode="json", exclude=set(COMPUTED_FIELDS))
         session = data["session"]
         if self.session.runtime == "onnxruntime":
             del session["runtime"]

@@ -80,7 +80,12 @@ def create_session(model: bytes | str, recipe: Recipe, compiled_cache: Path | No
         preload_accelerator_libraries()
     with warnings.catch_warnings():  # the missing-EP warning is this check's to report, with its cause
         warnings.simplefilter("ignore", UserWarning)
-        session: Session = ort.InferenceSession(model, sess_options=session_options(recipe), providers=recipe.providers)
+        session: Session = ort.InferenceSession(
+            model,
+            sess_options=session_options(recipe),
+            providers=recipe.providers,
+            provider_options=recipe.provider_options(),
+        )
     got = session.get_providers()
     if wanted not in got:
         raise ProviderUnavailable(wanted, why_not(wanted, got, model, recipe.providers))

@@ -37,7 +37,7 @@ from metainfer.core.api.hardwareprofile import profile_name
 from metainfer.core.api.policy import DataReference, ModelSource, SearchSettings, Slo
 from metainfer.core.api.run import MAX_TRIALS
 from metainfer.core.engine.modelinfo import sha256_file
-from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.recipe import COMPUTED_FIELDS, Recipe
 from metainfer.core.engine.transforms import build_variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -444,7 +444,7 @@ def test_the_validated_variant_is_stored_by_sha256_and_serving_loads_or_rebuilds
         served = ServeProcess(tmp_path)
         served.start([
             "serve", "--model-uri", model.as_uri(), "--model-sha256", sha,
-            "--recipe-json", recipe.model_dump_json(exclude={"session_options", "providers"}),
+            "--recipe-json", recipe.model_dump_json(exclude=set(COMPUTED_FIELDS)),
             "--data-uri", data.as_uri(), "--data-sha256", reference.sha256 or "",
             "--calibration-samples", str(reference.calibration_samples),
             "--host", "127.0.0.1", "--port", str(served.port), "--variant-sha256", variant_sha, *extra,

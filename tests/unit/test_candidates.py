@@ -13,6 +13,7 @@ from metainfer.core.engine.candidates import KNOBS, SpaceOptions, build_space, r
 from metainfer.core.engine.knobs import DEFAULT_SPREAD
 from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
 from metainfer.core.engine.profile import HardwareProfile, MachineInfo, OpenVinoAvailability, OpSupport
+from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.search import SearchContext, builtin_prior
 from metainfer.core.engine.search.space import Point
 
@@ -277,7 +278,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
         ],
         "notes": [_NO_OPENVINO, _NO_NNCF, _NOTE_FP16_CPU_MATMUL, _NOTE_FP16_CUDA_MATMUL, _NOTE_DYNAMIC_DNNL],
         "allowed": 5922,
-        "allowed_keys": "2715ba7c0b485e6b",
+        "allowed_keys": "89b817974e4bb502",
         "recipes": "6b099f2351e9e62c",
         "all_recipes": "39cf2fae4e4f3a72",
     },
@@ -306,7 +307,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 27,
-        "allowed_keys": "6ff89ac65e9d53c9",
+        "allowed_keys": "2742106b5fe3ccb1",
         "recipes": "a5a718379fe72f93",
         "all_recipes": "3f5ed96bc08cc1c5",
     },
@@ -335,14 +336,14 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
             _NOTE_DYNAMIC_DNNL,
         ],
         "allowed": 3444,
-        "allowed_keys": "5295e262184eeb04",
+        "allowed_keys": "25665904d73d95f1",
         "recipes": "abc05bf137358d4b",
     },
     "conv": {
         "dims": _CONV_DIMS,
         "notes": [_NO_OPENVINO, _NO_NNCF, *_CONV_NOTES],
         "allowed": 2079,
-        "allowed_keys": "eeab51e384849042",
+        "allowed_keys": "eab15ce3adbd7eb5",
         "recipes": "c65d3c3044f6acb6",
         "all_recipes": "ae60e6f8b1f22e2e",
     },
@@ -350,7 +351,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
         "dims": _CONV_DIMS,
         "notes": [_NO_OPENVINO, _NO_NNCF, *_CONV_NOTES, "NHWC layout pruned: no profiled EP runs NhwcConv natively"],
         "allowed": 1302,
-        "allowed_keys": "9d3a93effa72f319",
+        "allowed_keys": "f0f8c9e2b54093b8",
         "recipes": "6afa9f669af3106f",
         "all_recipes": "ae60e6f8b1f22e2e",
     },
@@ -359,7 +360,7 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
         "dims": _CONV_OPENVINO_DIMS,
         "notes": [_NO_NNCF, *_CONV_NOTES],
         "allowed": 2439,
-        "allowed_keys": "b5cb3efa160f3471",
+        "allowed_keys": "3955f7943c94d209",
         "recipes": "61b884f9b65c649f",
     },
     # NNCF offered: 84 static int8 points written by NNCF (ONNX Runtime's quantizer settings pinned on them) join
@@ -368,10 +369,25 @@ SNAPSHOTS: dict[str, dict[str, object]] = {
         "dims": [*_CONV_DIMS[:-2], ("quantizer", ("onnxruntime", "nncf")), ("activations", ("keep",))],
         "notes": [_NO_OPENVINO, *_CONV_NOTES],
         "allowed": 2163,
-        "allowed_keys": "baf6b9985e2b607e",
+        "allowed_keys": "ccb2856038ffdbb8",
         "recipes": "9310e5ac0a3c19e7",
     },
 }
+
+
+# The EP option knobs (knobs/providers.py) are single-choice where their EP is not usable, as in every case here
+# (CPU and DNNL): the space allows the same points and builds the same recipes as before they existed.
+_NO_EP_OPTION_DIMS = [
+    ("cuda_conv_algo_search", ("EXHAUSTIVE",)),
+    ("cuda_tf32", (True,)),
+    ("cuda_arena_extend_strategy", ("kNextPowerOfTwo",)),
+    ("tensorrt_fp16", (False,)),
+    ("tensorrt_builder_optimization_level", (3,)),
+    ("openvino_ep_precision", ("FP32",)),
+    ("openvino_ep_streams", (1,)),
+]
+for _snapshot in SNAPSHOTS.values():
+    _snapshot["dims"] = [*_snapshot["dims"], *_NO_EP_OPTION_DIMS]  # type: ignore[misc]
 
 
 def _cases(
@@ -443,6 +459,7 @@ def test_every_knob_states_its_prior_and_names_only_its_own_choices(
     cases = list(_cases(digits[1], bert_info, conv).values())
     fusable = conv.model_copy(update={"op_counts": {**conv.op_counts, "LRN": 1}})  # what conv fusion rewrites
     cases.append((fusable, synthetic_profile(), SpaceOptions(), 3))
+    cases.append((digits[1], accelerator_profile(), SpaceOptions(), 1))
     for info, profile, options, layers in cases:
         space, _ = build_space(info, profile, options, layers)
         for d in space.dimensions:
@@ -456,6 +473,79 @@ def test_every_knob_states_its_prior_and_names_only_its_own_choices(
     # the search's built-in prior reads them from the declarations
     space, _ = build_space(bert_info, synthetic_profile(), SpaceOptions(padding_removable=True), 3)
     assert builtin_prior(space, SearchContext()).spread == tuple(k.spread for k in KNOBS)
+
+
+TENSORRT, OPENVINO_EP = "TensorrtExecutionProvider", "OpenVINOExecutionProvider"
+EP_OPTION_KNOBS = {
+    CUDA: ("cuda_conv_algo_search", "cuda_tf32", "cuda_arena_extend_strategy"),
+    TENSORRT: ("tensorrt_fp16", "tensorrt_builder_optimization_level"),
+    OPENVINO_EP: ("openvino_ep_precision", "openvino_ep_streams"),
+}
+
+
+def accelerator_profile(usable: tuple[str, ...] = (TENSORRT, CUDA, OPENVINO_EP)) -> HardwareProfile:
+    """synthetic_profile on a machine where ``usable`` EPs were profiled and found usable."""
+    base = synthetic_profile()
+    machine = base.machine.model_copy(update={"execution_providers": [*usable, CPU]})
+    return base.model_copy(update={"machine": machine, "providers_profiled": [CPU, *usable]})
+
+
+def test_ep_options_are_choices_only_where_their_ep_is_usable_and_only_on_its_points(digits) -> None:
+    space, _ = build_space(digits[1], accelerator_profile(), SpaceOptions(), 1)
+    dims = {d.name: d.choices for d in space.dimensions}
+    # Every other knob at its first choice (an override naming no choice leaves the first), to enumerate.
+    options = {k for knobs in EP_OPTION_KNOBS.values() for k in knobs} | {"execution_provider"}
+    pinned = SpaceOptions(overrides={k.name: ("-",) for k in KNOBS if k.name not in options})
+    space, _ = build_space(digits[1], accelerator_profile(), pinned, 1)
+    assert set(dims["execution_provider"]) == {CPU, CUDA, TENSORRT, OPENVINO_EP}
+    for knobs in EP_OPTION_KNOBS.values():
+        assert all(len(dims[k]) > 1 for k in knobs), {k: dims[k] for k in knobs}
+    recipes = [recipe_for(space.point(k), _ranked) for k in space.allowed_keys()]
+    for provider, knobs in EP_OPTION_KNOBS.items():
+        # On another EP's points every option of this EP stays at ONNX Runtime's default: no duplicate recipes.
+        elsewhere = [r for r in recipes if r.session.execution_provider != provider]
+        others = {(k, getattr(r.session.ep, KNOB_FIELDS[k])) for r in elsewhere for k in knobs}
+        assert len({k for k, _ in others}) == len(knobs) and len(others) == len(knobs), others
+        mine = {
+            getattr(r.session.ep, KNOB_FIELDS[knobs[0]]) for r in recipes if r.session.execution_provider == provider
+        }
+        assert len(mine) > 1, (provider, mine)
+    assert len({r.key() for r in recipes}) == len(recipes)
+    # Where only CUDA is usable, TensorRT's and the OpenVINO EP's options are single choices.
+    cuda_only = {
+        d.name: d.choices for d in build_space(digits[1], accelerator_profile((CUDA,)), SpaceOptions(), 1)[0].dimensions
+    }
+    assert len(cuda_only["cuda_tf32"]) == 2 and cuda_only["tensorrt_fp16"] == (False,)
+    assert cuda_only["openvino_ep_precision"] == ("FP32",)
+
+
+KNOB_FIELDS = {
+    "cuda_conv_algo_search": "cuda_cudnn_conv_algo_search",
+    "cuda_tf32": "cuda_use_tf32",
+    "cuda_arena_extend_strategy": "cuda_arena_extend_strategy",
+    "tensorrt_fp16": "tensorrt_fp16",
+    "tensorrt_builder_optimization_level": "tensorrt_builder_optimization_level",
+    "openvino_ep_precision": "openvino_precision",
+    "openvino_ep_streams": "openvino_num_streams",
+}
+
+
+def test_a_recipes_ep_options_reach_onnx_runtime_for_its_ep_only() -> None:
+    recipe = Recipe.model_validate({"session": {
+        "execution_provider": CUDA, "ep": {"cuda_use_tf32": False, "cuda_cudnn_conv_algo_search": "HEURISTIC",
+                                            "tensorrt_fp16": True}}})  # fmt: skip
+    assert recipe.providers == [CUDA, CPU]
+    assert recipe.provider_options() == [
+        {"cudnn_conv_algo_search": "HEURISTIC", "use_tf32": "0", "arena_extend_strategy": "kNextPowerOfTwo"},
+        {},
+    ]
+    assert Recipe.model_validate_json(recipe.model_dump_json()) == recipe
+    trt = recipe.model_copy(update={"session": recipe.session.model_copy(update={"execution_provider": TENSORRT})})
+    assert trt.provider_options()[0] == {"trt_fp16_enable": "true", "trt_builder_optimization_level": "3"}
+    # A CPU recipe's JSON and key are what they were before EP options existed.
+    assert "ep" not in Recipe().model_dump(mode="json")["session"] and Recipe().provider_options() == [{}]
+    assert recipe.key() != recipe.model_copy(update={"session": recipe.session.model_copy(
+        update={"ep": recipe.session.ep.model_copy(update={"cuda_use_tf32": True})})}).key()  # fmt: skip
 
 
 def test_the_peers_a_user_would_run_are_measured_first_where_the_space_allows_them(

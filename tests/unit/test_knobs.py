@@ -184,6 +184,13 @@ def test_the_policy_model_and_run_mapping_are_derived_from_the_knobs() -> None:
         "openvino_precisions": "openvino_precision",
         "quantizers": "quantizer",
         "activations": "activations",
+        "cuda_conv_algo_searches": "cuda_conv_algo_search",
+        "cuda_tf32": "cuda_tf32",
+        "cuda_arena_extend_strategies": "cuda_arena_extend_strategy",
+        "tensorrt_fp16": "tensorrt_fp16",
+        "tensorrt_builder_optimization_levels": "tensorrt_builder_optimization_level",
+        "openvino_ep_precisions": "openvino_ep_precision",
+        "openvino_ep_streams": "openvino_ep_streams",
     }
     assert list(pinned.items()) == list(runstatus.OVERRIDE_DIMENSIONS.items())
     assert list(pinned) == fields

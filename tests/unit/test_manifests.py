@@ -697,6 +697,8 @@ def test_a_spec_field_added_later_moves_no_run_key_until_it_is_set() -> None:
     assert run_key(chosen, 3, "0" * 16) != key
     nncf = {**p["spec"], "searchSpace": {**p["spec"].get("searchSpace", {}), "quantizers": ["nncf"]}}
     assert run_key(nncf, 3, "0" * 16) != key
+    tf32 = {**p["spec"], "searchSpace": {**p["spec"].get("searchSpace", {}), "cudaTf32": [False]}}
+    assert run_key(tf32, 3, "0" * 16) != key
 
 
 def test_a_credentials_secret_is_mounted_read_only_into_the_job_and_every_serving_container() -> None:

@@ -28,7 +28,7 @@ space, so nothing here loads onnx, onnxruntime, numpy or the searchers.
 
 from __future__ import annotations
 
-from metainfer.core.engine.knobs import activations, graph, openvino, quantization, quantizer, session
+from metainfer.core.engine.knobs import activations, graph, openvino, providers, quantization, quantizer, session
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
     DEFAULT_SPREAD,
@@ -76,6 +76,7 @@ KNOBS: tuple[Knob, ...] = (
     *openvino.KNOBS,
     *quantizer.KNOBS,
     *activations.KNOBS,
+    *providers.KNOBS,
 )
 check_knobs(KNOBS)
 

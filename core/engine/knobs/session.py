@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from metainfer.core.engine.search.space import Point, Scalar
 
 
-def _provider_values(context: SpaceContext) -> tuple[Scalar, ...]:
+def provider_values(context: SpaceContext) -> tuple[Scalar, ...]:
+    """The EPs the profile measured here and found usable (it profiles only those), CPU where none."""
     profile = context.profile
     providers = [p for p in profile.providers_profiled if p in profile.machine.execution_providers]
     return tuple(providers or ["CPUExecutionProvider"])
@@ -38,7 +39,7 @@ def _accelerator_first(provider: Scalar, context: SearchContext) -> float:
 
 EXECUTION_PROVIDER = Knob(
     name="execution_provider",
-    values=_provider_values,
+    values=provider_values,
     recipe_field="session.execution_provider",
     spread=0.4,
     context_effect=_accelerator_first,
