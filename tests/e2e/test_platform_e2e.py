@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -906,6 +907,124 @@ def test_every_example_applies_as_it_is_and_a_cpu_example_becomes_ready(platform
     conditions = platform.wait("every example to settle", settled, 900, 5)
     platform.log(f"examples settled in {time.monotonic() - started:.0f}s: "
                  + "; ".join(f"{n} {c.get('status')} {c.get('reason')}" for n, c in conditions.items()))  # fmt: skip
+
+
+GPU_LABELS = {
+    "metainfer.io/inference": "true",  # bert-mini's nodeSelector
+    "nvidia.com/gpu.product": "NVIDIA-H200",
+    "nvidia.com/gpu.memory": "143771",
+    "nvidia.com/gpu.count": "1",
+    "nvidia.com/cuda.driver-version.full": "580.65.06",
+}
+
+
+def _gpu_class(platform: Platform, policy: str) -> dict[str, Any] | None:
+    found = platform.get("adaptationpolicy", policy, "-n", WORKLOAD_NAMESPACE).get("status", {}).get("classes", [])
+    return next((c for c in found if c.get("hardwareClass", {}).get("vendor") == "nvidia"), None)
+
+
+def test_a_gpu_labelled_node_without_a_gpu_gets_the_cuda_image_and_a_degraded_class_not_a_cpu_adaptation(
+    platform: Platform,
+) -> None:
+    """Issue 29 item 3 on the real node: the node advertises an NVIDIA GPU (GFD's labels and an nvidia.com/gpu
+    capacity) it does not have. The GPU-only example (bert-mini) gets its class's Job on the CUDA flavour, pulled by
+    digest through the pull secret; the Job's ONNX Runtime cannot initialise CUDA (no driver library in the pod),
+    so the class is Degraded with ExecutionProviderUnavailable and ONNX Runtime's reason, and nothing is served.
+    `metainfer adapt` in the same image says the same of the CUDA EP and adapts on the CPU it was given."""
+    from hack.image import build as image_build
+
+    keep = {"bert-mini"}
+    for policy in platform.get("adaptationpolicies", "-n", WORKLOAD_NAMESPACE)["items"]:
+        if policy["metadata"]["name"] not in keep:  # a CPU-runnable policy would get a CUDA Job of its own too
+            platform.kubectl("delete", "adaptationpolicy", policy["metadata"]["name"], "-n", WORKLOAD_NAMESPACE)
+    cuda = image_build.build(log=platform.log, build_args={"RUNTIME": "cuda"})
+    assert {"CUDAExecutionProvider", "TensorrtExecutionProvider"} <= set(cuda.providers), cuda.providers
+    started = time.monotonic()
+    pushed = image_build.publish(cuda, platform.published.registry, platform.helm_path, platform.log)
+    platform.timings["cuda_image_mib"] = round(cuda.size_bytes / 2**20)
+    platform.timings["cuda_image_push_s"] = time.monotonic() - started
+    platform.helm(
+        "upgrade", "metainfer", *platform.chart_args(), "-n", RELEASE_NAMESPACE, "--reuse-values",
+        "--set", f"agent.vendorImages.nvidia.digest={pushed.digest}", "--wait", "--timeout", "4m",
+    )  # fmt: skip
+    capacity = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": "1"}]
+    platform.kubectl("patch", "node", node_mod.NODE_NAME, "--subresource=status", "--type=json",
+                     "-p", json.dumps(capacity))  # fmt: skip
+    platform.kubectl("label", "node", node_mod.NODE_NAME, "--overwrite", *(f"{k}={v}" for k, v in GPU_LABELS.items()))
+    try:
+        started = time.monotonic()
+
+        def degraded() -> dict[str, Any] | None:
+            found = _gpu_class(platform, "bert-mini")
+            return found if found and found.get("state") == "Degraded" else None
+
+        status = platform.wait("bert-mini's nvidia class to be Degraded", degraded, 600, 3)
+        platform.timings["gpu_class_degraded_s"] = time.monotonic() - started
+        platform.log(f"nvidia class: {status['state']} {status.get('reason')}: {status.get('message', '')[:400]}")
+        assert status["reason"] == "ExecutionProviderUnavailable", status
+        assert "CUDAExecutionProvider" in status["message"] and "libcuda.so.1" in status["message"], status
+        (job,) = [
+            j
+            for j in platform.get("jobs", "-n", WORKLOAD_NAMESPACE, "-l", "metainfer.io/policy=bert-mini")["items"]
+            if j["metadata"]["labels"].get(names.LABEL_CLASS) == status["fingerprint"]
+        ]
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        assert container["image"] == pushed.image and container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+        pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", f"job-name={job['metadata']['name']}")["items"]
+        assert pods and all(p["status"]["containerStatuses"][0]["imageID"].endswith(pushed.digest) for p in pods)
+        assert not platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", "metainfer.io/policy=bert-mini")[
+            "items"
+        ], "nothing is served for a class that could not adapt on its accelerator"
+        _adapt_in_the_cuda_image(platform, pushed.image)
+    finally:
+        platform.kubectl("label", "node", node_mod.NODE_NAME, *(f"{k}-" for k in GPU_LABELS), check=False)
+        gone = [{"op": "remove", "path": "/status/capacity/nvidia.com~1gpu"}]
+        platform.kubectl("patch", "node", node_mod.NODE_NAME, "--subresource=status", "--type=json",
+                         "-p", json.dumps(gone), check=False)  # fmt: skip
+
+
+def _adapt_in_the_cuda_image(platform: Platform, image: str) -> None:
+    """`metainfer adapt` in a pod of the CUDA image on the node: it names the CUDA EP unusable, with the reason,
+    and adapts on the CPU it has."""
+    script = (
+        "metainfer examples build /tmp/ex --only digits >/dev/null && "
+        "metainfer adapt /tmp/ex/digits/model.onnx --data /tmp/ex/digits/data.npz --batch 8 "
+        "--budget-trials 2 --seed 0 --out /tmp/out"
+    )
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "adapt-in-cuda-image", "namespace": WORKLOAD_NAMESPACE},
+        "spec": {
+            "restartPolicy": "Never",
+            "imagePullSecrets": [{"name": PULL_SECRET}],
+            "containers": [{
+                "name": "adapt", "image": image, "command": ["sh", "-c", script],
+                "resources": {"requests": {"cpu": "1", "memory": "2Gi"}, "limits": {"cpu": "1", "memory": "2Gi"}},
+            }],
+        },
+    }  # fmt: skip
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    try:
+        phase = platform.wait(
+            "the adapt pod to finish",
+            lambda: (
+                platform.get("pod", "adapt-in-cuda-image", "-n", WORKLOAD_NAMESPACE)["status"].get("phase")
+                in ("Succeeded", "Failed")
+                and platform.get("pod", "adapt-in-cuda-image", "-n", WORKLOAD_NAMESPACE)["status"]["phase"]
+            ),
+            420,
+            3,
+        )
+        log = platform.kubectl("logs", "adapt-in-cuda-image", "-n", WORKLOAD_NAMESPACE).stdout
+        words = " ".join(log.split())  # the console wraps its lines
+        warning = re.search(r"warning: CUDAExecutionProvider is not searched: (.*?libcuda\.so\.1[^|]*)", words)
+        platform.log(f"adapt in the CUDA image ({phase}): {warning[0][:300] if warning else words[-600:]}")
+        assert phase == "Succeeded", log[-3000:]
+        assert warning, log[-3000:]
+    finally:
+        platform.kubectl("delete", "pod", "adapt-in-cuda-image", "-n", WORKLOAD_NAMESPACE, "--wait=false",
+                         check=False)  # fmt: skip
 
 
 def test_policies_first_then_helm_uninstall_leaves_nothing_behind(platform: Platform) -> None:
