@@ -184,6 +184,8 @@ def start_operator(kubeconfig: Path, logfile: Path, max_runs: int, mapping: Path
         # A class new to a policy waits this long for its nodes' labels to hold still (30 s by default): a wait the
         # operator chooses, not work it does, so it would be most of every figure here.
         "METAINFER_CLASS_SETTLE_SECONDS": "0",
+        # The nodes are NVIDIA's: as the chart's defaults do, their classes run the CUDA flavour (not refused).
+        "METAINFER_AGENT_IMAGES": '{"nvidia": {"image": "metainfer:scale-cuda"}}',
     }
     if mapping is not None:
         env["METAINFER_LABEL_MAPPING_FILE"] = str(mapping)

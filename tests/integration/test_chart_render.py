@@ -404,14 +404,15 @@ def test_pod_monitor_selects_the_operators_serving_pods() -> None:
 
 def test_chart_defaults_are_the_operators_own_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """A chart-installed operator builds the same pods as one started with no configuration at all (but for the
-    image, which the chart takes from its appVersion)."""
+    images, which the chart names from its repository and appVersion: the CPU image and each vendor's flavour)."""
     from metainfer.core.control.settings import DEFAULT_JOB_RESOURCES
 
     charted = operator_config(operator_env(rendered(False)), monkeypatch)
     bare = operator_config({}, monkeypatch)
     for settings in ("job_settings", "serving_defaults"):
         mine, theirs = getattr(charted, settings)(), getattr(bare, settings)()
-        assert mine.model_dump(exclude={"image"}) == theirs.model_dump(exclude={"image"}), settings
+        images = {"image", "vendor_images"}
+        assert mine.model_dump(exclude=images) == theirs.model_dump(exclude=images), settings
     assert charted.job_resources == DEFAULT_JOB_RESOURCES
 
 
