@@ -54,6 +54,24 @@ HARDSWISH = (
     [helper.make_node("HardSigmoid", ["x"], ["s"], alpha=1 / 6, beta=0.5), helper.make_node("Mul", ["x", "s"], ["y"])],
     [],
 )
+HARDSWISH_CLIP = (  # paddle2onnx below opset 14: x * Clip(x + 3, 0, 6) / 6
+    [
+        helper.make_node("Add", ["x", "three"], ["a"]),
+        helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+        helper.make_node("Mul", ["x", "c"], ["m"]),
+        helper.make_node("Div", ["m", "six_"], ["y"]),
+    ],
+    [_scalar("three", 3.0), _scalar("zero", 0.0), _scalar("six", 6.0), _scalar("six_", 6.0)],
+)
+HARDSWISH_CLIP_GATE_SCALED = (  # the 1/6 on the gate, as a Mul: x * (Clip(3 + x, 0, 6) * 1/6)
+    [
+        helper.make_node("Add", ["three", "x"], ["a"]),
+        helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+        helper.make_node("Mul", ["c", "sixth"], ["g"]),
+        helper.make_node("Mul", ["g", "x"], ["y"]),
+    ],
+    [_scalar("three", 3.0), _scalar("zero", 0.0), _scalar("six", 6.0), _scalar("sixth", 1 / 6)],
+)
 SILU = ([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s", "x"], ["y"])], [])
 
 
@@ -63,14 +81,24 @@ SILU = ([helper.make_node("Sigmoid", ["x"], ["s"]), helper.make_node("Mul", ["s"
         (GELU_DIV_HALF_LAST, "gelu", "Gelu"),
         (GELU_MUL_HALF_FIRST, "gelu", "Gelu"),
         (HARDSWISH, "hardswish", "HardSwish"),
+        (HARDSWISH_CLIP, "hardswish", "HardSwish"),
+        (HARDSWISH_CLIP_GATE_SCALED, "hardswish", "HardSwish"),
         (SILU, "silu", "QuickGelu"),
     ],
 )
 def test_each_spelled_out_activation_becomes_one_exact_operator(pattern, kind: str, op: str) -> None:
-    model = _model(*pattern)
+    _assert_exact_rewrite(_model(*pattern), kind, [op])
+
+
+@pytest.mark.parametrize("pattern", [HARDSWISH_CLIP, HARDSWISH_CLIP_GATE_SCALED])
+def test_below_opset_14_the_clip_hardswish_becomes_x_times_hardsigmoid(pattern) -> None:
+    _assert_exact_rewrite(_model(*pattern, opset=12), "hardswish", ["HardSigmoid", "Mul"])
+
+
+def _assert_exact_rewrite(model: onnx.ModelProto, kind: str, ops: list[str]) -> None:
     fused, counts = fuse_activations(model)
     assert counts == {kind: 1}
-    assert [n.op_type for n in fused.graph.node] == ["Relu", op, "Identity"]
+    assert [n.op_type for n in fused.graph.node] == ["Relu", *ops, "Identity"]
     assert [t.name for t in fused.graph.initializer] == [], "the constants only the pattern read go with it"
     onnx.checker.check_model(fused)
     feed = {"in": RNG.standard_normal((2, 3, 4, 4)).astype(np.float32) * 3}
@@ -109,3 +137,16 @@ def test_what_only_looks_like_an_activation_is_left_alone() -> None:
         [],
     )
     assert fuse_activations(shared)[1] == {}
+    nodes, inits = HARDSWISH_CLIP
+    relu6_plus_4 = _model(nodes, [_scalar("three", 4.0), *inits[1:]])  # x * Clip(x + 4, 0, 6) / 6: not HardSwish
+    assert fuse_activations(relu6_plus_4)[1] == {}
+    other_x = _model(  # Clip(x + 3) times another tensor: a gate, not HardSwish
+        [
+            helper.make_node("Add", ["x", "three"], ["a"]),
+            helper.make_node("Clip", ["a", "zero", "six"], ["c"]),
+            helper.make_node("Mul", ["in", "c"], ["m"]),
+            helper.make_node("Div", ["m", "six_"], ["y"]),
+        ],
+        inits,
+    )
+    assert fuse_activations(other_x)[1] == {}

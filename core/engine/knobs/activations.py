@@ -1,8 +1,8 @@
 """The activations knob: spelled-out GELU, HardSwish and SiLU kept as exported, or written as one operator each.
 
-Offered where the model has the elementary operators these patterns are made of (Erf, HardSigmoid, Sigmoid); the
-rewrite itself (core.engine.transforms.activations) finds the patterns and leaves everything else alone. Not with
-the transformer fusion, which writes GELU its own way.
+Offered where the model has the elementary operators these patterns are made of (Erf, HardSigmoid, Sigmoid,
+Clip); the rewrite itself (core.engine.transforms.activations) finds the patterns and leaves everything else
+alone. Not with the transformer fusion, which writes GELU its own way.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from metainfer.core.engine.recipe import Activations
 if TYPE_CHECKING:
     from metainfer.core.engine.search.space import Point, Scalar
 
-# The operators the spelled-out activations are built around.
-PATTERN_OPS = frozenset({"Erf", "HardSigmoid", "Sigmoid"})
+# The operators the spelled-out activations are built around (Clip: paddle2onnx's HardSwish below opset 14).
+PATTERN_OPS = frozenset({"Erf", "HardSigmoid", "Sigmoid", "Clip"})
 
 
 def _activation_values(context: SpaceContext) -> tuple[Scalar, ...]:

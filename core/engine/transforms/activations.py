@@ -1,12 +1,14 @@
 """Activations written as one operator each, where exporters spell them out in elementary ops.
 
 Exporters of other ecosystems (paddle2onnx, tf2onnx, older torch opsets) write GELU as
-``0.5 * x * (1 + Erf(x / sqrt 2))``, HardSwish as ``x * HardSigmoid(x)`` (HardSwish is opset 14) and SiLU as
-``x * Sigmoid(x)``. ONNX Runtime's optimizer fuses some of these in FP32, but a static int8 quantizer sees
-the elementary ops first: it puts QuantizeLinear/DequantizeLinear pairs around each Mul and Add, the fusion
-no longer matches, and every activation becomes several passes over the tensor with requantization between.
-Written as ``com.microsoft`` Gelu, ONNX HardSwish and ``com.microsoft`` QuickGelu (alpha 1: x * sigmoid(x)),
-each activation is one operator both runtimes know. Every rewrite is exact in real arithmetic.
+``0.5 * x * (1 + Erf(x / sqrt 2))``, HardSwish as ``x * HardSigmoid(x)`` (HardSwish is opset 14) or, as
+paddle2onnx does below opset 14, as ``x * Clip(x + 3, 0, 6) / 6``, and SiLU as ``x * Sigmoid(x)``. ONNX
+Runtime's optimizer fuses some of these in FP32, but a static int8 quantizer sees the elementary ops first: it
+puts QuantizeLinear/DequantizeLinear pairs around each Mul and Add, the fusion no longer matches, and every
+activation becomes several passes over the tensor with requantization between. Written as ``com.microsoft``
+Gelu, ONNX HardSwish and ``com.microsoft`` QuickGelu (alpha 1: x * sigmoid(x)), each activation is one operator
+both runtimes know. Below opset 14 the Clip form becomes ``x * HardSigmoid(x)``: two passes instead of four.
+Every rewrite is exact in real arithmetic.
 """
 
 from __future__ import annotations
@@ -70,9 +72,9 @@ class _Graph:
 @dataclass
 class _Rewrite:
     remove: set[int]  # ids of the nodes it replaces
-    replacement: onnx.NodeProto
+    replacement: list[onnx.NodeProto]
     kind: str
-    anchor: int  # id of the pattern's final Mul
+    anchor: int  # id of the pattern's final Mul (or Div)
 
 
 def fuse_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, int]]:
@@ -84,9 +86,11 @@ def fuse_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
     rewrites: list[_Rewrite] = []
     taken: set[int] = set()
     for node in out.graph.node:
-        if node.op_type != "Mul" or node.domain not in ("", "ai.onnx"):
+        if node.op_type not in ("Mul", "Div") or node.domain not in ("", "ai.onnx"):
             continue
-        found = _gelu(graph, node) or _hardswish(graph, node, opset) or _silu(graph, node)
+        found = _hardswish_clip(graph, node, opset)
+        if node.op_type == "Mul":
+            found = found or _gelu(graph, node) or _hardswish(graph, node, opset) or _silu(graph, node)
         if found is not None and not (found.remove & taken):
             taken |= found.remove
             rewrites.append(found)
@@ -98,7 +102,7 @@ def fuse_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
     for current in out.graph.node:
         rewrite = by_last.get(id(current))
         if rewrite is not None:
-            nodes.append(rewrite.replacement)
+            nodes.extend(rewrite.replacement)
         elif id(current) not in taken:
             nodes.append(current)
     freed = {name for node in out.graph.node if id(node) in taken for name in node.input}
@@ -112,7 +116,7 @@ def fuse_activations(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str,
     listed = [v for v in out.graph.input if v.name in gone]  # IR 3 lists initializers among the inputs
     for value in listed:
         out.graph.input.remove(value)
-    if any(r.replacement.domain == MS_DOMAIN for r in rewrites) and not any(
+    if any(n.domain == MS_DOMAIN for r in rewrites for n in r.replacement) and not any(
         o.domain == MS_DOMAIN for o in out.opset_import
     ):
         out.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
@@ -176,7 +180,7 @@ def _one_plus_erf(graph: _Graph, name: str, x: str) -> list[onnx.NodeProto] | No
 def _gelu_rewrite(last: onnx.NodeProto, x: str, inner: list[onnx.NodeProto]) -> _Rewrite:
     name = f"{last.name or last.output[0]}_gelu"
     gelu = helper.make_node("Gelu", [x], [last.output[0]], name=name, domain=MS_DOMAIN)
-    return _Rewrite({id(last), *(id(n) for n in inner)}, gelu, "gelu", id(last))
+    return _Rewrite({id(last), *(id(n) for n in inner)}, [gelu], "gelu", id(last))
 
 
 def _hardswish(graph: _Graph, mul: onnx.NodeProto, opset: int) -> _Rewrite | None:
@@ -194,8 +198,82 @@ def _hardswish(graph: _Graph, mul: onnx.NodeProto, opset: int) -> _Rewrite | Non
         ):
             name = f"{mul.name or mul.output[0]}_hardswish"
             node = helper.make_node("HardSwish", [x], [mul.output[0]], name=name)
-            return _Rewrite({id(mul), id(gate)}, node, "hardswish", id(mul))
+            return _Rewrite({id(mul), id(gate)}, [node], "hardswish", id(mul))
     return None
+
+
+def _hardswish_clip(graph: _Graph, last: onnx.NodeProto, opset: int) -> _Rewrite | None:
+    """``x * Clip(x + 3, 0, 6) / 6``, the 1/6 (a Div by 6 or a Mul by 1/6) on the product or on the gate."""
+    product_out = _over_six(graph, last)  # (x * clip) / 6
+    product = graph.node(product_out, "Mul") if product_out is not None else None
+    if product is not None:
+        for clip_out in product.input:
+            found = _clip_gate(graph, product, clip_out)
+            if found is not None:
+                return _hardswish_from_clip(last, found[0], [product, *found[1]], opset)
+    if last.op_type != "Mul":
+        return None
+    for gate_out in last.input:  # x * (clip / 6)
+        gate = graph.node(gate_out, "Div") or graph.node(gate_out, "Mul")
+        dividend = _over_six(graph, gate) if gate is not None else None
+        found = _clip_gate(graph, last, dividend, gate_out) if gate is not None and dividend is not None else None
+        if gate is not None and found is not None:
+            return _hardswish_from_clip(last, found[0], [gate, *found[1]], opset)
+    return None
+
+
+def _clip_gate(
+    graph: _Graph, mul: onnx.NodeProto, clip_out: str, side: str | None = None
+) -> tuple[str, list[onnx.NodeProto]] | None:
+    """Where ``mul`` multiplies some x (the input other than ``side``, by default ``clip_out``) by a gate built on
+    ``clip_out`` = Clip(x + 3, 0, 6): x and the Clip and Add nodes."""
+    x = graph.other(mul, side or clip_out)
+    clip = graph.node(clip_out, "Clip")
+    if x is None or clip is None:
+        return None
+    add = _relu6_of_x_plus_3(graph, clip, x)
+    return (x, [clip, add]) if add is not None else None
+
+
+def _over_six(graph: _Graph, node: onnx.NodeProto) -> str | None:
+    """What ``node`` divides by 6 (a Div by 6 or a Mul by 1/6), or None."""
+    if node.op_type == "Div" and len(node.input) == 2 and graph.is_scalar(node.input[1], 6.0):
+        return node.input[0]
+    if node.op_type == "Mul":
+        for side in node.input:
+            other = graph.other(node, side)
+            if other is not None and graph.is_scalar(other, 1 / 6):
+                return side
+    return None
+
+
+def _relu6_of_x_plus_3(graph: _Graph, clip: onnx.NodeProto, x: str) -> onnx.NodeProto | None:
+    """The Add of ``Clip(x + 3, 0, 6)`` (bounds as inputs from opset 11, attributes before), or None."""
+    attrs = {a.name: helper.get_attribute_value(a) for a in clip.attribute}
+    low = clip.input[1] if len(clip.input) > 1 and clip.input[1] else None
+    high = clip.input[2] if len(clip.input) > 2 and clip.input[2] else None
+    low_ok = graph.is_scalar(low, 0.0) if low else math.isclose(attrs.get("min", -math.inf), 0.0, abs_tol=1e-6)
+    high_ok = graph.is_scalar(high, 6.0) if high else math.isclose(attrs.get("max", math.inf), 6.0, rel_tol=1e-4)
+    add = graph.node(clip.input[0], "Add")
+    if not (low_ok and high_ok) or add is None or x not in add.input:
+        return None
+    three = graph.other(add, x)
+    return add if three is not None and graph.is_scalar(three, 3.0) else None
+
+
+def _hardswish_from_clip(last: onnx.NodeProto, x: str, inner: list[onnx.NodeProto], opset: int) -> _Rewrite:
+    name = f"{last.name or last.output[0]}_hardswish"
+    removed = {id(last), *(id(n) for n in inner)}
+    if opset >= HARDSWISH_OPSET:
+        return _Rewrite(
+            removed, [helper.make_node("HardSwish", [x], [last.output[0]], name=name)], "hardswish", id(last)
+        )
+    gate = f"{name}_gate"
+    nodes = [
+        helper.make_node("HardSigmoid", [x], [gate], name=gate, alpha=1 / 6, beta=0.5),
+        helper.make_node("Mul", [x, gate], [last.output[0]], name=name),
+    ]
+    return _Rewrite(removed, nodes, "hardswish", id(last))
 
 
 def _silu(graph: _Graph, mul: onnx.NodeProto) -> _Rewrite | None:
@@ -207,5 +285,5 @@ def _silu(graph: _Graph, mul: onnx.NodeProto) -> _Rewrite | None:
             continue
         name = f"{mul.name or mul.output[0]}_silu"
         node = helper.make_node("QuickGelu", [x], [mul.output[0]], name=name, domain=MS_DOMAIN, alpha=1.0)
-        return _Rewrite({id(mul), id(gate)}, node, "silu", id(mul))
+        return _Rewrite({id(mul), id(gate)}, [node], "silu", id(mul))
     return None
