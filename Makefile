@@ -11,7 +11,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image lock e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image lock e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -50,6 +50,9 @@ bench-cnn-matrix: bench-deps
 # Both runtimes in the search's space, then five contenders timed interleaved per model (about 3 min a model).
 bench-runtime-choice: bench-deps
 	$(BIN)/python bench/runtime_choice.py
+# PP-OCRv4 (paddle2onnx, from the rapidocr-onnxruntime wheel) against every peer, task quality beside (~10 min).
+bench-ocr-matrix: bench-deps
+	$(BIN)/python bench/ocr_matrix.py
 # Spelled-out activations as exported vs as one operator, per model, format and runtime (about 2 min a model).
 bench-graph-levers: bench-deps
 	$(BIN)/python bench/graph_levers.py

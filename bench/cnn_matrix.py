@@ -94,7 +94,7 @@ class _Images:
         return next(self._items, None)
 
 
-def _naive(base: Path, out: Path, feed: dict[str, np.ndarray]) -> float:
+def naive_static(base: Path, out: Path, feed: dict[str, np.ndarray]) -> float:
     from onnxruntime.quantization import CalibrationDataReader, quantize_static
 
     reader = type("Reader", (_Images, CalibrationDataReader), {})(feed)
@@ -122,7 +122,7 @@ def measure_net(net: ConvNet, trials: int, profile: Any, olive_trials: int = 0) 
     row["recipe"] = report.best.recipe.describe() if report.best is not None else None
     row["notes"] = report.space.notes
     try:
-        row["naive_wall_s"] = _naive(path, work / "naive.onnx", feed)
+        row["naive_wall_s"] = naive_static(path, work / "naive.onnx", feed)
         naive_ok = True
     except Exception as exc:  # the one-liner failing on a user's export is itself a result
         row["naive_error"] = f"{type(exc).__name__}: {exc}"[:300]

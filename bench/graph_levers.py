@@ -7,8 +7,9 @@ Runtime), interleaved in one loop (same samples, same warm-up, alternating round
 rewrite and the largest output difference it makes (FP32: rounding only, the rewrites being exact).
 
 Models: three synthetic conv stacks (8 convolutions of 64 channels at 56x56, each followed by one spelled-out
-activation, as paddle2onnx / tf2onnx write them), and two trained SiLU detectors from the CNN matrix where their
-wheel is present (YOLOX from ddddocr, YOLOv8n from nudenet).
+activation, as paddle2onnx / tf2onnx write them), two trained SiLU detectors from the CNN matrix where their
+wheel is present (YOLOX from ddddocr, YOLOv8n from nudenet), and PP-OCRv4's recogniser and detector (paddle2onnx,
+opset 12, HardSwish as x * Clip(x + 3, 0, 6) / 6; bench/ocr_models.py).
 """
 
 from __future__ import annotations
@@ -92,6 +93,14 @@ def _models() -> dict[str, tuple[bytes, Dataset]]:
                 models[net.name] = (net.path().read_bytes(), Dataset(inputs=feed_for(net, 16)))
     except Exception as exc:  # the wheels may be absent (no index): those rows are left out
         print(f"trained detectors left out: {type(exc).__name__}: {exc}", file=sys.stderr)
+    try:
+        from bench.ocr_models import MODELS, inputs_and_task_quality
+
+        for ocr in MODELS:
+            feed = {name: images[:16] for name, images in inputs_and_task_quality(ocr)[0].items()}
+            models[ocr.name] = (ocr.path().read_bytes(), Dataset(inputs=feed))
+    except Exception as exc:  # as above: the OCR rows need the rapidocr wheel
+        print(f"PP-OCRv4 models left out: {type(exc).__name__}: {exc}", file=sys.stderr)
     return models
 
 

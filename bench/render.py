@@ -118,6 +118,12 @@ def _runtime_choice(r: records.RuntimeChoiceResult) -> str:
     return runtime_choice.render(r.model_dump())
 
 
+def _ocr_matrix(r: records.RuntimeChoiceResult) -> str:
+    from bench import ocr_matrix
+
+    return ocr_matrix.render(r.model_dump())
+
+
 def _graph_levers(r: records.GraphLeversResult) -> str:
     from bench import graph_levers
 
@@ -133,6 +139,9 @@ SECTIONS: dict[str, Section] = {
     "cnn_matrix": Section("Conv nets at batch 1 (CNN matrix)", records.MatrixResult, _cnn_matrix),
     "runtime_choice": Section(
         "Runtime choice: ONNX Runtime or OpenVINO, per model", records.RuntimeChoiceResult, _runtime_choice
+    ),
+    "ocr_matrix": Section(
+        "Models from another exporter: PP-OCRv4 (paddle2onnx)", records.RuntimeChoiceResult, _ocr_matrix
     ),
     "graph_levers": Section(
         "Graph levers: spelled-out activations as one operator", records.GraphLeversResult, _graph_levers

@@ -25,8 +25,11 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from bench import benchlib
 from metainfer.agent.zoo import build_examples
@@ -89,10 +92,24 @@ def _fastest(report: Report, runtime: str) -> Recipe | None:
     return min(feasible, key=lambda t: t.metrics.latency.p50_ms if t.metrics else float("inf")).recipe
 
 
-def run_model(name: str, path: Path, data: Dataset, trials: int, profile: Any) -> dict[str, Any]:
+def run_model(
+    name: str,
+    path: Path,
+    data: Dataset,
+    trials: int,
+    profile: Any,
+    batch: int = 1,
+    built: dict[str, bytes] | None = None,
+    task_quality: Callable[[dict[str, np.ndarray]], dict[str, dict[str, float]]] | None = None,
+) -> dict[str, Any]:
+    """Adapt ``path`` on ``data``, then time the contenders interleaved and score them on the quality samples.
+
+    ``built``: models made outside the engine (the naive one-liners), timed with ONNX Runtime's default session.
+    ``task_quality``: task metrics from every contender's first output on all of ``data`` (FP32's is "ort_fp32").
+    """
     base = path.read_bytes()
     info = inspect_model(path)
-    settings = AdaptSettings(batch=1, budget_trials=trials, seed=0)
+    settings = AdaptSettings(batch=batch, budget_trials=trials, seed=0)
     started = time.perf_counter()
     adaptation = Adaptation(base, info, data, profile, settings)
     report, _ = adaptation.run()
@@ -113,14 +130,18 @@ def run_model(name: str, path: Path, data: Dataset, trials: int, profile: Any) -
         "metainfer": pick,
     }
     timed = {k: r for k, r in recipes.items() if r is not None}
-    sessions = [create_session(build_variant(base, r.transform, adaptation.calibration), r) for r in timed.values()]
-    stats = measure_interleaved(sessions, data, 1, TIMING, rounds=6)
-    latency = {k: {"p50_ms": s.p50_ms, "p95_ms": s.p95_ms} for k, s in zip(timed, stats, strict=True)}
+    sessions = {
+        k: create_session(build_variant(base, r.transform, adaptation.calibration), r) for k, r in timed.items()
+    }
+    sessions |= {k: create_session(model, Recipe()) for k, model in (built or {}).items()}
+    stats = measure_interleaved(list(sessions.values()), data, batch, TIMING, rounds=6)
+    latency = {k: {"p50_ms": s.p50_ms, "p95_ms": s.p95_ms} for k, s in zip(sessions, stats, strict=True)}
     assert adaptation.reference is not None
     quality = {
-        k: quality_of(run_all(session, adaptation.quality_data, 1), adaptation.reference).value
-        for k, session in zip(timed, sessions, strict=True)
+        k: quality_of(run_all(session, adaptation.quality_data, batch), adaptation.reference).value
+        for k, session in sessions.items()
     }
+    task = task_quality({k: run_all(s, data, batch)[0] for k, s in sessions.items()}) if task_quality else None
     fastest = min(latency, key=lambda k: latency[k]["p50_ms"])
     return {
         "model": name,
@@ -138,6 +159,8 @@ def run_model(name: str, path: Path, data: Dataset, trials: int, profile: Any) -
         "quality": quality,
         "fastest": fastest,
         "pick_within_noise": latency["metainfer"]["p50_ms"] <= latency[fastest]["p50_ms"] * (1 + NOISE),
+        "batch": batch,
+        **({"task_quality": task} if task is not None else {}),
     }
 
 
@@ -147,7 +170,7 @@ def _same_as_pick(row: dict[str, Any]) -> list[str]:
     return [c for c in ("best_ort", "best_openvino") if row["recipes"].get(c) == pick]
 
 
-def _within_budget(row: dict[str, Any]) -> list[str]:
+def within_budget(row: dict[str, Any]) -> list[str]:
     """The contenders whose quality is within the adaptation's budget of ORT FP32's (all, in rows without quality)."""
     quality = row.get("quality")
     if not quality:
@@ -155,16 +178,16 @@ def _within_budget(row: dict[str, Any]) -> list[str]:
     return [c for c in row["latency"] if quality["ort_fp32"] - quality[c] <= QUALITY_BUDGET + 1e-9]
 
 
-def _fastest_within_budget(row: dict[str, Any]) -> str:
-    return min(_within_budget(row), key=lambda c: row["latency"][c]["p50_ms"])
+def fastest_within_budget(row: dict[str, Any]) -> str:
+    return min(within_budget(row), key=lambda c: row["latency"][c]["p50_ms"])
 
 
-def _pick_is_fastest(row: dict[str, Any]) -> bool:
+def pick_is_fastest(row: dict[str, Any]) -> bool:
     """Within the noise of the fastest contender at equal quality budget, timed as the pick or as its own recipe's
     second timing."""
     latency = row["latency"]
     best_of_pick = min(latency[c]["p50_ms"] for c in ("metainfer", *_same_as_pick(row)))
-    fastest = latency[_fastest_within_budget(row)]["p50_ms"]
+    fastest = latency[fastest_within_budget(row)]["p50_ms"]
     return bool(best_of_pick <= max(fastest * (1 + NOISE), fastest + TIMER_FLOOR_MS))
 
 
@@ -182,16 +205,16 @@ def render(data: dict[str, Any]) -> str:
                 f"{lat['p50_ms']:.2f} / {lat['p95_ms']:.2f}" + (f" · {q:.4f}" if q is not None else "") if lat else "—"
             )
         same = "".join(f" (= {LABELS[c]})" for c in _same_as_pick(row))
-        mark = "" if _pick_is_fastest(row) else " (pick not fastest)"
-        over = [LABELS[c] for c in row["latency"] if c not in _within_budget(row)]
+        mark = "" if pick_is_fastest(row) else " (pick not fastest)"
+        over = [LABELS[c] for c in row["latency"] if c not in within_budget(row)]
         mark += f"; over the quality budget: {', '.join(over)}" if over else ""
         rows.append(
             [row["model"], f"{row['picked_runtime']}: {row['picked']}{same}", *cells,
-             LABELS[_fastest_within_budget(row)] + mark,
+             LABELS[fastest_within_budget(row)] + mark,
              f"{row['adapt_s']:.0f} ({row.get('scan_s', 0):.0f}; {row['openvino_trials']}, {row.get('nncf_trials', 0)}"
              f" of {row['trials']})"]
         )  # fmt: skip
-    misses = [r["model"] for r in data["rows"] if not _pick_is_fastest(r)]
+    misses = [r["model"] for r in data["rows"] if not pick_is_fastest(r)]
     text = [
         "p50 / p95 ms · quality (FP32's metric: top-1 with labels, else cosine to ORT FP32, on the adaptation's"
         " quality samples)."
