@@ -119,12 +119,13 @@ def run_model(
     trials: int,
     profile: Any,
     batch: int = 1,
-    built: dict[str, bytes] | None = None,
+    built: dict[str, tuple[bytes | str, Recipe]] | None = None,
     task_quality: Callable[[dict[str, np.ndarray]], dict[str, dict[str, float]]] | None = None,
 ) -> dict[str, Any]:
     """Adapt ``path`` on ``data``, then time the contenders interleaved and score them on the quality samples.
 
-    ``built``: models made outside the engine (the naive one-liners), timed with ONNX Runtime's default session.
+    ``built``: models made outside the engine (the naive one-liners, Olive's pick; bytes or a path) with the
+    session settings they run with.
     ``task_quality``: task metrics from every contender's first output on all of ``data`` (FP32's is "ort_fp32").
     """
     base = path.read_bytes()
@@ -153,7 +154,7 @@ def run_model(
     sessions = {
         k: create_session(build_variant(base, r.transform, adaptation.calibration), r) for k, r in timed.items()
     }
-    sessions |= {k: create_session(model, Recipe()) for k, model in (built or {}).items()}
+    sessions |= {k: create_session(model, recipe) for k, (model, recipe) in (built or {}).items()}
     stats = measure_interleaved(list(sessions.values()), data, batch, TIMING, rounds=6)
     latency = {k: {"p50_ms": s.p50_ms, "p95_ms": s.p95_ms} for k, s in zip(sessions, stats, strict=True)}
     assert adaptation.reference is not None
