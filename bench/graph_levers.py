@@ -171,10 +171,9 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"{name}: building and timing", file=sys.stderr, flush=True)
         rows.append(run_model(name, base, data))
-    if args.only:
+    command = None  # write_result's default: this command line
+    if args.only:  # a partial rerun replaces its rows in the saved section and keeps the others
         rows, command = benchlib.merge_into_saved(NAME, rows, "model")
-    else:
-        command = benchlib.command_line()
     benchlib.write_result(NAME, TITLE, {"rows": rows}, command=command)
     return 0
 

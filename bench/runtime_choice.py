@@ -289,10 +289,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: adapting ({args.trials} trials) and timing", file=sys.stderr, flush=True)
             rows.append(run_model(name, path, data, args.trials, profile, BATCHES.get(name, 1)))
             print(f"  picked {rows[-1]['picked_runtime']}: {rows[-1]['picked']}", file=sys.stderr, flush=True)
-    if args.only:
+    command = None  # write_result's default: this command line
+    if args.only:  # a partial rerun replaces its rows in the saved section and keeps the others
         rows, command = benchlib.merge_into_saved(NAME, rows, "model")
-    else:
-        command = benchlib.command_line()
     benchlib.write_result(NAME, TITLE, {"trials": args.trials, "rows": rows}, command=command)
     return 0
 
