@@ -259,7 +259,13 @@ def _print_summary(report: Report) -> None:
             " (re-measured back to back with the baseline; never shipped when slower than it at"
             f" {final.slo_percentile}, the SLO's percentile)"
         )
-    if report.final is not None and report.final.kept_baseline:
+    if report.final is not None and report.final.runoff:
+        raced = ", ".join(
+            f"{e.recipe} {e.search_p50_ms:.3g} -> {e.p50_ms:.3g} ms{' (shipped)' if e.shipped else ''}"
+            for e in report.final.runoff
+        )
+        out.print(f"final race, p50 in the search -> back to back: {raced}", highlight=False)
+    if report.final is not None and report.final.note:
         out.print(f"[bold yellow]{report.final.note}[/]")
     if report.history is not None:
         _print_history(report)

@@ -326,6 +326,8 @@ def mark_succeeded(
             f"speedup {report.final.speedup_p50:.2f}x p50 / {report.final.speedup_p95:.2f}x p95 vs FP32"
             f" (checked at {report.final.slo_percentile})"
         )
+        if report.final.note:
+            parts.append(report.final.note)
     parts.append(
         f"{len(report.trials)} trials ({counts['feasible']} feasible, {counts['infeasible']} infeasible,"
         f" {counts['failed']} failed); {report.stop_reason}"

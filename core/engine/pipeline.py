@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 import numpy as np
 import onnx
 
-from metainfer.core.engine import scan_gate
+from metainfer.core.engine import runoff, scan_gate
 from metainfer.core.engine.anchors import anchor_points
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
@@ -89,6 +89,7 @@ class Adaptation:
         self._sensitivity: dict[str, SensitivityReport] = {}
         self._sensitivity_failed: dict[str, Exception] = {}
         self.reference: Reference | None = None
+        self._full_reference: Reference | None = None  # FP32's outputs on all the data, for validation
         self.band = noise_band([], settings.measure.stable_rel)  # updated with every measurement
         self.sensitivity_s = 0.0  # wall time of the sensitivity scans, spent inside the search
         self._leader_p50_ms: float | None = None  # the best feasible median so far, for racing
@@ -288,7 +289,9 @@ class Adaptation:
         if history_use is not None:
             history_use = self._account(history_use, trials, stop_reason)
         best, validation, variant = self._choose_and_validate(baseline, trials)
-        final = self._final_comparison(baseline, best, variant) if best is not None and variant else None
+        final = None
+        if best is not None and validation is not None and variant:
+            best, validation, variant, final = self._final_comparison(baseline, trials, best, validation, variant)
         if final is not None and best is not None and best is not baseline and self._fp32_wins(baseline, best, final):
             # The search's measurements can be off (a noisy neighbour); the back-to-back re-measurement
             # decides, with the same objective and noise band, whether the winner beats what the user has.
@@ -477,23 +480,28 @@ class Adaptation:
         )
         validation: ValidationReport | None = None
         self.observer.phase(PipelinePhase.VALIDATION, min(len(ranked), MAX_VALIDATION_ATTEMPTS))
-        full_reference = self.measurer.reference(
-            self.base, baseline.recipe, self.data, self.settings.constraints.quality_metric
-        )
         for candidate in ranked:
             variant = self.variant(candidate.recipe)
-            validation = validate_variant(
-                variant,
-                candidate.recipe,
-                self.data,
-                full_reference,
-                self.settings.constraints.max_quality_drop,
-                largest_batch=self._largest_batch(),
-            )
+            validation = self._validate(variant, candidate.recipe)
             self.observer.advance(candidate.recipe.describe())
             if validation.passed:
                 return candidate, validation, variant
         return None, validation, None
+
+    def _validate(self, variant: bytes, recipe: Recipe) -> ValidationReport:
+        """Validation of ``variant`` on the full data, against FP32's outputs on it (computed once)."""
+        if self._full_reference is None:
+            self._full_reference = self.measurer.reference(
+                self.base, Recipe(batch=self.settings.batch), self.data, self.settings.constraints.quality_metric
+            )
+        return validate_variant(
+            variant,
+            recipe,
+            self.data,
+            self._full_reference,
+            self.settings.constraints.max_quality_drop,
+            largest_batch=self._largest_batch(),
+        )
 
     def _largest_batch(self) -> int:
         """The largest batch validation runs at: the model's fixed batch, else up to 64 samples."""
@@ -535,25 +543,66 @@ class Adaptation:
         fp32, winner = getattr(final.baseline.latency, field), getattr(final.best.latency, field)
         return bool(winner > fp32 * (1 + self.band))
 
-    def _final_comparison(self, baseline: Trial, best: Trial, variant: bytes) -> FinalComparison:
+    def _final_comparison(
+        self, baseline: Trial, trials: list[Trial], best: Trial, validation: ValidationReport, variant: bytes
+    ) -> tuple[Trial, ValidationReport, bytes, FinalComparison]:
+        """FP32, the validated winner and its closest rivals of other kinds (``core.engine.runoff``), timed
+        interleaved; the race's best that passes validation is the winner, compared with FP32 on those timings."""
         assert baseline.metrics is not None and best.metrics is not None
+        s = self.settings
+        entrants: list[tuple[Trial, bytes]] = [(best, variant)]
+        for rival in runoff.rivals(
+            rank(trials, baseline.metrics, s.objective, self.band), best, baseline.metrics, s.objective
+        ):
+            try:
+                entrants.append((rival, self.variant(rival.recipe)))
+            except Exception:  # measured in the search, so it built then; a rival that cannot now is left out
+                continue
         self.observer.phase(PipelinePhase.FINAL_COMPARISON, 1)
         latencies = self.measurer.compare(
-            [(self.base, baseline.recipe), (variant, best.recipe)],
-            self.data,
-            self.settings.batch,
-            self.settings.measure,
+            [(self.base, baseline.recipe), *((v, t.recipe) for t, v in entrants)], self.data, s.batch, s.measure
         )
         self.observer.advance("done")
-        b = baseline.metrics.model_copy(update={"latency": latencies[0]})
-        w = best.metrics.model_copy(update={"latency": latencies[1]})
-        return FinalComparison(
-            baseline=b,
+        fp32 = baseline.metrics.model_copy(update={"latency": latencies[0]})
+        raced = list(zip(entrants, latencies[1:], strict=True))
+        order = runoff.race_order([(t, lat) for (t, _), lat in raced], fp32, s.objective, s.constraints, self.band)
+        chosen, note = 0, ""
+        for i in order:
+            if i == 0:
+                break  # the search's winner, validated already
+            rival, rival_variant = raced[i][0]
+            check = self._validate(rival_variant, rival.recipe)
+            if check.passed:
+                chosen, validation, variant = i, check, rival_variant
+                note = (
+                    f"{rival.recipe.describe()} ran {raced[0][1].p50_ms / raced[i][1].p50_ms:.2f}x as fast as the"
+                    f" search's winner ({best.recipe.describe()}) back to back, and was shipped instead"
+                )
+                break
+        (winner, _), latency = raced[chosen]
+        assert winner.metrics is not None
+        w = winner.metrics.model_copy(update={"latency": latency})
+        entries = [
+            runoff.RunoffEntry(
+                recipe=t.recipe.describe(),
+                trial=t.index,
+                search_p50_ms=t.metrics.latency.p50_ms if t.metrics is not None else 0.0,
+                p50_ms=lat.p50_ms,
+                p95_ms=lat.p95_ms,
+                shipped=i == chosen,
+            )
+            for i, ((t, _), lat) in enumerate(raced)
+        ]
+        final = FinalComparison(
+            baseline=fp32,
             best=w,
-            speedup_p50=b.latency.p50_ms / w.latency.p50_ms,
-            speedup_p95=b.latency.p95_ms / w.latency.p95_ms,
+            speedup_p50=fp32.latency.p50_ms / w.latency.p50_ms,
+            speedup_p95=fp32.latency.p95_ms / w.latency.p95_ms,
             slo_percentile=self._slo_percentile(),
+            note=note,
+            runoff=entries if len(entries) > 1 else [],
         )
+        return winner, validation, variant, final
 
 
 def _check_batch(model: ModelInfo, settings: AdaptSettings) -> None:

@@ -21,6 +21,7 @@ from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.history_use import HistoryUse
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.profile.types import HardwareProfile
+from metainfer.core.engine.runoff import RunoffEntry
 from metainfer.core.engine.scoring import Constraints, Objective, closest_misses
 from metainfer.core.engine.sensitivity import SensitivityReport
 from metainfer.core.engine.trial import Trial, TrialMetrics
@@ -69,6 +70,11 @@ class FinalComparison(BaseModel):
         "p95",
         description="The tail percentile the SLO is written in (p99 where the policy bounds p99): a winner slower"
         " than FP32 there, beyond the timing noise, is never shipped.",
+    )
+    runoff: list[RunoffEntry] = Field(
+        default_factory=list,
+        description="The search's winner and its closest rivals of other kinds, raced interleaved with FP32 (empty"
+        " when it had none): which one shipped, and how each timed in the search and in the race.",
     )
 
 

@@ -170,6 +170,39 @@ def test_a_winner_slower_than_fp32_back_to_back_is_not_shipped(digits: Digits) -
     assert any(t.recipe == winner and t.score is not None for t in report.trials)
 
 
+def test_a_rival_of_another_kind_faster_back_to_back_is_shipped_instead(digits: Digits) -> None:
+    """Issue 30: measured minutes apart, the search ordered two candidates by drift; the final race decides."""
+
+    def search(recipe: Recipe) -> float:  # int8 at 1.0 ms; FP32 with 2 threads 1.1 ms, close behind; FP32 4 ms
+        if recipe.transform.quantization.mode in INT8_MODES:
+            return search_latency_ms(recipe)
+        return 1.1 if recipe.session.intra_op_num_threads == 2 else 4.0
+
+    def race(recipe: Recipe) -> float:
+        return 0.5 if recipe.transform.quantization.mode == "fp32" and recipe != FP32 else search(recipe)
+
+    fake = FakeMeasurer(latency_ms=search, final_latency_ms=race)
+    report, variant = _adapt_fake(digits, fake)
+    int8_winner = _fastest(report, _within_budget)
+    assert BEST_WITHIN_BUDGET(int8_winner), "the search's ranking is unchanged"
+    rival = next(
+        t.recipe
+        for t in report.trials
+        if t.recipe.transform.quantization.mode == "fp32" and t.recipe.session.intra_op_num_threads == 2
+    )
+    assert fake.compared == [[FP32, int8_winner, rival]], "one race: FP32, the winner and its rival of another kind"
+    final = report.final
+    assert final is not None and not final.kept_baseline
+    assert report.best is not None and report.best.recipe == rival
+    assert report.validation is not None and report.validation.passed
+    assert final.speedup_p50 == pytest.approx(8.0) and final.best.latency.p50_ms == pytest.approx(0.5)
+    assert [(e.recipe, e.shipped) for e in final.runoff] == [(int8_winner.describe(), False), (rival.describe(), True)]
+    assert final.runoff[0].search_p50_ms == pytest.approx(1.0) and final.runoff[1].p50_ms == pytest.approx(0.5)
+    assert "2.00x as fast as the search's winner" in final.note and rival.describe() in final.note
+    base, _, _ = digits
+    assert variant == build_variant(base, rival.transform)
+
+
 @dataclass
 class TailMeasurer(FakeMeasurer):
     """The back-to-back comparison gives every non-FP32 recipe a faster median but a tail (p95, p99) of 3x."""
