@@ -260,11 +260,11 @@ def _print_summary(report: Report) -> None:
             f" {final.slo_percentile}, the SLO's percentile)"
         )
     if report.final is not None and report.final.runoff:
-        raced = ", ".join(
+        entrants = ", ".join(
             f"{e.recipe} {e.search_p50_ms:.3g} -> {e.p50_ms:.3g} ms{' (shipped)' if e.shipped else ''}"
             for e in report.final.runoff
         )
-        out.print(f"final race, p50 in the search -> back to back: {raced}", highlight=False)
+        out.print(f"final race, p50 in the search -> back to back: {entrants}", highlight=False)
     if report.final is not None and report.final.note:
         out.print(f"[bold yellow]{report.final.note}[/]")
     if report.history is not None:

@@ -90,12 +90,22 @@ class Reference:
     token_mask: np.ndarray | None = None
     # The metric the quality budget is written in (quality_metrics.resolve); "auto": top-1 with labels, else cosine.
     metric: str = "auto"
+    # The samples the outputs are of. Exporters do not all put the batch first: PyTorch's seq-major recognisers
+    # return [steps, batch, classes], so the first n samples are the first n / samples of each output's rows
+    # (the outputs of whole batches, one after another). None: one row per sample.
+    samples: int | None = None
 
     def head(self, n: int) -> Reference:
         labels = None if self.labels is None else self.labels[:n]
-        accuracy = None if labels is None else top1_accuracy(self.outputs[0][:n], labels)
+        outputs = [o[: self._rows(o, n)] for o in self.outputs]
+        accuracy = None if labels is None else top1_accuracy(outputs[0], labels)
         mask = None if self.token_mask is None else self.token_mask[:n]
-        return Reference([o[:n] for o in self.outputs], labels, accuracy, mask, self.metric)
+        return Reference(outputs, labels, accuracy, mask, self.metric, None if self.samples is None else n)
+
+    def _rows(self, output: np.ndarray, n: int) -> int:
+        if not self.samples or output.shape[0] == self.samples:
+            return n
+        return int(output.shape[0]) * n // self.samples
 
 
 def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
@@ -113,7 +123,7 @@ def make_reference(session: Session, data: Dataset, batch: int, metric: str = "a
     if data.labels is not None:
         accuracy = top1_accuracy(outputs[0], data.labels)
     resolved = quality_metrics.resolve(metric, outputs, data.labels)
-    return Reference(outputs, data.labels, accuracy, token_mask(data), resolved)
+    return Reference(outputs, data.labels, accuracy, token_mask(data), resolved, data.n_samples)
 
 
 def token_mask(data: Dataset) -> np.ndarray | None:
@@ -146,7 +156,7 @@ def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
-    n = ref.outputs[0].shape[0]
+    n = ref.samples or ref.outputs[0].shape[0]
     metric = ref.metric
     if metric == "auto":
         metric = "top1_accuracy" if ref.labels is not None and ref.accuracy is not None else "cosine_similarity"

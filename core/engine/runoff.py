@@ -7,7 +7,8 @@ as by their speed: on PP-OCRv4's detector the search preferred ONNX Runtime int8
 in the same search, was 1.09x faster when both ran interleaved. Which runtime and numeric format ship is the
 decision that matters most, so the final comparison races the winner against the best candidate of each other
 kind (runtime, execution provider, numeric format, quantizer, OpenVINO precision) whose search timings came
-close to the winner's, interleaved with FP32, and ranks them again on those timings.
+close to the winner's, and the runner-up of the winner's own kind, interleaved with FP32, and ranks them again on
+those timings.
 """
 
 from __future__ import annotations
@@ -56,22 +57,31 @@ def rivals(
     limit: int = MAX_RIVALS,
     margin: float = RIVAL_MARGIN,
 ) -> list[Trial]:
-    """Up to ``limit`` trials of ``ranked`` (the search's ranking, best first) to race ``winner``: the first of
-    each kind other than the winner's whose timing score is within ``margin`` of the winner's."""
+    """Up to ``limit`` trials of ``ranked`` (the search's ranking, best first) to race ``winner``, each with a
+    timing score within ``margin`` of the winner's: the first of each kind other than the winner's, then, while
+    places are left, the runner-up of the winner's own kind (the tie-break on quality inside the noise band can
+    rank a variant first that a back-to-back timing puts a quarter behind its sibling)."""
     if winner.metrics is None:
         return []
     lead = timing_score(winner.metrics, baseline, objective)
+
+    def close(trial: Trial) -> bool:
+        assert trial.metrics is not None
+        return timing_score(trial.metrics, baseline, objective) * (1 + margin) >= lead
+
+    scored = [t for t in ranked if t is not winner and t.metrics is not None and t.score is not None]
     seen = {kind(winner.recipe)}
     out: list[Trial] = []
-    for trial in ranked:
-        if len(out) >= limit:
-            break
-        if trial is winner or trial.metrics is None or trial.score is None or kind(trial.recipe) in seen:
+    for trial in scored:
+        if kind(trial.recipe) in seen:
             continue
         seen.add(kind(trial.recipe))
-        if timing_score(trial.metrics, baseline, objective) * (1 + margin) >= lead:
+        if close(trial):
             out.append(trial)
-    return out
+    sibling = next((t for t in scored if kind(t.recipe) == kind(winner.recipe)), None)
+    if sibling is not None and close(sibling):
+        out.append(sibling)
+    return out[:limit]
 
 
 def race_order(

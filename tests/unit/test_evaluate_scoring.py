@@ -15,6 +15,7 @@ from metainfer.core.engine.evaluate import (
     measure_interleaved,
     quality_of,
     resident_mib,
+    run_all,
     top1_accuracy,
 )
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
@@ -313,3 +314,34 @@ def test_a_p99_bound_makes_a_candidate_with_a_long_tail_infeasible() -> None:
     from metainfer.core.engine.scoring import miss_distance
 
     assert miss_distance([], tail, Constraints(slo_p99_ms=5.0)) == pytest.approx(0.2)
+
+
+def _seq_major_model() -> bytes:
+    """[1, 4] -> [3, 1, 4]: steps first, then the batch (fixed at 1), then classes, as PyTorch's CTC recognisers
+    export."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 1, 4])
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis0"], ["x3"])]
+    scales = []
+    for step in range(3):
+        scales.append(numpy_helper.from_array(np.array(step + 1, dtype=np.float32), f"scale{step}"))
+        nodes.append(helper.make_node("Mul", ["x3", f"scale{step}"], [f"step{step}"]))
+    nodes.append(helper.make_node("Concat", ["step0", "step1", "step2"], ["y"], axis=0))
+    axis = numpy_helper.from_array(np.array([0], dtype=np.int64), "axis0")
+    graph = helper.make_graph(nodes, "seq_major", [x], [y], [axis, *scales])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return bytes(model.SerializeToString())
+
+
+def test_a_seq_major_output_is_cut_and_counted_by_sample_not_by_row() -> None:
+    """Issue 30: ddddocr's PyTorch-exported recogniser ([steps, 1, classes]) failed its baseline: the quality
+    screen cut its reference at n rows, not at n samples."""
+    data = Dataset(inputs={"x": np.random.default_rng(0).random((5, 4), dtype=np.float32)})
+    session = create_session(_seq_major_model(), Recipe())
+    reference = make_reference(session, data, 1)
+    assert reference.outputs[0].shape == (15, 1, 4) and reference.samples == 5
+    head = reference.head(2)
+    assert np.array_equal(head.outputs[0], reference.outputs[0][:6]) and head.samples == 2
+    quality = quality_of(run_all(session, data.head(2), 1), head)
+    assert quality.samples == 2 and quality.drop == pytest.approx(0.0, abs=1e-6)
+    assert quality_of(run_all(session, data, 1), reference).samples == 5

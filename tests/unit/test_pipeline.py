@@ -141,7 +141,9 @@ def test_the_fastest_candidate_within_the_quality_budget_is_chosen_and_written(d
     assert report.best.score == max(s for s in scores if s is not None)
     assert report.validation is not None and report.validation.passed
     # The winner is re-measured back to back with FP32 once, and ships: 4 ms / 1 ms.
-    assert fake.compared == [[FP32, winner]]
+    # Its one rival is the runner-up of its own kind, within 25% of it in the search: int8 weights as uint8.
+    sibling = next(t.recipe for t in report.trials if _int8(per_channel=True, weight_type="uint8", threads=2)(t.recipe))
+    assert fake.compared == [[FP32, winner, sibling]]
     assert report.final is not None and not report.final.kept_baseline and report.final.note == ""
     assert report.final.speedup_p50 == pytest.approx(4.0)
     base, _, _ = digits
@@ -156,7 +158,9 @@ def test_a_winner_slower_than_fp32_back_to_back_is_not_shipped(digits: Digits) -
     report, variant = _adapt_fake(digits, fake)
     winner = _fastest(report, _within_budget)
     assert BEST_WITHIN_BUDGET(winner)
-    assert fake.compared == [[FP32, winner]]
+    # Its one rival is the runner-up of its own kind, within 25% of it in the search: int8 weights as uint8.
+    sibling = next(t.recipe for t in report.trials if _int8(per_channel=True, weight_type="uint8", threads=2)(t.recipe))
+    assert fake.compared == [[FP32, winner, sibling]]
     final = report.final
     assert final is not None and final.kept_baseline
     assert final.speedup_p50 == pytest.approx(0.5)
@@ -190,13 +194,18 @@ def test_a_rival_of_another_kind_faster_back_to_back_is_shipped_instead(digits: 
         for t in report.trials
         if t.recipe.transform.quantization.mode == "fp32" and t.recipe.session.intra_op_num_threads == 2
     )
-    assert fake.compared == [[FP32, int8_winner, rival]], "one race: FP32, the winner and its rival of another kind"
+    sibling = next(t.recipe for t in report.trials if _int8(per_channel=True, weight_type="uint8", threads=2)(t.recipe))
+    assert fake.compared == [[FP32, int8_winner, rival, sibling]], "one race: FP32, the winner, its two rivals"
     final = report.final
     assert final is not None and not final.kept_baseline
     assert report.best is not None and report.best.recipe == rival
     assert report.validation is not None and report.validation.passed
     assert final.speedup_p50 == pytest.approx(8.0) and final.best.latency.p50_ms == pytest.approx(0.5)
-    assert [(e.recipe, e.shipped) for e in final.runoff] == [(int8_winner.describe(), False), (rival.describe(), True)]
+    assert [(e.recipe, e.shipped) for e in final.runoff] == [
+        (int8_winner.describe(), False),
+        (rival.describe(), True),
+        (sibling.describe(), False),
+    ]
     assert final.runoff[0].search_p50_ms == pytest.approx(1.0) and final.runoff[1].p50_ms == pytest.approx(0.5)
     assert "2.00x as fast as the search's winner" in final.note and rival.describe() in final.note
     base, _, _ = digits

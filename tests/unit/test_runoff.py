@@ -57,7 +57,7 @@ def test_kinds_tell_runtime_numeric_format_and_openvino_precision_apart_but_not_
     assert kind(_recipe(runtime="openvino", inference_precision="bf16")) != kind(_recipe(runtime="openvino"))
 
 
-def test_rivals_are_the_best_of_each_other_kind_within_the_margin() -> None:
+def test_rivals_are_the_best_of_each_other_kind_within_the_margin_then_the_winner_s_runner_up() -> None:
     winner = _trial(1, _recipe("int8_dynamic", threads=2), 5.0)
     same_kind = _trial(2, _recipe("int8_dynamic", threads=1), 5.1)
     openvino_best = _trial(3, _recipe(runtime="openvino"), 5.5)
@@ -67,9 +67,12 @@ def test_rivals_are_the_best_of_each_other_kind_within_the_margin() -> None:
     trials = [winner, same_kind, openvino_best, openvino_slower, too_slow, lossy]
     ranked = rank(trials, BASELINE, OBJECTIVE, BAND)
     assert ranked[0] is winner
-    assert rivals(ranked, winner, BASELINE, OBJECTIVE) == [openvino_best]
+    assert rivals(ranked, winner, BASELINE, OBJECTIVE) == [openvino_best, same_kind]
     assert rivals(ranked, winner, BASELINE, OBJECTIVE, margin=0.5) == [openvino_best, too_slow]
+    assert rivals(ranked, winner, BASELINE, OBJECTIVE, margin=0.5, limit=3) == [openvino_best, too_slow, same_kind]
     assert rivals(ranked, winner, BASELINE, OBJECTIVE, margin=0.5, limit=1) == [openvino_best]
+    alone = [winner, _trial(7, _recipe("int8_dynamic", threads=1), 7.0), too_slow]
+    assert rivals(rank(alone, BASELINE, OBJECTIVE, BAND), winner, BASELINE, OBJECTIVE) == []
 
 
 def test_the_race_reranks_on_its_own_timings_and_drops_an_entrant_it_puts_over_the_slo() -> None:
