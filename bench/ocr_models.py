@@ -1,4 +1,4 @@
-"""PP-OCRv4 as a document pipeline runs it: paddle2onnx exports with real weights, and text to read.
+"""OCR models as pipelines run them, from two exporters with real weights, and text to read.
 
 The ``rapidocr-onnxruntime`` wheel (pinned) carries PaddleOCR's PP-OCRv4 text
 detector and text recogniser as paddle2onnx wrote them (opset 12, every spatial
@@ -7,20 +7,29 @@ recogniser's SVTR neck with MatMul attention and a 6625-character CTC head).
 Both are fetched once with the other trained nets (bench/cnn_models.py) and held
 to their sha256.
 
+The ``ddddocr`` wheel (pinned) carries a captcha and short-text recogniser that
+PyTorch 1.9's exporter wrote (opset 12, an EfficientNet-style SiLU backbone, an
+LSTM and a CTC head over 8210 characters, seq-major output [steps, 1, classes],
+batch fixed at 1); its alphabet is the ``CHARSET_BETA`` list of the wheel's
+charsets.py, read as data (never imported), also held to its sha256.
+
 Inputs are rendered, seeded, with Pillow's bundled scalable font, so the models
 read real text without any dataset download:
 
 - **lines** (recogniser, 3 x 48 x 320, PaddleOCR's (x/255 - 0.5) / 0.5): invoice
   numbers, dates, amounts and word triples on light paper, dark ink, varying
   size and offset; the ground-truth strings come with them;
+- **codes** (ddddocr, 1 x 64 x 192 grey, x/255 as ddddocr feeds it): four to
+  six lower-case letters and digits of the kind captchas use, dark on light;
 - **pages** (detector, 3 x 416 x 416, ImageNet-normalised): crops of
   scikit-learn's two photographs washed out to paper, with four to eight such
   lines printed on them.
 
 Task quality beside the engine's own metric: for the recogniser, the share of
 lines a contender decodes (CTC greedy) exactly as FP32 does, and the share it
-reads exactly right; for the detector, the intersection over union of the text
-maps binarised at DBNet's 0.3 threshold against FP32's.
+reads exactly right (ignoring case for ddddocr, as its users compare); for the
+detector, the intersection over union of the text maps binarised at DBNet's 0.3
+threshold against FP32's.
 """
 
 from __future__ import annotations
@@ -35,6 +44,10 @@ import onnx
 from bench.cnn_models import IMAGENET_MEAN, IMAGENET_STD, fetch_wheel_member
 
 WHEEL = "rapidocr-onnxruntime==1.4.4"
+DDDDOCR_WHEEL = "ddddocr==1.6.1"
+DDDDOCR_CHARSET = ("ddddocr/charsets.py", "ae99cf71e1dd738d50d2c2d2bf8544c16a7d23452e9b64346d3ac4dbff83510f")
+CODE_HEIGHT, CODE_WIDTH = 64, 192
+CODE_CHARACTERS = "abcdefghijkmnpqrstuvwxyz23456789"  # no 0/o, 1/l: captchas leave out what people misread
 LINE_HEIGHT, LINE_WIDTH, PAGE_SIDE = 48, 320, 416  # pages: the photos are 427 px high; DBNet wants x32
 DB_THRESHOLD = 0.3  # PaddleOCR's DBNet post-processing binarises the probability map here
 WORDS = (
@@ -53,9 +66,11 @@ class OcrModel:
     batch: int
     samples: int
     task: str  # "recognise" or "detect"
+    wheel: str = WHEEL
+    style: str = "ppocr"  # how inputs are rendered and outputs laid out: "ppocr" or "ddddocr"
 
     def path(self) -> Path:
-        return fetch_wheel_member(self.name, WHEEL, self.member, self.sha256)
+        return fetch_wheel_member(self.name, self.wheel, self.member, self.sha256)
 
 
 MODELS = (
@@ -78,6 +93,18 @@ MODELS = (
         batch=1,
         samples=32,
         task="detect",
+    ),
+    OcrModel(
+        "ddddocr_rec",
+        "ddddocr's captcha and short-text recogniser (PyTorch 1.9 export, opset 12, SiLU backbone, LSTM, CTC over"
+        " 8210 characters), trained; from the ddddocr 1.6.1 wheel",
+        "ddddocr/common.onnx",
+        "33b5cd351ee94e73a6bf8fa18c415ed8b819b3ffd342e267c30d8ad8334e34e8",
+        batch=1,
+        samples=48,
+        task="recognise",
+        wheel=DDDDOCR_WHEEL,
+        style="ddddocr",
     ),
 )
 
@@ -116,6 +143,37 @@ def text_lines(samples: int, seed: int = 0) -> tuple[np.ndarray, list[str]]:
         images.append(((pixels - 0.5) / 0.5).transpose(2, 0, 1))
         texts.append(text)
     return np.stack(images), texts
+
+
+def code_lines(samples: int, seed: int = 0) -> tuple[np.ndarray, list[str]]:
+    """``samples`` rendered codes, [samples, 1, 64, 192] float32 in 0..1 as ddddocr feeds them, and their text."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    images, texts = [], []
+    for _ in range(samples):
+        text = "".join(rng.choice(list(CODE_CHARACTERS), int(rng.integers(4, 7))))
+        image = Image.new("L", (CODE_WIDTH, CODE_HEIGHT), int(rng.integers(200, 256)))
+        font = ImageFont.load_default(size=int(rng.integers(34, 44)))
+        ImageDraw.Draw(image).text((int(rng.integers(4, 20)), 8), text, fill=int(rng.integers(0, 80)), font=font)
+        images.append((np.asarray(image, dtype=np.float32) / 255.0)[None])
+        texts.append(text)
+    return np.stack(images), texts
+
+
+def ddddocr_characters() -> list[str]:
+    """ddddocr's CTC alphabet for common.onnx (index 0 is the blank), read from its charsets.py as a literal."""
+    import ast
+
+    member, sha256 = DDDDOCR_CHARSET
+    source = fetch_wheel_member("ddddocr_charsets", DDDDOCR_WHEEL, member, sha256, suffix=".py").read_text("utf-8")
+    for statement in ast.parse(source).body:
+        if isinstance(statement, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "CHARSET_BETA" for t in statement.targets
+        ):
+            charset: list[str] = ast.literal_eval(statement.value)
+            return charset
+    raise RuntimeError(f"{DDDDOCR_WHEEL}:{member} has no CHARSET_BETA list")
 
 
 def text_pages(samples: int, seed: int = 0) -> np.ndarray:
@@ -162,6 +220,15 @@ def ctc_read(scores: np.ndarray, alphabet: list[str]) -> list[str]:
     return lines
 
 
+def steps_by_sample(scores: np.ndarray, samples: int) -> np.ndarray:
+    """A seq-major recogniser's outputs, one [steps, 1, classes] batch after another along axis 0, as
+    [samples, steps, classes]."""
+    steps = scores.shape[0] // samples
+    if scores.shape[0] != steps * samples or scores.shape[1] != 1:
+        raise ValueError(f"outputs of shape {scores.shape} are not {samples} batches of [steps, 1, classes]")
+    return scores.reshape(samples, steps, scores.shape[-1])
+
+
 def map_iou(reference: np.ndarray, other: np.ndarray) -> float:
     """Mean per-image IoU of the text maps binarised at DBNet's threshold (1.0 where both are empty)."""
     ious = []
@@ -177,21 +244,28 @@ TaskQuality = Callable[[dict[str, np.ndarray]], dict[str, dict[str, float]]]
 def inputs_and_task_quality(model: OcrModel) -> tuple[dict[str, np.ndarray], TaskQuality]:
     """The model's feed, and the task metrics of every contender's first output (keyed "ort_fp32" for FP32)."""
     if model.task == "recognise":
-        lines, truth = text_lines(model.samples)
-        alphabet = characters(model.path())
+        ddddocr = model.style == "ddddocr"
+        lines, truth = code_lines(model.samples) if ddddocr else text_lines(model.samples)
+        alphabet = ddddocr_characters() if ddddocr else characters(model.path())
+
+        def as_lines(scores: np.ndarray) -> list[str]:
+            return ctc_read(steps_by_sample(scores, model.samples) if ddddocr else scores, alphabet)
+
+        def same(read: str, text: str) -> bool:
+            return read.strip().lower() == text.lower() if ddddocr else read.strip() == text
 
         def read(outputs: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:
-            fp32 = ctc_read(outputs["ort_fp32"], alphabet)
+            fp32 = as_lines(outputs["ort_fp32"])
             result = {}
             for name, scores in outputs.items():
-                read_lines = ctc_read(scores, alphabet)
+                read_lines = as_lines(scores)
                 result[name] = {
                     "same_as_fp32": float(np.mean([a == b for a, b in zip(read_lines, fp32, strict=True)])),
-                    "exact": float(np.mean([a.strip() == t for a, t in zip(read_lines, truth, strict=True)])),
+                    "exact": float(np.mean([same(a, t) for a, t in zip(read_lines, truth, strict=True)])),
                 }
             return result
 
-        return {"x": lines}, read
+        return {"input1" if ddddocr else "x": lines}, read
     pages = text_pages(model.samples)
 
     def detect(outputs: dict[str, np.ndarray]) -> dict[str, dict[str, float]]:

@@ -66,4 +66,4 @@ def quality_metric(output: Any, targets: Any, reference_path: str) -> float:
             weights = ref["mask"][index][..., None].astype(np.float64)
             pooled = (preds * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
             return _mean_cosine(pooled, ref["pooled"][index])
-        return _mean_cosine(preds, ref["outputs"][index])
+        return _mean_cosine(preds.reshape(len(index), -1), ref["outputs"][index])

@@ -141,7 +141,9 @@ SECTIONS: dict[str, Section] = {
         "Runtime choice: ONNX Runtime or OpenVINO, per model", records.RuntimeChoiceResult, _runtime_choice
     ),
     "ocr_matrix": Section(
-        "Models from another exporter: PP-OCRv4 (paddle2onnx)", records.RuntimeChoiceResult, _ocr_matrix
+        "Models from other exporters: PP-OCRv4 (paddle2onnx), ddddocr (PyTorch)",
+        records.RuntimeChoiceResult,
+        _ocr_matrix,
     ),
     "graph_levers": Section(
         "Graph levers: spelled-out activations as one operator", records.GraphLeversResult, _graph_levers

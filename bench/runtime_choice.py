@@ -172,6 +172,8 @@ def run_model(
         "openvino_trials": sum(t.recipe.session.runtime == "openvino" for t in report.trials),
         "nncf_trials": sum(t.recipe.transform.quantization.quantizer == "nncf" for t in report.trials),
         "picked_runtime": pick.session.runtime,
+        "final_race": [e.model_dump() for e in report.final.runoff] if report.final is not None else [],
+        "final_note": report.final.note if report.final is not None else "",
         "picked": pick.describe(),
         "quality_drop": report.best.metrics.quality.drop if report.best and report.best.metrics else None,
         "recipes": {k: r.describe() for k, r in timed.items()},
