@@ -220,15 +220,6 @@ def ctc_read(scores: np.ndarray, alphabet: list[str]) -> list[str]:
     return lines
 
 
-def steps_by_sample(scores: np.ndarray, samples: int) -> np.ndarray:
-    """A seq-major recogniser's outputs, one [steps, 1, classes] batch after another along axis 0, as
-    [samples, steps, classes]."""
-    steps = scores.shape[0] // samples
-    if scores.shape[0] != steps * samples or scores.shape[1] != 1:
-        raise ValueError(f"outputs of shape {scores.shape} are not {samples} batches of [steps, 1, classes]")
-    return scores.reshape(samples, steps, scores.shape[-1])
-
-
 def map_iou(reference: np.ndarray, other: np.ndarray) -> float:
     """Mean per-image IoU of the text maps binarised at DBNet's threshold (1.0 where both are empty)."""
     ious = []
@@ -249,7 +240,7 @@ def inputs_and_task_quality(model: OcrModel) -> tuple[dict[str, np.ndarray], Tas
         alphabet = ddddocr_characters() if ddddocr else characters(model.path())
 
         def as_lines(scores: np.ndarray) -> list[str]:
-            return ctc_read(steps_by_sample(scores, model.samples) if ddddocr else scores, alphabet)
+            return ctc_read(scores, alphabet)  # run_all gives [samples, steps, classes] for both styles
 
         def same(read: str, text: str) -> bool:
             return read.strip().lower() == text.lower() if ddddocr else read.strip() == text

@@ -54,7 +54,7 @@ def write_olive_reference(example: ExampleModel, data: Dataset, batch: int, path
         np.savez(path, labels=ref.labels)
     elif ref.token_mask is not None and ref.outputs[0].ndim == 3:
         np.savez(path, mask=ref.token_mask, pooled=mean_pooled(ref.outputs[0], ref.token_mask))
-    else:  # one row per sample: a seq-major export's [steps, 1, classes] batches are regrouped by sample
+    else:  # one row per sample (run_all puts samples first, seq-major exports included)
         np.savez(path, outputs=ref.outputs[0].reshape(data.n_samples, -1))
 
 

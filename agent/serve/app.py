@@ -453,7 +453,8 @@ class Server:
     def _batcher(self, model: model_loader.LoadedModel) -> Batcher:
         if self.batcher is None:
             signature = model.signature
-            batchable = all(spec.shape and spec.shape[0] < 0 for spec in (*signature.inputs, *signature.outputs))
+            dynamic = all(spec.shape and spec.shape[0] < 0 for spec in (*signature.inputs, *signature.outputs))
+            batchable = dynamic and model.batch_major
             if batchable and self.config.recipe.batch_dependent():
                 if self.config.isolate_batch_dependent:
                     batchable = False

@@ -11,8 +11,11 @@ back. A lone request waits at most ``max_delay_s`` for company; under load the
 queue fills while the workers are busy, so batches form without any delay.
 
 Only models whose inputs and outputs all have a dynamic first (batch) axis are
-batched; any other model runs one request per run through the same queue, so
-the queue wait, the deadline and the metrics are the same either way.
+batched, and only while their outputs have the run's rows first (a seq-major
+[steps, batch, classes] output does not: the load-time check in model.py, and
+here every combined run, which is rerun request by request when it fails); any
+other model runs one request per run through the same queue, so the queue
+wait, the deadline and the metrics are the same either way.
 
 The batcher can lose neither a request nor itself. A request waits for its answer at most until its deadline
 (still queued then: it leaves the queue and gets no result, a 503) plus ``STUCK_GRACE_S`` once running (a run
@@ -308,12 +311,21 @@ class Batcher:
         finally:
             self._slots.release()
 
+    def _stop_batching(self, combined: Arrays, rows: int) -> None:
+        """A combined run whose outputs do not have its rows first cannot be split back by request (a seq-major
+        [steps, batch, classes] output the load-time check could not see): from now on every request runs alone."""
+        shapes = {name: list(value.shape) for name, value in combined.items()}
+        log.warning("outputs %s of a run of %d rows do not have the rows first: each request now runs alone",
+                    str(shapes)[:300], rows)  # fmt: skip
+        self.batch_rows, self.max_delay_s = 1, 0.0
+
     def _run_batch(self, batch: list[_Pending]) -> tuple[list[Arrays | BaseException], float]:
         outputs = batch[0].outputs
         started = time.perf_counter()
         live = [p for p in batch if not p.future.done()]  # a client that left meanwhile costs no compute
         deadline = max((p.deadline for p in live), default=started)  # a shared run stops once all are overdue
         if len(live) > 1:
+            combined: Arrays | None = None
             inputs = {name: np.concatenate([p.inputs[name] for p in live]) for name in live[0].inputs}
             try:
                 combined = self._run(inputs, outputs, deadline)
@@ -322,6 +334,11 @@ class Batcher:
             except Exception:  # one request's failure must not fail the others: run them alone
                 pass
             else:
+                rows = sum(p.rows for p in live)
+                if any(not value.ndim or value.shape[0] != rows for value in combined.values()):
+                    self._stop_batching(combined, rows)
+                    combined = None
+            if combined is not None:
                 by_request: dict[int, Arrays | BaseException] = {}
                 offset = 0
                 for pending in live:

@@ -63,6 +63,8 @@ class LoadedModel:
     signature: Signature
     base_sha256: str
     variant_sha256: str
+    # Whether every output has the batch first, as the dynamic batcher splits it (checked at load: _batch_major).
+    batch_major: bool = True
 
     watchdog: Watchdog = field(default_factory=Watchdog)
 
@@ -92,7 +94,8 @@ def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> Load
     session = _session(variant, recipe, source)
     signature = _signature(session, info, recipe, max_batch)
     loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
-    _warm_up(loaded, info, recipe)
+    _warm_up(loaded, recipe)
+    loaded.batch_major = _batch_major(loaded)
     return loaded
 
 
@@ -241,19 +244,47 @@ _ORT_TYPES = {
 }
 
 
-def _warm_up(model: LoadedModel, info: ModelInfo, recipe: Recipe) -> None:
+def _warm_up(model: LoadedModel, recipe: Recipe) -> None:
     """A few runs at the recipe's batch, so the first real request does not pay for lazy initialisation."""
     batch = min(recipe.batch, model.signature.max_batch)
-    feeds: dict[str, np.ndarray] = {}
-    for spec in model.signature.inputs:
-        shape = [d if d >= 0 else 1 for d in spec.shape]
-        if shape and spec.shape[0] < 0:
-            shape[0] = batch
-        feeds[spec.name] = np.zeros(shape, dtype=_numpy(spec.datatype))
+    feeds = _zeros(model.signature, batch)
     outputs = [spec.name for spec in model.signature.outputs]
     for _ in range(WARMUP_RUNS):
         model.infer(feeds, outputs)
     log.info("warmed up with %d runs at batch %s", WARMUP_RUNS, batch)
+
+
+def _batch_major(model: LoadedModel) -> bool:
+    """Whether every output's first axis is the batch, so that a combined run splits back by request.
+
+    A dynamic first axis on every input and output does not say so: a seq-major export declares [steps, batch,
+    classes] with both dynamic, and split by rows it would hand each client the steps of every sample. Runs of 1
+    and of 2 show it: only the batch's axis follows the number of samples."""
+    signature = model.signature
+    if signature.max_batch < 2 or not all(s.shape and s.shape[0] < 0 for s in (*signature.inputs, *signature.outputs)):
+        return True  # not batched anyway
+    names = [spec.name for spec in signature.outputs]
+    for batch in (1, 2):
+        outputs = model.infer(_zeros(signature, batch), names)
+        strays = {
+            name: list(value.shape) for name, value in outputs.items() if not value.ndim or value.shape[0] != batch
+        }
+        if strays:
+            log.warning("outputs %s of a run of %d do not have the batch first: each request runs alone",
+                        str(strays)[:300], batch)  # fmt: skip
+            return False
+    return True
+
+
+def _zeros(signature: Signature, batch: int) -> dict[str, np.ndarray]:
+    """Zeros of every input's shape: ``batch`` on a dynamic first axis, 1 on any other dynamic axis."""
+    feeds: dict[str, np.ndarray] = {}
+    for spec in signature.inputs:
+        shape = [d if d >= 0 else 1 for d in spec.shape]
+        if shape and spec.shape[0] < 0:
+            shape[0] = batch
+        feeds[spec.name] = np.zeros(shape, dtype=_numpy(spec.datatype))
+    return feeds
 
 
 def _numpy(datatype: str) -> np.dtype[Any]:

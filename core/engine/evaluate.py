@@ -90,9 +90,8 @@ class Reference:
     token_mask: np.ndarray | None = None
     # The metric the quality budget is written in (quality_metrics.resolve); "auto": top-1 with labels, else cosine.
     metric: str = "auto"
-    # The samples the outputs are of. Exporters do not all put the batch first: PyTorch's seq-major recognisers
-    # return [steps, batch, classes], so the first n samples are the first n / samples of each output's rows
-    # (the outputs of whole batches, one after another). None: one row per sample.
+    # The samples the outputs are of. run_all puts them first; an output with no samples' axis (a per-run
+    # summary, concatenated run after run) is cut by its share of rows. None: one row per sample.
     samples: int | None = None
 
     def head(self, n: int) -> Reference:
@@ -109,11 +108,27 @@ class Reference:
 
 
 def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
-    """Outputs for every sample, computed ``batch`` samples at a time."""
+    """Outputs for every sample, computed ``batch`` samples at a time, samples first (``batch_major``)."""
     chunks: list[list[np.ndarray]] = []
-    for feed, _ in data.batches(batch):
-        chunks.append(session.run(None, feed))
+    for feed, rows in data.batches(batch):
+        chunks.append([batch_major(output, rows.stop - rows.start) for output in session.run(None, feed)])
     return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+
+
+def batch_major(output: np.ndarray, rows: int) -> np.ndarray:
+    """``output`` of a run of ``rows`` samples with the samples on its first axis.
+
+    Exporters do not all put them there: PyTorch's seq-major recognisers return [steps, batch, classes]. Their
+    batches concatenated along the first axis interleave samples and steps, so a batch of 1 and a batch of 8 give
+    outputs of different layouts, and per-sample metrics (argmax agreement over steps, worst sample of a grouping)
+    read steps as samples. The samples' axis is the first whose length is ``rows`` (the first axis whenever it
+    is); an output with no such axis is returned as it is."""
+    if output.ndim == 0 or output.shape[0] == rows:
+        return output
+    for axis in range(1, output.ndim):
+        if output.shape[axis] == rows:
+            return np.moveaxis(output, axis, 0)
+    return output
 
 
 def make_reference(session: Session, data: Dataset, batch: int, metric: str = "auto") -> Reference:

@@ -22,7 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import Reference, quality_of, run_all
+from metainfer.core.engine.evaluate import Reference, batch_major, quality_of, run_all
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import Session, create_session
 from metainfer.core.engine.trial import Quality
@@ -126,7 +126,9 @@ def _run_rows(session: Session, data: Dataset, runs: list[np.ndarray]) -> list[n
     per_output: list[np.ndarray] | None = None
     done = np.zeros(data.n_samples, dtype=bool)
     for rows in runs:
-        outputs = session.run(None, {name: array[rows] for name, array in data.inputs.items()})
+        outputs = [
+            batch_major(o, len(rows)) for o in session.run(None, {name: a[rows] for name, a in data.inputs.items()})
+        ]
         if per_output is None:
             per_output = [np.empty((data.n_samples, *o.shape[1:]), dtype=o.dtype) for o in outputs]
         fresh = ~done[rows]

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from bench.ocr_models import DB_THRESHOLD, ctc_read, map_iou, steps_by_sample
+from bench.ocr_models import DB_THRESHOLD, ctc_read, map_iou
 
 
 def _scores(steps: list[list[int]], classes: int = 5) -> np.ndarray:
@@ -30,12 +29,3 @@ def test_map_iou_is_one_for_equal_maps_and_for_two_empty_maps_and_falls_with_dis
     assert map_iou(reference, shifted) == (4 / 12 + 1.0) / 2
     below = reference * (DB_THRESHOLD / 0.9) * 0.99  # under the threshold: no text at all on the first page
     assert map_iou(reference, below) == 0.5
-
-
-def test_a_seq_major_recogniser_s_batches_are_regrouped_by_sample_before_decoding() -> None:
-    alphabet = ["", "a", "b", "c"]
-    first, second = _scores([[1, 0, 2]], 4)[0], _scores([[3, 3, 1]], 4)[0]  # [steps, classes] of two samples
-    concatenated = np.concatenate([first[:, None], second[:, None]])  # what run_all gives: [2 x 3, 1, 4]
-    assert ctc_read(steps_by_sample(concatenated, 2), alphabet) == ["ab", "ca"]
-    with pytest.raises(ValueError, match="not 4 batches"):
-        steps_by_sample(concatenated, 4)

@@ -31,6 +31,7 @@ from metainfer.core.engine.scoring import (
 )
 from metainfer.core.engine.transforms import build_variant
 from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics, TrialStatus
+from metainfer.core.engine.validate import validate_variant
 
 FAST = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=40, max_seconds=0.5)
 
@@ -316,32 +317,52 @@ def test_a_p99_bound_makes_a_candidate_with_a_long_tail_infeasible() -> None:
     assert miss_distance([], tail, Constraints(slo_p99_ms=5.0)) == pytest.approx(0.2)
 
 
-def _seq_major_model() -> bytes:
-    """[1, 4] -> [3, 1, 4]: steps first, then the batch (fixed at 1), then classes, as PyTorch's CTC recognisers
-    export."""
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 1, 4])
+def _seq_major_model(batch: int | str = 1) -> bytes:
+    """[batch, 4] -> [3, batch, 4] per-step class probabilities: steps first, then the batch, then classes, as
+    PyTorch's CTC recognisers export."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, batch, 4])
     nodes = [helper.make_node("Unsqueeze", ["x", "axis0"], ["x3"])]
     scales = []
     for step in range(3):
         scales.append(numpy_helper.from_array(np.array(step + 1, dtype=np.float32), f"scale{step}"))
         nodes.append(helper.make_node("Mul", ["x3", f"scale{step}"], [f"step{step}"]))
-    nodes.append(helper.make_node("Concat", ["step0", "step1", "step2"], ["y"], axis=0))
+    nodes.append(helper.make_node("Concat", ["step0", "step1", "step2"], ["logits"], axis=0))
+    nodes.append(helper.make_node("Softmax", ["logits"], ["y"], axis=-1))
     axis = numpy_helper.from_array(np.array([0], dtype=np.int64), "axis0")
     graph = helper.make_graph(nodes, "seq_major", [x], [y], [axis, *scales])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     return bytes(model.SerializeToString())
 
 
-def test_a_seq_major_output_is_cut_and_counted_by_sample_not_by_row() -> None:
+def test_a_seq_major_output_is_read_samples_first_and_cut_and_counted_by_sample() -> None:
     """Issue 30: ddddocr's PyTorch-exported recogniser ([steps, 1, classes]) failed its baseline: the quality
-    screen cut its reference at n rows, not at n samples."""
+    screen cut its reference at n rows, not at n samples. Its outputs are now read samples first, so the
+    per-step metric is chosen for it, as for a batch-major recogniser."""
     data = Dataset(inputs={"x": np.random.default_rng(0).random((5, 4), dtype=np.float32)})
     session = create_session(_seq_major_model(), Recipe())
     reference = make_reference(session, data, 1)
-    assert reference.outputs[0].shape == (15, 1, 4) and reference.samples == 5
+    raw = session.run(None, data.batch(1, 1))[0]
+    assert reference.outputs[0].shape == (5, 3, 4) and reference.samples == 5
+    assert np.array_equal(reference.outputs[0][1], raw[:, 0])
+    assert reference.metric == "argmax_agreement"
     head = reference.head(2)
-    assert np.array_equal(head.outputs[0], reference.outputs[0][:6]) and head.samples == 2
+    assert np.array_equal(head.outputs[0], reference.outputs[0][:2]) and head.samples == 2
     quality = quality_of(run_all(session, data.head(2), 1), head)
     assert quality.samples == 2 and quality.drop == pytest.approx(0.0, abs=1e-6)
     assert quality_of(run_all(session, data, 1), reference).samples == 5
+
+
+def test_a_seq_major_model_with_a_dynamic_batch_gives_each_sample_the_same_outputs_at_every_batch() -> None:
+    """With a dynamic batch, [steps, batch, classes] runs of 1 and of 4 concatenated along the first axis had
+    different layouts, so validation at batch 1 and the batch-dependence check compared steps with samples."""
+    data = Dataset(inputs={"x": np.random.default_rng(1).random((6, 4), dtype=np.float32)})
+    model = _seq_major_model("batch")
+    session = create_session(model, Recipe())
+    alone, in_fours = run_all(session, data, 1), run_all(session, data, 4)
+    assert alone[0].shape == in_fours[0].shape == (6, 3, 4)
+    assert np.allclose(alone[0], in_fours[0], atol=1e-6)
+    reference = make_reference(session, data, 4)
+    report = validate_variant(model, Recipe(batch=4), data, reference, max_quality_drop=0.0, largest_batch=6)
+    assert report.passed, [c.detail for c in report.checks if not c.passed]
+    assert report.batch_dependence is not None and report.batch_dependence.max_abs_difference < 1e-6
