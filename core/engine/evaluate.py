@@ -95,10 +95,15 @@ class Reference:
     samples: int | None = None
 
     def head(self, n: int) -> Reference:
-        labels = None if self.labels is None else self.labels[:n]
-        outputs = [o[: self._rows(o, n)] for o in self.outputs]
+        return self.part(0, n)
+
+    def part(self, start: int, stop: int) -> Reference:
+        """The reference of samples ``start`` to ``stop``."""
+        labels = None if self.labels is None else self.labels[start:stop]
+        outputs = [o[self._rows(o, start) : self._rows(o, stop)] for o in self.outputs]
         accuracy = None if labels is None else top1_accuracy(outputs[0], labels)
-        mask = None if self.token_mask is None else self.token_mask[:n]
+        mask = None if self.token_mask is None else self.token_mask[start:stop]
+        n = len(range(*slice(start, stop).indices(self.samples or len(self.outputs[0]))))
         return Reference(outputs, labels, accuracy, mask, self.metric, None if self.samples is None else n)
 
     def _rows(self, output: np.ndarray, n: int) -> int:

@@ -28,6 +28,8 @@ from metainfer.core.engine.evaluate import Reference, Screen
 from metainfer.core.engine.history import HardwareFeatures as HistoryHardware
 from metainfer.core.engine.history import ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
 from metainfer.core.engine.history_use import HistoryUse
+from metainfer.core.engine.knobs.base import as_int
+from metainfer.core.engine.knobs.quantizer import NNCF_RANKING
 from metainfer.core.engine.measurer import Measurer, OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.phases import Observer, PipelinePhase, SilentObserver
@@ -37,7 +39,7 @@ from metainfer.core.engine.report import AdaptSettings, FinalComparison, Report,
 from metainfer.core.engine.scoring import noise_band, rank, score, violations, within_noise
 from metainfer.core.engine.search import Prior, SearchContext, Searcher, builtin_prior, context_features, make_searcher
 from metainfer.core.engine.search.space import Key, Point, Space
-from metainfer.core.engine.sensitivity import SensitivityReport, analyse
+from metainfer.core.engine.sensitivity import SensitivityReport, accuracy_control, analyse
 from metainfer.core.engine.transforms import (
     PaddingNotRemovable,
     build_variant,
@@ -92,6 +94,7 @@ class Adaptation:
         self._full_reference: Reference | None = None  # FP32's outputs on all the data, for validation
         self.band = noise_band([], settings.measure.stable_rel)  # updated with every measurement
         self.sensitivity_s = 0.0  # wall time of the sensitivity scans, spent inside the search
+        self._most_kept_in_float = 0  # the largest keep_float the space offers (set with the space)
         self._leader_p50_ms: float | None = None  # the best feasible median so far, for racing
 
     # -- building blocks ------------------------------------------------------
@@ -113,23 +116,36 @@ class Adaptation:
             self._sensitivity_failed[mode] = exc
             raise
 
-    def _ranked_layers(self, mode: str) -> list[str]:
-        if mode not in self._sensitivity:
+    def _ranked_layers(self, key: str) -> list[str]:
+        """The layer ranking ``key`` (scan_gate.ranking_key) names, made once."""
+        if key not in self._sensitivity:
             assert self.reference is not None
             started = time.perf_counter()
-            self.observer.phase(PipelinePhase.SENSITIVITY, self.settings.sensitivity_layers, detail=mode)
-            self._sensitivity[mode] = analyse(
-                self.base,
-                mode,
-                self.calibration,
-                self.quality_data.head(SENSITIVITY_SAMPLES),
-                self._small_reference(),
-                self.settings.batch,
-                self.settings.sensitivity_layers,
-                on_step=lambda i, n, label: self.observer.advance(label),
-            )
+            if key == NNCF_RANKING:
+                self.observer.phase(PipelinePhase.SENSITIVITY, None, detail="NNCF accuracy control")
+                self._sensitivity[key] = accuracy_control(
+                    self.base,
+                    self.calibration,
+                    self.quality_data.head(SENSITIVITY_SAMPLES),
+                    self._small_reference(),
+                    self.settings.batch,
+                    self.settings.constraints.max_quality_drop,
+                    max_kept=self._most_kept_in_float,
+                )
+            else:
+                self.observer.phase(PipelinePhase.SENSITIVITY, self.settings.sensitivity_layers, detail=key)
+                self._sensitivity[key] = analyse(
+                    self.base,
+                    key,
+                    self.calibration,
+                    self.quality_data.head(SENSITIVITY_SAMPLES),
+                    self._small_reference(),
+                    self.settings.batch,
+                    self.settings.sensitivity_layers,
+                    on_step=lambda i, n, label: self.observer.advance(label),
+                )
             self.sensitivity_s += time.perf_counter() - started
-        return self._sensitivity[mode].ranked()
+        return self._sensitivity[key].ranked()
 
     def _small_reference(self) -> Reference:
         assert self.reference is not None
@@ -380,6 +396,8 @@ class Adaptation:
         )
         layers = len(quantizable_nodes(onnx.load_from_string(self.base), "int8_static"))
         space, notes = build_space(self.model, self.profile, options, min(layers, self.settings.sensitivity_layers))
+        kept_counts = next((d.choices for d in space.dimensions if d.name == scan_gate.KEEP_FLOAT), (0,))
+        self._most_kept_in_float = max(as_int(c) for c in kept_counts)
         if openvino_gap:
             notes.append(openvino_gap)
         if padding_reason and self.model.is_transformer:

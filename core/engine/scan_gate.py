@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from metainfer.core.engine.knobs.quantizer import ranking_key
 from metainfer.core.engine.search.space import Point
 from metainfer.core.engine.trial import Trial
 
@@ -37,7 +38,7 @@ def decide(
 ) -> ScanDecision:
     """What to measure for ``point`` given the ``trials`` so far and the modes whose scan was already paid for."""
     kept = point.get(KEEP_FLOAT)
-    mode = str(point.get("quantization"))
+    mode = ranking_key(point)
     if not kept or mode in scanned_modes:
         return ScanDecision("measure", point)
     counterpart = {**point, KEEP_FLOAT: 0}

@@ -24,6 +24,7 @@ from metainfer.core.engine.knobs.base import (
     is_int8,
     point_rule,
 )
+from metainfer.core.engine.knobs.quantizer import ranking_key
 from metainfer.core.engine.profile.types import Dtype, HardwareProfile, int8_variant
 from metainfer.core.engine.recipe import INT8_MODES, QUANTIZATION_MODES, QuantizationMode
 
@@ -272,7 +273,7 @@ def _keep_float_unfused(p: Point) -> bool:
 def _kept_layers(value: Scalar, point: Point, ranked_layers: RankedLayers) -> dict[str, object]:
     # Sensitivity analysis is expensive: only a mixed-precision point asks for the ranking.
     k = as_int(value)
-    keep = tuple(ranked_layers(str(point["quantization"]))[:k]) if k else ()
+    keep = tuple(ranked_layers(ranking_key(point))[:k]) if k else ()
     return {"transform.quantization.keep_float": keep}
 
 

@@ -44,6 +44,18 @@ def _nncf_chooses_its_own_settings(p: Point) -> bool:
     )
 
 
+# The ranking of NNCF's static int8 (its accuracy control's); ONNX Runtime's quantizer's are keyed by their mode.
+NNCF_RANKING = "int8_static+nncf"
+
+
+def ranking_key(point: Point) -> str:
+    """Which layer ranking a mixed-precision point keeps the top of in float: NNCF's accuracy control's for NNCF's
+    int8 (it knows which of its own quantizers cost the quality), else the per-layer scan for the point's mode."""
+    if point.get("quantizer") == "nncf":
+        return NNCF_RANKING
+    return str(point.get("quantization"))
+
+
 QUANTIZER = Knob(
     name="quantizer",
     values=_quantizer_values,
