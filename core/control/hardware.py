@@ -54,6 +54,54 @@ class _Config(BaseModel):
     model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
 
 
+_PROFILE = "{profile}"
+# What a profile must be to become part of a resource name (a label value is untrusted; this also fits the
+# qualified-name syntax of extended resources).
+_RESOURCE = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+
+
+class PartitionLabels(_Config):
+    """A vendor's devices split into partitions that a node advertises per profile, each profile its own extended
+    resource: NVIDIA MIG under GPU Feature Discovery's "mixed" strategy (``nvidia.com/mig-1g.5gb.count``,
+    ``.memory``; resource ``nvidia.com/mig-1g.5gb``), where the product label names the whole GPU and
+    ``nvidia.com/gpu`` may be zero. Such a node is classed by the profile it has most of (ties: less memory, then
+    the name), named as the "single" strategy names it, and its Jobs and pods request one of that profile."""
+
+    when: dict[str, str] = Field(min_length=1, description="Labels (all of them) that say the node is partitioned.")
+    count: str = Field(description="Label key of a profile's instance count; {profile} stands for the profile.")
+    memory: str | None = Field(None, description="Label key of a profile's memory in MiB; {profile} as above.")
+    profile: str = Field(r"[0-9]+g\.[0-9]+gb", description="Regular expression a profile must match in full.")
+    resource: str = Field(description="Extended resource of one partition; {profile} as above.")
+    product: str = Field("{product}-MIG-{profile}", description="The class's product; {product}: the device's.")
+
+    @field_validator("count", "memory", "resource")
+    @classmethod
+    def _names_the_profile_once(cls, value: str | None) -> str | None:
+        if value is not None and value.count(_PROFILE) != 1:
+            raise ValueError(f"must contain {_PROFILE} exactly once")
+        return value
+
+    @field_validator("profile")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        re.compile(value)
+        return value
+
+    def profile_of(self, key: str) -> str | None:
+        """The profile a count label key names, or None when ``key`` is not one."""
+        prefix, suffix = self.count.split(_PROFILE)
+        if not (key.startswith(prefix) and key.endswith(suffix)) or len(key) <= len(prefix) + len(suffix):
+            return None
+        profile = key[len(prefix) : len(key) - len(suffix)]
+        return profile if re.fullmatch(self.profile, profile) else None
+
+    def is_profile_key(self, key: str) -> bool:
+        return any(
+            key.startswith(prefix) and key.endswith(suffix) and len(key) > len(prefix) + len(suffix)
+            for prefix, suffix in (t.split(_PROFILE) for t in (self.count, self.memory) if t is not None)
+        )
+
+
 class VendorLabels(_Config):
     """Which labels identify one accelerator vendor's nodes and feed each HardwareClass field."""
 
@@ -67,6 +115,7 @@ class VendorLabels(_Config):
     driver_version: tuple[LabelSource, ...] = ()
     runtime_version: tuple[LabelSource, ...] = ()
     resource: str | None = Field(None, description="Extended resource; {value} = detect value minus the prefix.")
+    partitions: PartitionLabels | None = Field(None, description="How a node advertises partitioned devices.")
 
     @field_validator("product", "memory", "compute_capability", "driver_version", "runtime_version", mode="before")
     @classmethod
@@ -82,7 +131,7 @@ class VendorLabels(_Config):
 
     def label_keys(self) -> tuple[str, ...]:
         """Every label key this vendor reads."""
-        keys = [*self.detect, *(k for s in self.product for k in s)]
+        keys = [*self.detect, *(k for s in self.product for k in s), *(self.partitions.when if self.partitions else ())]
         return tuple(dict.fromkeys([*keys, *(k for f in self.sources() for s in f for k in s)]))
 
 
@@ -96,6 +145,12 @@ DEFAULT_VENDORS: tuple[VendorLabels, ...] = (
         driver_version=_GFD_DRIVER,
         runtime_version=_GFD_RUNTIME,
         resource="nvidia.com/gpu",
+        partitions=PartitionLabels(
+            when={"nvidia.com/mig.strategy": "mixed"},
+            count="nvidia.com/mig-{profile}.count",
+            memory="nvidia.com/mig-{profile}.memory",
+            resource="nvidia.com/mig-{profile}",
+        ),
     ),
     VendorLabels(
         vendor="amd",
@@ -177,6 +232,14 @@ class LabelMapping(_Config):
     def relevant_keys(self) -> frozenset[str]:
         keys = {self.arch, *self.cpu_product, *(k for v in self.all_vendors() for k in v.label_keys())}
         return frozenset(keys | {self.cpu_feature_prefix + f for f in self.cpu_features})
+
+    @cached_property
+    def partition_specs(self) -> tuple[PartitionLabels, ...]:
+        return tuple(v.partitions for v in self.all_vendors() if v.partitions is not None)
+
+    def is_relevant(self, key: str) -> bool:
+        """Whether a label key can change a node's class (the partition labels' keys name their profiles)."""
+        return key in self.relevant_keys or any(p.is_profile_key(key) for p in self.partition_specs)
 
 
 @dataclass(frozen=True)
@@ -266,8 +329,7 @@ def classify_node(labels: Mapping[str, str], mapping: LabelMapping | None = None
     Raises UnclassifiableNode, naming the label, when the labels cannot form a class.
     """
     mapping = mapping or _DEFAULT_MAPPING
-    keys = mapping.relevant_keys
-    relevant = tuple(sorted((k, v) for k, v in labels.items() if k in keys))
+    relevant = tuple(sorted((k, v) for k, v in labels.items() if mapping.is_relevant(k)))
     cache = mapping.class_cache
     found = cache.get(relevant)
     if found is None:
@@ -308,10 +370,13 @@ def _classify(relevant: tuple[tuple[str, str], ...], mapping: LabelMapping) -> N
         used[hit] = labels[hit]
         features = _features(labels, mapping, used) if mapping.cpu_features_on_accelerators else ()
         product = _read(labels, v.product, used) or labels[hit].removeprefix(v.detect_prefix) or "generic"
+        partition = _partition(labels, v.partitions, used) if v.partitions else None
+        if partition is not None:
+            product = partition.product(product)
         cls = HardwareClass(
             vendor=v.vendor,
             product=_fit(product, "product"),
-            memory_mib=_memory(labels, v, used),
+            memory_mib=partition.memory_mib if partition is not None else _memory(labels, v, used),
             compute_capability=_fit(_read(labels, v.compute_capability, used), "compute_capability"),
             driver_version=_fit(_read(labels, v.driver_version, used), "driver_version"),
             runtime_version=_fit(_read(labels, v.runtime_version, used), "runtime_version"),
@@ -319,8 +384,12 @@ def _classify(relevant: tuple[tuple[str, str], ...], mapping: LabelMapping) -> N
             cpu_features=features,
         )
         resource = v.resource.format(value=labels[hit].removeprefix(v.detect_prefix)) if v.resource else None
+        if partition is not None:
+            resource = partition.resource
         # A field read from no label must stay unread: any of its labels on a node would give another class.
-        unread = [src for src, value in zip(v.sources(), _fields(cls), strict=True) if value is None]
+        # A partitioned device's memory is its profile's: the whole device's memory label is no evidence.
+        sources = v.sources() if partition is None else ((), *v.sources()[1:])
+        unread = [src for src, value in zip(sources, _fields(cls), strict=True) if value is None]
         absent = {k for sources in unread for source in sources for k in source}
         # A node labelled for two vendors belongs to the one that takes precedence: keep this class's Jobs off it.
         absent.update(outranked)
@@ -337,6 +406,49 @@ def _classify(relevant: tuple[tuple[str, str], ...], mapping: LabelMapping) -> N
     absent = {*mapping.accelerator_keys, *(k for k in mapping.cpu_product if k not in labels)}
     absent |= {mapping.cpu_feature_prefix + f for f in mapping.cpu_features if f not in features}
     return NodeClass(cls, used, None, tuple(sorted(absent)))
+
+
+@dataclass(frozen=True)
+class _Partition:
+    spec: PartitionLabels
+    profile: str
+    memory_mib: int | None
+
+    def product(self, device: str) -> str:
+        return self.spec.product.replace("{product}", device).replace(_PROFILE, self.profile)
+
+    @property
+    def resource(self) -> str:
+        return self.spec.resource.replace(_PROFILE, self.profile)
+
+
+def _partition(labels: Mapping[str, str], spec: PartitionLabels, used: dict[str, str]) -> _Partition | None:
+    """The profile a partitioned node is classed by, and its memory; None when the node is not partitioned as
+    ``spec`` says or advertises no usable profile."""
+    if any(labels.get(k) != v for k, v in spec.when.items()):
+        return None
+    offered: list[tuple[int, int, str, int | None]] = []
+    for key, value in labels.items():
+        profile = spec.profile_of(key)
+        if profile is None or not value.isdigit() or int(value) < 1 or not _RESOURCE.fullmatch(
+            spec.resource.replace(_PROFILE, profile)
+        ):  # fmt: skip
+            continue
+        memory_key = spec.memory.replace(_PROFILE, profile) if spec.memory else None
+        memory = _mebibytes(labels.get(memory_key or ""), "MiB") if memory_key else None
+        if memory is not None and not 0 < memory <= MAX_MEMORY_MIB:
+            memory = None
+        offered.append((-int(value), memory if memory is not None else MAX_MEMORY_MIB, profile, memory))
+    if not offered:
+        return None
+    _, _, profile, memory = min(offered)
+    used.update((k, labels[k]) for k in spec.when)
+    memory_key = spec.memory.replace(_PROFILE, profile) if spec.memory else None
+    # The selector names the profile: its memory label where there is one, else its count, whose value may
+    # differ between nodes of the class (the group keeps what they share).
+    evidence = memory_key if memory is not None and memory_key is not None else spec.count.replace(_PROFILE, profile)
+    used[evidence] = labels[evidence]
+    return _Partition(spec, profile, memory)
 
 
 def _memory(labels: Mapping[str, str], vendor: VendorLabels, used: dict[str, str]) -> int | None:

@@ -301,3 +301,88 @@ def test_a_class_is_described_in_words_for_people_within_bounds() -> None:
     assert cpu.description() == "cpu Intel, amd64 AVX2 AVX512VNNI"
     long = HardwareClass(vendor="cpu", product="X" * 128, cpu_features=tuple(f"F{i}" for i in range(60)))
     assert len(long.description()) == DESCRIPTION_MAX and long.description().endswith("…")
+
+
+# GFD on the same DGX A100 with MIG in the "mixed" strategy: the product label names the whole GPU, each MIG
+# profile is its own resource (nvidia.com/mig-1g.5gb) with count and memory labels, nvidia.com/gpu may be 0.
+GFD_A100_MIG_MIXED = {
+    **GFD_A100,
+    "nvidia.com/gpu.count": "0",
+    "nvidia.com/mig.capable": "true",
+    "nvidia.com/mig.strategy": "mixed",
+    "nvidia.com/mig-1g.5gb.count": "14",
+    "nvidia.com/mig-1g.5gb.memory": "4864",
+    "nvidia.com/mig-1g.5gb.multiprocessors": "14",
+    "nvidia.com/mig-3g.20gb.count": "2",
+    "nvidia.com/mig-3g.20gb.memory": "20096",
+}
+# The "single" strategy: every GPU in the same profile, named in the product, requested as nvidia.com/gpu.
+GFD_A100_MIG_SINGLE = {
+    **GFD_A100,
+    "nvidia.com/mig.strategy": "single",
+    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+    "nvidia.com/gpu.memory": "4864",
+    "nvidia.com/gpu.count": "56",
+}
+
+
+def test_a_mig_mixed_node_is_classed_by_its_most_offered_profile_and_requests_that_profiles_resource() -> None:
+    """Issue 29 item 4: a Job requesting nvidia.com/gpu on such a node never schedules (it has none)."""
+    mixed = classify_node(GFD_A100_MIG_MIXED)
+    assert mixed.hardware_class.product == "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb"
+    assert mixed.hardware_class.memory_mib == 4864 and mixed.resource == "nvidia.com/mig-1g.5gb"
+    assert mixed.selector["nvidia.com/mig.strategy"] == "mixed"
+    assert mixed.selector["nvidia.com/mig-1g.5gb.memory"] == "4864"
+    assert "nvidia.com/gpu.memory" not in mixed.absent, "the whole GPU's memory label is on every such node"
+    assert mixed.matches(GFD_A100_MIG_MIXED) and not mixed.matches(GFD_A100)
+    # The same slice under the single strategy is the same hardware, requested by its own resource name.
+    single = classify_node(GFD_A100_MIG_SINGLE)
+    assert single.hardware_class == mixed.hardware_class and single.resource == "nvidia.com/gpu"
+    # More 3g.20gb than 1g.5gb instances: the node is the larger profile's.
+    more_3g = {**GFD_A100_MIG_MIXED, "nvidia.com/mig-3g.20gb.count": "20"}
+    assert classify_node(more_3g).resource == "nvidia.com/mig-3g.20gb"
+    assert classify_node(more_3g).hardware_class.memory_mib == 20096
+    groups = group_nodes([("mig", GFD_A100_MIG_MIXED), ("full", GFD_A100)])
+    assert {g.resource for g in groups.values()} == {"nvidia.com/mig-1g.5gb", "nvidia.com/gpu"}
+
+
+def test_mig_labels_that_name_no_usable_profile_are_ignored_not_copied_into_resource_names() -> None:
+    hostile = {
+        **GFD_A100,
+        "nvidia.com/mig.strategy": "mixed",
+        "nvidia.com/mig-../../etc.count": "9",
+        "nvidia.com/mig-1g.5gb; x.count": "9",
+        "nvidia.com/mig-2g.10gb.count": "many",
+        "nvidia.com/mig-3g.20gb.count": "0",
+    }
+    node = classify_node(hostile)
+    assert node.resource == "nvidia.com/gpu" and node.hardware_class == classify_node(GFD_A100).hardware_class
+    not_mixed = {**GFD_A100_MIG_MIXED, "nvidia.com/mig.strategy": "none"}
+    assert classify_node(not_mixed).resource == "nvidia.com/gpu"
+
+
+def test_a_mapping_can_describe_another_vendors_partitions(tmp_path: Path) -> None:
+    path = tmp_path / "mapping.yaml"
+    path.write_text(
+        "extraVendors:\n"
+        "  - vendor: nvidia\n"
+        "    detect: [example.com/gpu.model]\n"
+        "    product: [example.com/gpu.model]\n"
+        "    resource: example.com/gpu\n"
+        "    partitions:\n"
+        "      when: {example.com/partitioned: 'yes'}\n"
+        "      count: example.com/slice-{profile}.count\n"
+        "      profile: '[0-9]+s'\n"
+        "      resource: example.com/slice-{profile}\n"
+        "      product: '{product}/{profile}'\n"
+    )
+    mapping = LabelMapping.from_file(path)
+    labels = {"example.com/gpu.model": "X1", "example.com/partitioned": "yes", "example.com/slice-2s.count": "3"}
+    node = classify_node(labels, mapping)
+    assert node.hardware_class.product == "X1/2s" and node.resource == "example.com/slice-2s"
+    assert node.selector["example.com/slice-2s.count"] == "3"
+    with pytest.raises(InputError, match="exactly once"):
+        path.write_text(
+            "extraVendors:\n  - {vendor: nvidia, detect: [a], partitions: {when: {b: c}, count: x, resource: y}}\n"
+        )
+        LabelMapping.from_file(path)

@@ -191,6 +191,23 @@ def test_build_job_is_pinned_hardened_and_owned() -> None:
     assert "nvidia.com/gpu" not in json.dumps(cpu_pod["containers"][0]["resources"])
 
 
+def test_a_mig_mixed_class_s_job_and_pods_request_one_instance_of_its_profile_and_no_whole_gpu() -> None:
+    mixed = {**GPU, "nvidia.com/mig.strategy": "mixed", "nvidia.com/mig-1g.5gb.count": "7",
+             "nvidia.com/mig-1g.5gb.memory": "4864"}  # fmt: skip
+    group = next(iter(group_nodes([("mig-1", mixed)]).values()))
+    p = policy()
+    run = succeeded(build_run(p, group, "NewHardwareClass"))
+    run["metadata"]["uid"] = "u"
+    for pod in (
+        build_job(run, group)["spec"]["template"]["spec"],
+        build_deployment(p, group, run)["spec"]["template"]["spec"],
+    ):
+        resources = pod["containers"][0]["resources"]
+        assert resources["requests"]["nvidia.com/mig-1g.5gb"] == resources["limits"]["nvidia.com/mig-1g.5gb"] == "1"
+        assert "nvidia.com/gpu" not in resources["requests"]
+        assert pod["nodeSelector"]["nvidia.com/mig-1g.5gb.memory"] == "4864"
+
+
 def _pods(settings: tuple[AgentJobSettings, ServingDefaults], **spec: Any) -> list[dict[str, Any]]:
     """The Job's and the Deployment's pod specs for one GPU class, built with ``settings``."""
     group, p = gpu_group(), policy(**spec)
