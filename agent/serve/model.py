@@ -94,8 +94,8 @@ def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> Load
     session = _session(variant, recipe, source)
     signature = _signature(session, info, recipe, max_batch)
     loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
-    _warm_up(loaded, recipe)
-    loaded.batch_major = _batch_major(loaded)
+    length = _warm_up(loaded, recipe)
+    loaded.batch_major = _batch_major(loaded, length)
     return loaded
 
 
@@ -244,28 +244,58 @@ _ORT_TYPES = {
 }
 
 
-def _warm_up(model: LoadedModel, recipe: Recipe) -> None:
-    """A few runs at the recipe's batch, so the first real request does not pay for lazy initialisation."""
+def _warm_up(model: LoadedModel, recipe: Recipe) -> int:
+    """A few runs at the recipe's batch, so the first real request does not pay for lazy initialisation; returns
+    the length its zeros had on dynamic axes other than the batch.
+
+    The inputs' real lengths are unknown here. A length of 1 suits most models, not a convolution without padding
+    over a dynamic image (ONNX Runtime: "Invalid input shape": the pod never started), so longer ones are tried.
+    A model that runs on none still fails its load: a pod whose model may not run must not become ready."""
     batch = min(recipe.batch, model.signature.max_batch)
-    feeds = _zeros(model.signature, batch)
     outputs = [spec.name for spec in model.signature.outputs]
-    for _ in range(WARMUP_RUNS):
-        model.infer(feeds, outputs)
-    log.info("warmed up with %d runs at batch %s", WARMUP_RUNS, batch)
+    lengths = WARMUP_LENGTHS if _has_dynamic_lengths(model.signature) else WARMUP_LENGTHS[:1]
+    failure: Exception | None = None
+    for length in lengths:
+        feeds = _zeros(model.signature, batch, length)
+        try:
+            model.infer(feeds, outputs)
+        except Exception as exc:  # ONNX Runtime and OpenVINO raise several unrelated types
+            failure = exc
+            continue
+        for _ in range(WARMUP_RUNS - 1):
+            model.infer(feeds, outputs)
+        log.info("warmed up with %d runs at batch %s (dynamic lengths %d)", WARMUP_RUNS, batch, length)
+        return length
+    assert failure is not None
+    raise WarmUpFailed(f"the model ran on none of the warm-up inputs (zeros, dynamic lengths {list(lengths)}):"
+                       f" {str(failure)[:500]}") from failure  # fmt: skip
 
 
-def _batch_major(model: LoadedModel) -> bool:
+class WarmUpFailed(RuntimeError):
+    """The loaded model did not run on any warm-up input."""
+
+
+# Lengths tried on dynamic non-batch axes for warm-up: sequences run at 1; images up to a detector's input.
+WARMUP_LENGTHS = (1, 32, 224, 640)
+
+
+def _has_dynamic_lengths(signature: Signature) -> bool:
+    return any(d < 0 for spec in signature.inputs for d in spec.shape[1:])
+
+
+def _batch_major(model: LoadedModel, length: int) -> bool:
     """Whether every output's first axis is the batch, so that a combined run splits back by request.
 
     A dynamic first axis on every input and output does not say so: a seq-major export declares [steps, batch,
     classes] with both dynamic, and split by rows it would hand each client the steps of every sample. Runs of 1
-    and of 2 show it: only the batch's axis follows the number of samples."""
+    and of 2 show it: only the batch's axis follows the number of samples (``length`` on the other dynamic axes:
+    the one warm-up ran)."""
     signature = model.signature
     if signature.max_batch < 2 or not all(s.shape and s.shape[0] < 0 for s in (*signature.inputs, *signature.outputs)):
         return True  # not batched anyway
     names = [spec.name for spec in signature.outputs]
     for batch in (1, 2):
-        outputs = model.infer(_zeros(signature, batch), names)
+        outputs = model.infer(_zeros(signature, batch, length), names)
         strays = {
             name: list(value.shape) for name, value in outputs.items() if not value.ndim or value.shape[0] != batch
         }
@@ -276,11 +306,11 @@ def _batch_major(model: LoadedModel) -> bool:
     return True
 
 
-def _zeros(signature: Signature, batch: int) -> dict[str, np.ndarray]:
-    """Zeros of every input's shape: ``batch`` on a dynamic first axis, 1 on any other dynamic axis."""
+def _zeros(signature: Signature, batch: int, length: int) -> dict[str, np.ndarray]:
+    """Zeros of every input's shape: ``batch`` on a dynamic first axis, ``length`` on any other dynamic axis."""
     feeds: dict[str, np.ndarray] = {}
     for spec in signature.inputs:
-        shape = [d if d >= 0 else 1 for d in spec.shape]
+        shape = [d if d >= 0 else length for d in spec.shape]
         if shape and spec.shape[0] < 0:
             shape[0] = batch
         feeds[spec.name] = np.zeros(shape, dtype=_numpy(spec.datatype))

@@ -1,4 +1,5 @@
-"""A seq-major export ([steps, batch, classes] out) is never split by rows: each request gets its own outputs."""
+"""What serve learns of a model at load: a seq-major export ([steps, batch, classes] out) is never split by rows,
+so each request gets its own outputs; a model over dynamic images warms up at a length its convolutions take."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from onnx import TensorProto, helper
+import pytest
+from onnx import TensorProto, helper, numpy_helper
 
 from metainfer.agent.serve.batching import Batcher
-from metainfer.agent.serve.model import ModelSourceArgs, load
+from metainfer.agent.serve.model import ModelSourceArgs, WarmUpFailed, load
 from metainfer.core.engine.recipe import Recipe
 
 STEPS = 5
@@ -73,3 +75,25 @@ def test_a_combined_run_whose_outputs_do_not_have_its_rows_first_is_rerun_alone_
     assert rows_after == 1
     assert max(model.runs) > 1  # a combined run happened, was seen, and was not split
     assert model.runs[-1] == 1
+
+
+def _valid_conv(path: Path, kernel: int) -> ModelSourceArgs:
+    """x [n, 1, h, w] (all dynamic) -> Conv kernel x kernel without padding: it needs images at least that large."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 1, "h", "w"])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1, "h2", "w2"])
+    weight = numpy_helper.from_array(np.ones((1, 1, kernel, kernel), np.float32), "weight")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "weight"], ["y"])], "g", [x], [y], [weight])
+    path.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString())
+    return ModelSourceArgs(model_uri=path.as_uri(), model_sha256=hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+def test_a_model_over_dynamic_images_warms_up_at_a_length_its_convolutions_take(tmp_path: Path) -> None:
+    """Zeros of length 1 made ONNX Runtime refuse a 3x3 convolution without padding, and the pod never started."""
+    loaded = load(_valid_conv(tmp_path / "conv.onnx", 3), Recipe(batch=4), None)
+    out = loaded.infer({"x": np.ones((2, 1, 5, 5), np.float32)}, ["y"])["y"]
+    assert out.shape == (2, 1, 3, 3) and loaded.batch_major
+
+
+def test_a_model_no_warm_up_input_runs_fails_its_load_rather_than_serving(tmp_path: Path) -> None:
+    with pytest.raises(WarmUpFailed, match=r"none of the warm-up inputs .*\[1, 32, 224, 640\]"):
+        load(_valid_conv(tmp_path / "huge.onnx", 700), Recipe(batch=1), None)
