@@ -11,6 +11,7 @@ descriptions the tables show.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,13 +40,44 @@ def read_olive_output(output: Path, wall: float, log: Path) -> SearchOutcome:
     model = output / "model.onnx"
     config_path = output / "model_config.json"
     if not model.exists() or not config_path.exists():
-        tail = " | ".join(log.read_text().strip().splitlines()[-4:])
-        return SearchOutcome("olive", wall, error=f"Olive produced no output model: {tail}")
+        why = why_olive_failed(log.read_text())
+        return SearchOutcome("olive", wall, error=f"Olive produced no output model: {why}")
     settings = json.loads(config_path.read_text()).get("config", {}).get("inference_settings") or {}
     detail: dict[str, Any] = {"inference_settings": settings, "log": str(log)}
     detail.update(olive_search_stats(output / "footprint.json", log.read_text()))
     detail["quantization"] = olive_best_quantization(output / "footprint.json")
     return SearchOutcome("olive", wall, model, settings.get("session_options") or {}, detail)
+
+
+# "[2026-12-04 06:07:20,357] [WARNING] [engine.py:237:run] message": Olive's log line prefix.
+_OLIVE_LINE = re.compile(r"^\[[^\]]*\] \[(?P<level>[A-Z]+)\] \[[^\]]*\] (?P<message>.*)$")
+
+
+def why_olive_failed(log_text: str, most: int = 3) -> str:
+    """The last few distinct warnings, errors and exception lines of Olive's log, without their prefixes (its
+    last lines are its run history, which says nothing of why); its last lines when it has none."""
+    found: list[str] = []
+    in_traceback = False
+    for raw in log_text.splitlines():
+        line = raw.strip()
+        match = _OLIVE_LINE.match(line)
+        if line.startswith("Traceback (most recent call last)"):
+            in_traceback = True
+            continue
+        if in_traceback and raw[:1].isspace():
+            continue
+        if in_traceback:  # the first unindented line after a traceback is its exception
+            in_traceback, message = False, line
+        elif match and match["level"] in ("WARNING", "ERROR", "CRITICAL") and match["message"].strip():
+            message = match["message"].strip()
+        else:
+            continue
+        if message in found:
+            found.remove(message)
+        found.append(message[:200])
+    if not found:
+        return " | ".join(log_text.strip().splitlines()[-4:])
+    return " | ".join(found[-most:])
 
 
 def olive_search_stats(footprint: Path, log_text: str) -> dict[str, Any]:

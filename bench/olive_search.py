@@ -25,7 +25,13 @@ import numpy as np
 
 from bench import peer_env
 from bench.olive_measure import load_dataset, write_olive_reference
-from bench.olive_output import SearchOutcome, describe_olive_quantization, describe_olive_settings, read_olive_output
+from bench.olive_output import (
+    SearchOutcome,
+    describe_olive_quantization,
+    describe_olive_settings,
+    read_olive_output,
+    why_olive_failed,
+)
 from bench.olive_workflow import MAX_DROP, SEED, olive_workflow, thread_choices
 from metainfer.agent.zoo.build import ExampleModel
 from metainfer.core.engine.recipe import Recipe
@@ -88,8 +94,7 @@ def run_olive(venv: Path, config: dict[str, Any], work: Path, timeout_s: float) 
         return SearchOutcome("olive", time.monotonic() - started, error=f"olive run exceeded {timeout_s:.0f} s")
     wall = time.monotonic() - started
     if code != 0:
-        tail = " | ".join(log.read_text().strip().splitlines()[-4:])
-        return SearchOutcome("olive", wall, error=f"olive run exited {code}: {tail}")
+        return SearchOutcome("olive", wall, error=f"olive run exited {code}: {why_olive_failed(log.read_text())}")
     return read_olive_output(work / "output", wall, log)
 
 

@@ -176,3 +176,23 @@ def test_the_workflow_searches_quantization_and_session_jointly_for_k_samples(tm
     assert quality["goal"] == {"type": "max-degradation", "value": ow.MAX_DROP}
     data = {d["name"]: d["load_dataset_config"]["params"]["max_samples"] for d in config["data_configs"]}
     assert data == {"calibration_data": ow.CALIBRATION_SAMPLES, "latency_data": 8, "quality_data": 32}
+
+
+def test_why_olive_made_no_model_is_its_warnings_and_errors_not_its_run_history() -> None:
+    log = "\n".join([
+        "[2026-12-04 06:07:01,000] [INFO] [engine.py:100:run] Running pass quantization",
+        "[2026-12-04 06:07:10,000] [WARNING] [engine.py:300:run] Pass OnnxStaticQuantization failed: shape mismatch",
+        "Traceback (most recent call last):",
+        '  File "x.py", line 1, in <module>',
+        "onnxruntime.capi.onnxruntime_pybind11_state.Fail: [ONNXRuntimeError] : 1 : FAIL : bad node",
+        "[2026-12-04 06:07:19,000] [WARNING] [engine.py:300:run] Pass OnnxStaticQuantization failed: shape mismatch",
+        "[2026-12-04 06:07:20,355] [INFO] [engine.py:216:run] Run history for cpu-cpu:",
+        "[2026-12-04 06:07:20,357] [INFO] [engine.py:476:_dump_run_history_internal] Please install tabulate",
+        "[2026-12-04 06:07:20,357] [WARNING] [engine.py:237:run] No output model produced. Please check the log.",
+    ])  # fmt: skip
+    assert oo.why_olive_failed(log) == (
+        "onnxruntime.capi.onnxruntime_pybind11_state.Fail: [ONNXRuntimeError] : 1 : FAIL : bad node"
+        " | Pass OnnxStaticQuantization failed: shape mismatch"
+        " | No output model produced. Please check the log."
+    )
+    assert oo.why_olive_failed("only\nplain\nlines") == "only | plain | lines"
