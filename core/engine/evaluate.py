@@ -113,27 +113,41 @@ class Reference:
 
 
 def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
-    """Outputs for every sample, computed ``batch`` samples at a time, samples first (``batch_major``)."""
-    chunks: list[list[np.ndarray]] = []
+    """Outputs for every sample, computed ``batch`` samples at a time, samples first (``batch_major``).
+
+    One run's shapes can leave the samples' axis in doubt (a seq-major output with as many steps as the run has
+    samples); another run's (the last, smaller one) settle it, and every run's output is then read the same way."""
+    runs: list[tuple[int, list[np.ndarray]]] = []
     for feed, rows in data.batches(batch):
-        chunks.append([batch_major(output, rows.stop - rows.start) for output in session.run(None, feed)])
-    return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+        runs.append((rows.stop - rows.start, session.run(None, feed)))
+    outputs = []
+    for i in range(len(runs[0][1])):
+        axes = [samples_axis(out[i], rows) for rows, out in runs]
+        settled = next((a for a in axes if a not in (None, 0)), 0)
+        axis = settled if all(a in (settled, 0) for a in axes) else 0
+        outputs.append(np.concatenate([batch_major(out[i], rows, axis) for rows, out in runs]))
+    return outputs
 
 
-def batch_major(output: np.ndarray, rows: int) -> np.ndarray:
+def samples_axis(output: np.ndarray, rows: int) -> int | None:
+    """The axis of a run's ``output`` that holds its ``rows`` samples: the first whose length is ``rows`` (0
+    whenever it is, though a later one may be too), None when there is none (an output per run, not per sample)."""
+    return next((axis for axis, length in enumerate(output.shape) if length == rows), None)
+
+
+def batch_major(output: np.ndarray, rows: int, axis: int | None = None) -> np.ndarray:
     """``output`` of a run of ``rows`` samples with the samples on its first axis.
 
     Exporters do not all put them there: PyTorch's seq-major recognisers return [steps, batch, classes]. Their
     batches concatenated along the first axis interleave samples and steps, so a batch of 1 and a batch of 8 give
     outputs of different layouts, and per-sample metrics (argmax agreement over steps, worst sample of a grouping)
-    read steps as samples. The samples' axis is the first whose length is ``rows`` (the first axis whenever it
-    is); an output with no such axis is returned as it is."""
-    if output.ndim == 0 or output.shape[0] == rows:
+    read steps as samples. ``axis``: where the samples are, if known; else ``samples_axis``. An output with no
+    such axis is returned as it is."""
+    if axis is None:
+        axis = samples_axis(output, rows)
+    if not axis or output.ndim <= axis or output.shape[axis] != rows:
         return output
-    for axis in range(1, output.ndim):
-        if output.shape[axis] == rows:
-            return np.moveaxis(output, axis, 0)
-    return output
+    return np.moveaxis(output, axis, 0)
 
 
 def make_reference(session: Session, data: Dataset, batch: int, metric: str = "auto") -> Reference:
