@@ -453,8 +453,7 @@ class Server:
     def _batcher(self, model: model_loader.LoadedModel) -> Batcher:
         if self.batcher is None:
             signature = model.signature
-            dynamic = all(spec.shape and spec.shape[0] < 0 for spec in (*signature.inputs, *signature.outputs))
-            batchable = dynamic and model.batch_major
+            batchable = signature.dynamic_first_axes and model.batch_major
             if batchable and self.config.recipe.batch_dependent():
                 if self.config.isolate_batch_dependent:
                     batchable = False

@@ -291,7 +291,7 @@ def _batch_major(model: LoadedModel, length: int) -> bool:
     and of 2 show it: only the batch's axis follows the number of samples (``length`` on the other dynamic axes:
     the one warm-up ran)."""
     signature = model.signature
-    if signature.max_batch < 2 or not all(s.shape and s.shape[0] < 0 for s in (*signature.inputs, *signature.outputs)):
+    if signature.max_batch < 2 or not signature.dynamic_first_axes:
         return True  # not batched anyway
     names = [spec.name for spec in signature.outputs]
     for batch in (1, 2):

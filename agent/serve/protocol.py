@@ -94,6 +94,11 @@ class Signature:
     def input(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.inputs if spec.name == name), None)
 
+    @property
+    def dynamic_first_axes(self) -> bool:
+        """Every input and output has a dynamic first axis: the shapes allow combining requests along it."""
+        return all(spec.shape and spec.shape[0] < 0 for spec in (*self.inputs, *self.outputs))
+
 
 @dataclass
 class InferRequest:
