@@ -8,7 +8,8 @@
 # cuda (onnxruntime-gpu with CUDA and cuDNN wheels), openvino (onnxruntime-openvino). Every package is pinned by
 # version and sha256, so two builds of one commit install byte-identical wheels.
 # The runtime stage installs the wheel built by the builder stage, never the checkout, so the
-# image holds exactly what a `pip install metainfer` would, at the lock's versions.
+# image holds exactly what a `pip install metainfer` would, at the lock's versions: the base image's layers,
+# one layer of dependencies (changes with the lock) and one of the project (changes with every commit).
 
 ARG PYTHON_VERSION=3.11
 ARG BASE_IMAGE=python:${PYTHON_VERSION}-slim-bookworm
@@ -21,7 +22,6 @@ COPY core/ core/
 COPY agent/ agent/
 COPY operator/ operator/
 RUN python -m pip wheel --no-deps --wheel-dir /dist .
-COPY locks/ /dist/locks/
 
 FROM ${BASE_IMAGE} AS runtime
 ARG RUNTIME=cpu
@@ -33,17 +33,27 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     VIRTUAL_ENV=/opt/metainfer \
     PATH=/opt/metainfer/bin:$PATH
-# A venv keeps the image's Python untouched; the wheel and the locks come from the builder through a bind mount,
-# so they are not left in a layer. The dependencies come from the lock alone (--no-deps on the wheel: pip resolves
-# nothing at build time). Bytecode is compiled at install time: the root filesystem is read-only at runtime.
-RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
+# Two layers, so that a new version of the project changes only the small one: a registry that holds the
+# previous version receives, and a node that ran it pulls, a few MiB instead of the dependencies again.
+# First the dependencies, from the lock alone (pip resolves nothing at build time), in a venv that keeps the
+# image's Python untouched; the lock comes through a bind mount from the build context, so it is not left in a
+# layer and only a lock change rebuilds this one. Bytecode is compiled at install time: the root filesystem is
+# read-only at runtime.
+RUN --mount=type=bind,source=locks,target=/locks \
     set -eux; \
     python3 -m venv "$VIRTUAL_ENV"; \
-    pip install --require-hashes --no-deps --only-binary=:all: -r "/dist/locks/${RUNTIME}.txt"; \
-    pip install --no-deps /dist/metainfer-*.whl; \
-    python -c "import onnxruntime, metainfer.agent.cli; print('providers:', onnxruntime.get_available_providers())"; \
+    pip install --require-hashes --no-deps --only-binary=:all: -r "/locks/${RUNTIME}.txt"; \
     mkdir -p /var/cache/metainfer; \
     chown 65532:65532 /var/cache/metainfer
+# Then the project: the wheel built by the builder stage (--no-deps: everything it needs is in the layer below).
+# The import check runs with a throwaway HOME and TMPDIR: ONNX Runtime writes a device id and a session file
+# there, which no image should carry.
+RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
+    set -eux; \
+    pip install --no-deps /dist/metainfer-*.whl; \
+    check="$(mktemp -d)"; \
+    HOME="$check" TMPDIR="$check" python -c "import onnxruntime, metainfer.agent.cli; print('providers:', onnxruntime.get_available_providers())"; \
+    rm -rf "$check"
 
 # Read-only root filesystem: HOME, matplotlib's config and caches live on writable mounts
 # (/tmp and /var/cache/metainfer are emptyDirs in the chart's and the operator's pod specs).

@@ -43,6 +43,6 @@ def archive(log: Log = print) -> Path:
         os.chmod(rootfs / "pause", 0o755)
         layer = Path(tmp, "layer.tar")
         oci.write_layer(rootfs, layer)
-        oci.write_archive(out, PAUSE_IMAGE, layer, oci.ImageConfig(entrypoint=["/pause"], user="65535:65535"))
+        oci.write_archive(out, PAUSE_IMAGE, [layer], oci.ImageConfig(entrypoint=["/pause"], user="65535:65535"))
     log(f"built the pause image {PAUSE_IMAGE} ({out})")
     return out

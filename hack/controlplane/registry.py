@@ -258,28 +258,27 @@ def _request(
         connection.close()
 
 
+def _archive_manifest(tar: tarfile.TarFile) -> tuple[bytes, list[str]]:
+    """The manifest of an OCI archive (bytes as stored) and the digests of its config and layers, in order."""
+    index = json.load(_member(tar, "index.json"))
+    (entry,) = index["manifests"]
+    manifest_bytes: bytes = _member(tar, _blob_name(entry["digest"])).read()
+    manifest = json.loads(manifest_bytes)
+    return manifest_bytes, [descriptor["digest"] for descriptor in [manifest["config"], *manifest["layers"]]]
+
+
 @contextlib.contextmanager
-def _archive_blobs(archive: Path, scratch: Path) -> Iterator[tuple[bytes, list[Path]]]:
-    """The manifest (bytes as stored) and the files of its config and layers, unpacked from an OCI archive."""
+def _unpacked_blob(tar: tarfile.TarFile, digest: str, scratch: Path) -> Iterator[Path]:
+    """One blob of the archive as a file (sent with a Content-Length), removed afterwards."""
     scratch.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(archive) as tar:
-        index = json.load(_member(tar, "index.json"))
-        (entry,) = index["manifests"]
-        manifest_bytes = _member(tar, _blob_name(entry["digest"])).read()
-        manifest = json.loads(manifest_bytes)
-        blobs = []
-        for descriptor in [manifest["config"], *manifest["layers"]]:
-            target = scratch / descriptor["digest"].replace(":", "-")
-            if not target.exists():
-                with target.open("wb") as out, _member(tar, _blob_name(descriptor["digest"])) as source:
-                    while chunk := source.read(_CHUNK):
-                        out.write(chunk)
-            blobs.append(target)
+    target = scratch / digest.replace(":", "-")
     try:
-        yield manifest_bytes, blobs
+        with target.open("wb") as out, _member(tar, _blob_name(digest)) as source:
+            while chunk := source.read(_CHUNK):
+                out.write(chunk)
+        yield target
     finally:
-        for blob in blobs:
-            blob.unlink(missing_ok=True)
+        target.unlink(missing_ok=True)
 
 
 def _member(tar: tarfile.TarFile, name: str):  # type: ignore[no-untyped-def]  # tarfile's reader type is private
@@ -299,12 +298,12 @@ def push_archive(
 ) -> str:
     """Upload an OCI image archive as ``address/repository:tag``; returns the manifest's digest (``sha256:...``).
 
-    Blobs the registry already holds are not sent again (HEAD first), so pushing a rebuilt image sends only what
-    changed."""
-    with _archive_blobs(archive, scratch) as (manifest_bytes, blobs):
-        for blob in blobs:
-            digest = blob.name.replace("-", ":", 1)
-            base = f"/v2/{repository}/blobs"
+    Blobs the registry already holds are neither unpacked nor sent again (HEAD first), so pushing a rebuilt image
+    sends only the layers that changed."""
+    with tarfile.open(archive) as tar:
+        manifest_bytes, digests = _archive_manifest(tar)
+        base = f"/v2/{repository}/blobs"
+        for digest in dict.fromkeys(digests):
             if _request(address, ca, "HEAD", f"{base}/{digest}", credentials).status == 200:
                 continue
             started = _request(address, ca, "POST", f"{base}/uploads/", credentials, body=b"")
@@ -313,8 +312,9 @@ def push_archive(
             location = urllib.parse.urlsplit(started.headers["location"])
             query = [*urllib.parse.parse_qsl(location.query), ("digest", digest)]
             put = f"{location.path}?{urllib.parse.urlencode(query)}"
-            done = _request(address, ca, "PUT", put, credentials, body=blob,
-                            headers={"Content-Type": "application/octet-stream"})  # fmt: skip
+            with _unpacked_blob(tar, digest, scratch) as blob:
+                done = _request(address, ca, "PUT", put, credentials, body=blob,
+                                headers={"Content-Type": "application/octet-stream"})  # fmt: skip
             if done.status != 201:
                 raise RegistryError(f"uploading {digest}: HTTP {done.status} {done.body[:300]!r}")
         stored = _request(address, ca, "PUT", f"/v2/{repository}/manifests/{tag}", credentials,

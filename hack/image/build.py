@@ -9,10 +9,15 @@
    package index once per lock (this machine's Python is the image's: CPython 3.11 on
    glibc x86_64, so the same wheels fit).
 3. The Dockerfile's runtime stage, executed instruction by instruction in a
-   chroot over that root filesystem, with the wheel bind-mounted at /dist as the
-   builder stage's output is (the wheel and locks/), and pip pointed at the wheelhouse.
-4. One deterministic layer and an OCI archive named ``metainfer.local/metainfer:<version>``,
-   loaded into the development node's containerd when one runs.
+   chroot over that root filesystem, with its bind mounts provided by target (/dist: the
+   wheel, as the builder stage's output; /locks: the flavour's lock, as the build
+   context's locks/), and pip pointed at the wheelhouse.
+4. Deterministic layers, one for the base and one per RUN (what it changed, see
+   hack/controlplane/oci.py), and an OCI archive named ``metainfer.local/metainfer:<version>``.
+   Each RUN's layer is cached under ~/.cache/metainfer/image/layers by what made it (the
+   layers below, its script and environment, the contents of its mounts), as Docker's
+   build cache does: a commit that changes only the project rebuilds only its own layer,
+   and a registry or node that holds the dependencies' layer is sent only the new one.
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hack.controlplane import oci
 from hack.controlplane.assets import cache_root
@@ -47,6 +53,7 @@ BASE_PACKAGES = ("python3", "python3-venv", "libstdc++6", "libgomp1", "ca-certif
 # The environment python:<version>-slim-bookworm gives its children that the Dockerfile relies on.
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 IMAGE_REPOSITORY = "metainfer.local/metainfer"
+LAYER_CACHE_DAYS = 7  # a cached RUN layer no build used for this long is deleted (one per commit and flavour)
 
 
 class ImageError(ControlPlaneError):
@@ -65,6 +72,8 @@ class BuiltImage:
     # or why not.
     runtime: str = ""
     providers: dict[str, str | None] = field(default_factory=dict)
+    # The cached layer tars the archive was made of, lowest first (empty when the archive was already up to date).
+    layer_files: tuple[Path, ...] = ()
 
 
 def project_version() -> str:
@@ -125,7 +134,7 @@ def _apt_install(packages: list[str]) -> None:
 
 
 def wheels(out: Path, log: Log = print) -> Path:
-    """This checkout's wheel in ``out/dist`` beside a copy of locks/ (the builder stage's /dist)."""
+    """This checkout's wheel, alone in ``out/dist`` (the builder stage's /dist)."""
     dist = out / "dist"
     if dist.exists():
         shutil.rmtree(dist)
@@ -133,8 +142,16 @@ def wheels(out: Path, log: Log = print) -> Path:
     pip = [sys.executable, "-m", "pip"]
     _run([*pip, "wheel", "--quiet", "--no-deps", "--wheel-dir", str(dist), str(REPO)], "building the wheel")
     (wheel,) = dist.glob("metainfer-*.whl")
-    shutil.copytree(REPO / "locks", dist / "locks")
     return wheel
+
+
+def locks(out: Path) -> Path:
+    """A copy of locks/ in ``out/locks``, where a build adds the locks it derives (another ONNX Runtime release)."""
+    copy = out / "locks"
+    if copy.exists():
+        shutil.rmtree(copy)
+    shutil.copytree(REPO / "locks", copy)
+    return copy
 
 
 def lock_wheelhouse(lock: Path, out: Path, log: Log = print) -> Path:
@@ -183,14 +200,15 @@ def build(
     base = base_rootfs(log)
     work = cache_root() / "image" / "work"
     wheel = wheels(work, log)
+    lock_dir = locks(work)
     build_args = dict(build_args or {})
     if onnxruntime is not None:
-        build_args["RUNTIME"] = _add_onnxruntime_lock(wheel.parent / "locks", onnxruntime, log)
+        build_args["RUNTIME"] = _add_onnxruntime_lock(lock_dir, onnxruntime, log)
     stage = dockerfile.parse(REPO / "Dockerfile", build_args, base_env=BASE_ENV)
     runtime = stage.args.get("RUNTIME", "")
-    lock = wheel.parent / "locks" / f"{runtime}.txt"
+    lock = lock_dir / f"{runtime}.txt"
     if not lock.is_file():
-        known = sorted(p.stem for p in (wheel.parent / "locks").glob("*.txt"))
+        known = sorted(p.stem for p in lock_dir.glob("*.txt"))
         raise ImageError(f"RUNTIME={runtime!r} has no lock (locks/{runtime}.txt); locked flavours: {known}")
     wheelhouse = lock_wheelhouse(lock, work, log)
     version = project_version() + ("" if runtime == "cpu" else f"-{runtime}")
@@ -206,17 +224,38 @@ def build(
         return BuiltImage(name, archive, _manifest_digest(archive), archive.stat().st_size, seconds,
                           check["runtime"], check["providers"])  # fmt: skip
     key_file.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix="metainfer-image-", dir=out_dir) as tmp:
-        rootfs = Path(tmp, "rootfs")
-        rootfs.mkdir()
-        _run(["tar", "-xf", str(base), "-C", str(rootfs), "--numeric-owner"], "unpacking the base")
-        for env, script in stage.runs:
-            log(f"RUN {script[:80]}...")
-            _chroot_run(rootfs, script, env, dist=wheel.parent, wheelhouse=wheelhouse)
-        check = _entrypoint_check(rootfs, stage)
+    layers_dir = cache_root() / "image" / "layers"
+    scratch = Path(tempfile.mkdtemp(prefix="build-", dir=_scratch_root()))  # beside the cache: layers move, not copy
+    try:
+        lock_mount = scratch / "locks"  # the one lock the flavour installs: its layer's key is that lock alone
+        lock_mount.mkdir()
+        shutil.copy2(lock, lock_mount / lock.name)
+        lowers = [_base_tree(base, log)]
+        layers = [layers_dir / f"{base.stem}.tar"]
+        history = [f"mmdebstrap --variant=essential {SUITE} ({', '.join(BASE_PACKAGES)})"]
+        sources = {"/dist": wheel.parent, "/locks": lock_mount}
+        chain = hashlib.sha256(base.name.encode()).hexdigest()
+        for index, run in enumerate(stage.runs):
+            mounts = _mount_sources(run, sources)
+            chain = _step_key(chain, run, mounts, wheelhouse)
+            layer, tree = layers_dir / f"{chain[:32]}.tar", layers_dir / chain[:32]
+            if layer.exists() and tree.is_dir():
+                log(f"RUN {run.script[:80]}... (cached layer {layer.name})")
+            else:
+                log(f"RUN {run.script[:80]}...")
+                with _overlay(lowers, scratch / f"run-{index}") as (rootfs, upper):
+                    before = oci.snapshot(rootfs)
+                    _chroot_run(rootfs, run.script, run.env, mounts=mounts, wheelhouse=wheelhouse)
+                    oci.write_diff_layer(rootfs, before, layer)
+                _keep(upper, tree)
+            for used in (layer, tree):
+                os.utime(used)
+            lowers.append(tree)
+            layers.append(layer)
+            history.append(f"RUN {run.script}"[:1000])
+        with _overlay(lowers, scratch / "check") as (rootfs, _):
+            check = _entrypoint_check(rootfs, stage)
         log(f"{name}: {check['runtime']}; providers {check['providers']}")
-        layer = Path(tmp, "layer.tar")
-        oci.write_layer(rootfs, layer)
         config = oci.ImageConfig(
             entrypoint=stage.entrypoint,
             cmd=stage.cmd,
@@ -225,12 +264,123 @@ def build(
             workdir=stage.workdir,
             exposed_ports=stage.exposed_ports,
         )
-        digest = oci.write_archive(archive, name, layer, config)
+        digest = oci.write_archive(archive, name, layers, config, history=history)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    _prune_layers(layers_dir, keep={*layers, *lowers})
     check_file.write_text(json.dumps(check))
     key_file.write_text(key)
     seconds = time.monotonic() - started
     log(f"built {name} ({archive}, {archive.stat().st_size / 2**20:.0f} MiB) in {seconds:.0f}s")
-    return BuiltImage(name, archive, digest, archive.stat().st_size, seconds, check["runtime"], check["providers"])
+    return BuiltImage(name, archive, digest, archive.stat().st_size, seconds, check["runtime"], check["providers"],
+                      tuple(layers))  # fmt: skip
+
+
+def layer_sizes(archive: Path) -> list[int]:
+    """The size in bytes of each layer of an image archive, lowest first."""
+    with tarfile.open(archive) as tar:
+        index = json.load(_archive_member(tar, "index.json"))
+        manifest = json.load(_archive_member(tar, "blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))
+        return [int(layer["size"]) for layer in manifest["layers"]]
+
+
+def _archive_member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
+    handle = tar.extractfile(name)
+    if handle is None:
+        raise ImageError(f"{name} is missing from the image archive")
+    return handle
+
+
+def _scratch_root() -> Path:
+    root = cache_root() / "image" / "scratch"
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _base_tree(base: Path, log: Log) -> Path:
+    """The base root filesystem unpacked (the lowest directory of every build's overlay) and as a layer tar,
+    both made once per base."""
+    layers_dir = cache_root() / "image" / "layers"
+    tree, layer = layers_dir / base.stem, layers_dir / f"{base.stem}.tar"
+    if not tree.is_dir():
+        log(f"unpacking the base root filesystem into {tree}")
+        unpacked = Path(tempfile.mkdtemp(prefix="base-", dir=_scratch_root()))
+        _run(["tar", "-xf", str(base), "-C", str(unpacked), "--numeric-owner"], "unpacking the base")
+        _keep(unpacked, tree)
+    if not layer.exists():
+        oci.write_layer(tree, layer)
+    for used in (tree, layer):
+        os.utime(used)
+    return tree
+
+
+def _keep(directory: Path, tree: Path) -> None:
+    """Move a finished ``directory`` into the cache as ``tree``; another build that got there first wins."""
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.rename(tree)
+    except OSError:
+        if not tree.is_dir():
+            raise
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _overlay(lowers: list[Path], scratch: Path) -> Iterator[tuple[Path, Path]]:
+    """A writable root filesystem: the cached trees ``lowers`` (lowest first, never written) under a fresh upper
+    directory, as a container runtime stacks layers. Yields the merged root and the upper directory, which holds
+    exactly what was written (as the next RUN's lower directory it is that RUN's layer)."""
+    upper, work, merged = scratch / "upper", scratch / "work", scratch / "merged"
+    for directory in (upper, work, merged):
+        directory.mkdir(parents=True)
+    options = f"lowerdir={':'.join(str(p) for p in reversed(lowers))},upperdir={upper},workdir={work}"
+    _run(["mount", "-t", "overlay", "overlay", "-o", options, str(merged)], "mounting the build's root filesystem")
+    try:
+        yield merged, upper
+    finally:
+        if subprocess.run(["umount", str(merged)], capture_output=True, check=False).returncode != 0:
+            subprocess.run(["umount", "-l", str(merged)], capture_output=True, check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _mount_sources(run: dockerfile.Run, sources: dict[str, Path]) -> dict[str, Path]:
+    unknown = [target for target in run.mounts if target not in sources]
+    if unknown:
+        raise ImageError(f"RUN mounts {unknown}, which make image does not provide (it provides {sorted(sources)})")
+    return {target: sources[target] for target in run.mounts}
+
+
+def _step_key(below: str, run: dockerfile.Run, mounts: dict[str, Path], wheelhouse: Path) -> str:
+    """What a RUN's layer is made of: the layers below, its environment and script, what its mounts hold (a
+    wheel by its files, not its zip timestamps) and the wheelhouse pip installs from (named by its lock)."""
+    digest = hashlib.sha256(below.encode())
+    digest.update(repr(sorted(run.env.items())).encode() + b"\0" + run.script.encode())
+    for target, source in sorted(mounts.items()):
+        digest.update(b"\0mount " + target.encode())
+        for path in sorted(p for p in source.rglob("*") if p.is_file()):
+            digest.update(b"\0" + str(path.relative_to(source)).encode() + b"\0")
+            digest.update(_wheel_contents(path) if path.suffix == ".whl" else path.read_bytes())
+    digest.update(b"\0wheelhouse " + wheelhouse.name.encode())
+    return digest.hexdigest()
+
+
+def _wheel_contents(wheel: Path) -> bytes:
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as zipped:
+        for entry in sorted(zipped.namelist()):
+            digest.update(entry.encode() + b"\0" + zipped.read(entry))
+    return digest.digest()
+
+
+def _prune_layers(layers_dir: Path, keep: set[Path]) -> None:
+    """Drop the cached layers (tar and tree) no build used for LAYER_CACHE_DAYS: one is left per commit."""
+    cutoff = time.time() - LAYER_CACHE_DAYS * 86400
+    for cached in layers_dir.iterdir():
+        if cached not in keep and cached.stat().st_mtime < cutoff:
+            if cached.is_dir():
+                shutil.rmtree(cached, ignore_errors=True)
+            else:
+                cached.unlink(missing_ok=True)
 
 
 def _entrypoint_check(rootfs: Path, stage: dockerfile.RuntimeStage) -> dict[str, Any]:
@@ -282,10 +432,7 @@ def _add_onnxruntime_lock(locks: Path, release: str, log: Log) -> str:
 
 def _inputs_key(wheel: Path, lock: Path, base: Path, build_args: dict[str, str]) -> str:
     """What the image is made of: the wheel's files (not its zip timestamps), the lock, base, Dockerfile."""
-    digest = hashlib.sha256()
-    with zipfile.ZipFile(wheel) as zipped:
-        for entry in sorted(zipped.namelist()):
-            digest.update(entry.encode() + b"\0" + zipped.read(entry))
+    digest = hashlib.sha256(_wheel_contents(wheel))
     digest.update(lock.read_bytes())
     digest.update(base.name.encode() + (REPO / "Dockerfile").read_bytes())
     digest.update(repr(sorted(build_args.items())).encode())
@@ -293,23 +440,19 @@ def _inputs_key(wheel: Path, lock: Path, base: Path, build_args: dict[str, str])
 
 
 def _manifest_digest(archive: Path) -> str:
-    import tarfile
-
     with tarfile.open(archive) as tar:
-        handle = tar.extractfile("index.json")
-        assert handle is not None
-        return str(json.load(handle)["manifests"][0]["digest"])
+        return str(json.load(_archive_member(tar, "index.json"))["manifests"][0]["digest"])
 
 
-def _chroot_run(rootfs: Path, script: str, env: dict[str, str], *, dist: Path, wheelhouse: Path) -> None:
-    """One RUN instruction: /bin/sh -c in a chroot with /proc, /dev, the wheel and the wheelhouse mounted."""
+def _chroot_run(rootfs: Path, script: str, env: dict[str, str], *, mounts: dict[str, Path], wheelhouse: Path) -> None:
+    """One RUN instruction: /bin/sh -c in a chroot with /proc, its bind mounts and the wheelhouse mounted."""
     run_env = {
         **env,
         # The builder stage's output and the package index, both local: the build reaches no network.
         "PIP_NO_INDEX": "1",
         "PIP_FIND_LINKS": "/wheels",
     }
-    with _mounted(rootfs, dist, wheelhouse):
+    with _mounted(rootfs, {**mounts, "/wheels": wheelhouse}):
         argv = [
             "chroot",
             str(rootfs),
@@ -326,24 +469,28 @@ def _chroot_run(rootfs: Path, script: str, env: dict[str, str], *, dist: Path, w
 
 
 @contextlib.contextmanager
-def _mounted(rootfs: Path, dist: Path, wheelhouse: Path) -> Iterator[None]:
+def _mounted(rootfs: Path, binds: dict[str, Path]) -> Iterator[None]:
+    """/proc, and each source read-only at its target; the targets made here are removed again, so that a RUN's
+    layer holds none of them (Docker's mounts leave nothing in a layer either)."""
     mounts: list[Path] = []
+    made: list[Path] = []
     try:
         for source, target, options in (
             ("proc", rootfs / "proc", ["-t", "proc"]),
-            (str(dist), rootfs / "dist", ["--bind", "-o", "ro"]),
-            (str(wheelhouse), rootfs / "wheels", ["--bind", "-o", "ro"]),
+            *((str(path), rootfs / target.lstrip("/"), ["--bind", "-o", "ro"]) for target, path in binds.items()),
         ):
-            target.mkdir(exist_ok=True)
+            if not target.exists():
+                target.mkdir()
+                made.append(target)
             _run(["mount", *options, source, str(target)], f"mounting {target}")
             mounts.append(target)
         yield
     finally:
         for target in reversed(mounts):
             subprocess.run(["umount", "-l", str(target)], capture_output=True, check=False)
-        for name in ("dist", "wheels"):
+        for target in reversed(made):
             with contextlib.suppress(OSError):
-                (rootfs / name).rmdir()
+                target.rmdir()
 
 
 def import_into_node(image: BuiltImage, cluster_root: Path, log: Log = print) -> bool:

@@ -3,9 +3,10 @@
 The Dockerfile is the documented build for users with a registry; ``make image``
 executes the instructions of its last stage itself (in a chroot over a locally
 made Debian root filesystem) instead of a copy of them. Only what that stage
-uses is understood: ARG, ENV, RUN (with the builder's /dist bind mount), USER,
-WORKDIR, EXPOSE, ENTRYPOINT, CMD; anything else is an error that names the
-instruction, so a Dockerfile change cannot silently diverge from the local build.
+uses is understood: ARG, ENV, RUN (with bind mounts, which the local build
+provides by their target), USER, WORKDIR, EXPOSE, ENTRYPOINT, CMD; anything else
+is an error that names the instruction, so a Dockerfile change cannot silently
+diverge from the local build.
 """
 
 from __future__ import annotations
@@ -21,13 +22,22 @@ class DockerfileError(ValueError):
     pass
 
 
+@dataclass(frozen=True)
+class Run:
+    """One RUN instruction: the environment it sees, its shell script, and the targets of its bind mounts."""
+
+    env: dict[str, str]
+    script: str
+    mounts: tuple[str, ...] = ()
+
+
 @dataclass
 class RuntimeStage:
     """The last stage of the Dockerfile, with ARG and ENV values expanded in order."""
 
     base_image: str
     env: dict[str, str] = field(default_factory=dict)
-    runs: list[tuple[dict[str, str], str]] = field(default_factory=list)  # (env at that RUN, shell script)
+    runs: list[Run] = field(default_factory=list)
     user: str = ""
     workdir: str = ""
     exposed_ports: list[str] = field(default_factory=list)
@@ -74,6 +84,20 @@ def _env_pairs(rest: str, variables: dict[str, str]) -> dict[str, str]:
     return pairs
 
 
+def _run(path: Path, rest: str, variables: dict[str, str]) -> Run:
+    """A RUN's flags and script; only bind mounts are understood (the local build provides them by target)."""
+    flags = re.match(r"^((?:--\S+\s+)*)(.*)$", rest, re.S)
+    assert flags is not None  # the pattern matches any text
+    mounts: list[str] = []
+    for flag in flags[1].split():
+        name, _, value = flag.partition("=")
+        options = dict(option.partition("=")[::2] for option in value.split(",")) if name == "--mount" else {}
+        if name != "--mount" or options.get("type") != "bind" or not options.get("target"):
+            raise DockerfileError(f"{path}: RUN {flag}: only --mount=type=bind,...,target=DIR is understood")
+        mounts.append(options["target"])
+    return Run(dict(variables), flags[2], tuple(mounts))
+
+
 def parse(path: Path, build_args: dict[str, str] | None = None, base_env: dict[str, str] | None = None) -> RuntimeStage:
     """The last stage of ``path``; ``build_args`` override ARG defaults as ``--build-arg`` would.
 
@@ -107,8 +131,7 @@ def parse(path: Path, build_args: dict[str, str] | None = None, base_env: dict[s
         elif instruction == "ENV":
             stage.env.update(_env_pairs(rest, variables))
         elif instruction == "RUN":
-            script = re.sub(r"^(--\S+\s+)+", "", rest)  # mounts are provided by the builder itself
-            stage.runs.append((dict(variables), script))
+            stage.runs.append(_run(path, rest, variables))
         elif instruction == "USER":
             stage.user = _expand(rest, variables)
         elif instruction == "WORKDIR":

@@ -77,12 +77,7 @@ def test_the_image_installs_exactly_the_locks_wheels(image: build.BuiltImage) ->
     build installed from is one of the lock's hashes: two builds of one commit install byte-identical wheels."""
     python_version = re.search(r"^ARG PYTHON_VERSION=(\S+)$", (REPO / "Dockerfile").read_text(), re.M)[1]  # type: ignore[index]
     installed: dict[str, str] = {}
-    with tarfile.open(image.archive) as outer:
-        index = json.load(outer.extractfile("index.json"))  # type: ignore[arg-type]
-        manifest = json.load(outer.extractfile("blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))  # type: ignore[arg-type]
-        layer = outer.extractfile("blobs/sha256/" + manifest["layers"][0]["digest"].split(":")[1])
-        with tarfile.open(fileobj=layer, mode="r|") as rootfs:
-            names = [m.name for m in rootfs]
+    names = [name for _, layer in _layers(image) for name in layer]
     for name in names:
         match = re.fullmatch(re.escape(SITE) + r"([^/]+)-([^-/]+)\.dist-info", name)
         if match:
@@ -101,6 +96,31 @@ def test_the_image_installs_exactly_the_locks_wheels(image: build.BuiltImage) ->
     for wheel in wheels:
         name = _normalize(wheel.name.split("-")[0])
         assert hashlib.sha256(wheel.read_bytes()).hexdigest() in pinned[name][1], wheel.name
+
+
+def _layers(image: build.BuiltImage) -> list[tuple[int, list[str]]]:
+    """The size and the paths of each layer of the image, lowest layer first."""
+    layers: list[tuple[int, list[str]]] = []
+    with tarfile.open(image.archive) as outer:
+        index = json.load(outer.extractfile("index.json"))  # type: ignore[arg-type]
+        manifest = json.load(outer.extractfile("blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))  # type: ignore[arg-type]
+        for descriptor in manifest["layers"]:
+            layer = outer.extractfile("blobs/sha256/" + descriptor["digest"].split(":")[1])
+            with tarfile.open(fileobj=layer, mode="r|") as rootfs:
+                layers.append((descriptor["size"], [m.name for m in rootfs]))
+    return layers
+
+
+def test_the_project_is_a_small_layer_of_its_own_above_the_dependencies(image: build.BuiltImage) -> None:
+    """A new commit changes only the top layer: a registry or node holding the previous version gets only it."""
+    (_, base), (dependencies_size, dependencies), (project_size, project) = _layers(image)
+    assert "usr/bin/python3" in base and not any(n.startswith("opt/metainfer") for n in base)
+    assert any(n.startswith(SITE + "onnxruntime") for n in dependencies)
+    assert not any(n.startswith((SITE + "metainfer", "opt/metainfer/bin/metainfer")) for n in dependencies)
+    assert SITE + "metainfer/agent/cli.py" in project and "opt/metainfer/bin/metainfer" in project
+    assert all(n in {"opt", "tmp"} or n.startswith("opt/metainfer") for n in project), sorted(project)[:20]
+    assert not [n for n in project if n.startswith(SITE) and ".dist-info" in n and "metainfer-" not in n]
+    assert project_size < 32 * 2**20 < dependencies_size, (project_size, dependencies_size)
 
 
 def test_the_entrypoint_runs_as_the_images_user_and_offers_the_flavours_providers(image: build.BuiltImage) -> None:

@@ -40,13 +40,19 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[registry.Regist
 
 
 def _image(tmp_path: Path, marker: str) -> Path:
+    """Two layers, as `make image` stacks them: a base every image here shares, and a step's changes above it."""
     root = tmp_path / f"rootfs-{marker}"
     (root / "etc").mkdir(parents=True)
+    (root / "etc" / "os-release").write_text("the same base in every image")
+    base = tmp_path / f"base-{marker}.tar"
+    oci.write_layer(root, base)
+    before = oci.snapshot(root)
     (root / "etc" / "marker").write_text(marker)
-    layer = tmp_path / f"layer-{marker}.tar"
-    oci.write_layer(root, layer)
+    step = tmp_path / f"step-{marker}.tar"
+    oci.write_diff_layer(root, before, step)
     archive = tmp_path / f"image-{marker}.oci.tar"
-    oci.write_archive(archive, f"metainfer.local/probe:{marker}", layer, oci.ImageConfig(entrypoint=["/bin/true"]))
+    config = oci.ImageConfig(entrypoint=["/bin/true"])
+    oci.write_archive(archive, f"metainfer.local/probe:{marker}", [base, step], config)
     return archive
 
 
@@ -56,7 +62,7 @@ def test_nothing_is_served_without_credentials(server: registry.RegistryServer) 
     assert registry.manifest_digest(server.address, "metainfer", "0.1.0", wrong, server.ca) == "HTTP 401"
 
 
-def test_a_pushed_image_is_served_by_tag_and_by_digest_and_a_second_push_sends_no_blob(
+def test_a_pushed_image_is_served_by_tag_and_by_digest_and_a_push_sends_only_the_layers_it_lacks(
     server: registry.RegistryServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     archive = _image(tmp_path, "one")
@@ -79,7 +85,7 @@ def test_a_pushed_image_is_served_by_tag_and_by_digest_and_a_second_push_sends_n
     assert sent == [], "blobs the registry holds were uploaded again"
     other = registry.push_archive(_image(tmp_path, "two"), server.address, "probe", "two", USER, server.ca,
                                   tmp_path / "s3")  # fmt: skip
-    assert other != digest and len(sent) == 2  # a new layer and a new config; nothing else
+    assert other != digest and len(sent) == 2  # the step's new layer and a new config; not the shared base
 
 
 def test_the_chart_is_pushed_and_read_back_as_an_oci_artifact(server: registry.RegistryServer, tmp_path: Path) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -77,10 +79,48 @@ def test_another_onnxruntime_release_replaces_only_its_pin(tmp_path: Path) -> No
     assert changed == original
 
 
-def test_the_dockerfile_installs_the_dependencies_from_the_lock_only() -> None:
+def test_the_dockerfile_installs_the_dependencies_from_the_lock_only_in_a_layer_below_the_project() -> None:
     stage = dockerfile.parse(REPO / "Dockerfile")
     assert (REPO / "locks" / f"{stage.args['RUNTIME']}.txt").is_file()
-    (install,) = [script for _, script in stage.runs if "pip install" in script]
-    assert 'pip install --require-hashes --no-deps --only-binary=:all: -r "/dist/locks/${RUNTIME}.txt"' in install
-    assert "pip install --no-deps /dist/metainfer-" in install
+    installs = [run for run in stage.runs if "pip install" in run.script]
+    assert [run.mounts for run in installs] == [("/locks",), ("/dist",)]
+    dependencies, project = (run.script for run in installs)
+    assert 'pip install --require-hashes --no-deps --only-binary=:all: -r "/locks/${RUNTIME}.txt"' in dependencies
+    assert "metainfer" not in dependencies.replace("/var/cache/metainfer", "")  # the project's changes stay above
+    assert "pip install --no-deps /dist/metainfer-" in project
     assert "!locks/" in (REPO / ".dockerignore").read_text().splitlines()
+
+
+def test_a_run_flag_other_than_a_bind_mount_is_refused_by_name(tmp_path: Path) -> None:
+    dockerfile_path = tmp_path / "Dockerfile"
+    dockerfile_path.write_text("FROM scratch\nRUN --network=none echo hi\n")
+    with pytest.raises(dockerfile.DockerfileError, match="--network=none"):
+        dockerfile.parse(dockerfile_path)
+
+
+def test_a_new_commit_changes_only_the_projects_layer_and_a_new_lock_every_layer(tmp_path: Path) -> None:
+    """The build cache's keys (hack/image/build.py): the dependencies' layer is keyed by the lock, not the wheel;
+    the project's layer by the wheel's files, not its zip timestamps."""
+    stage = dockerfile.parse(REPO / "Dockerfile")
+
+    def keys(wheel_text: str, lock_text: str, zip_time: tuple[int, int, int, int, int, int]) -> list[str]:
+        dist, locks = tmp_path / "dist", tmp_path / "locks"
+        for folder in (dist, locks):
+            shutil.rmtree(folder, ignore_errors=True)
+            folder.mkdir()
+        with zipfile.ZipFile(dist / "metainfer-0.1.0-py3-none-any.whl", "w") as wheel:
+            wheel.writestr(zipfile.ZipInfo("metainfer/__init__.py", zip_time), wheel_text)
+        (locks / "cpu.txt").write_text(lock_text)
+        chain, found = "base", []
+        for run in stage.runs:
+            mounts = build._mount_sources(run, {"/dist": dist, "/locks": locks})
+            chain = build._step_key(chain, run, mounts, tmp_path / "wheels" / "0123456789abcdef")
+            found.append(chain)
+        return found
+
+    first = keys("v = 1", "numpy==2.0.0", (2026, 1, 1, 0, 0, 0))
+    assert keys("v = 1", "numpy==2.0.0", (2026, 2, 2, 0, 0, 0)) == first  # the same files, rebuilt later
+    commit = keys("v = 2", "numpy==2.0.0", (2026, 1, 1, 0, 0, 0))
+    assert commit[0] == first[0] and commit[1:] != first[1:]
+    relocked = keys("v = 1", "numpy==2.1.0", (2026, 1, 1, 0, 0, 0))
+    assert all(new != old for new, old in zip(relocked, first, strict=True))
