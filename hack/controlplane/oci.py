@@ -25,7 +25,7 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
@@ -192,22 +192,60 @@ def write_archive(
     return f"sha256:{manifest_digest}"
 
 
+@dataclass(frozen=True)
+class ArchiveManifest:
+    """The one manifest of an OCI image archive: its bytes as stored (what a registry is sent), its digest and the
+    descriptors it names."""
+
+    raw: bytes
+    digest: str
+    config: dict[str, Any]
+    layers: list[dict[str, Any]]
+
+    @property
+    def blob_digests(self) -> list[str]:
+        """The config's digest, then each layer's, lowest first."""
+        return [str(descriptor["digest"]) for descriptor in [self.config, *self.layers]]
+
+
+class ArchiveError(ValueError):
+    """An image archive that is not what ``write_archive`` writes."""
+
+
+def read_manifest(tar: tarfile.TarFile) -> ArchiveManifest:
+    """The manifest that the archive's index names (exactly one, as ``write_archive`` writes)."""
+    index = json.load(member(tar, "index.json"))
+    entries = index.get("manifests", [])
+    if len(entries) != 1:
+        raise ArchiveError(f"index.json names {len(entries)} manifests; expected exactly one")
+    raw = member(tar, blob_name(entries[0]["digest"])).read()
+    manifest = json.loads(raw)
+    return ArchiveManifest(raw, str(entries[0]["digest"]), manifest["config"], list(manifest["layers"]))
+
+
 def read_config(archive: Path) -> dict[str, Any]:
     """The image config (``config`` part: Env, Entrypoint, User...) of an archive written by ``write_archive``."""
     with tarfile.open(archive) as tar:
-        index = json.load(_member(tar, "index.json"))
-        manifest_digest = index["manifests"][0]["digest"].split(":", 1)[1]
-        manifest = json.load(_member(tar, f"blobs/sha256/{manifest_digest}"))
-        config_digest = manifest["config"]["digest"].split(":", 1)[1]
-        config: dict[str, Any] = json.load(_member(tar, f"blobs/sha256/{config_digest}"))["config"]
+        manifest = read_manifest(tar)
+        config: dict[str, Any] = json.load(member(tar, blob_name(manifest.config["digest"])))["config"]
         return config
 
 
-def _member(tar: tarfile.TarFile, name: str) -> io.BufferedReader:
-    handle = tar.extractfile(name)
+def member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
+    """A regular file of the archive, opened for reading."""
+    try:
+        handle = tar.extractfile(name)
+    except KeyError:
+        handle = None
     if handle is None:
-        raise ValueError(f"{name} is not a file in the archive")
-    return handle  # type: ignore[return-value]
+        raise ArchiveError(f"{name} is missing from the image archive (or is not a file)")
+    return handle
+
+
+def blob_name(digest: str) -> str:
+    """Where an OCI layout stores the blob of ``digest`` (``sha256:<hex>``)."""
+    algorithm, _, hexdigest = digest.partition(":")
+    return f"blobs/{algorithm}/{hexdigest}"
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import yaml
 
-from hack.controlplane import assets
+from hack.controlplane import assets, oci
 from hack.controlplane.errors import AssetError, ControlPlaneError
 from hack.controlplane.processes import free_port, stop_child
 
@@ -258,39 +258,18 @@ def _request(
         connection.close()
 
 
-def _archive_manifest(tar: tarfile.TarFile) -> tuple[bytes, list[str]]:
-    """The manifest of an OCI archive (bytes as stored) and the digests of its config and layers, in order."""
-    index = json.load(_member(tar, "index.json"))
-    (entry,) = index["manifests"]
-    manifest_bytes: bytes = _member(tar, _blob_name(entry["digest"])).read()
-    manifest = json.loads(manifest_bytes)
-    return manifest_bytes, [descriptor["digest"] for descriptor in [manifest["config"], *manifest["layers"]]]
-
-
 @contextlib.contextmanager
 def _unpacked_blob(tar: tarfile.TarFile, digest: str, scratch: Path) -> Iterator[Path]:
     """One blob of the archive as a file (sent with a Content-Length), removed afterwards."""
     scratch.mkdir(parents=True, exist_ok=True)
     target = scratch / digest.replace(":", "-")
     try:
-        with target.open("wb") as out, _member(tar, _blob_name(digest)) as source:
+        with target.open("wb") as out, oci.member(tar, oci.blob_name(digest)) as source:
             while chunk := source.read(_CHUNK):
                 out.write(chunk)
         yield target
     finally:
         target.unlink(missing_ok=True)
-
-
-def _member(tar: tarfile.TarFile, name: str):  # type: ignore[no-untyped-def]  # tarfile's reader type is private
-    handle = tar.extractfile(name)
-    if handle is None:
-        raise RegistryError(f"{name} is missing from the archive")
-    return handle
-
-
-def _blob_name(digest: str) -> str:
-    algorithm, _, hexdigest = digest.partition(":")
-    return f"blobs/{algorithm}/{hexdigest}"
 
 
 def push_archive(
@@ -301,9 +280,10 @@ def push_archive(
     Blobs the registry already holds are neither unpacked nor sent again (HEAD first), so pushing a rebuilt image
     sends only the layers that changed."""
     with tarfile.open(archive) as tar:
-        manifest_bytes, digests = _archive_manifest(tar)
+        manifest = oci.read_manifest(tar)
+        manifest_bytes = manifest.raw
         base = f"/v2/{repository}/blobs"
-        for digest in dict.fromkeys(digests):
+        for digest in dict.fromkeys(manifest.blob_digests):
             if _request(address, ca, "HEAD", f"{base}/{digest}", credentials).status == 200:
                 continue
             started = _request(address, ca, "POST", f"{base}/uploads/", credentials, body=b"")

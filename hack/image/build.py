@@ -37,7 +37,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from hack.controlplane import oci
 from hack.controlplane.assets import cache_root
@@ -221,7 +221,9 @@ def build(
         seconds = time.monotonic() - started
         log(f"{name} is up to date ({archive}): same wheel contents, lock, base and Dockerfile")
         check = json.loads(check_file.read_text())
-        return BuiltImage(name, archive, _manifest_digest(archive), archive.stat().st_size, seconds,
+        with tarfile.open(archive) as tar:
+            digest = oci.read_manifest(tar).digest
+        return BuiltImage(name, archive, digest, archive.stat().st_size, seconds,
                           check["runtime"], check["providers"])  # fmt: skip
     key_file.unlink(missing_ok=True)
     layers_dir = cache_root() / "image" / "layers"
@@ -279,16 +281,7 @@ def build(
 def layer_sizes(archive: Path) -> list[int]:
     """The size in bytes of each layer of an image archive, lowest first."""
     with tarfile.open(archive) as tar:
-        index = json.load(_archive_member(tar, "index.json"))
-        manifest = json.load(_archive_member(tar, "blobs/sha256/" + index["manifests"][0]["digest"].split(":")[1]))
-        return [int(layer["size"]) for layer in manifest["layers"]]
-
-
-def _archive_member(tar: tarfile.TarFile, name: str) -> IO[bytes]:
-    handle = tar.extractfile(name)
-    if handle is None:
-        raise ImageError(f"{name} is missing from the image archive")
-    return handle
+        return [int(layer["size"]) for layer in oci.read_manifest(tar).layers]
 
 
 def _scratch_root() -> Path:
@@ -437,11 +430,6 @@ def _inputs_key(wheel: Path, lock: Path, base: Path, build_args: dict[str, str])
     digest.update(base.name.encode() + (REPO / "Dockerfile").read_bytes())
     digest.update(repr(sorted(build_args.items())).encode())
     return digest.hexdigest()
-
-
-def _manifest_digest(archive: Path) -> str:
-    with tarfile.open(archive) as tar:
-        return str(json.load(_archive_member(tar, "index.json"))["manifests"][0]["digest"])
 
 
 def _chroot_run(rootfs: Path, script: str, env: dict[str, str], *, mounts: dict[str, Path], wheelhouse: Path) -> None:

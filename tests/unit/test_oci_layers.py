@@ -129,3 +129,22 @@ def test_an_archive_lists_its_layers_in_order_with_their_history_and_stores_a_re
     assert len(blobs) == 4  # config, manifest and two distinct layers
     with pytest.raises(ValueError, match="2 history entries for 3 layers"):
         oci.write_archive(archive, "metainfer.local/probe:1", layers, oci.ImageConfig(), history=["a", "b"])
+
+
+def test_the_archives_manifest_reads_back_as_written_and_a_missing_blob_is_named(base: Path, tmp_path: Path) -> None:
+    oci.write_layer(base, tmp_path / "base.tar")
+    archive = tmp_path / "image.oci.tar"
+    digest = oci.write_archive(archive, "metainfer.local/probe:1", [tmp_path / "base.tar"], oci.ImageConfig())
+    with tarfile.open(archive) as tar:
+        manifest = oci.read_manifest(tar)
+        names = tar.getnames()
+    assert manifest.digest == digest and oci.blob_name(digest) in names
+    assert manifest.blob_digests == [manifest.config["digest"], manifest.layers[0]["digest"]]
+    assert all(oci.blob_name(d) in names for d in manifest.blob_digests)
+    broken = tmp_path / "broken.oci.tar"
+    with tarfile.open(archive) as source, tarfile.open(broken, "w") as out:
+        for info in source.getmembers():
+            if info.name != oci.blob_name(digest):
+                out.addfile(info, source.extractfile(info) if info.isfile() else None)
+    with tarfile.open(broken) as tar, pytest.raises(oci.ArchiveError, match=digest.split(":")[1]):
+        oci.read_manifest(tar)
