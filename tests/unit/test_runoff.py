@@ -7,7 +7,7 @@ from typing import Any
 from fakes import FakeMeasurer
 
 from metainfer.core.engine.recipe import Recipe
-from metainfer.core.engine.runoff import kind, race_order, rivals
+from metainfer.core.engine.runoff import family, kind, race_order, rivals
 from metainfer.core.engine.scoring import Constraints, Objective, rank, score, violations
 from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics, TrialStatus
 
@@ -68,11 +68,28 @@ def test_rivals_are_the_best_of_each_other_kind_within_the_margin_then_the_winne
     ranked = rank(trials, BASELINE, OBJECTIVE, BAND)
     assert ranked[0] is winner
     assert rivals(ranked, winner, BASELINE, OBJECTIVE) == [openvino_best, same_kind]
-    assert rivals(ranked, winner, BASELINE, OBJECTIVE, margin=0.5) == [openvino_best, too_slow]
-    assert rivals(ranked, winner, BASELINE, OBJECTIVE, margin=0.5, limit=3) == [openvino_best, too_slow, same_kind]
+    assert rivals(ranked, winner, BASELINE, OBJECTIVE, margin=0.5) == [openvino_best, too_slow, same_kind]
     assert rivals(ranked, winner, BASELINE, OBJECTIVE, margin=0.5, limit=1) == [openvino_best]
     alone = [winner, _trial(7, _recipe("int8_dynamic", threads=1), 7.0), too_slow]
     assert rivals(rank(alone, BASELINE, OBJECTIVE, BAND), winner, BASELINE, OBJECTIVE) == []
+
+
+def test_each_other_runtime_and_compute_precision_gets_a_seat_within_twice_the_winner_s_time() -> None:
+    # PP-OCRv4's detector: the search timed OpenVINO bf16 1.5x behind ONNX Runtime FP32 in a sitting where,
+    # minutes later and back to back, it ran 1.5x ahead; a same-runtime rival that far behind is slower.
+    winner = _trial(1, _recipe("fp32", threads=2), 20.2)
+    ort_int8 = _trial(2, _recipe("int8_dynamic", threads=2), 20.1)
+    ov_f32 = _trial(3, _recipe(runtime="openvino"), 20.7)
+    ov_bf16 = _trial(4, _recipe(runtime="openvino", inference_precision="bf16"), 30.0)
+    ov_bf16_slower = _trial(5, _recipe(runtime="openvino", inference_precision="bf16", threads=1), 31.0)
+    ort_fp16 = _trial(6, _recipe("fp16"), 30.0)
+    ov_int8_far = _trial(7, _recipe("int8_static", runtime="openvino"), 41.0)  # over 2x: slower on any sitting
+    trials = [winner, ort_int8, ov_f32, ov_bf16, ov_bf16_slower, ort_fp16, ov_int8_far]
+    ranked = rank(trials, BASELINE, OBJECTIVE, BAND)
+    assert rivals(ranked, winner, BASELINE, OBJECTIVE) == [ort_int8, ov_f32, ov_bf16]
+    assert rivals(ranked, winner, BASELINE, OBJECTIVE, cross_runtime_margin=0.25) == [ort_int8, ov_f32]
+    assert family(_recipe("int8_static", runtime="openvino", inference_precision="bf16")) == ("openvino", "int8")
+    assert family(_recipe("int8_dynamic")) == family(_recipe("int8_static")) == ("onnxruntime", "int8")
 
 
 def test_the_race_reranks_on_its_own_timings_and_drops_an_entrant_it_puts_over_the_slo() -> None:
