@@ -131,9 +131,7 @@ def measure_net(net: ConvNet, trials: int, profile: Any, olive_trials: int = 0) 
     if naive_ok:
         contenders.append({"name": "naive", "kind": "ort", "model": str(work / "naive.onnx")})
     if report.best is not None and variant is not None:
-        session = report.best.recipe.session.model_dump()
-        contenders.append({"name": "metainfer", "kind": "ort", "model": str(work / "metainfer" / MODEL_FILE)})
-        contenders[-1]["session"] = session
+        contenders.append(peer_table.metainfer_contender(report.best.recipe, str(work / "metainfer" / MODEL_FILE)))
     if olive_trials:
         try:
             olive, olive_row = olive_contender(

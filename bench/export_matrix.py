@@ -144,16 +144,7 @@ def measure_flavour(
         if olive is not None:
             contenders.insert(2, olive)
     if report.best is not None and variant is not None:
-        session = report.best.recipe.session
-        contenders.insert(
-            2,
-            {
-                "name": "metainfer",
-                "kind": "ort",
-                "model": str(work / "metainfer" / MODEL_FILE),
-                "session": session.model_dump(),
-            },
-        )
+        contenders.insert(2, peer_table.metainfer_contender(report.best.recipe, str(work / "metainfer" / MODEL_FILE)))
     request = {
         "data": str(data_path),
         "batch": BATCH,

@@ -14,8 +14,19 @@ from typing import Any
 import numpy as np
 
 from metainfer.core.engine.evaluate import Reference, quality_of
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime_openvino import compile_config
 
 Row = dict[str, Any]
+
+
+def metainfer_contender(recipe: Recipe, model: str) -> dict[str, Any]:
+    """bench/peers_driver.py's entry for metainfer's pick, on the runtime its recipe names: ONNX Runtime with its
+    session options, or OpenVINO with its compile settings (hint, streams, threads, precision)."""
+    if recipe.session.runtime == "openvino":
+        config = compile_config(recipe)
+        return {"name": "metainfer", "kind": "openvino", "model": model, "nncf": False, "config": config}
+    return {"name": "metainfer", "kind": "ort", "model": model, "session": recipe.session.model_dump()}
 
 
 def add_timings(row: Row, peers: dict[str, Any], outputs: dict[str, np.ndarray], reference: Reference | None) -> None:

@@ -12,7 +12,10 @@ project. REQUEST.json:
     {"data": NPZ, "batch": 8, "calibration_samples": 64, "rounds": 10, "round_seconds": 1.0,
      "round_min_runs": 4, "outputs": NPZ_OUT, "transformer": true,
      "contenders": [{"name": ..., "kind": "ort", "model": PATH, "session": {...}},
-                    {"name": ..., "kind": "openvino", "model": ONNX_PATH, "nncf": bool}]}
+                    {"name": ..., "kind": "openvino", "model": ONNX_PATH, "nncf": bool, "config": {...}}]}
+
+An OpenVINO contender compiles with its "config" (metainfer's pick: its recipe's compile settings), else with the
+LATENCY hint alone.
 
 It writes every contender's outputs on all samples to NPZ_OUT (the caller scores
 quality with metainfer's own code) and prints one JSON line: per contender, the
@@ -62,7 +65,7 @@ def _openvino(contender: dict[str, Any], calibration: list[dict[str, Any]], tran
             subset_size=len(calibration),
             model_type=nncf.ModelType.TRANSFORMER if transformer else None,
         )
-    compiled = core.compile_model(model, "CPU", {"PERFORMANCE_HINT": "LATENCY"})
+    compiled = core.compile_model(model, "CPU", contender.get("config") or {"PERFORMANCE_HINT": "LATENCY"})
     request = compiled.create_infer_request()
     outputs = list(compiled.outputs)
 

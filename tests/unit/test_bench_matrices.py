@@ -106,3 +106,17 @@ def test_olive_failing_is_reported_not_raised(tmp_path: Path, monkeypatch) -> No
     monkeypatch.setattr(olive_search, "ensure_olive", unavailable)
     contender, row = olive_search.olive_contender("m", tmp_path / "m.onnx", tmp_path / "d.npz", 1, 8, tmp_path, 1.0)
     assert contender is None and "no wheel for torch" in row["olive_error"]
+
+
+def test_metainfers_pick_is_timed_on_the_runtime_its_recipe_names() -> None:
+    from bench import peer_table
+    from metainfer.core.engine.recipe import Recipe
+
+    on_openvino = Recipe.model_validate(
+        {"session": {"runtime": "openvino", "intra_op_num_threads": 2, "openvino": {"inference_precision": "bf16"}}}
+    )
+    entry = peer_table.metainfer_contender(on_openvino, "variant.onnx")
+    assert entry["kind"] == "openvino" and not entry["nncf"]
+    assert entry["config"]["INFERENCE_PRECISION_HINT"] == "bf16" and entry["config"]["INFERENCE_NUM_THREADS"] == 2
+    on_ort = peer_table.metainfer_contender(Recipe.model_validate({"session": {"intra_op_num_threads": 1}}), "v.onnx")
+    assert on_ort["kind"] == "ort" and on_ort["session"]["intra_op_num_threads"] == 1
