@@ -22,7 +22,7 @@ the venv, and a package the venv pins itself always wins. pip and setuptools,
 which a fresh venv already holds, are always installed into the venv, so the
 lock's version replaces the venv's bundled one as before.
 
-The venvs keep their paths (~/.cache/metainfer/{export,olive,openvino,kserve}-venv).
+The venvs keep their paths (~/.cache/metainfer/{export,olive,openvino,kserve,tf2onnx}-venv).
 """
 
 from __future__ import annotations
@@ -86,6 +86,7 @@ OPENVINO = PeerEnv(
     "openvino", CACHE / "openvino-venv", BENCH / "requirements-openvino.txt", "openvino, nncf, onnxruntime"
 )
 KSERVE = PeerEnv("kserve", CACHE / "kserve-venv", BENCH / "requirements-kserve.txt", "kserve, onnxruntime")
+TF2ONNX = PeerEnv("tf2onnx", CACHE / "tf2onnx-venv", BENCH / "requirements-tf2onnx.txt", "tensorflow, tf2onnx")
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,9 @@ from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms import build_variant
 
 pytestmark = pytest.mark.timeout(900)
-TRAINED = [n for n in NETS if n.trained]
+# The nets shipped as ONNX: the TensorFlow Lite ones need TensorFlow's exporter (a 600 MB venv) first, which
+# the bench builds and this tier does not.
+TRAINED = [n for n in NETS if n.trained and not n.member.endswith(".tflite")]
 LIGHT = [n for n in NETS if not n.trained and n.name in ("light_resnet50", "light_inception_v1")]
 FORMS = [("qdq", "none"), ("qoperator", "none"), ("qdq", "conv"), ("qoperator", "conv")]
 
