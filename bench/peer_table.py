@@ -9,6 +9,7 @@ and what counts as a quality win differ.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +30,19 @@ def metainfer_contender(recipe: Recipe, model: str) -> dict[str, Any]:
     return {"name": "metainfer", "kind": "ort", "model": model, "session": recipe.session.model_dump()}
 
 
-def add_timings(row: Row, peers: dict[str, Any], outputs: dict[str, np.ndarray], reference: Reference | None) -> None:
+def read_outputs(path: Path, every: bool) -> dict[str, list[np.ndarray]]:
+    """bench/peers_driver.py's outputs per contender, in the model's order: all of them, or the first only."""
+    with np.load(path) as npz:
+        names = [k for k in npz.files if "." not in k]
+        return {
+            name: [npz[name], *(npz[f"{name}.{k}"] for k in range(1, len(npz.files)) if every and f"{name}.{k}" in npz)]
+            for name in names
+        }
+
+
+def add_timings(
+    row: Row, peers: dict[str, Any], outputs: dict[str, list[np.ndarray]], reference: Reference | None
+) -> None:
     """The driver's per-contender times (and quality against ``reference``) into ``row``; marks it measured."""
     for name, times in peers["times_ms"].items():
         ms = np.asarray(times)
@@ -37,7 +50,7 @@ def add_timings(row: Row, peers: dict[str, Any], outputs: dict[str, np.ndarray],
         row[f"{name}_p95_ms"] = float(np.percentile(ms, 95))
         row[f"{name}_runs"] = len(ms)
         if reference is not None and name in outputs:
-            row[f"{name}_quality"] = quality_of([outputs[name]], reference).value
+            row[f"{name}_quality"] = quality_of(outputs[name], reference).value
     row["openvino_nncf_wall_s"] = peers["prepare_s"].get("openvino_nncf")
     row["peer_errors"] = peers["errors"]
     row["status"] = "measured"

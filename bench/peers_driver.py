@@ -17,8 +17,8 @@ project. REQUEST.json:
 An OpenVINO contender compiles with its "config" (metainfer's pick: its recipe's compile settings), else with the
 LATENCY hint alone.
 
-It writes every contender's outputs on all samples to NPZ_OUT (the caller scores
-quality with metainfer's own code) and prints one JSON line: per contender, the
+It writes every contender's outputs on all samples to NPZ_OUT (the first as NAME, the
+k-th as NAME.k; the caller scores quality with metainfer's own code) and prints one JSON line: per contender, the
 per-batch times in ms and how long preparing it took (NNCF's quantization).
 """
 
@@ -105,7 +105,8 @@ def main(argv: list[str]) -> int:
     outputs: dict[str, Any] = {}
     for name, run in runners.items():  # quality first: this also warms every contender up
         chunks = [run(feed) for feed in batches]
-        outputs[name] = np.concatenate([c[0] for c in chunks])
+        for k in range(len(chunks[0])):  # every output: the engine's quality metric reads them all
+            outputs[name if k == 0 else f"{name}.{k}"] = np.concatenate([c[k] for c in chunks])
     np.savez(request["outputs"], **outputs)
     names = list(runners)
     times: dict[str, list[float]] = {n: [] for n in names}

@@ -120,3 +120,15 @@ def test_metainfers_pick_is_timed_on_the_runtime_its_recipe_names() -> None:
     assert entry["config"]["INFERENCE_PRECISION_HINT"] == "bf16" and entry["config"]["INFERENCE_NUM_THREADS"] == 2
     on_ort = peer_table.metainfer_contender(Recipe.model_validate({"session": {"intra_op_num_threads": 1}}), "v.onnx")
     assert on_ort["kind"] == "ort" and on_ort["session"]["intra_op_num_threads"] == 1
+
+
+def test_the_peers_outputs_read_back_all_in_order_or_the_first_only(tmp_path: Path) -> None:
+    import numpy as np
+
+    from bench import peer_table
+
+    first, second, third = np.zeros((2, 3)), np.ones((2, 1)), np.full((2, 4), 2.0)
+    np.savez(tmp_path / "outputs.npz", **{"fp32": first, "fp32.2": third, "fp32.1": second, "naive": first})
+    every = peer_table.read_outputs(tmp_path / "outputs.npz", every=True)
+    assert [o.shape for o in every["fp32"]] == [(2, 3), (2, 1), (2, 4)] and len(every["naive"]) == 1
+    assert [o.shape for o in peer_table.read_outputs(tmp_path / "outputs.npz", every=False)["fp32"]] == [(2, 3)]
