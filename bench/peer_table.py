@@ -83,9 +83,15 @@ def walls(r: Row, olive: bool) -> str:
 
 
 def peer_wins(
-    rows: Sequence[Row], key: str, peers: Sequence[tuple[str, str]], quality_counts: Callable[[Row, str], bool]
+    rows: Sequence[Row],
+    key: str,
+    peers: Sequence[tuple[str, str]],
+    quality_counts: Callable[[Row, str], bool],
+    max_drop: float | None = None,
 ) -> list[str]:
-    """Where a peer beats metainfer on a model: faster at p50, or better quality where ``quality_counts``."""
+    """Where a peer beats metainfer on a model: faster at p50, or better quality where ``quality_counts``. A
+    faster peer whose quality (a similarity to FP32, 1 at best) drops by more than ``max_drop`` is said to be
+    over the budget metainfer was held to: faster, but not at equal quality."""
     notes = []
     for r in rows:
         if "metainfer_p50_ms" not in r:
@@ -96,6 +102,9 @@ def peer_wins(
             faster = r["metainfer_p50_ms"] / r[f"{name}_p50_ms"]
             better = r.get(f"{name}_quality", 0.0) - r.get("metainfer_quality", 0.0)
             wins = [f"{faster:.2f}x faster at p50"] if faster > 1 else []
+            quality = r.get(f"{name}_quality")
+            if wins and max_drop is not None and quality is not None and 1.0 - quality > max_drop:
+                wins = [f"{wins[0]}, over the quality budget ({quality:.4f}; {1 - max_drop:.2f} allowed)"]
             wins += [f"{better:+.4f} cosine"] if better > 0 and quality_counts(r, name) else []
             if wins:
                 notes.append(f"{r[key]}: {label} beats metainfer by " + " and ".join(wins))
