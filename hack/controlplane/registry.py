@@ -16,7 +16,6 @@ chart and pushes it as an OCI artifact with helm. ``make cluster-up`` starts one
 from __future__ import annotations
 
 import base64
-import contextlib
 import dataclasses
 import hashlib
 import http.client
@@ -28,9 +27,9 @@ import sys
 import tarfile
 import time
 import urllib.parse
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import yaml
 
@@ -175,9 +174,9 @@ class ClusterRegistry:
         data = json.loads(path.read_text())
         return cls(data["address"], Path(data["ca"]), Credentials(data["username"], data["password"]))
 
-    def push_image(self, archive: Path, repository: str, tag: str, scratch: Path) -> str:
+    def push_image(self, archive: Path, repository: str, tag: str) -> str:
         """``archive`` as ``address/repository:tag``; returns the manifest digest."""
-        return push_archive(archive, self.address, repository, tag, self.credentials, self.ca, scratch)
+        return push_archive(archive, self.address, repository, tag, self.credentials, self.ca)
 
     def push_chart(self, helm: Path, chart: Path, workdir: Path) -> tuple[str, str, str]:
         """Package ``chart`` and ``helm push`` it under ``oci://address/charts``; returns (reference, version,
@@ -231,7 +230,7 @@ def _request(
     path: str,
     credentials: Credentials | None,
     *,
-    body: bytes | Path | None = None,
+    body: bytes | SizedStream | None = None,
     headers: dict[str, str] | None = None,
 ) -> _Response:
     host, _, port = address.rpartition(":")
@@ -241,15 +240,14 @@ def _request(
     if credentials is not None:
         sent["Authorization"] = credentials.authorization()
     try:
-        if isinstance(body, Path):
-            sent["Content-Length"] = str(body.stat().st_size)
+        if isinstance(body, SizedStream):
+            sent["Content-Length"] = str(body.size)
             connection.putrequest(method, path)
             for key, value in sent.items():
                 connection.putheader(key, value)
             connection.endheaders()
-            with body.open("rb") as stream:
-                while chunk := stream.read(_CHUNK):
-                    connection.send(chunk)
+            while chunk := body.stream.read(_CHUNK):
+                connection.send(chunk)
         else:
             connection.request(method, path, body=body, headers=sent)
         response = connection.getresponse()
@@ -258,27 +256,20 @@ def _request(
         connection.close()
 
 
-@contextlib.contextmanager
-def _unpacked_blob(tar: tarfile.TarFile, digest: str, scratch: Path) -> Iterator[Path]:
-    """One blob of the archive as a file (sent with a Content-Length), removed afterwards."""
-    scratch.mkdir(parents=True, exist_ok=True)
-    target = scratch / digest.replace(":", "-")
-    try:
-        with target.open("wb") as out, oci.member(tar, oci.blob_name(digest)) as source:
-            while chunk := source.read(_CHUNK):
-                out.write(chunk)
-        yield target
-    finally:
-        target.unlink(missing_ok=True)
+@dataclass(frozen=True)
+class SizedStream:
+    """A request body read in chunks and sent with a Content-Length: a layer streamed straight out of the archive,
+    never copied to disk first (a CUDA layer is gigabytes on a disk the node's images share)."""
+
+    stream: IO[bytes]
+    size: int
 
 
-def push_archive(
-    archive: Path, address: str, repository: str, tag: str, credentials: Credentials, ca: Path, scratch: Path
-) -> str:
+def push_archive(archive: Path, address: str, repository: str, tag: str, credentials: Credentials, ca: Path) -> str:
     """Upload an OCI image archive as ``address/repository:tag``; returns the manifest's digest (``sha256:...``).
 
-    Blobs the registry already holds are neither unpacked nor sent again (HEAD first), so pushing a rebuilt image
-    sends only the layers that changed."""
+    Blobs the registry already holds are not sent again (HEAD first), so pushing a rebuilt image sends only the
+    layers that changed; the others stream from the archive."""
     with tarfile.open(archive) as tar:
         manifest = oci.read_manifest(tar)
         manifest_bytes = manifest.raw
@@ -292,8 +283,10 @@ def push_archive(
             location = urllib.parse.urlsplit(started.headers["location"])
             query = [*urllib.parse.parse_qsl(location.query), ("digest", digest)]
             put = f"{location.path}?{urllib.parse.urlencode(query)}"
-            with _unpacked_blob(tar, digest, scratch) as blob:
-                done = _request(address, ca, "PUT", put, credentials, body=blob,
+            name = oci.blob_name(digest)
+            with oci.member(tar, name) as source:
+                body = SizedStream(source, tar.getmember(name).size)
+                done = _request(address, ca, "PUT", put, credentials, body=body,
                                 headers={"Content-Type": "application/octet-stream"})  # fmt: skip
             if done.status != 201:
                 raise RegistryError(f"uploading {digest}: HTTP {done.status} {done.body[:300]!r}")

@@ -536,8 +536,7 @@ def publish(image: BuiltImage, registry: ClusterRegistry, helm: Path, log: Log =
     """Push ``image`` to ``registry`` (as metainfer:<its tag>) and the chart beside it (oci://.../charts)."""
     started = time.monotonic()
     tag = image.name.rsplit(":", 1)[1]
-    scratch = cache_root() / "image" / "push"
-    digest = registry.push_image(image.archive, "metainfer", tag, scratch)
+    digest = registry.push_image(image.archive, "metainfer", tag)
     chart, version, chart_digest = registry.push_chart(helm, REPO / "charts" / "metainfer", REPO / "build" / "chart")
     log(f"pushed {registry.address}/metainfer:{tag} ({digest}) and {chart}:{version} in "
         f"{time.monotonic() - started:.0f}s")  # fmt: skip

@@ -66,7 +66,7 @@ def test_a_pushed_image_is_served_by_tag_and_by_digest_and_a_push_sends_only_the
     server: registry.RegistryServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     archive = _image(tmp_path, "one")
-    digest = registry.push_archive(archive, server.address, "probe", "one", USER, server.ca, tmp_path / "scratch")
+    digest = registry.push_archive(archive, server.address, "probe", "one", USER, server.ca)
     assert digest.startswith("sha256:")
     assert registry.manifest_digest(server.address, "probe", "one", USER, server.ca) == digest
     assert registry.manifest_digest(server.address, "probe", digest, USER, server.ca) == digest
@@ -81,10 +81,9 @@ def test_a_pushed_image_is_served_by_tag_and_by_digest_and_a_push_sends_only_the
         return real(address, ca, method, path, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(registry, "_request", counting)
-    assert registry.push_archive(archive, server.address, "probe", "again", USER, server.ca, tmp_path / "s2") == digest
+    assert registry.push_archive(archive, server.address, "probe", "again", USER, server.ca) == digest
     assert sent == [], "blobs the registry holds were uploaded again"
-    other = registry.push_archive(_image(tmp_path, "two"), server.address, "probe", "two", USER, server.ca,
-                                  tmp_path / "s3")  # fmt: skip
+    other = registry.push_archive(_image(tmp_path, "two"), server.address, "probe", "two", USER, server.ca)
     assert other != digest and len(sent) == 2  # the step's new layer and a new config; not the shared base
 
 
