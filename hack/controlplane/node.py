@@ -221,6 +221,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [{cri}.containerd]
   snapshotter = "overlayfs"
   default_runtime_name = "runc"
+  # a pulled layer is kept once, unpacked: the archived copy beside it would double every image on a disk
+  # the node shares with the host
+  discard_unpacked_layers = true
 
 [{cri}.containerd.runtimes.runc]
   runtime_type = "io.containerd.runc.v2"
@@ -282,10 +285,13 @@ def write_kubelet_config(paths: NodePaths, ca_cert: Path, port: int, healthz_por
         "serializeImagePulls": False,
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
+        # Absolute disk floors, not percentages: the node's filesystem is the host's, shared with other work, and
+        # 1% of a large disk is gigabytes. A CI run evicted the operator at 2 GiB free (1% of 252 GiB) and the
+        # image reclaim that follows disk pressure deleted the sandbox image, which no registry serves.
         "evictionHard": {
             "memory.available": "200Mi",
-            "nodefs.available": "1%",
-            "imagefs.available": "1%",
+            "nodefs.available": "256Mi",
+            "imagefs.available": "256Mi",
             "nodefs.inodesFree": "1%",
         },
         "protectKernelDefaults": False,
