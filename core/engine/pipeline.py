@@ -29,7 +29,7 @@ from metainfer.core.engine.history import HardwareFeatures as HistoryHardware
 from metainfer.core.engine.history import ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
 from metainfer.core.engine.history_use import HistoryUse
 from metainfer.core.engine.knobs.base import as_int
-from metainfer.core.engine.knobs.quantizer import NNCF_RANKING
+from metainfer.core.engine.knobs.quantizer import NNCF_RANKING, ranking_key
 from metainfer.core.engine.measurer import Measurer, OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.phases import Observer, PipelinePhase, SilentObserver
@@ -38,7 +38,7 @@ from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.report import AdaptSettings, FinalComparison, Report, SpaceSummary
 from metainfer.core.engine.scoring import noise_band, rank, score, violations, within_noise
 from metainfer.core.engine.search import Prior, SearchContext, Searcher, builtin_prior, context_features, make_searcher
-from metainfer.core.engine.search.space import Key, Point, Space
+from metainfer.core.engine.search.space import Key, Point, Scalar, Space
 from metainfer.core.engine.sensitivity import SensitivityReport, accuracy_control, analyse
 from metainfer.core.engine.transforms import (
     PaddingNotRemovable,
@@ -242,6 +242,8 @@ class Adaptation:
         peers = anchor_points(space, s.batch, self.profile.machine.physical_cores)
         peer_keys = {space.key(p) for p in peers}
         deferred: list[Point] = [p for p in peers if space.key(p) not in measured]
+        kept_counts = next((d.choices for d in space.dimensions if d.name == scan_gate.KEEP_FLOAT), ())
+        rescued: set[str] = set()  # the modes whose mixed precision a rescue already asked for: one each
         while len(trials) < s.budget_trials:
             if s.time_budget_s is not None and time.perf_counter() - search_started > s.time_budget_s:
                 stop_reason = f"time budget of {s.time_budget_s:g} s reached"
@@ -289,6 +291,14 @@ class Adaptation:
             trials.append(trial)
             self._note_leader(trial)
             self._update_band(baseline, trials)
+            rescue = self._rescue(trial, space, trials, deferred, rescued, kept_counts)
+            if rescue is not None:
+                deferred.append(rescue)
+                notes.append(
+                    f"{trial.recipe.describe()} missed only the quality budget ({trial.violations[0]}) and ran"
+                    f" ahead of every candidate within it: its version with up to {rescue[scan_gate.KEEP_FLOAT]}"
+                    " layer(s) kept in float was measured next"
+                )
             self.observer.trial(trial, self._leader(baseline, trials))
             if history_use is not None and history_use.warm and self._converged(trials):
                 stop_reason = (
@@ -355,6 +365,29 @@ class Adaptation:
             stop_reason=stop_reason,
         )
         return report, variant
+
+    def _rescue(
+        self,
+        trial: Trial,
+        space: Space,
+        trials: list[Trial],
+        deferred: list[Point],
+        rescued: set[str],
+        kept_counts: Sequence[Scalar],
+    ) -> Point | None:
+        """``trial``'s mixed-precision counterpart to measure next (scan_gate.rescue), once per layer ranking and
+        only where no mixed-precision point of that ranking is measured or waiting already."""
+        mode = ranking_key(trial.point)
+        if mode in rescued:
+            return None
+        waiting = [*deferred, *(t.point for t in trials)]
+        if any(p.get(scan_gate.KEEP_FLOAT) and ranking_key(p) == mode for p in waiting):
+            return None
+        rescue = scan_gate.rescue(trial, self._leader_p50_ms, self.band, self.settings.constraints.max_quality_drop,
+                                  kept_counts, space.is_allowed)  # fmt: skip
+        if rescue is not None:
+            rescued.add(mode)
+        return rescue
 
     def _replay(self, resume: Sequence[Trial], space: Space, searcher: Searcher, baseline: Trial) -> list[Trial]:
         """The checkpoint's trials, re-scored against this attempt's baseline and told to the searcher in their
