@@ -97,11 +97,6 @@ async def jobs_index(
     return {(namespace or "", name): slim_job(body)}
 
 
-@kopf.index("", "v1", "services", labels=MANAGED)
-async def services_index(*, namespace: str | None, name: str, **_: Any) -> dict[tuple[str, str], bool]:
-    return {(namespace or "", name): True}
-
-
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
 async def deployments_index(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {(namespace or "", labels.get(LABEL_POLICY, "")): slim_deployment(body)}
@@ -123,7 +118,6 @@ async def on_run(*, namespace: str | None, body: kopf.Body, **_: Any) -> None:
 
 @kopf.on.event("batch", "v1", "jobs", labels=MANAGED)
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-@kopf.on.event("", "v1", "services", labels=MANAGED)
 async def on_child(*, namespace: str | None, labels: kopf.Labels, **_: Any) -> None:
     WAKEUPS.wake(namespace, labels.get(LABEL_POLICY))
 
@@ -143,14 +137,12 @@ async def policy_daemon(
     deployments_index: kopf.Index[Any, dict[str, Any]],
     in_flight_index: kopf.Index[str, tuple[str, str]],
     node_scheduling_index: kopf.Index[str, dict[str, Any]],
-    services_index: kopf.Index[tuple[str, str], bool],
     **_: Any,
 ) -> None:
     from metainfer.operator.config import OperatorConfig
 
     config = OperatorConfig()
-    indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index, node_scheduling_index,
-                      services_index)  # fmt: skip
+    indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index, node_scheduling_index)
     wake = WAKEUPS.register(namespace, name)
     try:
         while not stopped:
