@@ -94,7 +94,8 @@ class Adaptation:
         self._full_reference: Reference | None = None  # FP32's outputs on all the data, for validation
         self.band = noise_band([], settings.measure.stable_rel)  # updated with every measurement
         self.sensitivity_s = 0.0  # wall time of the sensitivity scans, spent inside the search
-        self._most_kept_in_float = 0  # the largest keep_float the space offers (set with the space)
+        self._kept_counts: tuple[Scalar, ...] = (0,)  # the keep_float choices the space offers (set with the space)
+        self._most_kept_in_float = 0  # the largest of them
         self._leader_p50_ms: float | None = None  # the best feasible median so far, for racing
 
     # -- building blocks ------------------------------------------------------
@@ -242,8 +243,6 @@ class Adaptation:
         peers = anchor_points(space, s.batch, self.profile.machine.physical_cores)
         peer_keys = {space.key(p) for p in peers}
         deferred: list[Point] = [p for p in peers if space.key(p) not in measured]
-        kept_counts = next((d.choices for d in space.dimensions if d.name == scan_gate.KEEP_FLOAT), ())
-        rescued: set[str] = set()  # the modes whose mixed precision a rescue already asked for: one each
         while len(trials) < s.budget_trials:
             if s.time_budget_s is not None and time.perf_counter() - search_started > s.time_budget_s:
                 stop_reason = f"time budget of {s.time_budget_s:g} s reached"
@@ -291,7 +290,7 @@ class Adaptation:
             trials.append(trial)
             self._note_leader(trial)
             self._update_band(baseline, trials)
-            rescue = self._rescue(trial, space, trials, deferred, rescued, kept_counts)
+            rescue = self._rescue(trial, space, trials, deferred)
             if rescue is not None:
                 deferred.append(rescue)
                 notes.append(
@@ -366,28 +365,15 @@ class Adaptation:
         )
         return report, variant
 
-    def _rescue(
-        self,
-        trial: Trial,
-        space: Space,
-        trials: list[Trial],
-        deferred: list[Point],
-        rescued: set[str],
-        kept_counts: Sequence[Scalar],
-    ) -> Point | None:
-        """``trial``'s mixed-precision counterpart to measure next (scan_gate.rescue), once per layer ranking and
-        only where no mixed-precision point of that ranking is measured or waiting already."""
+    def _rescue(self, trial: Trial, space: Space, trials: list[Trial], deferred: list[Point]) -> Point | None:
+        """``trial``'s mixed-precision counterpart to measure next (scan_gate.rescue): once per layer ranking, so
+        not where a mixed-precision point of that ranking was measured or is waiting (a rescue included)."""
         mode = ranking_key(trial.point)
-        if mode in rescued:
-            return None
         waiting = [*deferred, *(t.point for t in trials)]
         if any(p.get(scan_gate.KEEP_FLOAT) and ranking_key(p) == mode for p in waiting):
             return None
-        rescue = scan_gate.rescue(trial, self._leader_p50_ms, self.band, self.settings.constraints.max_quality_drop,
-                                  kept_counts, space.is_allowed)  # fmt: skip
-        if rescue is not None:
-            rescued.add(mode)
-        return rescue
+        return scan_gate.rescue(trial, self._leader_p50_ms, self.band, self.settings.constraints.max_quality_drop,
+                                self._kept_counts, space.is_allowed)  # fmt: skip
 
     def _replay(self, resume: Sequence[Trial], space: Space, searcher: Searcher, baseline: Trial) -> list[Trial]:
         """The checkpoint's trials, re-scored against this attempt's baseline and told to the searcher in their
@@ -429,8 +415,8 @@ class Adaptation:
         )
         layers = len(quantizable_nodes(onnx.load_from_string(self.base), "int8_static"))
         space, notes = build_space(self.model, self.profile, options, min(layers, self.settings.sensitivity_layers))
-        kept_counts = next((d.choices for d in space.dimensions if d.name == scan_gate.KEEP_FLOAT), (0,))
-        self._most_kept_in_float = max(as_int(c) for c in kept_counts)
+        self._kept_counts = next((d.choices for d in space.dimensions if d.name == scan_gate.KEEP_FLOAT), (0,))
+        self._most_kept_in_float = max(as_int(c) for c in self._kept_counts)
         if openvino_gap:
             notes.append(openvino_gap)
         if padding_reason and self.model.is_transformer:
