@@ -449,6 +449,7 @@ def _node_ready(plane: ControlPlane) -> bool:
 def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None, remove: bool = True) -> list[str]:
     """Stop every process recorded under ``root`` (newest first); remove ``root`` if asked."""
     stopped: list[str] = []
+    unstopped: list[str] = []
     state_path = root / STATE_FILE
     state = json.loads(state_path.read_text()) if state_path.exists() else {"pids": {}, "executables": {}}
     popens = popens or {}
@@ -462,7 +463,10 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
                 pid = popen.pid if popen is not None else int(state["pids"][name])
                 if processes.terminate(pid, state["executables"].get(name, ""), popen=popen):
                     stopped.append(name)
-        node_mod.stop_workloads(node_mod.NodePaths(root / "node"))
+        try:
+            node_mod.stop_workloads(node_mod.NodePaths(root / "node"))
+        except OSError as exc:  # the processes, mounts, links and chains below must still go
+            unstopped.append(f"stopping the node's containers: {exc!r}")
     for name in reversed(names):
         popen = popens.get(name)
         pid = popen.pid if popen is not None else int(state["pids"][name])
@@ -475,8 +479,8 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
         hostchanges.undo(hostchanges.HostState.from_json(state["host"]), watched)  # unmounts first
         node_mod.remove_short_dirs(paths)
         left = hostchanges.diff(hostchanges.HostState.from_json(state["host"]), watched)
-        if left:
-            raise ControlPlaneError("the node left changes on the host:\n  " + "\n  ".join(left))
+        if left or unstopped:
+            raise ControlPlaneError("the node did not stop cleanly:\n  " + "\n  ".join([*unstopped, *left]))
     state_path.unlink(missing_ok=True)
     if remove:
         # Only what we create, then the directory if that emptied it: `--root ~` must not wipe a home.

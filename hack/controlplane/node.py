@@ -24,6 +24,7 @@ insist on putting elsewhere (see ``hostchanges``). Why each setting:
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -398,9 +399,23 @@ def _pod_cgroups() -> list[Path]:
 def _kill_cgroup_tree(top: Path) -> None:
     for directory, _, files in os.walk(top):
         if "cgroup.procs" in files:
-            for line in Path(directory, "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(line), 9)
+            for pid in _cgroup_pids(Path(directory, "cgroup.procs")):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
+
+
+def _cgroup_pids(procs: Path) -> list[int]:
+    """The processes in a cgroup; none when the cgroup went away meanwhile. A pod's cgroup that containerd or the
+    kubelet removes between the walk listing it and the read answers ENODEV on read() (ENOENT on open)."""
+    try:
+        text = procs.read_text()
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        if exc.errno == errno.ENODEV:
+            return []
+        raise
+    return [int(field) for field in text.split() if field.isdigit()]
 
 
 def _shims(socket: str) -> list[int]:

@@ -1,0 +1,105 @@
+"""Tearing a node down: it reads each pod cgroup's processes while containerd and the kubelet remove those cgroups,
+and one step's failure must not leave the host changes of the steps after it."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from hack.controlplane import cluster, hostchanges, node
+from hack.controlplane.errors import ControlPlaneError
+
+
+def test_the_processes_of_a_cgroup_are_read_from_its_procs_file(tmp_path: Path) -> None:
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("12\n345\n")
+    assert node._cgroup_pids(procs) == [12, 345]
+
+
+def test_a_cgroup_removed_before_its_procs_file_is_opened_holds_no_process(tmp_path: Path) -> None:
+    assert node._cgroup_pids(tmp_path / "gone" / "cgroup.procs") == []
+
+
+def test_a_cgroup_removed_between_open_and_read_holds_no_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What CI met: a dead cgroup's cgroup.procs opens, then read() answers ENODEV ("No such device").
+    procs = tmp_path / "cgroup.procs"
+    procs.write_text("12\n")
+
+    def dead(self: Path, *args: object, **kwargs: object) -> str:
+        raise OSError(errno.ENODEV, "No such device")
+
+    monkeypatch.setattr(Path, "read_text", dead)
+    assert node._cgroup_pids(procs) == []
+
+
+def test_any_other_read_error_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def denied(self: Path, *args: object, **kwargs: object) -> str:
+        raise OSError(errno.EACCES, "Permission denied")
+
+    monkeypatch.setattr(Path, "read_text", denied)
+    with pytest.raises(PermissionError):
+        node._cgroup_pids(tmp_path / "cgroup.procs")
+
+
+def test_killing_a_tree_skips_a_cgroup_that_went_away_and_kills_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "pod-a").mkdir()
+    (tmp_path / "pod-a" / "cgroup.procs").write_text("101\n")
+    (tmp_path / "pod-b").mkdir()
+    (tmp_path / "pod-b" / "cgroup.procs").write_text("202\n")
+    real_read = Path.read_text
+
+    def read(self: Path, *args: object, **kwargs: object) -> str:
+        if self.parent.name == "pod-a":
+            raise OSError(errno.ENODEV, "No such device")
+        return real_read(self)
+
+    killed: list[int] = []
+    monkeypatch.setattr(Path, "read_text", read)
+    monkeypatch.setattr(node.os, "kill", lambda pid, sig: killed.append(pid))
+    node._kill_cgroup_tree(tmp_path)
+    assert killed == [202]
+
+
+def test_the_kernel_answers_enodev_for_a_removed_cgroups_procs_file() -> None:
+    """The assumption above, on this host's cgroup filesystem (v1's memory hierarchy or v2's root)."""
+    root = Path("/sys/fs/cgroup/memory") if Path("/sys/fs/cgroup/memory").is_dir() else Path("/sys/fs/cgroup")
+    if not os.access(root, os.W_OK):
+        pytest.skip(f"{root} is not writable here (needs root)")
+    probe = root / f"metainfer-unit-{os.getpid()}"
+    probe.mkdir()
+    try:
+        handle = (probe / "cgroup.procs").open()
+    finally:
+        probe.rmdir()
+    with handle, pytest.raises(OSError) as raised:
+        handle.read()
+    assert raised.value.errno == errno.ENODEV
+
+
+def test_a_failure_to_stop_the_containers_still_undoes_the_host_and_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI once lost a node's bridge, chains and mounts to one error in stop_workloads: nothing after it ran."""
+    (tmp_path / cluster.STATE_FILE).write_text(
+        json.dumps({"pids": {}, "executables": {}, "host": hostchanges.HostState().to_json()})
+    )
+    undone: list[hostchanges.HostState] = []
+
+    def fails(paths: node.NodePaths, grace_s: float = 10.0) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(node, "stop_workloads", fails)
+    monkeypatch.setattr(hostchanges, "undo", lambda before, watched=(): undone.append(before) or [])
+    monkeypatch.setattr(hostchanges, "diff", lambda before, watched=(): [])
+    monkeypatch.setattr(node, "remove_short_dirs", lambda paths: None)
+    with pytest.raises(ControlPlaneError, match=r"stopping the node's containers: OSError.*Input/output error"):
+        cluster.stop(tmp_path)
+    assert undone == [hostchanges.HostState()]
