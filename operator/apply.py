@@ -10,6 +10,7 @@ would duplicate.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import time
@@ -99,6 +100,7 @@ def reconcile_inputs(
         excluded_nodes=view.excluded(policy.spec.hardware, indexes.nodes, *scheduling),
         pod_checks=read_pod_checks(provisional_pods),
     )
+    plan = dataclasses.replace(plan, objects_to_create=indexes.not_seen(plan.objects_to_create))
     return Inputs(body, groups, plan, settled.wait_s)
 
 

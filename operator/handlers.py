@@ -97,6 +97,10 @@ async def jobs_index(
     return {(namespace or "", name): slim_job(body)}
 
 
+async def services_index(*, namespace: str | None, name: str, **_: Any) -> dict[tuple[str, str], bool]:
+    return {(namespace or "", name): True}
+
+
 @kopf.index("apps", "v1", "deployments", labels=MANAGED)
 async def deployments_index(*, namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any) -> dict[Any, Any]:
     return {(namespace or "", labels.get(LABEL_POLICY, "")): slim_deployment(body)}
@@ -122,6 +126,13 @@ async def on_child(*, namespace: str | None, labels: kopf.Labels, **_: Any) -> N
     WAKEUPS.wake(namespace, labels.get(LABEL_POLICY))
 
 
+def watch_services() -> None:
+    """Index the Services the operator manages and wake their policy on each change: registered before kopf
+    starts, by ``metainfer operator``, only where the operator may list and watch services (capabilities.py)."""
+    kopf.index("", "v1", "services", labels=MANAGED)(services_index)
+    kopf.on.event("", "v1", "services", labels=MANAGED)(on_child)
+
+
 # kopf passes each index as an extra keyword named after its handler, which its DaemonFn protocol (every keyword
 # fixed) cannot express; and a policy is namespaced, so kopf always gives a namespace.
 @kopf.daemon(GROUP, VERSION, POLICY_PLURAL, cancellation_timeout=10.0)  # type: ignore[arg-type]  # see above
@@ -137,12 +148,14 @@ async def policy_daemon(
     deployments_index: kopf.Index[Any, dict[str, Any]],
     in_flight_index: kopf.Index[str, tuple[str, str]],
     node_scheduling_index: kopf.Index[str, dict[str, Any]],
-    **_: Any,
+    **optional: Any,
 ) -> None:
     from metainfer.operator.config import OperatorConfig
 
     config = OperatorConfig()
-    indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index, node_scheduling_index)
+    services = optional.get("services_index") or {}  # absent unless watch_services() registered it
+    indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index, node_scheduling_index,
+                      services)  # fmt: skip
     wake = WAKEUPS.register(namespace, name)
     try:
         while not stopped:

@@ -29,11 +29,13 @@ log = logging.getLogger("metainfer.operator")
 
 
 def run(namespaces: list[str] | None, liveness: str | None, standalone: bool, verbose: bool) -> int:
-    importlib.import_module("metainfer.operator.handlers")
+    handlers = importlib.import_module("metainfer.operator.handlers")
     from metainfer.operator import namespaces as watched
 
     watched.WATCHED_PATTERNS[:] = namespaces or []
     kopf.configure(verbose=verbose)
+    if services_watch_allowed(namespaces or []):
+        handlers.watch_services()
     if not verbose:
         logging.getLogger("kopf.objects").addFilter(quiet_wakeups)
     return asyncio.run(_operate(namespaces, liveness, standalone))
@@ -44,6 +46,27 @@ def run(namespaces: list[str] | None, liveness: str | None, standalone: bool, ve
 # 100 policies, and says nothing the daemon's own lines do not. Their failures are still logged.
 WAKEUP_HANDLERS = ("on_node", "on_run", "on_child")
 _QUIET = frozenset(f"Handler '{name}' succeeded." for name in WAKEUP_HANDLERS)
+
+
+def services_watch_allowed(namespaces: list[str]) -> bool:
+    """Ask once, before kopf starts, whether the Services watch can run (capabilities.py says why it is optional).
+    An API server that cannot be asked leaves it off: the operator then works as it does without the grant."""
+    from kubernetes.client.exceptions import ApiException
+    from kubernetes.config import ConfigException
+    from urllib3.exceptions import HTTPError
+
+    from metainfer.operator.capabilities import can_watch, self_subject_access
+    from metainfer.operator.startup import load_client_config
+
+    try:
+        load_client_config()
+        allowed = can_watch("services", namespaces, self_subject_access)
+    except (ApiException, ConfigException, HTTPError, OSError) as exc:
+        log.warning("could not ask the API server whether services may be watched (%s); not watching them", exc)
+        return False
+    if not allowed:
+        log.info("services: no list and watch granted; every reconcile creates the Services it plans (409 if present)")
+    return allowed
 
 
 def quiet_wakeups(record: logging.LogRecord) -> bool:

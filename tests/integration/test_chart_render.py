@@ -335,6 +335,7 @@ def test_operator_writes_workloads_only_in_the_namespaces_it_watches() -> None:
         ("apps", "deployments", "get"),  # kube.apply reads a serving Deployment, then replaces it
         ("apps", "deployments", "update"),
         ("", "services", "create"),
+        ("", "services", "watch"),  # one that exists is not created again on every reconcile
         ("policy", "poddisruptionbudgets", "create"),
         ("metainfer.io", "adaptationruns", "create"),
         ("metainfer.io", "adaptationpolicies/status", "patch"),

@@ -455,3 +455,36 @@ def test_flapping_driver_labels_make_one_run_for_the_version_that_stays(
     finally:
         for name in names:
             delete_node(api, name)
+
+
+def _service(core: client.CoreV1Api, namespace: str, name: str) -> Any:
+    try:
+        return core.read_namespaced_service(name, namespace)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+def test_a_deleted_policy_service_comes_back_at_once_not_at_the_next_resync(
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The operator watches its Services: the policy's address, deleted by hand, is back within seconds, not at
+    the next resync (5 minutes here), the only reconcile that would have recreated it before."""
+    api = control_plane.api_client
+    core = client.CoreV1Api(api)
+    nodes.add(("AVX2",))
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    env = {"METAINFER_RESYNC_SECONDS": "300"}
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path, env=env) as op:
+        first = wait_for("the policy's Service", lambda: _service(core, namespace, "digits"), timeout=60)
+        wait_for("the run's Job", lambda: jobs(api, namespace), timeout=60)
+        time.sleep(2)  # the burst of the run's creation is over: nothing else will wake the policy
+        core.delete_namespaced_service("digits", namespace)
+        again = wait_for(
+            "the Service created again",
+            lambda: (s := _service(core, namespace, "digits")) is not None and s.metadata.uid != first.metadata.uid,
+            timeout=30,
+        )
+        assert again
+        assert "Traceback" not in op.output()

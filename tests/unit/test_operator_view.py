@@ -108,6 +108,29 @@ def test_reconcile_inputs_validate_the_policys_runs_and_plan_around_one_that_doe
     assert [(n.name, "cordoned" in n.reason) for n in held.plan.status.excluded_nodes] == [("c1", True)]
 
 
+def test_a_service_the_watch_shows_is_not_created_again_and_only_services_are_skipped() -> None:
+    """Each reconcile plans the policy's Service: created while the watch has not shown it, then left alone (a
+    create of an existing one is a refused request, 300 per node label change at 100 policies)."""
+    from metainfer.operator.apply import reconcile_inputs
+    from metainfer.operator.config import OperatorConfig
+
+    policy = {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": "digits", "namespace": "ns", "uid": "uid-p", "generation": 1},
+        "spec": {"model": {"uri": "https://m/x.onnx", "sha256": "a" * 64}, "slo": {"latencyP95Ms": 10}},
+    }
+    nodes = _index({"c1": CPU})
+    first = reconcile_inputs(policy, ClusterView(), Indexes(nodes, {}, {}, {}, {}), OperatorConfig())
+    assert [(o["kind"], o["metadata"]["name"]) for o in first.plan.objects_to_create] == [("Service", "digits")]
+    seen = Indexes(nodes, {}, {}, {}, {}, services={("ns", "digits"): [True]})
+    assert reconcile_inputs(policy, ClusterView(), seen, OperatorConfig()).plan.objects_to_create == []
+    elsewhere = Indexes(nodes, {}, {}, {}, {}, services={("other", "digits"): [True]})
+    assert len(reconcile_inputs(policy, ClusterView(), elsewhere, OperatorConfig()).plan.objects_to_create) == 1
+    budget = {"kind": "PodDisruptionBudget", "metadata": {"namespace": "ns", "name": "digits"}}
+    assert seen.not_seen([budget]) == [budget], "other kinds are created if absent, as before"
+
+
 def test_a_policy_name_longer_than_a_label_value_still_finds_and_wakes_its_children() -> None:
     # Children carry the policy in a label, hashed when the name exceeds 63 characters; the policy's lookups and
     # wake-ups use its real name. Compared raw, the class never saw its Deployment: never Ready, and orphaned.
