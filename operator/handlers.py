@@ -153,7 +153,9 @@ async def policy_daemon(
     from metainfer.operator.config import OperatorConfig
 
     config = OperatorConfig()
-    services = optional.get("services_index") or {}  # absent unless watch_services() registered it
+    # Absent unless watch_services() registered it. Not `or {}`: an Index with no Services yet is falsy, and the
+    # daemon would keep the empty dict for life (the scale benchmark caught 300 creates per label change again).
+    services = optional.get("services_index", {})
     indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index, node_scheduling_index,
                       services)  # fmt: skip
     wake = WAKEUPS.register(namespace, name)
