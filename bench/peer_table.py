@@ -105,7 +105,8 @@ def peer_wins(
             quality = r.get(f"{name}_quality")
             if wins and max_drop is not None and quality is not None and 1.0 - quality > max_drop:
                 wins = [f"{wins[0]}, over the quality budget ({quality:.4f}; {1 - max_drop:.2f} allowed)"]
-            wins += [f"{better:+.4f} cosine"] if better > 0 and quality_counts(r, name) else []
+            # Below the printed precision a "+0.0000 cosine" win is the same quantized model, not better quality.
+            wins += [f"{better:+.4f} cosine"] if round(better, 4) > 0 and quality_counts(r, name) else []
             if wins:
                 notes.append(f"{r[key]}: {label} beats metainfer by " + " and ".join(wins))
     return notes

@@ -132,3 +132,14 @@ def test_the_peers_outputs_read_back_all_in_order_or_the_first_only(tmp_path: Pa
     every = peer_table.read_outputs(tmp_path / "outputs.npz", every=True)
     assert [o.shape for o in every["fp32"]] == [(2, 3), (2, 1), (2, 4)] and len(every["naive"]) == 1
     assert [o.shape for o in peer_table.read_outputs(tmp_path / "outputs.npz", every=False)["fp32"]] == [(2, 3)]
+
+
+def test_a_peer_is_credited_with_better_quality_only_where_it_shows_at_the_printed_precision() -> None:
+    from bench.peer_table import peer_wins
+
+    row = {"net": "m", "metainfer_p50_ms": 10.0, "metainfer_quality": 0.997800,
+           "nncf_p50_ms": 10.1, "nncf_quality": 0.997804}  # fmt: skip
+    assert peer_wins([row], "net", [("nncf", "NNCF")], lambda r, n: True) == []
+    row["nncf_quality"] = 0.9979
+    wins = peer_wins([row], "net", [("nncf", "NNCF")], lambda r, n: True)
+    assert wins == ["m: NNCF beats metainfer by +0.0001 cosine"]
