@@ -60,3 +60,35 @@ def test_an_api_server_that_cannot_be_asked_leaves_the_watch_off(monkeypatch: py
     monkeypatch.setattr(capabilities, "self_subject_access", lambda verb, resource, namespace: True)
     assert main.services_watch_allowed(["team-a"]) is True
     assert main.services_watch_allowed(["team-*"]) is False
+
+
+def test_the_policy_daemon_keeps_kopfs_services_index_even_while_it_is_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kopf hands the daemon a live Index, empty until the first Service arrives; swapping an empty (falsy) one
+    for a dict of its own made every daemon started before its Service exist blind to it for life."""
+    import asyncio
+    import logging
+    from collections.abc import Iterator, Mapping
+    from typing import Any
+
+    from metainfer.operator import handlers
+
+    class LiveIndex(Mapping[Any, Any]):  # empty now, filled later by kopf, like kopf.Index
+        def __getitem__(self, key: Any) -> Any:
+            raise KeyError(key)
+
+        def __iter__(self) -> Iterator[Any]:
+            return iter(())
+
+        def __len__(self) -> int:
+            return 0
+
+    built: list[Any] = []
+    monkeypatch.setattr(handlers, "Indexes", lambda *args: built.append(args) or args)
+    live = LiveIndex()
+    stopped = True  # kopf's DaemonStopped is truthy once stopped: the daemon builds its indexes and returns
+    indexes: list[Any] = [{}, {}, {}, {}, {}, {}]
+    log = logging.getLogger("test")
+    asyncio.run(handlers.policy_daemon(stopped, "p", "ns", {}, log, *indexes, services_index=live))  # type: ignore[arg-type]
+    assert built and built[0][-1] is live
+    asyncio.run(handlers.policy_daemon(stopped, "p", "ns", {}, log, *indexes))  # type: ignore[arg-type]
+    assert built[1][-1] == {}, "without the watch the daemon plans every Service, as before"
