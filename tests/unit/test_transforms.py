@@ -228,3 +228,83 @@ def test_histogram_calibration_on_a_constant_huge_activation_says_what_to_use() 
         )
     minmax = TransformSpec(quantization=QuantizationSpec(mode="int8_static"))
     assert _ops(build_variant(model, minmax, data))["QuantizeLinear"] >= 2
+
+
+def _count_calibrations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    import importlib
+
+    # The package re-exports a function named ``quantize``, which shadows the module as an attribute.
+    ort_quantize = importlib.import_module("onnxruntime.quantization.quantize")
+    calls: list[str] = []
+    real = ort_quantize.create_calibrator
+
+    def counting(*args, **kwargs):
+        calls.append(str(kwargs.get("calibrate_method")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ort_quantize, "create_calibrator", counting)
+    return calls
+
+
+def test_static_builds_that_differ_only_after_calibration_calibrate_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Per-channel weights and layers kept in float do not change what the calibrator reads: one calibration,
+    and every build byte-identical to one that calibrated afresh."""
+    from metainfer.core.engine.data import Dataset
+    from metainfer.core.engine.transforms import quantize
+
+    if not quantize._ORT_CACHES_CALIBRATION:
+        pytest.skip("this ONNX Runtime cannot read stored calibration ranges")
+    base = _wide_mlp()
+    data = Dataset({"x": np.random.default_rng(3).standard_normal((32, 64)).astype(np.float32)})
+    kept = quantizable_nodes(onnx.load_from_string(base), "int8_static")[0]
+    specs = [
+        QuantizationSpec(mode="int8_static", calibration="percentile"),
+        QuantizationSpec(mode="int8_static", calibration="percentile", per_channel=True),
+        QuantizationSpec(mode="int8_static", calibration="percentile", keep_float=(kept,)),
+        QuantizationSpec(mode="int8_static", calibration="percentile", format="qoperator"),
+    ]
+    monkeypatch.setattr(quantize, "CALIBRATIONS", quantize.CalibrationCache())
+    calls = _count_calibrations(monkeypatch)
+    reused = [build_variant(base, TransformSpec(quantization=q), data) for q in specs]
+    assert len(calls) == 1, calls
+    fresh = []
+    for q in specs:
+        monkeypatch.setattr(quantize, "CALIBRATIONS", quantize.CalibrationCache())
+        fresh.append(build_variant(base, TransformSpec(quantization=q), data))
+    assert len(calls) == 1 + len(specs)
+    for spec, a, b in zip(specs, reused, fresh, strict=True):
+        assert hashlib.sha256(a).digest() == hashlib.sha256(b).digest(), spec
+
+
+def test_other_samples_methods_or_graphs_calibrate_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from metainfer.core.engine.data import Dataset
+    from metainfer.core.engine.transforms import quantize
+
+    if not quantize._ORT_CACHES_CALIBRATION:
+        pytest.skip("this ONNX Runtime cannot read stored calibration ranges")
+    monkeypatch.setattr(quantize, "CALIBRATIONS", quantize.CalibrationCache())
+    calls = _count_calibrations(monkeypatch)
+    rng = np.random.default_rng(4)
+    first = Dataset({"x": rng.standard_normal((16, 64)).astype(np.float32)})
+    second = Dataset({"x": first.inputs["x"] * 2})
+    minmax = TransformSpec(quantization=QuantizationSpec(mode="int8_static"))
+    percentile = TransformSpec(quantization=QuantizationSpec(mode="int8_static", calibration="percentile"))
+    scaled = build_variant(_wide_mlp(), minmax, second)
+    plain = build_variant(_wide_mlp(), minmax, first)
+    build_variant(_wide_mlp(), percentile, first)
+    other_graph = _chain([("MatMul", "x", "w", "y")], {"w": rng.standard_normal((64, 10)).astype(np.float32)}, 64, 10)
+    build_variant(other_graph, minmax, first)
+    assert len(calls) == 4, calls
+    assert scaled != plain
+
+
+def test_the_calibration_cache_keeps_its_bound() -> None:
+    from metainfer.core.engine.transforms.quantize import CalibrationCache
+
+    cache = CalibrationCache(max_entries=2)
+    for key in ("a", "b", "c"):
+        cache.put(key, key.encode())
+    assert len(cache) == 2 and cache.get("a") is None and cache.get("c") == b"c"
+    cache.get("b")
+    cache.put("d", b"d")
+    assert cache.get("b") == b"b" and cache.get("c") is None

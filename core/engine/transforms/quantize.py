@@ -10,9 +10,12 @@ variant is a drop-in replacement for the base model.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import inspect
 import io
 import logging
 import tempfile
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -71,6 +74,59 @@ class _Reader(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime ships
 
     def get_next(self) -> dict[str, np.ndarray] | None:
         return next(self._window, None)
+
+    def digest(self) -> bytes:
+        """What the calibrator reads, as one hash: every batch's input names, dtypes, shapes and values."""
+        h = hashlib.sha256()
+        for feed in self._feeds:
+            for name in sorted(feed):
+                arr = np.ascontiguousarray(feed[name])
+                h.update(f"{name}|{arr.dtype.str}|{arr.shape}".encode())
+                h.update(arr.tobytes())
+        return h.digest()
+
+
+class CalibrationCache:
+    """Calibration ranges already computed in this process, by everything ORT's calibrator reads.
+
+    Calibration runs the graph over every sample and, for the histogram methods, bins every activation of every
+    batch: about 40 s for a YOLOX-sized detector on 48 images on 2 cores, against about 2 s for the rest of a
+    static build. The calibrator sees only the prepared graph, the samples, the method and the quantized types;
+    per-channel weights, reduce_range, the QDQ/QOperator format and the nodes kept in float are applied after it.
+    Trials differing only in those (most static int8 neighbours in a search) therefore reuse one calibration.
+    ORT itself reads and writes the ranges (its ``calibration_cache_path``); the cache holds the JSON it wrote,
+    so a reused build is byte-identical to a fresh one.
+    """
+
+    def __init__(self, max_entries: int = 8) -> None:
+        self._entries: OrderedDict[str, bytes] = OrderedDict()
+        self._max_entries = max_entries
+
+    @staticmethod
+    def key(graph: bytes, data: bytes, spec: QuantizationSpec) -> str:
+        h = hashlib.sha256(graph)
+        h.update(data)
+        h.update(f"|{spec.calibration}|{spec.activation_type}|{spec.weight_type}".encode())
+        return h.hexdigest()
+
+    def get(self, key: str) -> bytes | None:
+        if key in self._entries:
+            self._entries.move_to_end(key)
+        return self._entries.get(key)
+
+    def put(self, key: str, ranges: bytes) -> None:
+        self._entries[key] = ranges
+        self._entries.move_to_end(key)
+        while len(self._entries) > self._max_entries:
+            self._entries.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+CALIBRATIONS = CalibrationCache()
+# Versions of ORT whose quantize_static cannot read stored ranges calibrate every build.
+_ORT_CACHES_CALIBRATION = "calibration_cache_path" in inspect.signature(quantize_static).parameters
 
 
 def _full(feed: dict[str, np.ndarray], batch: int) -> bool:
@@ -209,11 +265,18 @@ def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset
                     f"static int8 quantization needs at least one full calibration batch of "
                     f"{calibration_batch(model)} samples; got {calibration.n_samples}",
                 )
+            cached = Path(tmp, "calibration.json")
+            key = CalibrationCache.key(src.read_bytes(), reader.digest(), spec)
+            ranges = CALIBRATIONS.get(key) if _ORT_CACHES_CALIBRATION else None
+            if ranges is not None:
+                cached.write_bytes(ranges)
+            cache_option = {"calibration_cache_path": cached} if _ORT_CACHES_CALIBRATION else {}
             try:
                 quantize_static(
                     src,
                     dst,
                     reader,
+                    **cache_option,
                     quant_format=QuantFormat.QOperator if spec.format == "qoperator" else QuantFormat.QDQ,
                     activation_type=QUANT_TYPES[spec.activation_type],
                     calibrate_method=CALIBRATION_METHODS[spec.calibration],
@@ -229,4 +292,6 @@ def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset
                     f"{spec.calibration} calibration failed: a calibration batch has an activation with a "
                     f"single huge value, which ORT's histogram cannot bin ({exc}); minmax calibration works"
                 ) from exc
+            if ranges is None and cached.is_file():
+                CALIBRATIONS.put(key, cached.read_bytes())
         return onnx.load(str(dst))
