@@ -15,6 +15,7 @@ import inspect
 import io
 import logging
 import tempfile
+import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
@@ -101,6 +102,7 @@ class CalibrationCache:
     def __init__(self, max_entries: int = 8) -> None:
         self._entries: OrderedDict[str, bytes] = OrderedDict()
         self._max_entries = max_entries
+        self._lock = threading.Lock()  # a serving pod may build its variant off the main thread
 
     @staticmethod
     def key(graph: bytes, data: bytes, spec: QuantizationSpec) -> str:
@@ -110,15 +112,17 @@ class CalibrationCache:
         return h.hexdigest()
 
     def get(self, key: str) -> bytes | None:
-        if key in self._entries:
-            self._entries.move_to_end(key)
-        return self._entries.get(key)
+        with self._lock:
+            if key in self._entries:
+                self._entries.move_to_end(key)
+            return self._entries.get(key)
 
     def put(self, key: str, ranges: bytes) -> None:
-        self._entries[key] = ranges
-        self._entries.move_to_end(key)
-        while len(self._entries) > self._max_entries:
-            self._entries.popitem(last=False)
+        with self._lock:
+            self._entries[key] = ranges
+            self._entries.move_to_end(key)
+            while len(self._entries) > self._max_entries:
+                self._entries.popitem(last=False)
 
     def __len__(self) -> int:
         return len(self._entries)
