@@ -57,24 +57,40 @@ OLIVE_TIMEOUT_S = 3600.0
 TITLE = "Adaptation on models as users export them (export matrix)"
 # Why the peers land where they do, from this section's data; rewritten when a rerun changes the picture.
 EXPLANATIONS: list[str] = [
-    "On the 13 flavours measured on 2026-12-01 metainfer is fastest (fused attention + padding removal + dynamic"
-    " int8 per-channel); OpenVINO + NNCF is 1.05-1.3x slower but keeps 0.0045-0.005 more cosine, because NNCF's"
-    " transformer preset keeps sensitive ops (softmax inputs, the embeddings' adds) in float and calibrates"
-    " statically, where metainfer spends the quality budget on speed (its quality weight is 0.1).",
-    "transformers-5.24_dynamo_op18 and transformers-4.57_optimum_op17 were measured again on 2026-12-04 at"
-    " 21:05-21:14 UTC (commit 5ed6b2e: OpenVINO in the engine's space, the final race's seat for each runtime and"
-    " compute precision), on a machine that ran ORT FP32 1.8-2.7x slower than on 2026-12-01 (151-153 ms against"
-    " 56-84 ms; its CPU flags no longer list avx_vnni). There the engine's own search and race put NNCF int8 on"
-    " OpenVINO ahead of its ONNX Runtime int8 variants, and shipped it: level with OpenVINO + NNCF (1.00x and"
-    " 1.01x at p50) at the same cosine, 2.99x and 3.11x ORT FP32. Which runtime's int8 leads on these exports"
-    " moved with the machine; the engine follows its measurement of the sitting.",
+    "Sittings: 13 flavours on 2026-12-04 23:27-00:24 UTC (commit fdfdfc8: both runtimes in the engine's space, the"
+    " final race's seat for each runtime and compute precision, calibration reuse), transformers-5.24_dynamo_op18"
+    " and transformers-4.57_optimum_op17 at 21:05-21:14 (commit 5ed6b2e, the same engine but for the calibration"
+    " reuse, which static NNCF builds do not use). This machine ran ORT FP32 at 117-181 ms, against 55-81 ms on"
+    " 2026-12-01 (its CPU flags no longer list avx_vnni): absolute milliseconds do not carry across days, the"
+    " ratios within a row do.",
+    "metainfer ships NNCF int8 on OpenVINO on 12 flavours and ONNX Runtime's dynamic int8 per-channel with fused"
+    " attention and padding removed on 3, 2.74-4.17x ORT FP32 at p50, within the budget on every row (cosine"
+    " 0.9973-0.9978 on OpenVINO, 0.9928-0.9930 on ONNX Runtime), adapting in 142-217 s. On 2026-12-01, before the"
+    " runtime knob, it shipped ONNX Runtime's int8 on all 13 flavours it ran.",
+    "Against OpenVINO + NNCF (NNCF's default int8, LATENCY hint): metainfer is faster on 7 rows (1.05-1.46x, the"
+    " most where padding removal runs: transformers-5.24_torchscript_op17_sdpa_no-token-types, 42.1 against 61.3"
+    " ms), level within 2% on 5, and slower on 3: 1.05x (transformers-5.24_torchscript_op12_eager), 1.06x"
+    " (transformers-4.57_torchscript_op12_eager) and 1.10x (transformers-4.57_torchscript_op14_sdpa). On those"
+    " three the pick is itself NNCF int8 on OpenVINO, the same quantizer at the same cosine with other compile"
+    " settings (bf16 compute, a hint, two threads named), and the engine's final comparison timed it at 41.5, 40.1"
+    " and 39.5 ms, where this loop timed OpenVINO + NNCF at 38.6, 38.7 and 39.7 ms: two timings of one kind of"
+    " variant, minutes apart, differ by up to 10% on this machine. One difference is not timing: the engine runs"
+    " NNCF on the ONNX graph (QDQ that OpenVINO then reads), the contender on OpenVINO's own model; which of the"
+    " two compiles faster was not measured apart.",
+    "Where the search falls short: the best variant of this export family is ONNX Runtime's dynamic int8"
+    " per-channel with fused attention and padding removed (29.8-30.0 ms in the search on"
+    " transformers-5.24_torchscript_op17_sdpa_no-token-types). On transformers-5.24_torchscript_op17_sdpa, the"
+    " same model with token types, 40 trials in a space that now spans two runtimes tried int8 dynamic once"
+    " (per-tensor, over the budget) and shipped NNCF on OpenVINO at 58.6 ms; on 2026-12-01 the search of one"
+    " runtime found the ONNX Runtime recipe there. The anchors (core/engine/anchors.py) guarantee a measurement of"
+    " each runtime's peer configuration, not of this recipe.",
     "Olive ran on the held-out flavour only (transformers-5.24_torchscript_op14_sdpa, `--olive-trials 8`: 3"
-    " candidates evaluated, the rest of its samples ruled invalid by its own space, 86 s). Its pick, dynamic"
-    " int8 per-channel with reduce_range on one intra-op thread, re-timed here is slower than ORT FP32 (81.4"
-    " vs 77.6 ms at p50) at cosine 0.9917: ORT's fuser finds no Attention in this export, so Olive's quantization"
-    " has no fused attention or padding removal to build on, and its own latency metric (3 warm-up + 20 runs,"
-    " once per candidate) chose one thread. Olive on every flavour was not run: at its pace a 24-candidate"
-    " search on all 15 exports would take hours on this machine.",
+    " candidates evaluated, the rest of its samples ruled invalid by its own space, 104 s). Its pick, dynamic int8"
+    " per-channel with reduce_range on one intra-op thread, runs 1.47x ORT FP32 here (122.5 against 180.2 ms; it"
+    " was slower than FP32 on 2026-12-01) at cosine 0.9917; metainfer's pick is 2.08x faster than Olive's. ORT's"
+    " fuser finds no Attention in this export, so Olive's quantization has no fused attention or padding removal"
+    " to build on. Olive on every flavour was not run: at its pace a 24-candidate search on all 15 exports would"
+    " take hours on this machine.",
 ]
 
 
