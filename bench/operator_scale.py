@@ -161,6 +161,21 @@ def vm_hwm_mb(pid: int) -> float:
     raise RuntimeError(f"no VmHWM for pid {pid}")
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """User + system CPU seconds each process has used so far (its threads included), from /proc/<pid>/stat."""
+    tick = os.sysconf("SC_CLK_TCK")
+    used = {}
+    for name, pid in pids.items():
+        # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        used[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime: fields 14 and 15 of stat(5)
+    return used
+
+
+def cpu_between(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name: after[name] - before.get(name, 0.0) for name in after}
+
+
 def api_client(kubeconfig: Path) -> client.ApiClient:
     cfg = client.Configuration()
     config.load_kube_config(config_file=str(kubeconfig), client_configuration=cfg)
@@ -238,11 +253,18 @@ def measure(
         watcher = Watcher(api, NAMESPACE)
         time.sleep(1.0)  # both watches established before the operator's first write
         offset = audit.mark()
+        # Who uses the machine's cores while it converges: the operator, the control plane, this benchmark's watch.
+        watched = {name: pid for name, pid in plane.pids.items() if name in ("kube-apiserver", "etcd")}
+        watched["benchmark"] = os.getpid()
+        cpu_at_spawn = cpu_seconds(watched)
         spawn_wall, spawn = time.time(), time.monotonic()
         proc = start_operator(plane.kubeconfig, root / "logs" / "operator.log", 10 * expected + 1000, mapping)
+        watched["operator"] = proc.pid
         w = watcher
         all_runs = wait_until("all runs", lambda: w.counts()[0] >= expected, 600, proc) - spawn
+        cpu_at_runs = cpu_seconds(watched)
         all_jobs = wait_until("all Jobs", lambda: w.counts()[1] >= expected, 600, proc) - spawn
+        cpu_at_jobs = cpu_seconds(watched)
         rss_converged = vm_hwm_mb(proc.pid)
         converge_requests = audit.wait_quiet(offset, 300)
         first_request = audit_seconds(converge_requests[0].time) - spawn_wall if converge_requests else float("nan")
@@ -279,6 +301,9 @@ def measure(
             "converge_requests": len(converge_requests),
             "converge_breakdown": sl.breakdown(converge_requests),
             "rss_at_convergence_mb": rss_converged,
+            "cpu_to_all_runs_s": cpu_between(cpu_at_spawn, cpu_at_runs),
+            "cpu_runs_to_all_jobs_s": cpu_between(cpu_at_runs, cpu_at_jobs),
+            "cores": os.cpu_count(),
             "rss_peak_mb": rss_peak,
             "reactions": reps,
             "reaction_first_run_median_s": sl.median([r["first_run_s"] for r in reps]),
@@ -318,6 +343,43 @@ def _fmt_breakdown(breakdown: dict[str, int], limit: int = 12) -> str:
     if rest:
         rows.append(("(other)", rest))
     return benchlib.markdown_table(["request", "count"], rows)
+
+
+CPU_ORDER = ("operator", "kube-apiserver", "etcd", "benchmark")
+
+
+def _fmt_cpu(point: dict[str, Any]) -> str:
+    to_runs, to_jobs = point["cpu_to_all_runs_s"], point["cpu_runs_to_all_jobs_s"]
+    windows = (point["spawn_to_all_runs_s"], point["spawn_to_all_jobs_s"] - point["spawn_to_all_runs_s"])
+    rows: list[list[Any]] = [[name, f"{to_runs[name]:.1f}", f"{to_jobs[name]:.1f}"] for name in CPU_ORDER]
+    rows.append(["all of them", f"{sum(to_runs.values()):.1f}", f"{sum(to_jobs.values()):.1f}"])
+    rows.append([f"what {point['cores']} cores give in the window", *(f"{point['cores'] * w:.1f}" for w in windows)])
+    return benchlib.markdown_table(
+        ["process", f"spawn → all runs ({windows[0]:.1f} s)", f"all runs → all Jobs ({windows[1]:.1f} s)"], rows
+    )
+
+
+def cpu_bound(point: dict[str, Any]) -> str:
+    """What the CPU measurement says bounds the converge window (spawn → all runs), in one sentence."""
+    used, window, cores = point["cpu_to_all_runs_s"], point["spawn_to_all_runs_s"], point["cores"]
+    total = sum(used.values())
+    split = (
+        f"in those {window:.1f} s the operator used {used['operator']:.1f} CPU seconds, kube-apiserver "
+        f"{used['kube-apiserver']:.1f}, etcd {used['etcd']:.1f} and this benchmark's watch {used['benchmark']:.1f}: "
+        f"{total:.1f} of the {cores * window:.1f} its {cores} cores give ({total / (cores * window):.0%})"
+    )
+    if used["operator"] >= 0.85 * window:
+        return (
+            f"{split}. The operator is one Python process whose event loop runs kopf and every reconcile, with the "
+            f"client's requests in a few threads under one interpreter lock: its CPU time came to "
+            f"{used['operator'] / window:.0%} of the window, so its own CPU is the bound"
+        )
+    if total >= 0.85 * cores * window:
+        return f"{split}. The cores are saturated, shared by the operator and the control plane"
+    return (
+        f"{split}. Neither the cores nor the operator's one interpreter are saturated (the operator's CPU came to "
+        f"{used['operator'] / window:.0%} of the window); what the rest of the window waits on was not measured"
+    )
 
 
 def render(points: list[dict[str, Any]], quick: bool, load: str, workaround: bool) -> str:
@@ -391,6 +453,12 @@ def render(points: list[dict[str, Any]], quick: bool, load: str, workaround: boo
         f"Operator requests for one label change at {big['nodes']} nodes (last repetition):",
         _fmt_breakdown(big["reactions"][-1]["breakdown"]),
     ]
+    if "cpu_to_all_runs_s" in big:  # results saved before the benchmark measured CPU have none
+        parts += [
+            f"CPU seconds used while converging at {big['nodes']} nodes x {big['policies']} policies (user + system "
+            "from /proc/<pid>/stat, threads included):",
+            _fmt_cpu(big),
+        ]
     parts.append("Targets:\n\n" + "\n".join(f"- {line}" for line in verdicts(small, big)))
     return "\n\n".join(parts)
 
@@ -419,10 +487,11 @@ def verdicts(small: dict[str, Any], big: dict[str, Any]) -> list[str]:
             f"status), and each policy reconcile adds a read, a status patch and at times an Event "
             f"({per_policy:.0f} per policy here): {per_run:.1f} requests per run in all, {big['converge_requests']} "
             f"for {big['expected_runs']} runs, at about {rate:.0f} requests/s from one Python process that shares "
-            "the machine's 2 cores with etcd and kube-apiserver (see the load above). Those cores are the bound: "
-            "the operator spends its share on kopf's processing of each watch event and the kubernetes client's "
-            "(de)serialisation, kube-apiserver as much again on validating, storing and fanning out each write; "
-            "`METAINFER_SCALE_PROFILE_DIR=DIR` writes a cProfile of the operator to look at it."
+            "the machine's cores with etcd and kube-apiserver"
+            + (f"; {cpu_bound(big)}" if "cpu_to_all_runs_s" in big else " (see the load above)")
+            + ". The operator spends its CPU on kopf's processing of each watch event and the kubernetes client's "
+            "(de)serialisation as much as on planning; `METAINFER_SCALE_PROFILE_DIR=DIR` writes a cProfile of the "
+            "operator to look at it."
         )
     rss = big["rss_peak_mb"]
     rss_line = (
