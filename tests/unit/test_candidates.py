@@ -566,3 +566,26 @@ def test_the_peers_a_user_would_run_are_measured_first_where_the_space_allows_th
     assert len(anchor_points(without_nncf, 2, cores=4)) == 1
     without_openvino, _ = build_space(conv, synthetic_profile(), options, 3)
     assert anchor_points(without_openvino, 2, cores=4) == [], "a peer the hardware rules out is not measured"
+
+
+def test_a_transformer_also_gets_onnx_runtimes_own_recipe_measured_first(bert_info: ModelInfo) -> None:
+    """Fused attention and dynamic int8 per channel, with padding removed where the model allows it; a search over
+    two runtimes could otherwise miss the recipe that leads on transformer exports."""
+    from metainfer.core.engine.anchors import anchor_points
+
+    both = SpaceOptions(batch=8, nncf=True, padding_removable=True)
+    space, _ = build_space(bert_info, synthetic_profile(openvino=True), both, 3)
+    described = [recipe_for(p, _ranked).describe() for p in anchor_points(space, 8, cores=2)]
+    assert described == [
+        "FP32, 2 threads, on OpenVINO (latency hint), batch 8",
+        "int8 static (NNCF), 2 threads, on OpenVINO (latency hint), batch 8",
+        "int8 dynamic per-channel, transformer fusion, padding removed, 2 threads, batch 8",
+    ]
+    unpadded, _ = build_space(bert_info, synthetic_profile(), SpaceOptions(batch=8), 3)
+    assert [recipe_for(p, _ranked).describe() for p in anchor_points(unpadded, 8, cores=2)] == [
+        "int8 dynamic per-channel, transformer fusion, 2 threads, batch 8"
+    ]
+    fp32_only, _ = build_space(
+        bert_info, synthetic_profile(), SpaceOptions(batch=8, overrides={"quantization": ("fp32",)}), 3
+    )
+    assert anchor_points(fp32_only, 8, cores=2) == [], "a policy that rules int8 out gets no int8 anchor"
