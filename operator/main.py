@@ -30,7 +30,10 @@ log = logging.getLogger("metainfer.operator")
 
 def run(namespaces: list[str] | None, liveness: str | None, standalone: bool, verbose: bool) -> int:
     handlers = importlib.import_module("metainfer.operator.handlers")
+    from metainfer.operator import kopf_readiness
     from metainfer.operator import namespaces as watched
+
+    kopf_readiness.install()
 
     watched.WATCHED_PATTERNS[:] = namespaces or []
     kopf.configure(verbose=verbose)
