@@ -10,7 +10,11 @@ then the real operator process starts (``metainfer operator``, as the integratio
 * API requests: counted in kube-apiserver's audit log, which records every request whatever the
   client thinks it sent; the operator's are those not made by the control plane or this benchmark
   (which uses its own user agent), from spawn until the operator has made no write for 3 s;
-* peak RSS: VmHWM of the operator process after everything, reactions included;
+* peak RSS: VmHWM of the operator process after everything, reactions included, and VmRSS by phase
+  (first run created, all runs, all Jobs);
+* CPU: user + system seconds of each process (and of the operator's event-loop thread) while it
+  converges; with ``--profile``, one more converge under cProfile says where that loop's time goes
+  (bench/scale_profile.py);
 * reaction: one node's driver label changes to a version no class has, so it forms a new class;
   from the label patch until the first and until the P-th run of that class exist, and the
   operator's requests for the change (until 3 s without a write). Each repetition moves the same
@@ -41,7 +45,7 @@ from typing import Any
 
 from kubernetes import client, config, watch
 
-from bench import benchlib
+from bench import benchlib, scale_profile
 from bench import scale_lib as sl
 from hack.controlplane import assets, cluster, crds
 from metainfer.core.api import GROUP, VERSION
@@ -154,21 +158,35 @@ def wait_until(what: str, predicate: Callable[[], bool], timeout_s: float, proc:
     return time.monotonic()
 
 
-def vm_hwm_mb(pid: int) -> float:
+def vm_mb(pid: int, field: str) -> float:
+    """A memory figure of /proc/<pid>/status in MB: VmRSS (resident now) or VmHWM (the peak of it)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(f"{field}:"):
             return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmHWM for pid {pid}")
+    raise RuntimeError(f"no {field} for pid {pid}")
+
+
+def vm_hwm_mb(pid: int) -> float:
+    return vm_mb(pid, "VmHWM")
+
+
+# The operator's main thread: its asyncio event loop, which runs kopf and every reconcile. Its other threads run
+# the API requests (the client is synchronous) and kopf's executor. Not a process: left out of the sums.
+LOOP_THREAD = "operator event loop"
+
+
+def _stat_cpu(path: Path) -> float:
+    # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
+    fields = path.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14, 15 of stat(5)
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """User + system CPU seconds each process has used so far (its threads included), from /proc/<pid>/stat."""
-    tick = os.sysconf("SC_CLK_TCK")
-    used = {}
-    for name, pid in pids.items():
-        # The command name (field 2) may hold spaces; the fields after its closing parenthesis do not.
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        used[name] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime: fields 14 and 15 of stat(5)
+    """User + system CPU seconds each process has used so far (its threads included), from /proc/<pid>/stat, and
+    the operator's event-loop thread alone (/proc/<pid>/task/<pid>/stat) when the operator runs."""
+    used = {name: _stat_cpu(Path(f"/proc/{pid}/stat")) for name, pid in pids.items()}
+    if "operator" in pids:
+        used[LOOP_THREAD] = _stat_cpu(Path(f"/proc/{pids['operator']}/task/{pids['operator']}/stat"))
     return used
 
 
@@ -185,7 +203,13 @@ def api_client(kubeconfig: Path) -> client.ApiClient:
     return api
 
 
-def start_operator(kubeconfig: Path, logfile: Path, max_runs: int, mapping: Path | None) -> subprocess.Popen[bytes]:
+def start_operator(
+    kubeconfig: Path,
+    logfile: Path,
+    max_runs: int,
+    mapping: Path | None,
+    profile: Path | None = None,
+) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
         "KUBECONFIG": str(kubeconfig),
@@ -205,9 +229,8 @@ def start_operator(kubeconfig: Path, logfile: Path, max_runs: int, mapping: Path
     if mapping is not None:
         env["METAINFER_LABEL_MAPPING_FILE"] = str(mapping)
     cmd = [sys.executable, "-m", "metainfer.agent.cli", "operator", "-n", NAMESPACE, "--liveness", ""]
-    profile_dir = os.environ.get("METAINFER_SCALE_PROFILE_DIR")
-    if profile_dir:  # where the operator's CPU goes (written when it exits on SIGTERM); slows it, so not for tables
-        cmd[1:1] = ["-m", "cProfile", "-o", str(Path(profile_dir) / f"operator-{logfile.parent.parent.name}.prof")]
+    if profile is not None:  # where the event loop's CPU goes: written when it exits on SIGTERM; slows it
+        cmd[1:1] = ["-m", "cProfile", "-o", str(profile)]
     with logfile.open("wb") as out:
         return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
 
@@ -217,7 +240,13 @@ def audit_seconds(stamp: str) -> float:
 
 
 def measure(
-    nodes: int, policies: int, reactions: int, found: Any, documents: list[dict[str, Any]], workaround: bool
+    nodes: int,
+    policies: int,
+    reactions: int,
+    found: Any,
+    documents: list[dict[str, Any]],
+    workaround: bool,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     root = Path(tempfile.mkdtemp(prefix=f"metainfer-scale-{nodes}-"))
     mapping = None
@@ -258,16 +287,26 @@ def measure(
         watched["benchmark"] = os.getpid()
         cpu_at_spawn = cpu_seconds(watched)
         spawn_wall, spawn = time.time(), time.monotonic()
-        proc = start_operator(plane.kubeconfig, root / "logs" / "operator.log", 10 * expected + 1000, mapping)
+        proc = start_operator(plane.kubeconfig, root / "logs" / "operator.log", 10 * expected + 1000, mapping, profile)
         watched["operator"] = proc.pid
         w = watcher
+        # Resident memory by phase: started and indexed (every Node and policy seen, the first run created),
+        # then with every run, then with every Job too.
+        wait_until("first run", lambda: w.counts()[0] >= 1, 600, proc)
+        rss_phases = {"first_run": vm_mb(proc.pid, "VmRSS")}
         all_runs = wait_until("all runs", lambda: w.counts()[0] >= expected, 600, proc) - spawn
+        rss_phases["all_runs"] = vm_mb(proc.pid, "VmRSS")
         cpu_at_runs = cpu_seconds(watched)
         all_jobs = wait_until("all Jobs", lambda: w.counts()[1] >= expected, 600, proc) - spawn
         cpu_at_jobs = cpu_seconds(watched)
+        rss_phases["all_jobs"] = vm_mb(proc.pid, "VmRSS")
         rss_converged = vm_hwm_mb(proc.pid)
         converge_requests = audit.wait_quiet(offset, 300)
         first_request = audit_seconds(converge_requests[0].time) - spawn_wall if converge_requests else float("nan")
+        # Until the first run is created the operator starts up: kopf lists every watched kind and indexes each
+        # object before any daemon may run. What follows is the creation throughput.
+        run_creates = [r for r in converge_requests if r.key == "create adaptationruns"]
+        first_run = audit_seconds(run_creates[0].time) - spawn_wall if run_creates else float("nan")
         log(f"converged: all runs {all_runs:.1f}s, all Jobs {all_jobs:.1f}s, {len(converge_requests)} requests")
 
         node, reps = sl.node_name(0), []
@@ -296,11 +335,13 @@ def measure(
             "classes": sl.CLASSES,
             "expected_runs": expected,
             "spawn_to_first_request_s": first_request,
+            "spawn_to_first_run_s": first_run,
             "spawn_to_all_runs_s": all_runs,
             "spawn_to_all_jobs_s": all_jobs,
             "converge_requests": len(converge_requests),
             "converge_breakdown": sl.breakdown(converge_requests),
             "rss_at_convergence_mb": rss_converged,
+            "rss_by_phase_mb": rss_phases,
             "cpu_to_all_runs_s": cpu_between(cpu_at_spawn, cpu_at_runs),
             "cpu_runs_to_all_jobs_s": cpu_between(cpu_at_runs, cpu_at_jobs),
             "cores": os.cpu_count(),
@@ -328,7 +369,7 @@ def measure(
         if proc is not None and proc.poll() is None:
             proc.terminate()
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=120 if profile else 20)  # cProfile writes its file on the way out
             except subprocess.TimeoutExpired:
                 proc.kill()
         api.close()
@@ -352,17 +393,26 @@ def _fmt_cpu(point: dict[str, Any]) -> str:
     to_runs, to_jobs = point["cpu_to_all_runs_s"], point["cpu_runs_to_all_jobs_s"]
     windows = (point["spawn_to_all_runs_s"], point["spawn_to_all_jobs_s"] - point["spawn_to_all_runs_s"])
     rows: list[list[Any]] = [[name, f"{to_runs[name]:.1f}", f"{to_jobs[name]:.1f}"] for name in CPU_ORDER]
-    rows.append(["all of them", f"{sum(to_runs.values()):.1f}", f"{sum(to_jobs.values()):.1f}"])
+    if LOOP_THREAD in to_runs:  # results saved before the benchmark measured the thread have none
+        loop = [f"{to_runs[LOOP_THREAD]:.1f}", f"{to_jobs[LOOP_THREAD]:.1f}"]
+        rows.insert(1, ["of it, the operator's event-loop thread", *loop])
+        rows.insert(2, ["of it, its other threads (API requests)", *(
+            f"{w['operator'] - w[LOOP_THREAD]:.1f}" for w in (to_runs, to_jobs))])  # fmt: skip
+    rows.append(["all of them", f"{_processes(to_runs):.1f}", f"{_processes(to_jobs):.1f}"])
     rows.append([f"what {point['cores']} cores give in the window", *(f"{point['cores'] * w:.1f}" for w in windows)])
     return benchlib.markdown_table(
         ["process", f"spawn → all runs ({windows[0]:.1f} s)", f"all runs → all Jobs ({windows[1]:.1f} s)"], rows
     )
 
 
+def _processes(used: dict[str, float]) -> float:
+    return sum(v for name, v in used.items() if name != LOOP_THREAD)
+
+
 def cpu_bound(point: dict[str, Any]) -> str:
     """What the CPU measurement says bounds the converge window (spawn → all runs), in one sentence."""
     used, window, cores = point["cpu_to_all_runs_s"], point["spawn_to_all_runs_s"], point["cores"]
-    total = sum(used.values())
+    total = _processes(used)
     split = (
         f"in those {window:.1f} s the operator used {used['operator']:.1f} CPU seconds, kube-apiserver "
         f"{used['kube-apiserver']:.1f}, etcd {used['etcd']:.1f} and this benchmark's watch {used['benchmark']:.1f}: "
@@ -374,15 +424,34 @@ def cpu_bound(point: dict[str, Any]) -> str:
             f"client's requests in a few threads under one interpreter lock: its CPU time came to "
             f"{used['operator'] / window:.0%} of the window, so its own CPU is the bound"
         )
+    loop = used.get(LOOP_THREAD)
     if total >= 0.85 * cores * window:
-        return f"{split}. The cores are saturated, shared by the operator and the control plane"
+        return f"{split}. The cores are saturated, shared by the operator and the control plane" + (
+            f" (the operator's event-loop thread, which runs kopf and every reconcile, {loop:.1f} s of its "
+            f"{used['operator']:.1f}; the threads that carry its API requests the rest)"
+            if loop is not None
+            else ""
+        )
+    if loop is None:  # results saved before the benchmark measured the event-loop thread
+        return (
+            f"{split}. Neither the cores nor the operator's one interpreter are saturated (the operator's CPU came "
+            f"to {used['operator'] / window:.0%} of the window); what the rest of the window waits on was not measured"
+        )
     return (
-        f"{split}. Neither the cores nor the operator's one interpreter are saturated (the operator's CPU came to "
-        f"{used['operator'] / window:.0%} of the window); what the rest of the window waits on was not measured"
+        f"{split}. Neither the cores nor the operator's one interpreter are saturated: the operator's CPU came to "
+        f"{used['operator'] / window:.0%} of the window, {loop:.1f} s of it ({loop / window:.0%} of the window) on "
+        f"its event-loop thread, which runs kopf and every reconcile, and {used['operator'] - loop:.1f} s on the "
+        "threads that carry its API requests. For the rest of the window the loop sleeps in epoll, every daemon "
+        "waiting on an answer from kube-apiserver, which shares the same two cores"
     )
 
 
-def render(points: list[dict[str, Any]], quick: bool, load: str, workaround: bool) -> str:
+Profile = dict[str, Any]
+
+
+def render(
+    points: list[dict[str, Any]], quick: bool, load: str, workaround: bool, profile: Profile | None = None
+) -> str:
     rows = [
         [
             p["nodes"],
@@ -459,18 +528,63 @@ def render(points: list[dict[str, Any]], quick: bool, load: str, workaround: boo
             "from /proc/<pid>/stat, threads included):",
             _fmt_cpu(big),
         ]
-    parts.append("Targets:\n\n" + "\n".join(f"- {line}" for line in verdicts(small, big)))
+    if profile is not None:
+        parts.append(_fmt_profile(profile))
+    parts.append("Targets:\n\n" + "\n".join(f"- {line}" for line in verdicts(small, big, profile)))
     return "\n\n".join(parts)
 
 
-def verdicts(small: dict[str, Any], big: dict[str, Any]) -> list[str]:
+def where_the_loop_goes(profile: Profile) -> str:
+    """The converge verdict's sentence on the profile: what the event loop's busy time is spent on."""
+    busy = profile["busy_s"]
+    total = sum(busy.values())
+
+    def share(*prefixes: str) -> float:
+        return sum(v for k, v in busy.items() if k.startswith(prefixes)) / total
+
+    return (
+        f"Where the event loop's time goes (the profile below): kopf's processing of the watch events and "
+        f"asyncio's tasks and locks under it {share('kopf', 'asyncio'):.0%}, reading and decoding the watch streams "
+        f"(TLS, JSON) {share('TLS', 'JSON'):.0%}, pydantic {share('pydantic'):.0%}, and metainfer's own planning "
+        f"and handlers {share('metainfer'):.0%}. Every run, Job and status write comes back as watch events that "
+        "kopf processes one by one on the same loop, so most of the operator's CPU is the price of watching what "
+        "it wrote, not of deciding what to write; fewer writes per run (the run status write that records its Job) "
+        "and fewer reconciles per burst are what would move this number"
+    )
+
+
+def memory_by_phase(big: dict[str, Any]) -> str:
+    phases = big["rss_by_phase_mb"]
+    return (
+        f"By phase, its resident memory was {phases['first_run']:.0f} MB when the first run was created (started, "
+        f"every one of the {big['nodes']} Nodes and {big['policies']} policies listed and indexed), "
+        f"{phases['all_runs']:.0f} MB once all {big['expected_runs']} runs existed and {phases['all_jobs']:.0f} MB "
+        f"once their Jobs did too (peak so far {big['rss_at_convergence_mb']:.0f} MB, {big['rss_peak_mb']:.0f} MB "
+        "after the label changes)"
+    )
+
+
+def verdicts(small: dict[str, Any], big: dict[str, Any], profile: Profile | None = None) -> list[str]:
     scale = f"{big['nodes']} nodes x {big['policies']} policies"
     out = []
     conv = big["spawn_to_all_runs_s"]
     line = f"Converge on {scale} in under {TARGET_CONVERGE_S:g} s: {conv:.1f} s from spawn to all runs"
     if conv < TARGET_CONVERGE_S:
-        out.append(f"**met**. {line}.")
+        started = (
+            f" (the first run created after {big['spawn_to_first_run_s']:.1f} s, {small['spawn_to_first_run_s']:.1f} s "
+            f"at {small['nodes']} nodes: until then kopf lists every watched kind and indexes each object before any "
+            "daemon may run)"
+            if "spawn_to_first_run_s" in big and "spawn_to_first_run_s" in small
+            else ""
+        )
+        out.append(f"**met**. {line}{started}.")
     else:
+        started = (
+            f", first run created after {big['spawn_to_first_run_s']:.1f} s: until then kopf lists every watched "
+            "kind and indexes each object before any daemon may run"
+            if "spawn_to_first_run_s" in big
+            else ""
+        )
         per_run = big["converge_requests"] / big["expected_runs"]
         rate = big["converge_requests"] / big["spawn_to_all_jobs_s"]
         conv_counts = big["converge_breakdown"]
@@ -482,16 +596,19 @@ def verdicts(small: dict[str, Any], big: dict[str, Any]) -> list[str]:
             / big["policies"]
         )
         out.append(
-            f"**missed**. {line} (first request after {big['spawn_to_first_request_s']:.1f} s). Why: each run "
+            f"**missed**. {line} (first request after {big['spawn_to_first_request_s']:.1f} s{started}). Why: each run "
             "needs three writes that cannot be batched (create the run, create its Job, record the Job in the run's "
             f"status), and each policy reconcile adds a read, a status patch and at times an Event "
             f"({per_policy:.0f} per policy here): {per_run:.1f} requests per run in all, {big['converge_requests']} "
             f"for {big['expected_runs']} runs, at about {rate:.0f} requests/s from one Python process that shares "
             "the machine's cores with etcd and kube-apiserver"
             + (f"; {cpu_bound(big)}" if "cpu_to_all_runs_s" in big else " (see the load above)")
-            + ". The operator spends its CPU on kopf's processing of each watch event and the kubernetes client's "
-            "(de)serialisation as much as on planning; `METAINFER_SCALE_PROFILE_DIR=DIR` writes a cProfile of the "
-            "operator to look at it."
+            + ". "
+            + (
+                where_the_loop_goes(profile)
+                if profile is not None
+                else "`--profile` says where the operator's event loop spends its CPU."
+            )
         )
     rss = big["rss_peak_mb"]
     rss_line = (
@@ -511,7 +628,8 @@ def verdicts(small: dict[str, Any], big: dict[str, Any]) -> list[str]:
             "requests. The indexes hold slimmed copies (core.control.slim: no managedFields, no pod templates, no "
             "trial "
             "tables); what remains is kopf's per-object bookkeeping for every watched object and the Python heap's "
-            "high-water mark from the converge burst, which this benchmark does not attribute further."
+            "high-water mark from the converge burst"
+            + (f". {memory_by_phase(big)}." if "rss_by_phase_mb" in big else ".")
         )
     reps_small = [r["requests"] for r in small["reactions"]]
     reps_big = [r["requests"] for r in big["reactions"]]
@@ -552,6 +670,37 @@ def machine_load() -> str:
     return f"load average {one:.2f} (1 min) / {five:.2f} (5 min) on {os.cpu_count()} logical cores at the end"
 
 
+def profiled(nodes: int, policies: int, found: Any, documents: list[dict[str, Any]], workaround: bool) -> Profile:
+    """One more converge (and one label change) with the operator under cProfile: its event loop's busy time by
+    group (bench/scale_profile.py)."""
+    with tempfile.TemporaryDirectory(prefix="metainfer-scale-profile-") as tmp:
+        path = Path(tmp) / "operator.prof"
+        point = measure(nodes, policies, 1, found, documents, workaround, profile=path)
+        busy = scale_profile.summarize(path)
+    return {
+        "nodes": nodes,
+        "policies": policies,
+        "spawn_to_all_runs_s": point["spawn_to_all_runs_s"],
+        "cpu_to_all_runs_s": point["cpu_to_all_runs_s"],
+        "busy_s": busy,
+    }
+
+
+def _fmt_profile(profile: Profile) -> str:
+    busy = sorted(profile["busy_s"].items(), key=lambda kv: (-kv[1], kv[0]))  # JSON round-trips sort by key
+    total = sum(seconds for _, seconds in busy)
+    rows = [[group, f"{seconds:.1f}", f"{seconds / total:.0%}"] for group, seconds in busy]
+    rows.append(["all of it", f"{total:.1f}", "100%"])
+    return (
+        f"Where the operator's event-loop thread spends its CPU, from a cProfile of one more converge (and one label "
+        f"change) at {profile['nodes']} nodes x {profile['policies']} policies (`--profile`; the profiler slows the "
+        f"operator, to {profile['spawn_to_all_runs_s']:.1f} s from spawn to all runs, so these are shares, not "
+        "times for the table above). Each function's own time is put in one group (bench/scale_profile.py); the "
+        "time the loop sleeps in epoll waiting on the network is left out:\n\n"
+        + benchlib.markdown_table(["group", "busy s (profiled)", "share"], rows)
+    )
+
+
 def rerender(path: Path) -> int:
     """Rewrite the section from saved raw results: same numbers, same command, a note saying when they ran."""
     saved = json.loads(path.read_text())
@@ -567,6 +716,12 @@ def main() -> int:
     parser.add_argument("--nodes", help="comma-separated node counts (default 100,250,500,1000)")
     parser.add_argument("--policies", type=int)
     parser.add_argument("--reactions", type=int)
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also converge once more at the largest node count under cProfile, and say where the event loop's CPU"
+        " goes (its times are not in the table: the profiler slows the operator)",
+    )
     parser.add_argument(
         "--render-from", type=Path, help="only rewrite the section from this raw result (after a change of wording)"
     )
@@ -594,8 +749,10 @@ def main() -> int:
         "points": points,
         "duration_s": time.monotonic() - started,
     }
+    if args.profile:
+        data["profile"] = profiled(max(plan["nodes"]), plan["policies"], found, documents, workaround)
     data["load"] = machine_load()
-    body = render(points, args.quick, data["load"], workaround)
+    body = render(points, args.quick, data["load"], workaround, data.get("profile"))
     path = benchlib.write_result("operator_scale", TITLE, data)
     log(f"wrote {path} in {data['duration_s']:.0f}s")
     print(body)

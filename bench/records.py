@@ -61,6 +61,8 @@ class OperatorScaleResult(Record):
     # section then says when the numbers were measured.
     rerendered: bool = False
     note: str | None = None
+    # operator_scale.py --profile: the event loop's busy CPU by group, from one more converge under cProfile.
+    profile: dict[str, Any] | None = None
 
 
 class RealNodeResult(Record):

@@ -80,7 +80,7 @@ def _cnn_matrix(r: records.MatrixResult) -> str:
 def _operator_scale(r: records.OperatorScaleResult) -> str:
     from bench import operator_scale
 
-    body = operator_scale.render(r.points, r.quick, r.load, r.gpu_resource_workaround)
+    body = operator_scale.render(r.points, r.quick, r.load, r.gpu_resource_workaround, r.profile)
     if r.rerendered:
         body += f"\n\nMeasured {r.machine.date} at commit {r.machine.commit}; only the text was re-rendered since."
         if r.note:

@@ -82,3 +82,28 @@ def test_audit_counts_each_request_once_and_only_the_operators() -> None:
 def test_median() -> None:
     assert sl.median([3.0, 1.0, 2.0]) == 2.0
     assert sl.median([4.0, 1.0, 2.0, 3.0]) == 2.5
+
+
+def test_profile_groups_each_functions_own_time_once_and_leaves_out_the_idle_wait(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import cProfile
+    import json as stdlib_json
+
+    from bench import scale_profile
+
+    assert scale_profile.group_of("/x/site-packages/kopf/_core/reactor/processing.py", "f").startswith("kopf")
+    assert scale_profile.group_of("/work/main/core/control/reconcile.py", "plan").startswith("metainfer planning")
+    assert scale_profile.group_of("~", "<method 'read' of '_ssl._SSLSocket' objects>").startswith("TLS")
+    assert scale_profile.group_of("/usr/lib/python3.11/copy.py", "deepcopy") == scale_profile.OTHER
+
+    def work() -> None:
+        for _ in range(200):
+            stdlib_json.loads(stdlib_json.dumps({"k": list(range(100))}))
+
+    profiler = cProfile.Profile()
+    profiler.runcall(work)
+    path = tmp_path / "p.prof"
+    profiler.dump_stats(str(path))
+    busy = scale_profile.summarize(path)
+    assert busy["JSON decode and encode"] > 0
+    assert list(busy.values()) == sorted(busy.values(), reverse=True)
+    assert not any("epoll" in group for group in busy)
