@@ -11,7 +11,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image lock e2e exports test-unit test-integration test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -124,17 +124,19 @@ cluster-down:
 demo-cluster: cluster-up
 	$(BIN)/python hack/demo_cluster.py
 
-# `make test` is what CI runs: lint, then every tier of tests/ (tests/conftest.py says what each may use), in two
-# phases. First the tiers that assert nothing about time run side by side with the Go builds that integration
-# and e2e need (unit needs only the venv; exports spends a first run downloading its peer environments). Then
-# integration and e2e run one after the other, alone: they judge real latencies (drift against saturation, a
-# CPU-limited pod's p95), which a neighbouring tier's load would change. On 2 cores, running those side by side
-# made one such test fail and made the phase slower, not faster. Each tier prints its whole output when it ends
-# (--output-sync), every tier runs even when another fails, and the run fails if any tier failed.
-test: lint
+# `make test` is what CI runs: lint and every tier of tests/ (tests/conftest.py says what each may use), in three
+# phases. First lint and the tiers that assert nothing about time run side by side with the Go builds that
+# integration and e2e need (unit needs only the venv; exports spends a first run downloading its peer
+# environments). Then e2e on the node beside integration's tests that wait on processes: both mostly wait (on the node, Jobs,
+# rollouts, API servers), and neither asserts a latency that the other's load would change. Last, alone, the
+# integration tests that judge real latencies under a load they make themselves (drift against saturation,
+# serving deadlines): a neighbouring tier's load would change what they measure. Each tier prints its whole
+# output when it ends (--output-sync), every tier runs even when another fails, and the run fails if any failed.
+test:
 	@status=0; \
-	$(MAKE) --no-print-directory -k -j3 --output-sync=target test-unit test-exports assets || status=1; \
-	$(MAKE) --no-print-directory -k test-integration test-e2e || status=1; \
+	$(MAKE) --no-print-directory -k -j4 --output-sync=target lint test-unit test-exports assets || status=1; \
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-integration-shared test-e2e || status=1; \
+	$(MAKE) --no-print-directory -k test-integration-alone || status=1; \
 	exit $$status
 
 # One tier alone (`make unit` is the quick loop while coding: no network, no Go; 7 minutes on 2 cores while
@@ -147,9 +149,13 @@ unit test-unit: venv
 INTEGRATION_WORKERS ?= 3
 integration test-integration: assets
 	@status=0; \
-	$(PYTEST) -n $(INTEGRATION_WORKERS) --dist loadfile -m "not alone" tests/integration || status=1; \
-	$(PYTEST) -m alone tests/integration || status=1; \
+	$(MAKE) --no-print-directory test-integration-shared || status=1; \
+	$(MAKE) --no-print-directory test-integration-alone || status=1; \
 	exit $$status
+test-integration-shared: assets
+	$(PYTEST) -n $(INTEGRATION_WORKERS) --dist loadfile -m "not alone" tests/integration
+test-integration-alone: assets
+	$(PYTEST) -m alone tests/integration
 test-e2e: assets
 	$(PYTEST) tests/e2e
 # Peer environments (torch and the exporters) are built by the tests themselves, once, under ~/.cache/metainfer.
