@@ -10,18 +10,17 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from cluster_cli import cluster_cli
 from platform_harness import require_root
 
 from hack.controlplane import assets, cluster, hostchanges
 from hack.controlplane import node as node_mod
 from hack.controlplane.errors import ControlPlaneError
 
-CLUSTER_CLI = Path(__file__).resolve().parents[2] / "hack" / "cluster.py"
 PAUSE_POD = {
     "apiVersion": "v1",
     "kind": "Pod",
@@ -65,17 +64,6 @@ def _a_service_address_nothing_serves_is_refused_on_the_host() -> None:
     assert time.monotonic() - started < 2, "refused by the host's rule, not after a timeout"
 
 
-def _cluster_cli(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """What `make cluster-up`/`cluster-down` run."""
-    return subprocess.run(
-        [sys.executable, str(CLUSTER_CLI), "--root", str(root), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONSAFEPATH": "1"},
-    )
-
-
 def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: Path) -> None:
     """Through the CLI, as `make cluster-up` runs it as root: a node by default."""
     require_root()
@@ -83,7 +71,7 @@ def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: P
     root.mkdir()
     before = hostchanges.snapshot((root.resolve(),))
     kubectl = assets.find_kubectl()
-    up = _cluster_cli(root, "up")
+    up = cluster_cli(root, "up")
     executables: list[str] = []
     try:
         assert up.returncode == 0, up.stderr
@@ -92,8 +80,8 @@ def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: P
         assert plane is not None, up.stderr
         executables = list(plane.executables.values())
         assert {"etcd", "kube-apiserver", "kubelet", "containerd", "kube-proxy", "kube-scheduler"} <= plane.pids.keys()
-        assert _cluster_cli(root, "status").returncode == 0
-        again = _cluster_cli(root, "up")  # idempotent: reports the running one
+        assert cluster_cli(root, "status").returncode == 0
+        again = cluster_cli(root, "up")  # idempotent: reports the running one
         assert again.returncode == 0 and "already running" in again.stderr
         env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
 
@@ -126,13 +114,13 @@ def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: P
         with pytest.raises(ControlPlaneError, match="already runs"):  # one node per machine
             node_mod.require_host()
     finally:
-        down = _cluster_cli(root, "down")
+        down = cluster_cli(root, "down")
     assert down.returncode == 0, down.stderr
     left = hostchanges.diff(before, (root.resolve(),))
     assert left == [], left
     assert _our_processes(executables, root.resolve()) == []
     assert not root.exists()
-    assert _cluster_cli(root, "status").returncode == 1
+    assert cluster_cli(root, "status").returncode == 1
 
 
 def test_control_plane_only_mode_still_needs_no_root_nor_node_binaries(tmp_path: Path) -> None:

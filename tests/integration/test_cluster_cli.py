@@ -13,22 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER = REPO / "hack" / "cluster.py"
-
-
-def _cli(root: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, str(CLUSTER), "--root", str(root), *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        env={**os.environ, "PYTHONSAFEPATH": "1", **(env or {})},
-    )
+from cluster_cli import CLUSTER_CLI, cluster_cli
 
 
 def _processes_mentioning(text: str) -> list[str]:
@@ -41,14 +28,14 @@ def _processes_mentioning(text: str) -> list[str]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except (FileNotFoundError, ProcessLookupError, IndexError, PermissionError):
             continue
-        if text in cmdline and state != "Z" and str(CLUSTER) not in cmdline:
+        if text in cmdline and state != "Z" and str(CLUSTER_CLI) not in cmdline:
             found.append(f"{entry.name}: {cmdline[:200]}")
     return found
 
 
 def test_up_then_down_leaves_no_process_and_no_files(control_plane: object, tmp_path: Path) -> None:
     root = tmp_path / "cluster"
-    up = _cli(root, "up", "--no-node")
+    up = cluster_cli(root, "up", "--no-node")
     try:
         assert up.returncode == 0, up.stderr
         assert f"kubeconfig: {root / 'kubeconfig'}" in up.stdout
@@ -57,15 +44,15 @@ def test_up_then_down_leaves_no_process_and_no_files(control_plane: object, tmp_
         pids = json.loads((root / "state.json").read_text())["pids"]
         assert {"etcd", "kube-apiserver"} <= pids.keys()
         assert not {"kubelet", "containerd"} & pids.keys()
-        assert _cli(root, "status").returncode == 0
-        again = _cli(root, "up")  # idempotent: reports the running one
+        assert cluster_cli(root, "status").returncode == 0
+        again = cluster_cli(root, "up")  # idempotent: reports the running one
         assert again.returncode == 0 and "already running" in again.stderr
     finally:
-        down = _cli(root, "down")
+        down = cluster_cli(root, "down")
     assert down.returncode == 0, down.stderr
     assert _processes_mentioning(str(root)) == []
     assert not root.exists()
-    assert _cli(root, "status").returncode == 1
+    assert cluster_cli(root, "status").returncode == 1
 
 
 def test_failed_up_cleans_up_after_itself(control_plane: object, tmp_path: Path) -> None:
@@ -77,7 +64,7 @@ def test_failed_up_cleans_up_after_itself(control_plane: object, tmp_path: Path)
     broken.write_text("#!/bin/sh\necho 'simulated crash' >&2\nexit 3\n")
     broken.chmod(0o755)
     root = tmp_path / "cluster"
-    up = _cli(root, "up", "--no-controller-manager", "--no-node", env={"KUBEBUILDER_ASSETS": str(assets)})
+    up = cluster_cli(root, "up", "--no-controller-manager", "--no-node", env={"KUBEBUILDER_ASSETS": str(assets)})
     assert up.returncode == 1
     assert "kube-apiserver exited with code 3" in up.stderr
     assert str(root / "logs" / "kube-apiserver.log") in up.stderr
@@ -86,6 +73,6 @@ def test_failed_up_cleans_up_after_itself(control_plane: object, tmp_path: Path)
 
 
 def test_down_without_a_cluster_is_harmless(tmp_path: Path) -> None:
-    down = _cli(tmp_path / "nothing", "down")
+    down = cluster_cli(tmp_path / "nothing", "down")
     assert down.returncode == 0
     assert "nothing" in down.stderr
