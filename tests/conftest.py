@@ -87,6 +87,6 @@ def quick_profile() -> HardwareProfile:
     """A real profile of this machine with tiny benchmark sizes (a few seconds)."""
     return measure_profile(
         BenchConfig(
-            op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2
+            op_runs=5, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2
         )
     )

@@ -106,6 +106,13 @@ def test_int8_ops_run_natively_in_the_default_u8s8_format(profile: HardwareProfi
     assert _entry(profile, "Cast", "int8").status == "native"
 
 
+def test_each_timed_op_keeps_its_fastest_run_beside_its_median(profile: HardwareProfile) -> None:
+    timed = [o for o in profile.ops if o.latency_us is not None]
+    assert timed
+    for op in timed:
+        assert op.best_us is not None and 0 < op.best_us <= op.latency_us, op
+
+
 def test_fp16_without_cpu_kernel_is_fallback_not_native(profile: HardwareProfile) -> None:
     # Measured on ORT 1.32: the CPU EP has no fp16 MatMul; ORT wraps it in Casts and runs fp32.
     entry = _entry(profile, "MatMul", "fp16")

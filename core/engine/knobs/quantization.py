@@ -151,13 +151,18 @@ def _int8_variant_runs_well(context: SpaceContext) -> Predicate:
     """Integer kernels exist per type combination (e.g. QLinearConv s8u8 has none on CPU), and some are slow."""
     model, profile = context.model, context.profile
     bad_variants = {
-        (ep, mode, act, weight)
+        (ep, mode, act, weight): reason
         for ep in profile.providers_profiled
         for mode in INT8_MODES
         for act in ("uint8", "int8")
         for weight in ("int8", "uint8")
-        if _int8_variant_unsupported(model, profile, ep, mode, act, weight)
+        if (reason := _int8_variant_unsupported(model, profile, ep, mode, act, weight))
     }
+    context.notes.extend(  # a mode the EP cannot run at all has its own note (_format_runs_on_provider)
+        f"{mode} {int8_variant(act, weight)} on {ep} pruned: {reason}"
+        for (ep, mode, act, weight), reason in sorted(bad_variants.items())
+        if unsupported_reason(model, profile, ep, mode) is None
+    )
     return lambda p: (
         (p["execution_provider"], p["quantization"], p["activation_type"], p["weight_type"]) not in bad_variants
     )
@@ -165,28 +170,34 @@ def _int8_variant_runs_well(context: SpaceContext) -> Predicate:
 
 def _int8_variant_unsupported(
     model: ModelInfo, profile: HardwareProfile, ep: str, mode: str, activation: str, weight: str
-) -> bool:
+) -> str | None:
     ops = {"MatMulInteger"} if mode == "int8_dynamic" else {"QLinearMatMul"}
     if mode == "int8_static" and model.has_convs:
         ops.add("QLinearConv")
     variant = int8_variant(activation, weight)
     measured = {o.op_type for o in profile.ops if o.variant == variant and o.provider == ep}
-    if profile.unsupported_ops(ops & measured, "int8", ep, variant):
-        return True
-    return any(_much_slower(profile, op, ep, variant) for op in ops & measured)
+    if bad := profile.unsupported_ops(ops & measured, "int8", ep, variant):
+        return f"unsupported int8 ops {bad}"
+    return next((why for op in sorted(ops & measured) if (why := _much_slower(profile, op, ep, variant))), None)
 
 
-def _much_slower(profile: HardwareProfile, op: str, ep: str, variant: str) -> bool:
+def _much_slower(profile: HardwareProfile, op: str, ep: str, variant: str) -> str | None:
     """A type combination whose kernel the profile measured at >= 2x the best one (a reference loop, not a
-    vectorised kernel: e.g. u8u8 MatMulInteger without VNNI's u8s8 path) is never worth a real evaluation."""
-    times = {
-        o.variant: o.latency_us
+    vectorised kernel: e.g. u8u8 MatMulInteger without VNNI's u8s8 path) is never worth a real evaluation.
+    Each variant's fastest run is compared: another process on the machine inflates some runs of a kernel (a
+    median of a few runs by 2x under a parallel build), never its fastest; a reference loop is slow in every run."""
+    times: dict[str, float] = {
+        str(o.variant): o.best_us if o.best_us is not None else o.latency_us
         for o in profile.ops
         if o.op_type == op and o.provider == ep and o.dtype == "int8" and o.status == "native" and o.latency_us
     }
-    best = min(times.values(), default=None)
-    mine = times.get(variant)
-    return best is not None and mine is not None and mine >= SLOW_VARIANT_FACTOR * best
+    if variant not in times:
+        return None
+    fastest = min(times, key=times.__getitem__)
+    mine, best = times[variant], times[fastest]
+    if mine < SLOW_VARIANT_FACTOR * best:
+        return None
+    return f"its {op} kernel took {mine:.0f} us, {mine / best:.1f}x {fastest}'s {best:.0f} us"
 
 
 ACTIVATION_TYPE = Knob(

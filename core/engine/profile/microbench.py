@@ -79,8 +79,8 @@ def probe(case: OpCase, provider: str, config: BenchConfig, workdir: Path, rng: 
         return OpSupport(**base, status="unsupported", detail=error)
     status, detail = classify(events, case.op_type, case.dtype, provider)
     runs = kernel_us_per_run(events, skip=config.op_warmup)
-    latency = statistics.median(runs) if runs else None
-    return OpSupport(**base, status=status, latency_us=latency, detail=detail)
+    latency, best = (statistics.median(runs), min(runs)) if runs else (None, None)
+    return OpSupport(**base, status=status, latency_us=latency, best_us=best, detail=detail)
 
 
 def _read_events(path: Path) -> list[dict[str, Any]]:

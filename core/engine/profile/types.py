@@ -14,7 +14,9 @@ from pydantic import AwareDatetime, BaseModel, ConfigDict, Field
 Dtype = Literal["fp32", "fp16", "int8"]
 SupportStatus = Literal["native", "fallback", "unsupported"]
 CPU_PROVIDER = "CPUExecutionProvider"
-SCHEMA_VERSION = 3  # 2: NhwcConv probed (the NHWC layout candidate depends on it); 3: OpenVINO probed
+# 2: NhwcConv probed (the NHWC layout candidate depends on it); 3: OpenVINO probed; 4: each op's fastest run kept
+# (the int8 type-variant pruning compares those).
+SCHEMA_VERSION = 4
 _RANK: dict[str, int] = {"native": 0, "fallback": 1, "unsupported": 2}
 
 
@@ -44,6 +46,12 @@ class OpSupport(_Plain):
         "in fp32 behind inserted Casts; unsupported: the session cannot be created or run."
     )
     latency_us: float | None = Field(None, ge=0, description="Median summed kernel time per run.")
+    best_us: float | None = Field(
+        None,
+        ge=0,
+        description="Fastest run's summed kernel time: what the kernel costs, which another process on the "
+        "machine can only inflate (profiles before schema 4 lack it).",
+    )
     detail: str | None = Field(None, max_length=300, description="Why fallback/unsupported (first error line).")
 
 
