@@ -41,7 +41,7 @@ from metainfer.core.engine.profile import BenchConfig, HardwareProfile, detect_m
 from metainfer.core.engine.profile.types import SCHEMA_VERSION
 
 FAST_BENCH = BenchConfig(
-    op_runs=2, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2
+    op_runs=5, op_warmup=1, gemm_n=128, gemm_repeats=2, gemm_min_seconds=0, bandwidth_mib=4, bandwidth_repeats=2
 )
 FAST_MEASURE = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=30, max_seconds=0.3)
 

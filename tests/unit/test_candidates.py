@@ -95,6 +95,24 @@ def test_an_int8_type_variant_is_pruned_by_its_fastest_run_and_says_so(digits) -
     assert ("uint8", "uint8") not in _static_int8_variants(info, legacy)[0]
 
 
+def test_a_mode_whose_ops_each_favour_another_variant_keeps_its_fastest_overall(
+    tiny_conv: tuple[Path, Path],
+) -> None:
+    """u8s8 is 3x faster on QLinearMatMul, u8u8 3x faster on QLinearConv: each variant is 'much slower' on one
+    of the ops int8_static needs, yet the mode keeps the variant with the least time over both."""
+    info = inspect_model(tiny_conv[0])
+    base = synthetic_profile()
+    times = {("QLinearMatMul", "u8s8"): 10, ("QLinearMatMul", "u8u8"): 30,
+             ("QLinearConv", "u8s8"): 100, ("QLinearConv", "u8u8"): 30}  # fmt: skip
+    timed = [
+        _op(op, "int8", CPU, variant=v, latency=t).model_copy(update={"best_us": t}) for (op, v), t in times.items()
+    ]
+    kept = [o for o in base.ops if (o.op_type, o.variant) not in times or o.provider != CPU]
+    allowed, notes = _static_int8_variants(info, base.model_copy(update={"ops": [*kept, *timed]}))
+    assert ("uint8", "uint8") in allowed and ("uint8", "int8") not in allowed, notes
+    assert any(n.startswith("int8_static u8s8 on CPUExecutionProvider pruned: its QLinearConv") for n in notes)
+
+
 def test_batch_search_and_conv_space(tiny_conv: tuple[Path, Path], quick_profile: HardwareProfile) -> None:
     info = inspect_model(tiny_conv[0])
     space, notes = build_space(info, quick_profile, SpaceOptions(batch=4, search_batch=True, max_batch=16), 2)

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metainfer.agent.serve.batching import STUCK_GRACE_S, Batcher, BatcherFailure, RunOverdue
+from metainfer.agent.serve import batching
+from metainfer.agent.serve.batching import Batcher, BatcherFailure, RunOverdue
 from metainfer.agent.serve.deadlines import DeadlineExceeded
 
 
@@ -232,7 +233,13 @@ def test_a_failure_in_the_batching_machinery_fails_what_it_held_and_the_dispatch
     assert count == 1 and len(failures) == 1
 
 
-def test_a_run_that_outlasts_its_deadline_is_answered_and_readiness_then_liveness_fail() -> None:
+def test_a_run_that_outlasts_its_deadline_is_answered_and_readiness_then_liveness_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Windows wide enough that a loaded machine (this tier runs beside lint and the exports) cannot close them
+    # early: a second to start the run, and readiness polled for after the release rather than slept for.
+    grace = 0.3
+    monkeypatch.setattr(batching, "STUCK_GRACE_S", grace)
     release = threading.Event()
 
     def stuck(inputs: dict[str, np.ndarray], outputs: list[str], deadline: float | None) -> dict[str, np.ndarray]:
@@ -243,22 +250,24 @@ def test_a_run_that_outlasts_its_deadline_is_answered_and_readiness_then_livenes
         with ThreadPoolExecutor(1) as pool:
             batcher = Batcher(stuck, pool, workers=1, batch_rows=8, max_delay_s=0.0, batchable=True, stall_limit_s=1)
             started = time.perf_counter()
-            running = batcher.submit({"x": np.ones((1, 2), np.float32)}, ["y"], started + 0.1)
-            queued = batcher.submit({"x": np.ones((1, 3), np.float32)}, ["y"], started + 0.2)  # another shape
-            answers = await asyncio.wait_for(asyncio.gather(running, queued, return_exceptions=True), 5)
+            running = batcher.submit({"x": np.ones((1, 2), np.float32)}, ["y"], started + 1.0)
+            queued = batcher.submit({"x": np.ones((1, 3), np.float32)}, ["y"], started + 1.0)  # another shape
+            answers = await asyncio.wait_for(asyncio.gather(running, queued, return_exceptions=True), 10)
             took = time.perf_counter() - started
             now = time.perf_counter()
             first, later = batcher.health(now), batcher.health(now + 1.5)
             release.set()
-            await asyncio.sleep(0.05)
-            after = batcher.health()
+            for _ in range(500):
+                if (after := batcher.health()).ready:
+                    break
+                await asyncio.sleep(0.01)
             batcher.close()
             return answers, took, first, later, after
 
     (running, queued), took, first, later, after = run(scenario)
     assert isinstance(running, RunOverdue)
     assert queued.results is None, "a request still queued at its deadline is answered without running"
-    assert took < 0.1 + STUCK_GRACE_S + 1
+    assert took >= 1.0 + grace, "a running request is answered overdue only once its deadline and the grace passed"
     assert not first.ready and first.live and "past their requests' deadlines" in first.reason
     assert not later.ready and not later.live
     assert after.ready and after.live

@@ -178,19 +178,34 @@ def _int8_variant_unsupported(
     measured = {o.op_type for o in profile.ops if o.variant == variant and o.provider == ep}
     if bad := profile.unsupported_ops(ops & measured, "int8", ep, variant):
         return f"unsupported int8 ops {bad}"
+    if variant == _fastest_over(profile, ops, ep):  # each op's fastest may differ: the mode keeps its best overall
+        return None
     return next((why for op in sorted(ops & measured) if (why := _much_slower(profile, op, ep, variant))), None)
 
 
-def _much_slower(profile: HardwareProfile, op: str, ep: str, variant: str) -> str | None:
-    """A type combination whose kernel the profile measured at >= 2x the best one (a reference loop, not a
-    vectorised kernel: e.g. u8u8 MatMulInteger without VNNI's u8s8 path) is never worth a real evaluation.
-    Each variant's fastest run is compared: another process on the machine inflates some runs of a kernel (a
-    median of a few runs by 2x under a parallel build), never its fastest; a reference loop is slow in every run."""
-    times: dict[str, float] = {
+def _kernel_times(profile: HardwareProfile, op: str, ep: str) -> dict[str, float]:
+    """Each type variant's time for ``op`` on ``ep``: its fastest run (another process on the machine inflates
+    some runs of a kernel, a median of a few by 2x under a parallel build, never its fastest; a reference loop is
+    slow in every run), or its median in profiles written before the fastest run was kept."""
+    return {
         str(o.variant): o.best_us if o.best_us is not None else o.latency_us
         for o in profile.ops
         if o.op_type == op and o.provider == ep and o.dtype == "int8" and o.status == "native" and o.latency_us
     }
+
+
+def _fastest_over(profile: HardwareProfile, ops: set[str], ep: str) -> str | None:
+    """The variant with the least summed time over ``ops``, among those timed on all of them."""
+    times = [_kernel_times(profile, op, ep) for op in sorted(ops)]
+    timed = [t for t in times if t]
+    common = set.intersection(*(set(t) for t in timed)) if timed else set()
+    return min(sorted(common), key=lambda v: sum(t[v] for t in timed), default=None)
+
+
+def _much_slower(profile: HardwareProfile, op: str, ep: str, variant: str) -> str | None:
+    """A type combination whose kernel the profile measured at >= 2x the best one (a reference loop, not a
+    vectorised kernel: e.g. u8u8 MatMulInteger without VNNI's u8s8 path) is never worth a real evaluation."""
+    times = _kernel_times(profile, op, ep)
     if variant not in times:
         return None
     fastest = min(times, key=times.__getitem__)
