@@ -471,7 +471,8 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
         popen = popens.get(name)
         pid = popen.pid if popen is not None else int(state["pids"][name])
         executable = state["executables"].get(name) or (str(popen.args[0]) if popen is not None else "")
-        if processes.terminate(pid, str(executable), popen=popen):
+        grace = objectstore_mod.SHUTDOWN_GRACE_S if name == "objectstore" else processes.TERMINATE_GRACE_S
+        if processes.terminate(pid, str(executable), grace_s=grace, popen=popen):
             stopped.append(name)
     if state.get("host") is not None:
         paths = node_mod.NodePaths(root / "node")

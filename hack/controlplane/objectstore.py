@@ -30,6 +30,9 @@ from hack.controlplane.errors import AssetError, ControlPlaneError
 from hack.controlplane.processes import free_port, stop_child
 
 SEAWEEDFS_VERSION = "v0.0.0-20261109003541-7506e5f91cd6"  # the snapshot the module proxy serves (weed 4.53)
+# Throwaway data: no reason to wait out weed's slow HTTPS shutdown (15 s seen; a cluster's weed never exited within
+# the 10 s every other process gets) before SIGKILL.
+SHUTDOWN_GRACE_S = 3.0
 WEED = assets.GoBinary(
     name="weed",
     module="github.com/seaweedfs/seaweedfs",
@@ -151,8 +154,7 @@ class ObjectStore:
         raise ObjectStoreError(f"the S3 gateway did not answer on {self.endpoint} within {timeout_s:.0f}s: {self.log}")
 
     def stop(self) -> None:
-        # Throwaway data: no reason to wait out weed's slow HTTPS shutdown (15 s seen) before SIGKILL.
-        stop_child(self.proc, grace_s=3.0)
+        stop_child(self.proc, grace_s=SHUTDOWN_GRACE_S)
         self.proc = None
 
 

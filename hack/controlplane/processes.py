@@ -85,8 +85,11 @@ def is_alive(pid: int) -> bool:
     return state != "Z"
 
 
+TERMINATE_GRACE_S = 10.0  # SIGTERM to SIGKILL; etcd and the API server flush on SIGTERM
+
+
 def terminate(
-    pid: int, executable: str, *, grace_s: float = 10.0, popen: subprocess.Popen[bytes] | None = None
+    pid: int, executable: str, *, grace_s: float = TERMINATE_GRACE_S, popen: subprocess.Popen[bytes] | None = None
 ) -> bool:
     """SIGTERM the process group of ``pid``, SIGKILL after ``grace_s``; True if something was stopped."""
     if not is_ours(pid, executable):
