@@ -42,6 +42,7 @@ from hack.controlplane.errors import ControlPlaneError, StartError
 
 Log = Callable[[str], None]
 STATE_FILE = "state.json"
+OBJECT_STORE_PROCESS = "objectstore"  # its name in the state file: stop() gives it a shorter grace
 OWNED = (STATE_FILE, f"{STATE_FILE}.tmp", "kubeconfig", "pki", "etcd-data", "logs", "node", "registry", "objectstore")
 # clusterrole-aggregation: the chart folds its user roles into edit/admin/view, as a real cluster does.
 CONTROLLERS = (
@@ -428,7 +429,7 @@ def _start_object_store(
     )
     server = objectstore_mod.ObjectStore(binary, directory, tls=(cert, key), gateway_host=node_mod.NODE_IP)
     directory.mkdir(parents=True, exist_ok=True)
-    launch("objectstore", binary, server.command()[1:])
+    launch(OBJECT_STORE_PROCESS, binary, server.command()[1:])
     _wait(lambda: server.answers(certs.ca_cert), "the object store", popens, logs, deadline)
     found = objectstore_mod.ClusterObjectStore(server.endpoint, certs.ca_cert, server.credentials)
     found.save(directory)
@@ -471,7 +472,7 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
         popen = popens.get(name)
         pid = popen.pid if popen is not None else int(state["pids"][name])
         executable = state["executables"].get(name) or (str(popen.args[0]) if popen is not None else "")
-        grace = objectstore_mod.SHUTDOWN_GRACE_S if name == "objectstore" else processes.TERMINATE_GRACE_S
+        grace = objectstore_mod.SHUTDOWN_GRACE_S if name == OBJECT_STORE_PROCESS else processes.TERMINATE_GRACE_S
         if processes.terminate(pid, str(executable), grace_s=grace, popen=popen):
             stopped.append(name)
     if state.get("host") is not None:
