@@ -10,7 +10,8 @@ else a clear error saying how to get one. Tests fail on that error: a drift
 test that silently skips proves nothing.
 
 Usage: ``python hack/prometheus.py`` prints the binary's path (installing it if
-needed); tests import ``hack.prometheus.find_binary`` and ``PrometheusServer``.
+needed); ``--kubernetes-sd`` also builds the one with Kubernetes discovery (`make assets` does, before it drops
+Go's caches); tests import ``hack.prometheus.find_binary`` and ``PrometheusServer``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hack.controlplane import apt
+from hack.controlplane.errors import ControlPlaneError
 from hack.controlplane.processes import free_port, stop_child
 
 Log = Callable[[str], None]
@@ -57,14 +60,10 @@ def find_binary(log: Log = lambda _: None, install: bool = True) -> Path:
             "or point METAINFER_PROMETHEUS_BIN at a Prometheus 2.x binary"
         )
     log("installing Debian's prometheus package (apt-get)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for cmd in (
-        ["apt-get", "update", "-qq"],
-        ["apt-get", "install", "-y", "-qq", "--no-install-recommends", "prometheus"],
-    ):
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
-        if proc.returncode != 0:
-            raise PrometheusUnavailable(f"{' '.join(cmd)} failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+    try:
+        apt.install(["prometheus"])
+    except apt.AptError as exc:
+        raise PrometheusUnavailable(str(exc)) from exc
     found = shutil.which("prometheus")
     if not found:
         raise PrometheusUnavailable("apt-get installed prometheus but no `prometheus` binary is on PATH")
@@ -221,6 +220,8 @@ class PrometheusServer:
 if __name__ == "__main__":
     try:
         print(find_binary(lambda m: print(m, file=sys.stderr)))
-    except PrometheusUnavailable as exc:
+        if "--kubernetes-sd" in sys.argv[1:]:
+            print(find_binary_with_kubernetes_sd(lambda m: print(m, file=sys.stderr)))
+    except (PrometheusUnavailable, ControlPlaneError) as exc:  # ControlPlaneError: a failed Go build
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(1)

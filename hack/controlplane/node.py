@@ -37,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from hack.controlplane import apt
 from hack.controlplane.errors import ControlPlaneError
 
 NODE_NAME = "metainfer-node"
@@ -107,19 +108,7 @@ def require_host() -> None:
             "per machine (one bridge, one set of host paths); stop it first (`make cluster-down`)"
         )
     missing = [pkg for pkg in DEBIAN_PACKAGES if not _deb_installed(pkg)]
-    if missing:
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        result = subprocess.run(
-            ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
-            capture_output=True,
-            text=True,
-            env=env,
-            check=False,
-        )
-        if result.returncode != 0:
-            raise ControlPlaneError(
-                f"apt-get install {' '.join(missing)} failed (exit {result.returncode}):\n{result.stderr[-1500:]}"
-            )
+    apt.install(missing)
     for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip"):
         if shutil.which(tool) is None:
             raise ControlPlaneError(f"{tool} is not on PATH after installing {', '.join(DEBIAN_PACKAGES)}")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hack.controlplane import oci
+from hack.controlplane import apt, oci
 from hack.controlplane.assets import cache_root
 from hack.controlplane.errors import ControlPlaneError
 from hack.controlplane.registry import ClusterRegistry
@@ -90,7 +90,7 @@ def base_rootfs(log: Log = print) -> Path:
     if out.exists():
         return out
     if shutil.which("mmdebstrap") is None:
-        _apt_install(["mmdebstrap"])
+        apt.install(["mmdebstrap"])
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + f".tmp-{os.getpid()}")
     started = time.monotonic()
@@ -119,18 +119,6 @@ def _apt_sources() -> Path:
         if candidate.is_file() and candidate.read_text().strip():
             return candidate
     raise ImageError("no apt sources on this machine (/etc/apt/sources.list[.d]): mmdebstrap needs a Debian mirror")
-
-
-def _apt_install(packages: list[str]) -> None:
-    result = subprocess.run(
-        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"),
-        check=False,
-    )
-    if result.returncode != 0:
-        raise ImageError(f"apt-get install {' '.join(packages)} failed:\n{result.stderr[-1500:]}")
 
 
 def wheels(out: Path, log: Log = print) -> Path:
