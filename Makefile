@@ -126,14 +126,15 @@ demo-cluster: cluster-up
 	$(BIN)/python hack/demo_cluster.py
 
 # `make test` is what CI runs: lint and every tier of tests/ (tests/conftest.py says what each may use), in three
-# phases. First lint and the tiers that assert nothing about time run side by side with the Go builds that
-# integration and e2e need (unit needs only the venv; exports spends a first run downloading its peer
-# environments; e2e's image checks build every image flavour, mostly downloads and disk on a cold cache, while the
-# Go builds hold the CPU). Then e2e on the node beside integration's tests that wait on processes: both mostly wait (on the node, Jobs,
-# rollouts, API servers), and neither asserts a latency that the other's load would change. Last, alone, the
-# integration tests that judge real latencies under a load they make themselves (drift against saturation,
-# serving deadlines): a neighbouring tier's load would change what they measure. Each tier prints its whole
-# output when it ends (--output-sync), every tier runs even when another fails, and the run fails if any failed.
+# phases. First lint and the tiers that assert nothing about time run side by side with the Go builds that integration
+# and e2e need (unit needs only the venv; exports spends a first run downloading its peer environments; e2e's image
+# checks build every image flavour, so the node's phase finds them built: on a warm cache they compete with unit and
+# exports, 7 min for this phase instead of 4, see README). Then e2e on the node beside integration's tests that wait
+# on processes: both mostly wait (on the node, Jobs, rollouts, API servers), and neither asserts a latency that the
+# other's load would change. Last, alone, the integration tests that judge real latencies under a load they make
+# themselves (drift against saturation, serving deadlines): a neighbouring tier's load would change what they measure.
+# Each tier prints its whole output when it ends (--output-sync), every tier runs even when another fails, and the run
+# fails if any failed.
 test:
 	@status=0; \
 	$(MAKE) --no-print-directory -k -j4 --output-sync=target lint test-unit test-exports test-e2e-images assets || status=1; \
