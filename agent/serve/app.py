@@ -98,6 +98,7 @@ EXIT_DRAIN_CUT = 3  # the drain timed out with requests still in flight
 UNSENT_CONNECTIONS = 4  # one connection may hold at most this share of --max-unsent-mib
 TRIM_INTERVAL_S = 5.0  # how often an idle server that answered something hands freed memory back
 STOP_RUNS_GRACE_S = 1.0  # for runs told to stop at the end of the drain to reach their next kernel boundary
+LOAD_THREAD = "load"
 CLIENT_GONE = (ConnectionError, asyncio.IncompleteReadError)
 _ORT_NODE = re.compile(r"(node\.? ?Name:\s*'[^']*'|Name:'[^']*'|node \S+ \(\S+\))", re.IGNORECASE)
 
@@ -546,6 +547,14 @@ def _public(message: str) -> str:
 def serve(config: ServeConfig) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or until the model fails to load (exit 2 bad input, 1 otherwise)."""
     code = asyncio.run(_serve(config))
+    if any(t.name == LOAD_THREAD and t.is_alive() for t in threading.enumerate()):
+        # Stopped before the model was loaded: the load thread may be inside ONNX Runtime's or OpenVINO's native
+        # session build, and the interpreter's finalisation would tear their libraries down under it: a SIGTERM
+        # during the load aborted serve in 6 exits of 20 ("terminate called without an active exception"), and a
+        # serve faulted in libc on the node. Nothing of that load is wanted any more: leave without finalising.
+        log.info("stopped while the model was still loading: exiting without waiting for the load")
+        logging.shutdown()
+        os._exit(code)
     # The drain is over. A run that ignores its terminate flag (one endless kernel) would keep the interpreter
     # waiting for its worker thread at exit, past --drain-timeout and into the kubelet's SIGKILL: leave without it.
     deadline = time.monotonic() + STOP_RUNS_GRACE_S
@@ -587,7 +596,7 @@ async def _serve(config: ServeConfig) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, signalled, sig)
     loading: asyncio.Future[model_loader.LoadedModel] = loop.create_future()
-    threading.Thread(target=_load_in_thread, args=(config, loop, loading), name="load", daemon=True).start()
+    threading.Thread(target=_load_in_thread, args=(config, loop, loading), name=LOAD_THREAD, daemon=True).start()
     stopping = asyncio.ensure_future(stop.wait())
     await asyncio.wait([loading, stopping], return_when=asyncio.FIRST_COMPLETED)  # type: ignore[type-var]  # typeshed: futures of two result types
     code = 0

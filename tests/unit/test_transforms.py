@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import logging
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -308,3 +310,19 @@ def test_the_calibration_cache_keeps_its_bound() -> None:
     cache.get("b")
     cache.put("d", b"d")
     assert cache.get("b") == b"b" and cache.get("c") is None
+
+
+def test_quantizing_quiets_only_the_building_thread(caplog: pytest.LogCaptureFixture) -> None:
+    """ORT's quantizer logs advice on the root logger from the thread that builds; another thread's log (serve's
+    "SIGTERM received" while its load thread quantizes) must still be written."""
+    from metainfer.core.engine.transforms.quantize import _quiet
+
+    caplog.set_level(logging.INFO)
+    with _quiet():
+        logging.warning("advice from the quantizer")
+        logging.error("an error of the build")
+        other = threading.Thread(target=lambda: logging.getLogger("metainfer.serve").info("SIGTERM received"))
+        other.start()
+        other.join()
+    logging.info("after the build")
+    assert [r.getMessage() for r in caplog.records] == ["an error of the build", "SIGTERM received", "after the build"]

@@ -195,17 +195,29 @@ def _initializers_not_inputs(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+class _QuietThread(logging.Filter):
+    """Drops one thread's records below ERROR. Raising the root logger's level instead silenced every thread for
+    the whole build: serve's "SIGTERM received" and its drain went unlogged when a signal came during the load."""
+
+    def __init__(self, thread: int) -> None:
+        super().__init__()
+        self.thread = thread
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.thread != self.thread or record.levelno >= logging.ERROR
+
+
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
-    """ORT's quantizer prints calibration chatter and logs advice on the root logger."""
+    """ORT's quantizer prints calibration chatter and logs advice on the root logger, from the building thread."""
     root = logging.getLogger()
-    level = root.level
-    root.setLevel(logging.ERROR)
+    quiet = _QuietThread(threading.get_ident())
+    root.addFilter(quiet)
     try:
         with contextlib.redirect_stdout(io.StringIO()):
             yield
     finally:
-        root.setLevel(level)
+        root.removeFilter(quiet)
 
 
 def _has_convs(model: onnx.ModelProto) -> bool:
