@@ -11,7 +11,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e test-e2e-images test-e2e-node test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e beside-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -126,20 +126,25 @@ demo-cluster: cluster-up
 	$(BIN)/python hack/demo_cluster.py
 
 # `make test` is what CI runs: lint and every tier of tests/ (tests/conftest.py says what each may use), in three
-# phases. First lint and the tiers that assert nothing about time run side by side with the Go builds that integration
-# and e2e need (unit needs only the venv; exports spends a first run downloading its peer environments; e2e's image
-# checks build every image flavour, so the node's phase finds them built: on a warm cache they compete with unit and
-# exports, 7 min for this phase instead of 4, see README). Then e2e on the node beside integration's tests that wait
-# on processes: both mostly wait (on the node, Jobs, rollouts, API servers), and neither asserts a latency that the
-# other's load would change. Last, alone, the integration tests that judge real latencies under a load they make
-# themselves (drift against saturation, serving deadlines): a neighbouring tier's load would change what they measure.
-# Each tier prints its whole output when it ends (--output-sync), every tier runs even when another fails, and the run
-# fails if any failed.
+# phases. First `assets`, every Go-built tool (about 26 min of Go builds on a cold cache, seconds on a warm one).
+# Then e2e on the node, the longest tier (19 min warm, mostly waiting on rollouts, Jobs and canary windows), beside
+# one lane that runs the others one after the other: lint, unit, exports (a cold first run downloads their peer
+# environments), then integration's tests that wait on processes. Neither side asserts a latency that the other's
+# load would change, and one tier at a time in the lane keeps the node's pods a core. Last, alone, the integration
+# tests that judge real latencies under a load they make themselves (drift against saturation, serving deadlines).
+# Each side prints its whole output when it ends (--output-sync), every tier runs even when another fails, and the
+# run fails if any failed.
 test:
 	@status=0; \
-	$(MAKE) --no-print-directory -k -j4 --output-sync=target lint test-unit test-exports test-e2e-images assets || status=1; \
-	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-integration-shared test-e2e-node || status=1; \
+	$(MAKE) --no-print-directory assets || status=1; \
+	$(MAKE) --no-print-directory -k -j2 --output-sync=target test-e2e beside-e2e || status=1; \
 	$(MAKE) --no-print-directory -k test-integration-alone || status=1; \
+	exit $$status
+beside-e2e:
+	@status=0; \
+	for tier in lint test-unit test-exports test-integration-shared; do \
+		$(MAKE) --no-print-directory $$tier || status=1; \
+	done; \
 	exit $$status
 
 # One tier alone (`make unit` is the quick loop while coding: no network, no Go; 7 minutes on 2 cores while
@@ -161,13 +166,6 @@ test-integration-alone: assets
 	$(PYTEST) -m alone tests/integration
 test-e2e: assets
 	$(PYTEST) tests/e2e
-# `make test` splits e2e in two: the image checks (each flavour built, its layers, wheels and entrypoint read; no
-# node, no Go-built tool) run in the first phase, so the node's phase finds those images built.
-E2E_IMAGES := tests/e2e/test_image.py
-test-e2e-images: venv
-	$(PYTEST) $(E2E_IMAGES)
-test-e2e-node: assets
-	$(PYTEST) tests/e2e --ignore=$(E2E_IMAGES)
 # Peer environments (torch and the exporters) are built by the tests themselves, once, under ~/.cache/metainfer.
 exports test-exports: venv
 	$(PYTEST) tests/exports
