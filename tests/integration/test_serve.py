@@ -293,7 +293,7 @@ def test_a_sigterm_while_the_variant_builds_exits_0_at_once_without_finalising_u
     """A pod deleted while it still builds its variant (its rollout was replaced): serve leaves at once with 0.
     Finalising the interpreter while the load thread sat in ONNX Runtime's native code aborted 6 exits of 20."""
     model = tmp_path / "chain.onnx"
-    model.write_bytes(slow_model(layers=1500, width=256))  # its int8 build takes seconds on 2 cores
+    model.write_bytes(slow_model(layers=3000, width=256))  # its int8 build takes about 9 s on 2 cores
     served = ServeProcess(tmp_path)
     served.start(
         ["serve", "--model-uri", model.as_uri(), "--recipe-json", SERVED_RECIPE.model_dump_json(),
@@ -309,7 +309,7 @@ def test_a_sigterm_while_the_variant_builds_exits_0_at_once_without_finalising_u
         signalled = time.monotonic()
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(timeout=15) == 0, served.log.read_text()[-2000:]
-        assert time.monotonic() - signalled < 2, "waited for the build it no longer needs"
+        assert time.monotonic() - signalled < 4, "waited for the build it no longer needs"
         log = served.log.read_text()
         assert "exiting without waiting for the load" in log and "ready:" not in log, log[-2000:]
     finally:
