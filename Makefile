@@ -147,8 +147,7 @@ beside-e2e:
 	done; \
 	exit $$status
 
-# One tier alone (`make unit` is the quick loop while coding: no network, no Go; 7 minutes on 2 cores while
-# the Go builds ran beside it).
+# One tier alone (`make unit` is the quick loop while coding: no network, no Go; about 2.5 minutes on 2 cores).
 unit test-unit: venv
 	$(PYTEST) tests/unit
 # Integration in two passes: the tests that wait on processes (API server, Prometheus, operators, helm, serve)

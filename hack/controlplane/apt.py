@@ -1,9 +1,10 @@
 """Debian packages the development tools install when missing (Prometheus, the node's containerd and runc,
 mmdebstrap for the image), through one door.
 
-`make test` runs the image checks beside `make assets`, so two of our processes may reach apt at once: apt-get
-refuses a second caller outright ("Could not get lock /var/lib/dpkg/lock-frontend"). Installs are serialised with
-a lock of our own and also wait for dpkg's lock (a package manager outside this project may hold it). On a fresh
+Two of our processes may reach apt at once (`make test` runs the e2e tier, which installs the node's packages and
+mmdebstrap, beside integration tests that may install Prometheus; `make -j` does the like), and apt-get refuses a
+second caller outright ("Could not get lock /var/lib/dpkg/lock-frontend"). Installs are serialised with a lock of
+our own and also wait for dpkg's lock (a package manager outside this project may hold it). On a fresh
 machine the package lists may be empty: the lists are refreshed first, once per call, so an install does not
 depend on which caller ran first.
 """
