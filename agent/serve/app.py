@@ -53,13 +53,15 @@ import contextlib
 import logging
 import os
 import re
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from aiohttp import web
 from onnxruntime.capi.onnxruntime_pybind11_state import InvalidArgument
@@ -97,6 +99,7 @@ EXIT_INPUT = 2
 EXIT_DRAIN_CUT = 3  # the drain timed out with requests still in flight
 UNSENT_CONNECTIONS = 4  # one connection may hold at most this share of --max-unsent-mib
 TRIM_INTERVAL_S = 5.0  # how often an idle server that answered something hands freed memory back
+SCRATCH_REMOVAL_S = 1.0  # for a load thread that still writes into the scratch directory
 STOP_RUNS_GRACE_S = 1.0  # for runs told to stop at the end of the drain to reach their next kernel boundary
 LOAD_THREAD = "load"
 CLIENT_GONE = (ConnectionError, asyncio.IncompleteReadError)
@@ -546,25 +549,55 @@ def _public(message: str) -> str:
 
 def serve(config: ServeConfig) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or until the model fails to load (exit 2 bad input, 1 otherwise)."""
-    code = asyncio.run(_serve(config))
-    if any(t.name == LOAD_THREAD and t.is_alive() for t in threading.enumerate()):
-        # Stopped before the model was loaded: the load thread may be inside ONNX Runtime's or OpenVINO's native
-        # session build, and the interpreter's finalisation would tear their libraries down under it: a SIGTERM
-        # during the load aborted serve in 6 exits of 20 ("terminate called without an active exception"), and a
-        # serve faulted in libc on the node. Nothing of that load is wanted any more: leave without finalising.
-        log.info("stopped while the model was still loading: exiting without waiting for the load")
-        logging.shutdown()
-        os._exit(code)
-    # The drain is over. A run that ignores its terminate flag (one endless kernel) would keep the interpreter
-    # waiting for its worker thread at exit, past --drain-timeout and into the kubelet's SIGKILL: leave without it.
-    deadline = time.monotonic() + STOP_RUNS_GRACE_S
-    while (stuck := _inference_threads()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    if stuck:
-        log.error("%d inference run(s) did not stop; exiting without them", len(stuck))
-        logging.shutdown()
-        os._exit(code or EXIT_DRAIN_CUT)
-    return code
+    # Every temporary file of this process (the fetched model, the quantizer's work) goes under one directory that
+    # serve owns, so that the exits which cannot run the context managers' clean-up still leave nothing behind:
+    # each stop during a load left a copy of the model in the temporary directory.
+    scratch = tempfile.mkdtemp(prefix="metainfer-serve-")
+    previous, tempfile.tempdir = tempfile.tempdir, scratch
+    try:
+        code = asyncio.run(_serve(config))
+        if any(t.name == LOAD_THREAD and t.is_alive() for t in threading.enumerate()):
+            # Stopped before the model was loaded: the load thread may be inside ONNX Runtime's or OpenVINO's
+            # native session build, and the interpreter's finalisation would tear their libraries down under it: a
+            # SIGTERM during the load aborted serve in 6 exits of 20 ("terminate called without an active
+            # exception"), and a serve faulted in libc on the node. Nothing of that load is wanted any more: leave
+            # without finalising.
+            log.info("stopped while the model was still loading: exiting without waiting for the load")
+            _exit_now(code, scratch)
+        # The drain is over. A run that ignores its terminate flag (one endless kernel) would keep the interpreter
+        # waiting for its worker thread at exit, past --drain-timeout and into the kubelet's SIGKILL: leave
+        # without it.
+        deadline = time.monotonic() + STOP_RUNS_GRACE_S
+        while (stuck := _inference_threads()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if stuck:
+            log.error("%d inference run(s) did not stop; exiting without them", len(stuck))
+            _exit_now(code or EXIT_DRAIN_CUT, scratch)
+        return code
+    finally:
+        tempfile.tempdir = previous
+        _remove(scratch)
+
+
+def _exit_now(code: int, scratch: str) -> NoReturn:
+    """Leave without the interpreter's finalisation, and so without any ``finally``: remove the scratch directory
+    and flush the logs first."""
+    _remove(scratch)
+    logging.shutdown()
+    os._exit(code)
+
+
+def _remove(scratch: str) -> None:
+    """Remove ``scratch`` even while a load thread still writes into it: a file it creates in a directory that
+    ``rmtree`` has listed keeps that directory, so try again until the top one is gone (then nothing can be
+    created under it), for at most SCRATCH_REMOVAL_S."""
+    deadline = time.monotonic() + SCRATCH_REMOVAL_S
+    shutil.rmtree(scratch, ignore_errors=True)
+    while os.path.lexists(scratch) and time.monotonic() < deadline:
+        time.sleep(0.01)
+        shutil.rmtree(scratch, ignore_errors=True)
+    if os.path.lexists(scratch):
+        log.warning("could not remove the temporary directory %s", scratch)
 
 
 async def _serve(config: ServeConfig) -> int:

@@ -290,15 +290,18 @@ def test_a_second_signal_cuts_the_shutdown_delay_short(example: ExampleModel, tm
 def test_a_sigterm_while_the_variant_builds_exits_0_at_once_without_finalising_under_the_load(
     tmp_path: Path,
 ) -> None:
-    """A pod deleted while it still builds its variant (its rollout was replaced): serve leaves at once with 0.
+    """A pod deleted while it still builds its variant (its rollout was replaced): serve leaves at once with 0,
+    and leaves no temporary file behind (a stop during the load left a copy of the model each time).
     Finalising the interpreter while the load thread sat in ONNX Runtime's native code aborted 6 exits of 20."""
     model = tmp_path / "chain.onnx"
     model.write_bytes(slow_model(layers=3000, width=256))  # its int8 build takes about 9 s on 2 cores
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
     served = ServeProcess(tmp_path)
     served.start(
         ["serve", "--model-uri", model.as_uri(), "--recipe-json", SERVED_RECIPE.model_dump_json(),
          "--host", "127.0.0.1", "--port", str(served.port)],
-        {},
+        {"TMPDIR": str(temporary)},
     )  # fmt: skip
     try:
         assert served.proc is not None
@@ -312,6 +315,7 @@ def test_a_sigterm_while_the_variant_builds_exits_0_at_once_without_finalising_u
         assert time.monotonic() - signalled < 4, "waited for the build it no longer needs"
         log = served.log.read_text()
         assert "exiting without waiting for the load" in log and "ready:" not in log, log[-2000:]
+        assert not list(temporary.rglob("*")), "temporary files left behind"
     finally:
         served.stop()
 
