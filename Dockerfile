@@ -45,14 +45,18 @@ RUN --mount=type=bind,source=locks,target=/locks \
     pip install --require-hashes --no-deps --only-binary=:all: -r "/locks/${RUNTIME}.txt"; \
     mkdir -p /var/cache/metainfer; \
     chown 65532:65532 /var/cache/metainfer
+# ONNX Runtime's own telemetry off for every process of the image, also one that never imports metainfer (which
+# switches it off itself: metainfer/core/runtime_telemetry.py). Left on, it uploads usage events from each pod.
+ENV ORT_DISABLE_TELEMETRY=1
 # Then the project: the wheel built by the builder stage (--no-deps: everything it needs is in the layer below).
-# The import check runs with a throwaway HOME and TMPDIR: ONNX Runtime writes a device id and a session file
-# there, which no image should carry.
+# The import check runs with an empty HOME and TMPDIR and fails if anything is left there: a runtime's telemetry
+# leaves its ids and event caches (ONNX Runtime's device id, OpenVINO's client id), which no image should carry.
 RUN --mount=type=bind,from=builder,source=/dist,target=/dist \
     set -eux; \
     pip install --no-deps /dist/metainfer-*.whl; \
     check="$(mktemp -d)"; \
     HOME="$check" TMPDIR="$check" python -c "import onnxruntime, metainfer.agent.cli; print('providers:', onnxruntime.get_available_providers())"; \
+    test -z "$(ls -A "$check")"; \
     rm -rf "$check"
 
 # Read-only root filesystem: HOME, matplotlib's config and caches live on writable mounts

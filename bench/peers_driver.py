@@ -30,6 +30,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+# OpenVINO posts a Google Analytics event on import, and NNCF one per quantization, through openvino_telemetry;
+# both fall back to stubs when it cannot be imported (what metainfer.core.runtime_telemetry does in metainfer's own
+# processes, which this peer interpreter does not import). ONNX Runtime's switch comes in the environment.
+sys.modules.setdefault("openvino_telemetry", None)  # type: ignore[arg-type]
+
 
 def _ort(contender: dict[str, Any]) -> Any:
     import onnxruntime as ort
