@@ -379,7 +379,7 @@ def test_unreachable_api_server_is_transient(tmp_path: Path) -> None:
 
 
 def test_a_killed_agent_is_resumed_by_the_next_attempt_without_measuring_twice(
-    control_plane: Any, namespace: str, digits, hw_class
+    control_plane: Any, namespace: str, tmp_path: Path, digits, hw_class
 ) -> None:
     """The Job's pod dies mid-search (SIGKILL: a drained node, the OOM killer). The next pod of the Job continues
     from status.checkpoint: it measures only the candidates the first did not, and the run ends with the budget."""
@@ -387,8 +387,9 @@ def test_a_killed_agent_is_resumed_by_the_next_attempt_without_measuring_twice(
     sha = sha256_file(model)
     reference = DataReference(uri=data.as_uri(), sha256=sha256_file(data))
     create_run(control_plane.api_client, namespace, make_run("resumed", hw_class, model.as_uri(), sha, reference, 12))
+    # The killed attempt's temporary files stay where a pod's would go with its emptyDir: in this test's directory.
     env = {**os.environ, "PYTHONSAFEPATH": "1", "METAINFER_FAST_MEASURE": "1", "NODE_NAME": "node-a",
-           "NO_PROXY": "127.0.0.1,localhost"}  # fmt: skip
+           "NO_PROXY": "127.0.0.1,localhost", "TMPDIR": str(tmp_path)}  # fmt: skip
     argv = [sys.executable, "-m", "metainfer.agent.cli", "agent", "run", f"{namespace}/resumed",
             "--kubeconfig", str(control_plane.kubeconfig)]  # fmt: skip
     first = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
