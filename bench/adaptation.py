@@ -30,6 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import metainfer.core  # noqa: F401  # first: it switches ONNX Runtime's telemetry off before the library loads
+
+# isort: split
 import numpy as np
 import onnx
 import onnxruntime as ort

@@ -27,6 +27,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import metainfer.core  # noqa: F401  # first: it switches ONNX Runtime's telemetry off before the library loads
+
+# isort: split
 import numpy as np
 import onnxruntime as ort
 

@@ -12,6 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import metainfer.core  # noqa: F401  # first: it switches ONNX Runtime's telemetry off before the library loads
+
+# isort: split
 import numpy as np
 import onnxruntime as ort
 

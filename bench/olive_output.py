@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import metainfer.core  # noqa: F401  # first: it switches ONNX Runtime's telemetry off before the library loads
+
+# isort: split
 import onnxruntime as ort
 
 # ORT's SessionOptions enums as Olive writes them (plain ints) -> ORT's names.
