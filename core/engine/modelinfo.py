@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import Counter
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -94,6 +95,67 @@ def sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
+def external_data_files(model: onnx.ModelProto) -> list[str]:
+    """The files (relative locations, in order of first use) that hold tensors of ``model`` outside it."""
+    locations: dict[str, None] = {}
+    for tensor in _tensors(model):
+        if tensor.data_location == TensorProto.EXTERNAL:
+            entries = {entry.key: entry.value for entry in tensor.external_data}
+            locations.setdefault(entries.get("location", ""), None)
+    return list(locations)
+
+
+def _tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    """Every tensor a model stores: initializers and attribute tensors, in subgraphs and functions too."""
+
+    def of_nodes(nodes: Iterable[onnx.NodeProto]) -> Iterator[TensorProto]:
+        for node in nodes:
+            for attribute in node.attribute:
+                if attribute.HasField("t"):
+                    yield attribute.t
+                yield from attribute.tensors
+                for graph in ([attribute.g] if attribute.HasField("g") else []) + list(attribute.graphs):
+                    yield from of_graph(graph)
+
+    def of_graph(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+        yield from graph.initializer
+        yield from of_nodes(graph.node)
+
+    yield from of_graph(model.graph)
+    for function in model.functions:
+        yield from of_nodes(function.node)
+
+
+def _load_external_data(path: Path, model: onnx.ModelProto) -> None:
+    """Read the tensors a model keeps in files beside it (the dynamo exporter writes ``model.onnx.data``), each
+    file checked first: only a plain relative name or path under the model's folder, present as a regular file.
+    A model URI fetches one file, so in a cluster a model must hold its weights itself."""
+    files = external_data_files(model)
+    if not files:
+        return
+    for location in files:
+        parts = Path(location).parts
+        if not location or Path(location).is_absolute() or ".." in parts:
+            raise ModelError(
+                str(path), f"external data location {location[:200]!r} is not a path under the model's folder"
+            )
+    missing = [location for location in files if not (path.parent / location).is_file()]
+    if missing:
+        shown = ", ".join(repr(location[:200]) for location in missing[:3]) + (" ..." if len(missing) > 3 else "")
+        raise ModelError(
+            str(path),
+            f"its weights are in external data files that are not beside it ({shown}): put them beside it, or (a model "
+            "URI fetches one file) save the model as one, under 2 GiB: "
+            "onnx.save_model(onnx.load(p), p, save_as_external_data=False)",
+        )
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:  # a short file, a symlink out of the folder
+        raise ModelError(str(path), f"cannot read its external data ({type(exc).__name__}: {str(exc)[:300]})") from exc
+    for tensor in _tensors(model):  # left set to DEFAULT: unset, the model is the one a single-file export gives
+        tensor.ClearField("data_location")
+
+
 def load_model(path: Path) -> onnx.ModelProto:
     """Load and check an ONNX model, turning every failure into a ModelError."""
     if not path.exists():
@@ -103,11 +165,12 @@ def load_model(path: Path) -> onnx.ModelProto:
     if path.stat().st_size == 0:
         raise ModelError(str(path), "file is empty")
     try:
-        model = onnx.load(str(path))
+        model = onnx.load(str(path), load_external_data=False)
     except Exception as exc:  # protobuf raises several unrelated types
         raise ModelError(str(path), f"not an ONNX model ({type(exc).__name__}: {exc})") from exc
     if not model.graph.node:
         raise ModelError(str(path), "not an ONNX model (no graph nodes; is it another file format?)")
+    _load_external_data(path, model)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
@@ -123,15 +186,19 @@ def inspect_model(path: Path, model: onnx.ModelProto | None = None) -> ModelInfo
     for node in model.graph.node:
         ops[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    parameters = int(sum(np.prod(t.dims) if t.dims else 1 for t in model.graph.initializer))
+    size = path.stat().st_size
+    if size < parameters:  # fewer bytes than scalars: its weights were read from external data files
+        size = model.ByteSize()  # the size of the model as one file (for a file that holds all, the same number)
     return ModelInfo(
         path=str(path),
         sha256=sha256_file(path),
-        size_bytes=path.stat().st_size,
+        size_bytes=size,
         opset=opset,
         inputs=tuple(_tensor_info(v) for v in model.graph.input if v.name not in initializer_names),
         outputs=tuple(_tensor_info(v) for v in model.graph.output),
         op_counts=dict(sorted(ops.items())),
-        parameters=int(sum(np.prod(t.dims) if t.dims else 1 for t in model.graph.initializer)),
+        parameters=parameters,
     )
 
 

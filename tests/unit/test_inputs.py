@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 
 from metainfer.core.engine.data import load_npz, make_dataset
@@ -28,6 +29,56 @@ def test_model_errors_name_the_file_and_problem(tmp_path: Path, examples: dict[s
     with pytest.raises(ModelError) as err:
         load_model(truncated)
     assert str(truncated) in str(err.value)
+
+
+def _with_external_data(source: Path, folder: Path, location: str = "model.onnx.data") -> Path:
+    """``source`` saved as the dynamo exporter saves it: the graph in model.onnx, every weight in ``location``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / "model.onnx"
+    onnx.save_model(
+        onnx.load(str(source)), str(target), save_as_external_data=True, location=location, size_threshold=0
+    )
+    return target
+
+
+def test_a_model_with_its_weights_in_a_file_beside_it_loads_whole(tmp_path: Path, examples: dict[str, Path]) -> None:
+    split = _with_external_data(examples["digits"], tmp_path / "split")
+    assert (split.parent / "model.onnx.data").stat().st_size > split.stat().st_size
+    whole = load_model(examples["digits"])
+    loaded = load_model(split)
+    assert loaded.SerializeToString() == whole.SerializeToString()  # the same model as the single-file export
+    split_info, whole_info = inspect_model(split, loaded), inspect_model(examples["digits"])
+    assert (split_info.parameters, split_info.size_bytes) == (whole_info.parameters, whole_info.size_bytes)
+
+
+def test_a_model_whose_external_data_is_missing_says_so_and_how_to_make_one_file(
+    tmp_path: Path, examples: dict[str, Path]
+) -> None:
+    """A model URI fetches one file: a dynamo export fetched alone failed as "not an ONNX model", naming a
+    temporary path."""
+    split = _with_external_data(examples["digits"], tmp_path / "alone")
+    (split.parent / "model.onnx.data").unlink()
+    with pytest.raises(ModelError, match=r"external data files that are not beside it \('model.onnx.data'\)") as err:
+        load_model(split)
+    assert "save_as_external_data=False" in str(err.value)
+
+
+@pytest.mark.parametrize("location", ["../outside.data", "/etc/passwd"])
+def test_external_data_outside_the_models_folder_is_refused(
+    tmp_path: Path, examples: dict[str, Path], location: str
+) -> None:
+    model = onnx.load(str(examples["digits"]))
+    tensor = model.graph.initializer[0]
+    onnx.external_data_helper.set_external_data(tensor, location=location, offset=0, length=16)
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    tensor.ClearField("raw_data")
+    tensor.ClearField("float_data")
+    (tmp_path / "m").mkdir()
+    (tmp_path / "outside.data").write_bytes(bytes(64))
+    hostile = tmp_path / "m" / "model.onnx"
+    hostile.write_bytes(model.SerializeToString())
+    with pytest.raises(ModelError, match="is not a path under the model's folder"):
+        load_model(hostile)
 
 
 def test_model_info(examples: dict[str, Path]) -> None:
