@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.errors import ModelError
 
+# What one serialised ModelProto can hold (protobuf's limit); variants are built and shipped as one file.
+MAX_MODEL_BYTES = 2**31
+
 ONNX_TO_NUMPY: dict[int, type[np.generic]] = {
     TensorProto.FLOAT: np.float32,
     TensorProto.FLOAT16: np.float16,
@@ -148,6 +151,13 @@ def _load_external_data(path: Path, model: onnx.ModelProto) -> None:
             "URI fetches one file) save the model as one, under 2 GiB: "
             "onnx.save_model(onnx.load(p), p, save_as_external_data=False)",
         )
+    whole = path.stat().st_size + sum((path.parent / location).stat().st_size for location in files)
+    if whole >= MAX_MODEL_BYTES:
+        raise ModelError(
+            str(path),
+            f"with its external data it is {whole / 2**30:.1f} GiB: over the 2 GiB that one ONNX file (a protobuf) "
+            "can hold, and metainfer builds and ships each variant as one file",
+        )
     try:
         onnx.load_external_data_for_model(model, str(path.parent))
     except Exception as exc:  # a short file, a symlink out of the folder
@@ -176,6 +186,8 @@ def load_model(path: Path) -> onnx.ModelProto:
     except onnx.checker.ValidationError as exc:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid"
         raise ModelError(str(path), f"ONNX checker rejected the model: {first_line}") from exc
+    except Exception as exc:  # protobuf's EncodeError: a model too large to serialise for the checker
+        raise ModelError(str(path), f"cannot check the model ({type(exc).__name__}: {str(exc)[:300]})") from exc
     return model
 
 
