@@ -188,7 +188,47 @@ def load_model(path: Path) -> onnx.ModelProto:
         raise ModelError(str(path), f"ONNX checker rejected the model: {first_line}") from exc
     except Exception as exc:  # protobuf's EncodeError: a model too large to serialise for the checker
         raise ModelError(str(path), f"cannot check the model ({type(exc).__name__}: {str(exc)[:300]})") from exc
+    _only_tensors_in_and_out(path, model)
     return model
+
+
+def _only_tensors_in_and_out(path: Path, model: onnx.ModelProto) -> None:
+    """Inputs and outputs must be tensors: the quality checks compare arrays and KServe v2 carries tensors only.
+    A scikit-learn classifier exported by skl2onnx has a sequence of maps (ZipMap) as its probabilities, which
+    crashed the quality check with a bare AttributeError."""
+    initializers = {t.name for t in model.graph.initializer}
+    values = [("input", v) for v in model.graph.input if v.name not in initializers]
+    values += [("output", v) for v in model.graph.output]
+    other = [(kind, v) for kind, v in values if v.type.WhichOneof("value") != "tensor_type"]
+    if not other:
+        return
+    described = ", ".join(f"{kind} {v.name[:100]!r} is a {_type_name(v.type)}" for kind, v in other[:3])
+    zipmap = any(node.op_type == "ZipMap" for node in model.graph.node)
+    raise ModelError(
+        str(path),
+        f"{described}: metainfer measures and serves tensors only (KServe v2 carries nothing else); export the model "
+        "without it" + (" (skl2onnx: options={'zipmap': False})" if zipmap else ""),
+    )
+
+
+def _type_name(value_type: onnx.TypeProto) -> str:
+    """ONNX's own notation of a type, e.g. ``sequence(map(int64, tensor(float)))``."""
+
+    def element(elem_type: int) -> str:
+        return TensorProto.DataType.Name(elem_type).lower() if elem_type else "undefined"
+
+    kind = value_type.WhichOneof("value")
+    if kind == "tensor_type":
+        return f"tensor({element(value_type.tensor_type.elem_type)})"
+    if kind == "sparse_tensor_type":
+        return f"sparse_tensor({element(value_type.sparse_tensor_type.elem_type)})"
+    if kind == "sequence_type":
+        return f"sequence({_type_name(value_type.sequence_type.elem_type)})"
+    if kind == "map_type":
+        return f"map({element(value_type.map_type.key_type)}, {_type_name(value_type.map_type.value_type)})"
+    if kind == "optional_type":
+        return f"optional({_type_name(value_type.optional_type.elem_type)})"
+    return kind or "no type"
 
 
 def inspect_model(path: Path, model: onnx.ModelProto | None = None) -> ModelInfo:

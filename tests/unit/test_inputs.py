@@ -93,6 +93,44 @@ def test_external_data_outside_the_models_folder_is_refused(
         load_model(hostile)
 
 
+def _classifier(zipmap: bool) -> onnx.ModelProto:
+    """A linear classifier as skl2onnx exports one: a label, and the probabilities through ZipMap by default."""
+    from onnx import TensorProto
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    nodes = [
+        h.make_node("MatMul", ["input", "W"], ["logits"]),
+        h.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+        h.make_node("ArgMax", ["probabilities"], ["label"], axis=1, keepdims=0),
+    ]
+    outputs = [h.make_tensor_value_info("label", TensorProto.INT64, ["N"])]
+    if zipmap:
+        nodes.append(h.make_node("ZipMap", ["probabilities"], ["output_probability"], domain="ai.onnx.ml",
+                                 classlabels_int64s=[0, 1, 2]))  # fmt: skip
+        float_map = h.make_map_type_proto(TensorProto.INT64, h.make_tensor_type_proto(TensorProto.FLOAT, []))
+        outputs.append(h.make_value_info("output_probability", h.make_sequence_type_proto(float_map)))
+    else:
+        outputs.append(h.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 3]))
+    graph = h.make_graph(nodes, "classifier", [h.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 4])],
+                         outputs, [nh.from_array(np.ones((4, 3), np.float32), "W")])  # fmt: skip
+    opsets = [h.make_opsetid("", 17), h.make_opsetid("ai.onnx.ml", 1)]
+    return h.make_model(graph, opset_imports=opsets, ir_version=8)
+
+
+def test_a_sequence_of_maps_output_is_refused_by_name_with_how_to_export_without_it(tmp_path: Path) -> None:
+    """skl2onnx's default for every classifier: the quality check crashed on it with a bare AttributeError."""
+    path = tmp_path / "classifier.onnx"
+    onnx.save(_classifier(zipmap=True), str(path))
+    with pytest.raises(ModelError) as err:
+        load_model(path)
+    message = str(err.value)
+    assert "output 'output_probability' is a sequence(map(int64, tensor(float)))" in message
+    assert "options={'zipmap': False}" in message
+    onnx.save(_classifier(zipmap=False), str(path))
+    assert [o.name for o in inspect_model(path).outputs] == ["label", "probabilities"]
+
+
 def test_model_info(examples: dict[str, Path]) -> None:
     info = inspect_model(examples["digits"])
     assert [i.name for i in info.inputs] == ["input"]
