@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine import quality_metrics
 from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.errors import ModelError
 from metainfer.core.engine.memory import track_peak_memory
 from metainfer.core.engine.quality_choice import PLUGIN_PREFIX
 from metainfer.core.engine.recipe import Recipe
@@ -123,9 +124,21 @@ def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
     outputs = []
     for i in range(len(runs[0][1])):
         axes = [samples_axis(out[i], rows) for rows, out in runs]
+        per_run = next(
+            ((rows, out[i].shape) for (rows, out), a in zip(runs, axes, strict=True) if a is None and rows > 1), None
+        )
+        if per_run is not None:
+            name = session.get_outputs()[i].name
+            raise ModelError(
+                f"output {name[:100]!r}",
+                f"a run of {per_run[0]} samples gives it shape {list(per_run[1])}, with no axis of {per_run[0]}: it "
+                "is one value per run, not per sample, so it changes with the batch and cannot be checked sample by "
+                "sample. Export the model without it, or with the batch fixed at 1",
+            )
         settled = next((a for a in axes if a not in (None, 0)), 0)
         axis = settled if all(a in (settled, 0) for a in axes) else 0
-        outputs.append(np.concatenate([batch_major(out[i], rows, axis) for rows, out in runs]))
+        # Runs of one sample: a scalar output is that sample's value (atleast_1d gives it its entry).
+        outputs.append(np.concatenate([np.atleast_1d(batch_major(out[i], rows, axis)) for rows, out in runs]))
     return outputs
 
 

@@ -22,6 +22,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.errors import ModelError
 from metainfer.core.engine.evaluate import Reference, batch_major, quality_of, run_all
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import Session, create_session
@@ -77,6 +78,8 @@ def validate_variant(
         name = f"quality at batch {batch}" + (" (largest)" if batch > 1 else "")
         try:
             outputs = run_all(session, data, batch)
+        except ModelError:  # the model's own outputs (one per run, not per sample), not this variant
+            raise
         except Exception as exc:  # a variant that cannot run at a batch its model accepts fails validation
             checks.append(Check(name=name, passed=False, detail=f"could not run: {_first_line(exc)}"))
             continue
@@ -199,11 +202,11 @@ def _abnormal_inputs(session: Session, data: Dataset) -> list[Check]:
     cases = {"zeros": {k: np.zeros_like(v) for k, v in feed.items()}}
     if floats:
         cases["NaN"] = {k: (np.full_like(v, np.nan) if k in floats else v) for k, v in feed.items()}
-    expected = [o.shape[0] for o in session.run(None, feed)]
+    expected = [o.shape[:1] for o in session.run(None, feed)]  # [:1]: () for a scalar output
     for name, bad in cases.items():
         try:
             outs = session.run(None, bad)
-            ok = [o.shape[0] for o in outs] == expected
+            ok = [o.shape[:1] for o in outs] == expected
             checks.append(
                 Check(
                     name=f"{name} input",

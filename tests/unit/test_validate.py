@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.errors import ModelError
 from metainfer.core.engine.evaluate import Reference, make_reference
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
@@ -102,3 +103,40 @@ def test_the_worst_grouping_of_each_sample_is_taken_a_wrong_label_first() -> Non
     assert dependence.max_abs_difference == pytest.approx(1.0)
     # Each grouping alone reads 2 of 3 right; a client can meet both flips, so 1 of 3 is what is validated.
     assert dependence.worst_quality.value == pytest.approx(1 / 3)
+
+
+def _with_a_mean_output(batch: int | str) -> bytes:
+    """x [batch, 16] -> y [batch, 4] and the mean of y over the whole run, a scalar."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32), "W")
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["y"]), helper.make_node("ReduceMean", ["y"], ["mean"], keepdims=0)]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, 4]),
+         helper.make_tensor_value_info("mean", TensorProto.FLOAT, [])], [weights],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return model.SerializeToString()
+
+
+DATA = Dataset({"x": np.random.default_rng(1).standard_normal((24, 16)).astype(np.float32)})
+
+
+def test_an_output_that_is_one_value_per_run_of_several_samples_is_refused_by_name() -> None:
+    """It changes with the batch, so no sample's value can be compared: this crashed with numpy's "zero-dimensional
+    arrays cannot be concatenated" (and at batch 1, in validation's run at the largest batch)."""
+    session = create_session(_with_a_mean_output("N"), FP32)
+    with pytest.raises(ModelError, match=r"output 'mean': a run of 8 samples gives it shape \[\], with no axis of 8"):
+        make_reference(session, DATA, 8)
+    reference = make_reference(session, DATA, 1)  # one sample per run: the scalar is that sample's
+    with pytest.raises(ModelError, match="output 'mean'"):
+        validate_variant(_with_a_mean_output("N"), FP32, DATA, reference, 0.01, 8)
+
+
+def test_a_scalar_output_of_a_model_fixed_at_batch_1_is_one_value_per_sample() -> None:
+    variant = _with_a_mean_output(1)
+    reference = make_reference(create_session(variant, FP32), DATA, 1)
+    assert [o.shape for o in reference.outputs] == [(24, 4), (24,)]
+    report = validate_variant(variant, FP32, DATA, reference, 0.01, 1)
+    assert report.passed, [c for c in report.checks if not c.passed]
