@@ -22,6 +22,13 @@ from metainfer.core.engine.errors import ModelError
 # What one serialised ModelProto can hold (protobuf's limit); variants are built and shipped as one file.
 MAX_MODEL_BYTES = 2**31
 
+# The element types a model may take and give: KServe v2's numeric and bool types (serving does not carry BYTES).
+NUMERIC_ELEMENTS = frozenset({
+    TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BOOL,
+    TensorProto.INT8, TensorProto.INT16, TensorProto.INT32, TensorProto.INT64,
+    TensorProto.UINT8, TensorProto.UINT16, TensorProto.UINT32, TensorProto.UINT64,
+})  # fmt: skip
+
 ONNX_TO_NUMPY: dict[int, type[np.generic]] = {
     TensorProto.FLOAT: np.float32,
     TensorProto.FLOAT16: np.float16,
@@ -193,22 +200,30 @@ def load_model(path: Path) -> onnx.ModelProto:
 
 
 def _only_tensors_in_and_out(path: Path, model: onnx.ModelProto) -> None:
-    """Inputs and outputs must be tensors: the quality checks compare arrays and KServe v2 carries tensors only.
-    A scikit-learn classifier exported by skl2onnx has a sequence of maps (ZipMap) as its probabilities, which
-    crashed the quality check with a bare AttributeError."""
+    """Inputs and outputs must be numeric or bool tensors: the quality checks compare arrays, and serving answers
+    in KServe v2's numeric types (not BYTES). A scikit-learn classifier exported by skl2onnx has a sequence of maps
+    (ZipMap) as its probabilities, which crashed the quality check with a bare AttributeError; a string input
+    crashed reading the data ("data type 'string' not understood")."""
     initializers = {t.name for t in model.graph.initializer}
     values = [("input", v) for v in model.graph.input if v.name not in initializers]
     values += [("output", v) for v in model.graph.output]
-    other = [(kind, v) for kind, v in values if v.type.WhichOneof("value") != "tensor_type"]
+    other = [(kind, v) for kind, v in values if not _numeric_tensor(v.type)]
     if not other:
         return
     described = ", ".join(f"{kind} {v.name[:100]!r} is a {_type_name(v.type)}" for kind, v in other[:3])
     zipmap = any(node.op_type == "ZipMap" for node in model.graph.node)
+    strings = any(v.type.tensor_type.elem_type == TensorProto.STRING for _, v in other)
     raise ModelError(
         str(path),
-        f"{described}: metainfer measures and serves tensors only (KServe v2 carries nothing else); export the model "
-        "without it" + (" (skl2onnx: options={'zipmap': False})" if zipmap else ""),
+        f"{described}: metainfer measures and serves numeric and bool tensors only (the types KServe v2 carries "
+        "besides BYTES); export the model without it"
+        + (" (skl2onnx: options={'zipmap': False})" if zipmap else "")
+        + (", with the strings turned into numbers before the graph (a tokenizer)" if strings else ""),
     )
+
+
+def _numeric_tensor(value_type: onnx.TypeProto) -> bool:
+    return value_type.WhichOneof("value") == "tensor_type" and value_type.tensor_type.elem_type in NUMERIC_ELEMENTS
 
 
 def _type_name(value_type: onnx.TypeProto) -> str:

@@ -177,3 +177,22 @@ def test_batches_wrap_around(digits) -> None:
     np.testing.assert_array_equal(batch[2], data.inputs["input"][0])
     covered = sum(sl.stop - sl.start for _, sl in data.batches(64))
     assert covered == n
+
+
+def test_a_string_input_is_refused_by_name_with_the_way_out(tmp_path: Path) -> None:
+    """Serving answers in KServe v2's numeric types: reading the data crashed ("data type 'string' not understood")."""
+    from onnx import TensorProto
+    from onnx import helper as h
+
+    nodes = [
+        h.make_node("StringNormalizer", ["text"], ["lower"], case_change_action="LOWER"),
+        h.make_node("Shape", ["lower"], ["shape"]),
+        h.make_node("Cast", ["shape"], ["length"], to=TensorProto.FLOAT),
+    ]
+    text = h.make_tensor_value_info("text", TensorProto.STRING, ["N"])
+    graph = h.make_graph(nodes, "strings", [text], [h.make_tensor_value_info("length", TensorProto.FLOAT, [1])])
+    path = tmp_path / "strings.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), str(path))
+    with pytest.raises(ModelError, match=r"input 'text' is a tensor\(string\): .* numeric and bool tensors") as err:
+        load_model(path)
+    assert "strings turned into numbers before the graph" in str(err.value)
