@@ -124,16 +124,16 @@ def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
     outputs = []
     for i in range(len(runs[0][1])):
         axes = [samples_axis(out[i], rows) for rows, out in runs]
-        per_run = next(
-            ((rows, out[i].shape) for (rows, out), a in zip(runs, axes, strict=True) if a is None and rows > 1), None
-        )
+        # A scalar per run of several samples (a mean over the run) changes with the batch: no sample's value can
+        # be compared, and the runs' scalars cannot even be concatenated.
+        per_run = next((rows for rows, out in runs if out[i].ndim == 0 and rows > 1), None)
         if per_run is not None:
             name = session.get_outputs()[i].name
             raise ModelError(
                 f"output {name[:100]!r}",
-                f"a run of {per_run[0]} samples gives it shape {list(per_run[1])}, with no axis of {per_run[0]}: it "
-                "is one value per run, not per sample, so it changes with the batch and cannot be checked sample by "
-                "sample. Export the model without it, or with the batch fixed at 1",
+                f"a run of {per_run} samples gives it as one scalar: it is one value per run, not per sample, so it "
+                "changes with the batch and cannot be checked sample by sample. Export the model without it, or with "
+                "the batch fixed at 1",
             )
         settled = next((a for a in axes if a not in (None, 0)), 0)
         axis = settled if all(a in (settled, 0) for a in axes) else 0

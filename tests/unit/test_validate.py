@@ -127,7 +127,7 @@ def test_an_output_that_is_one_value_per_run_of_several_samples_is_refused_by_na
     """It changes with the batch, so no sample's value can be compared: this crashed with numpy's "zero-dimensional
     arrays cannot be concatenated" (and at batch 1, in validation's run at the largest batch)."""
     session = create_session(_with_a_mean_output("N"), FP32)
-    with pytest.raises(ModelError, match=r"output 'mean': a run of 8 samples gives it shape \[\], with no axis of 8"):
+    with pytest.raises(ModelError, match="output 'mean': a run of 8 samples gives it as one scalar"):
         make_reference(session, DATA, 8)
     reference = make_reference(session, DATA, 1)  # one sample per run: the scalar is that sample's
     with pytest.raises(ModelError, match="output 'mean'"):
