@@ -34,7 +34,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-# v2 datatype names <-> numpy. BYTES/BF16 are left out: no ONNX model this project adapts takes them.
+# v2 datatype names <-> numpy. BYTES/BF16 are left out: load_model refuses models that take or give them
+# (core.engine.modelinfo.NUMERIC_ELEMENTS, the same types; a unit test keeps the two lists equal).
 DATATYPES: dict[str, np.dtype[Any]] = {
     "BOOL": np.dtype(np.bool_),
     "UINT8": np.dtype(np.uint8),

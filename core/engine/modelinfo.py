@@ -195,11 +195,11 @@ def load_model(path: Path) -> onnx.ModelProto:
         raise ModelError(str(path), f"ONNX checker rejected the model: {first_line}") from exc
     except Exception as exc:  # protobuf's EncodeError: a model too large to serialise for the checker
         raise ModelError(str(path), f"cannot check the model ({type(exc).__name__}: {str(exc)[:300]})") from exc
-    _only_tensors_in_and_out(path, model)
+    _only_numeric_tensors_in_and_out(path, model)
     return model
 
 
-def _only_tensors_in_and_out(path: Path, model: onnx.ModelProto) -> None:
+def _only_numeric_tensors_in_and_out(path: Path, model: onnx.ModelProto) -> None:
     """Inputs and outputs must be numeric or bool tensors: the quality checks compare arrays, and serving answers
     in KServe v2's numeric types (not BYTES). A scikit-learn classifier exported by skl2onnx has a sequence of maps
     (ZipMap) as its probabilities, which crashed the quality check with a bare AttributeError; a string input

@@ -180,3 +180,13 @@ def test_model_name_and_version_checks() -> None:
     with pytest.raises(ProtocolError, match="model 'm' has no version '2'; it has '1'") as info:
         check_model("m", "2", "m", "1")
     assert info.value.status == 404
+
+
+def test_the_element_types_a_model_may_use_are_the_ones_serving_carries() -> None:
+    """load_model refuses a model whose inputs or outputs serving could not answer in: the two lists are one fact."""
+    from onnx.helper import tensor_dtype_to_np_dtype
+
+    from metainfer.agent.serve.protocol import DATATYPES
+    from metainfer.core.engine.modelinfo import NUMERIC_ELEMENTS
+
+    assert {tensor_dtype_to_np_dtype(element) for element in NUMERIC_ELEMENTS} == set(DATATYPES.values())
