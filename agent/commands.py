@@ -269,6 +269,8 @@ def _print_summary(report: Report) -> None:
         out.print(f"[bold yellow]{report.final.note}[/]")
     if report.history is not None:
         _print_history(report)
+    for note in report.space.notes:  # what the search left out or changed, and why
+        out.print(f"note: {note}", highlight=False)
     if report.validation is not None:
         for check in report.validation.checks:
             mark = "[green]ok[/]" if check.passed else "[red]FAIL[/]"

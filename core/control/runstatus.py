@@ -26,6 +26,7 @@ from metainfer.core.api.run import (
 )
 from metainfer.core.api.vocabulary import ConditionType, Reason, RunPhase, RunStage, TrialState
 from metainfer.core.engine.errors import (
+    UNSUPPORTED_MARKERS,
     FailureReason,
     InputError,
     MetainferError,
@@ -43,7 +44,6 @@ from metainfer.core.engine.trial import Trial, TrialMetrics
 
 FINISHED = "finished"  # the Progressing message once a run is over
 MAX_KEEP_FAILED = 5  # failed trials kept in the summary even when better ones would fill it
-_UNSUPPORTED_MARKERS = ("NOT_IMPLEMENTED", "Could not find an implementation", "is not a registered function/op")
 
 # SearchSpaceOverrides field -> the engine's search-space dimension name, from the knob declarations.
 OVERRIDE_DIMENSIONS: dict[str, str] = {override.field: knob.name for knob, override in overridable(KNOBS)}
@@ -207,7 +207,7 @@ def failure_reason(exc: BaseException) -> tuple[str, str]:
             lines += [f"- {described}: {'; '.join(missed)}" for described, missed in exc.closest]
         return Reason.NO_FEASIBLE_CANDIDATE, "\n".join(lines)
     text = _first_line(exc)
-    if any(marker in str(exc) for marker in _UNSUPPORTED_MARKERS):
+    if any(marker in str(exc) for marker in UNSUPPORTED_MARKERS):
         return Reason.UNSUPPORTED_OPERATORS, text
     if isinstance(exc, InputError) and exc.reason == FailureReason.INVALID_INPUT:
         if exc.field == "model":

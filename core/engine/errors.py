@@ -60,6 +60,20 @@ class UnsupportedModelError(MetainferError):
     reason = FailureReason.UNSUPPORTED_OPERATORS
 
 
+# What ONNX Runtime says when a node has no kernel on any provider (an op or a type it lacks, a custom domain).
+UNSUPPORTED_MARKERS = ("NOT_IMPLEMENTED", "Could not find an implementation", "is not a registered function/op")
+
+
+def fp32_failure(exc: Exception) -> MetainferError:
+    """The named error for ONNX Runtime failing to load or run the user's FP32 model: unsupported operators when it
+    says so, otherwise an invalid model. Either way the run fails with ONNX Runtime's first line, not a traceback."""
+    text = str(exc).strip()
+    first = (text.splitlines()[0] if text else type(exc).__name__)[:500]
+    if any(marker in text for marker in UNSUPPORTED_MARKERS):
+        return UnsupportedModelError(f"the model uses an operator this ONNX Runtime cannot run: {first}")
+    return ModelError("model", f"the FP32 model does not run on this machine: {first}")
+
+
 class NoFeasibleCandidate(MetainferError):
     """Every evaluated candidate missed at least one hard constraint."""
 

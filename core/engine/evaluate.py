@@ -16,6 +16,7 @@ looks free.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import gc
 import time
@@ -83,6 +84,13 @@ class Reference:
     one: sequence outputs are then compared as mask-weighted mean-pooled vectors,
     which is what a sentence-embedding model serves, instead of including the
     hidden states of padding tokens, which no consumer reads.
+
+    Outputs that no sample owns (a detector's selected boxes after non-max
+    suppression: as many rows as the run kept, whatever its samples) change with
+    how samples are grouped into runs and with every rounding that moves a score
+    across the threshold; compared row by row they would compare different
+    boxes. They are left out of the comparison (``per_sample``), and a model
+    with no other output needs a quality plugin.
     """
 
     outputs: list[np.ndarray]
@@ -94,6 +102,22 @@ class Reference:
     # The samples the outputs are of. run_all puts them first; an output with no samples' axis (a per-run
     # summary, concatenated run after run) is cut by its share of rows. None: one row per sample.
     samples: int | None = None
+    # Per output, whether it has a fixed number of rows per sample in every run (``rows_per_sample``): only those
+    # are compared sample by sample. None: all of them.
+    per_sample: tuple[bool, ...] | None = None
+    names: tuple[str, ...] = ()
+    # FP32's own quality drop between its samples alone and in runs of the reference's batch (_shared_run_drop).
+    shared_run_drop: float | None = None
+
+    def compared(self) -> list[int]:
+        """The indices of the outputs that quality and batch dependence compare with FP32's, sample by sample."""
+        return [i for i in range(len(self.outputs)) if self.per_sample is None or self.per_sample[i]]
+
+    def left_out(self) -> list[str]:
+        """The names of the outputs that are not compared: a variable or fixed number of rows per run (selected
+        detections after non-max suppression, a constant), which no sample owns."""
+        kept = set(self.compared())
+        return [self.names[i] if i < len(self.names) else f"#{i}" for i in range(len(self.outputs)) if i not in kept]
 
     def head(self, n: int) -> Reference:
         return self.part(0, n)
@@ -102,10 +126,14 @@ class Reference:
         """The reference of samples ``start`` to ``stop``."""
         labels = None if self.labels is None else self.labels[start:stop]
         outputs = [o[self._rows(o, start) : self._rows(o, stop)] for o in self.outputs]
-        accuracy = None if labels is None else top1_accuracy(outputs[0], labels)
+        compared = self.compared()
+        accuracy = None if labels is None or not compared else top1_accuracy(outputs[compared[0]], labels)
         mask = None if self.token_mask is None else self.token_mask[start:stop]
         n = len(range(*slice(start, stop).indices(self.samples or len(self.outputs[0]))))
-        return Reference(outputs, labels, accuracy, mask, self.metric, None if self.samples is None else n)
+        samples = None if self.samples is None else n
+        return dataclasses.replace(
+            self, outputs=outputs, labels=labels, accuracy=accuracy, token_mask=mask, samples=samples
+        )
 
     def _rows(self, output: np.ndarray, n: int) -> int:
         if not self.samples or output.shape[0] == self.samples:
@@ -113,14 +141,24 @@ class Reference:
         return int(output.shape[0]) * n // self.samples
 
 
+Runs = list[tuple[int, list[np.ndarray]]]
+
+
 def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
-    """Outputs for every sample, computed ``batch`` samples at a time, samples first (``batch_major``).
+    """Outputs for every sample, computed ``batch`` samples at a time, samples first (``batch_major``)."""
+    return _concatenate(session, _runs(session, data, batch))
+
+
+def _runs(session: Session, data: Dataset, batch: int) -> Runs:
+    """Each run's number of samples and outputs."""
+    return [(rows.stop - rows.start, session.run(None, feed)) for feed, rows in data.batches(batch)]
+
+
+def _concatenate(session: Session, runs: Runs) -> list[np.ndarray]:
+    """The runs' outputs run after run, samples first.
 
     One run's shapes can leave the samples' axis in doubt (a seq-major output with as many steps as the run has
     samples); another run's (the last, smaller one) settle it, and every run's output is then read the same way."""
-    runs: list[tuple[int, list[np.ndarray]]] = []
-    for feed, rows in data.batches(batch):
-        runs.append((rows.stop - rows.start, session.run(None, feed)))
     outputs = []
     for i in range(len(runs[0][1])):
         axes = [samples_axis(out[i], rows) for rows, out in runs]
@@ -140,6 +178,21 @@ def run_all(session: Session, data: Dataset, batch: int) -> list[np.ndarray]:
         # Runs of one sample: a scalar output is that sample's value (atleast_1d gives it its entry).
         outputs.append(np.concatenate([np.atleast_1d(batch_major(out[i], rows, axis)) for rows, out in runs]))
     return outputs
+
+
+def rows_per_sample(runs: Runs) -> list[int | None]:
+    """Per output, the rows it has for each sample when every run gives the same whole number of rows per sample
+    (1, or the steps of a [samples * steps, classes] output), None when runs give it rows of their own (a
+    constant, the detections non-max suppression kept)."""
+    per_output: list[int | None] = []
+    for i in range(len(runs[0][1])):
+        ratios = set()
+        for rows, out in runs:
+            length = int(np.atleast_1d(batch_major(out[i], rows)).shape[0])
+            ratios.add(length // rows if length % rows == 0 else 0)
+        ratio = ratios.pop() if len(ratios) == 1 else 0
+        per_output.append(ratio or None)
+    return per_output
 
 
 def samples_axis(output: np.ndarray, rows: int) -> int | None:
@@ -164,13 +217,69 @@ def batch_major(output: np.ndarray, rows: int, axis: int | None = None) -> np.nd
 
 
 def make_reference(session: Session, data: Dataset, batch: int, metric: str = "auto") -> Reference:
-    """FP32's outputs on ``data`` and the metric ``metric`` means for them (raises DataError if it cannot be had)."""
-    outputs = run_all(session, data, batch)
+    """FP32's outputs on ``data`` and the metric ``metric`` means for them (raises DataError if it cannot be had,
+    ModelError if no output is one a sample owns and no plugin metric reads them)."""
+    runs = _runs(session, data, batch)
+    outputs = _concatenate(session, runs)
+    declared = session.get_outputs()
+    # An output of fixed shape cannot follow a batch the inputs leave open, even where a run's rows match it.
+    batch_open = any(i.shape and not isinstance(i.shape[0], int) for i in session.get_inputs())
+    fixed = [batch_open and bool(o.shape) and all(isinstance(d, int) for d in o.shape) for o in declared]
+    per_sample = tuple(k is not None and not f for k, f in zip(rows_per_sample(runs), fixed, strict=True))
+    names = tuple(o.name for o in declared)
+    if not any(per_sample) and not metric.startswith(PLUGIN_PREFIX):
+        first = runs[0][1]
+        shapes = {name[:60]: list(first[i].shape) for i, name in enumerate(names[:8])}
+        raise ModelError(
+            "model outputs",
+            f"none has a fixed number of rows per sample (in runs of {runs[0][0]} samples: {shapes}); metainfer "
+            "compares a variant with FP32 sample by sample. Export the model with per-sample outputs as well (for "
+            "a detector, the boxes and scores before non-max suppression, or padded to a fixed count per image), or"
+            " name a quality plugin (slo.qualityMetric plugin:NAME) that compares such outputs",
+        )
+    compared = [o for o, kept in zip(outputs, per_sample, strict=True) if kept]
     accuracy = None
-    if data.labels is not None:
-        accuracy = top1_accuracy(outputs[0], data.labels)
-    resolved = quality_metrics.resolve(metric, outputs, data.labels)
-    return Reference(outputs, data.labels, accuracy, token_mask(data), resolved, data.n_samples)
+    if data.labels is not None and compared:
+        accuracy = top1_accuracy(compared[0], data.labels)
+    resolved = quality_metrics.resolve(metric, compared or outputs, data.labels)
+    reference = Reference(outputs, data.labels, accuracy, token_mask(data), resolved, data.n_samples, per_sample, names)
+    if batch_open:
+        reference = dataclasses.replace(reference, shared_run_drop=_shared_run_drop(session, data, batch, reference))
+    return reference
+
+
+def _shared_run_drop(session: Session, data: Dataset, batch: int, reference: Reference) -> float | None:
+    """How far FP32's own quality drops when its first samples run alone instead of in runs of ``batch``, in the
+    reference's metric: about 0 for a model whose samples do not see each other (FP32 kernels differ by batch only
+    in the last bits; a user's own dynamic int8 export by its per-run scales), large for one that computes across
+    its batch (batch statistics, a branch on the whole input). None where it cannot be had here."""
+    if batch <= 1 or reference.metric.startswith(PLUGIN_PREFIX):
+        return None
+    head = data.head(min(data.n_samples, 2 * batch))
+    try:
+        alone = run_all(session, head, 1)
+    except ModelError:
+        raise
+    except Exception:  # a model that cannot run one sample fails where that matters: validation at batch 1
+        return None
+    return quality_of(alone, reference.head(head.n_samples)).drop
+
+
+def refuse_batch_mixing(reference: Reference, batch: int, budget: float) -> None:
+    """Raises ModelError when FP32 itself loses more than the quality ``budget`` between its samples alone and in
+    runs of ``batch``: no variant can be validated against it, and a serving pod that puts concurrent requests in
+    one run would change each client's answer by more than the policy allows."""
+    drop = reference.shared_run_drop
+    if drop is None or drop <= budget:
+        return
+    raise ModelError(
+        "model",
+        f"the FP32 model's {reference.metric} drops by {drop:.4g} (budget {budget:g}) between running its samples "
+        f"alone and in runs of {batch}: it computes across its batch (BatchNormalization or Dropout in training "
+        "mode, a statistic or branch over the whole input, random ops), so a sample's answer depends on what shares "
+        "its run. Export it in inference mode (torch: model.eval() before exporting), or adapt it at --batch 1 "
+        "(policy: slo.batchSize: 1)",
+    )
 
 
 def token_mask(data: Dataset) -> np.ndarray | None:
@@ -205,6 +314,15 @@ def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
 def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
     n = ref.samples or ref.outputs[0].shape[0]
     metric = ref.metric
+    if metric.startswith(PLUGIN_PREFIX):  # a plugin reads every output, those no sample owns included
+        name = metric.removeprefix(PLUGIN_PREFIX)
+        value = quality_metrics.user_value(name, outputs, ref.outputs)
+        own = quality_metrics.user_value(name, ref.outputs, ref.outputs)
+        return Quality(metric="user_metric", value=value, reference=own, drop=own - value, samples=n, name=name)
+    compared = ref.compared()
+    _same_rows(outputs, ref, compared)
+    outputs = [outputs[i] for i in compared]
+    references = [ref.outputs[i] for i in compared]
     if metric == "auto":
         metric = "top1_accuracy" if ref.labels is not None and ref.accuracy is not None else "cosine_similarity"
     if metric == "top1_accuracy" and ref.labels is not None and ref.accuracy is not None:
@@ -213,31 +331,40 @@ def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
             metric="top1_accuracy", value=value, reference=ref.accuracy, drop=ref.accuracy - value, samples=n
         )
     if metric == "argmax_agreement":
-        value = quality_metrics.argmax_agreement(outputs, ref.outputs, ref.token_mask)
+        value = quality_metrics.argmax_agreement(outputs, references, ref.token_mask)
         return Quality(metric="argmax_agreement", value=value, reference=1.0, drop=1.0 - value, samples=n)
-    if metric.startswith(PLUGIN_PREFIX):
-        name = metric.removeprefix(PLUGIN_PREFIX)
-        value = quality_metrics.user_value(name, outputs, ref.outputs)
-        own = quality_metrics.user_value(name, ref.outputs, ref.outputs)
-        return Quality(metric="user_metric", value=value, reference=own, drop=own - value, samples=n, name=name)
-    floats = [i for i, o in enumerate(ref.outputs) if np.issubdtype(o.dtype, np.floating)]
+    floats = [i for i, o in enumerate(references) if np.issubdtype(o.dtype, np.floating)]
     if not floats:  # integer-only outputs (class ids): agreement rate
-        value = float(np.mean([np.mean(outputs[i] == ref.outputs[i]) for i in range(len(ref.outputs))]))
+        value = float(np.mean([np.mean(outputs[i] == references[i]) for i in range(len(references))]))
         return Quality(metric="cosine_similarity", value=value, reference=1.0, drop=1.0 - value, samples=n)
     mask = ref.token_mask
     pooled = [
-        i for i in floats if mask is not None and ref.outputs[i].ndim == 3 and ref.outputs[i].shape[:2] == mask.shape
+        i for i in floats if mask is not None and references[i].ndim == 3 and references[i].shape[:2] == mask.shape
     ]
     values = []
     for i in floats:
         if i in pooled:
             assert mask is not None  # narrows the type: ``pooled`` is empty without a mask
-            values.append(mean_cosine(mean_pooled(outputs[i], mask), mean_pooled(ref.outputs[i], mask)))
+            values.append(mean_cosine(mean_pooled(outputs[i], mask), mean_pooled(references[i], mask)))
         else:
-            values.append(mean_cosine(outputs[i], ref.outputs[i]))
+            values.append(mean_cosine(outputs[i], references[i]))
     value = float(np.mean(values))
     cosine: QualityMetric = "mean_pooled_cosine_similarity" if pooled else "cosine_similarity"
     return Quality(metric=cosine, value=value, reference=1.0, drop=1.0 - value, samples=n)
+
+
+def _same_rows(outputs: list[np.ndarray], ref: Reference, compared: list[int]) -> None:
+    """Raises ModelError for a compared output whose rows here are not FP32's on the same samples: its rows per
+    sample were fixed in runs of the reference's batch, and another batch (or variant) changed them."""
+    for i in compared:
+        if outputs[i].shape[:1] != ref.outputs[i].shape[:1]:
+            name = ref.names[i] if i < len(ref.names) else f"#{i}"
+            raise ModelError(
+                f"output {name[:100]!r}",
+                f"{outputs[i].shape[0] if outputs[i].ndim else 0} rows here, {ref.outputs[i].shape[0]} for FP32 on "
+                "the same samples: its rows per sample change with the batch, so it cannot be compared sample by "
+                "sample. Export it with one row per sample, or with the batch fixed",
+            )
 
 
 def measure_latency(session: Session, data: Dataset, batch: int, settings: MeasureSettings) -> LatencyStats:

@@ -23,8 +23,8 @@ from metainfer.core.engine import runoff, scan_gate
 from metainfer.core.engine.anchors import anchor_points
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.errors import InputError
-from metainfer.core.engine.evaluate import Reference, Screen
+from metainfer.core.engine.errors import InputError, MetainferError, fp32_failure
+from metainfer.core.engine.evaluate import Reference, Screen, refuse_batch_mixing
 from metainfer.core.engine.history import HardwareFeatures as HistoryHardware
 from metainfer.core.engine.history import ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
 from metainfer.core.engine.history_use import HistoryUse
@@ -216,7 +216,13 @@ class Adaptation:
         self.observer.phase(PipelinePhase.BASELINE, 1)
         baseline_recipe = Recipe(batch=s.batch)
         metric = s.constraints.quality_metric
-        self.reference = self.measurer.reference(self.base, baseline_recipe, self.quality_data, metric)
+        try:
+            self.reference = self.measurer.reference(self.base, baseline_recipe, self.quality_data, metric)
+        except MetainferError:
+            raise
+        except Exception as exc:  # ONNX Runtime refused the user's own model: the run fails with its reason
+            raise fp32_failure(exc) from exc
+        refuse_batch_mixing(self.reference, s.batch, s.constraints.max_quality_drop)
         baseline = self.measure(0, {}, baseline_recipe, None)
         if baseline.metrics is None:
             raise InputError("model", f"the FP32 model does not run on this machine: {baseline.error}")
@@ -224,6 +230,12 @@ class Adaptation:
         self._note_leader(baseline)
         self.observer.advance("baseline")
         space, notes = self._space()
+        if left_out := self.reference.left_out():
+            names = ", ".join(repr(name[:60]) for name in left_out[:8])
+            notes.append(
+                f"output(s) {names} left out of the quality comparison: their rows are the run's, not one sample's"
+                " (a constant, the detections non-max suppression kept), so they change with the grouping of samples"
+            )
         prior, history_use = self._prior(space, notes)
         searcher = make_searcher(
             s.algorithm, space, s.seed, s.budget_trials, featurizer=self._featurizer(space), prior=prior

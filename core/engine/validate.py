@@ -89,29 +89,28 @@ def validate_variant(
     if "alone" in groupings and largest > 1:
         if recipe.batch_dependent():
             try:
-                groupings |= _in_other_company(session, data, largest)
+                groupings |= _in_other_company(session, data, largest, reference.compared())
             except Exception as exc:  # it ran at this batch in order: in other company it must run too
                 checks.append(Check(name="runs in other company", passed=False, detail=_first_line(exc)))
         dependence = batch_dependence(groupings, reference)
         if recipe.batch_dependent():
             checks.append(_dependence_check(dependence, max_quality_drop))
-    checks.extend(_abnormal_inputs(session, data))
+    checks.extend(_abnormal_inputs(session, data, reference.compared()))
     return ValidationReport(
         passed=all(c.passed for c in checks), full_data_quality=full, checks=checks, batch_dependence=dependence
     )
 
 
-def _in_other_company(session: Session, data: Dataset, batch: int) -> dict[str, list[np.ndarray]]:
+def _in_other_company(session: Session, data: Dataset, batch: int, compared: list[int]) -> dict[str, list[np.ndarray]]:
     """Every sample run in runs of ``batch`` shuffled (fixed seed), and in runs that also hold the sample with the
-    largest inputs (whose range sets the run's activation scales)."""
+    largest inputs (whose range sets the run's activation scales). Only the ``compared`` outputs are kept."""
     n = data.n_samples
     order = np.random.default_rng(0).permutation(n)
-    shuffled = _run_rows(session, data, [order[start : start + batch] for start in range(0, n, batch)])
+    shuffled = _run_rows(session, data, [order[start : start + batch] for start in range(0, n, batch)], compared)
     loudest = int(np.argmax(input_magnitude(data)))
     others = np.array([i for i in range(n) if i != loudest])
-    beside = _run_rows(
-        session, data, [np.append(others[s : s + batch - 1], loudest) for s in range(0, len(others), batch - 1)]
-    )
+    runs = [np.append(others[s : s + batch - 1], loudest) for s in range(0, len(others), batch - 1)]
+    beside = _run_rows(session, data, runs, compared)
     return {f"shuffled in runs of {batch}": shuffled, f"in runs of {batch} with the largest input": beside}
 
 
@@ -123,31 +122,36 @@ def input_magnitude(data: Dataset) -> np.ndarray:
     return total
 
 
-def _run_rows(session: Session, data: Dataset, runs: list[np.ndarray]) -> list[np.ndarray]:
+def _run_rows(session: Session, data: Dataset, runs: list[np.ndarray], compared: list[int]) -> list[np.ndarray]:
     """Outputs per sample (in sample order) when the samples run together as ``runs`` say; a sample in several
-    runs keeps its outputs from the first."""
-    per_output: list[np.ndarray] | None = None
+    runs keeps its outputs from the first. The ``compared`` outputs (a fixed number of rows per sample) only: the
+    others are empty."""
+    per_output: dict[int, np.ndarray] = {}
+    shapes: dict[int, tuple[int, ...]] = {}
     done = np.zeros(data.n_samples, dtype=bool)
     for rows in runs:
-        outputs = [
-            batch_major(o, len(rows)) for o in session.run(None, {name: a[rows] for name, a in data.inputs.items()})
-        ]
-        if per_output is None:
-            per_output = [np.empty((data.n_samples, *o.shape[1:]), dtype=o.dtype) for o in outputs]
+        outputs = session.run(None, {name: a[rows] for name, a in data.inputs.items()})
         fresh = ~done[rows]
-        for target, output in zip(per_output, outputs, strict=True):
-            target[rows[fresh]] = output[fresh]
+        for i in compared:
+            output = np.atleast_1d(batch_major(outputs[i], len(rows)))
+            # Flat per sample, so that an output of several rows per sample ([samples * steps, classes]) fits.
+            flat = output.reshape(len(rows), -1)
+            if i not in per_output:
+                per_output[i] = np.empty((data.n_samples, flat.shape[1]), dtype=output.dtype)
+                shapes[i] = (data.n_samples * (len(output) // len(rows)), *output.shape[1:])
+            per_output[i][rows[fresh]] = flat[fresh]
         done[rows] = True
-    assert per_output is not None and done.all()
-    return per_output
+    assert done.all()
+    return [per_output[i].reshape(shapes[i]) if i in per_output else np.empty(0) for i in range(len(outputs))]
 
 
 def batch_dependence(groupings: dict[str, list[np.ndarray]], reference: Reference) -> BatchDependence:
     """The outputs of every sample in each grouping (``"alone"`` among them) against each other and FP32."""
     alone = groupings["alone"]
+    compared = reference.compared()
     difference = 0.0
     for outputs in groupings.values():
-        for mine, solo in zip(outputs, alone, strict=True):
+        for mine, solo in ((outputs[i], alone[i]) for i in compared):
             if mine.size:
                 gap = np.abs(mine.astype(np.float64) - solo.astype(np.float64))
                 difference = max(difference, float(np.nanmax(gap)) if not np.isnan(gap).all() else 0.0)
@@ -162,19 +166,24 @@ def batch_dependence(groupings: dict[str, list[np.ndarray]], reference: Referenc
 def worst_per_sample(candidates: list[list[np.ndarray]], reference: Reference) -> list[np.ndarray]:
     """For every sample, its outputs from the grouping that is furthest from FP32: a wrong top-1 label first
     (when there are labels), then the largest relative distance over the outputs."""
-    n = reference.outputs[0].shape[0]
+    n = reference.samples or reference.outputs[0].shape[0]
+    compared = reference.compared()
     badness = np.zeros((len(candidates), n))
     for index, outputs in enumerate(candidates):
-        for mine, ref in zip(outputs, reference.outputs, strict=True):
+        for mine, ref in ((outputs[i], reference.outputs[i]) for i in compared):
             a = mine.reshape(n, -1).astype(np.float64)
             b = ref.reshape(n, -1).astype(np.float64)
             scale = np.maximum(np.linalg.norm(b, axis=1), 1e-12)
             badness[index] += np.nan_to_num(np.linalg.norm(a - b, axis=1) / scale, nan=np.inf)
-        if reference.labels is not None:
-            wrong = np.argmax(outputs[0].reshape(n, -1), axis=1) != reference.labels
+        if reference.labels is not None and compared:
+            wrong = np.argmax(outputs[compared[0]].reshape(n, -1), axis=1) != reference.labels
             badness[index] += np.where(wrong, 1e6, 0.0)
     pick = np.argmax(badness, axis=0)
-    return [np.stack([c[k] for c in candidates])[pick, np.arange(n)] for k in range(len(candidates[0]))]
+    worst = [candidates[0][k] for k in range(len(candidates[0]))]  # what no sample owns: as in the first
+    for k in compared:
+        per_sample = np.stack([c[k].reshape(n, -1) for c in candidates])[pick, np.arange(n)]
+        worst[k] = per_sample.reshape(candidates[0][k].shape)
+    return worst
 
 
 def _dependence_check(dependence: BatchDependence, budget: float) -> Check:
@@ -195,18 +204,24 @@ def _quality_check(name: str, q: Quality, budget: float) -> Check:
     )
 
 
-def _abnormal_inputs(session: Session, data: Dataset) -> list[Check]:
+def _abnormal_inputs(session: Session, data: Dataset, compared: list[int]) -> list[Check]:
+    """NaN and zeros must run (or be refused cleanly) with the batch size kept on the outputs a sample owns; an
+    output with rows per run (detections kept) may hold any number."""
     feed = data.batch(0, 1)
     checks = []
     floats = [k for k, v in feed.items() if np.issubdtype(v.dtype, np.floating)]
     cases = {"zeros": {k: np.zeros_like(v) for k, v in feed.items()}}
     if floats:
         cases["NaN"] = {k: (np.full_like(v, np.nan) if k in floats else v) for k, v in feed.items()}
-    expected = [o.shape[:1] for o in session.run(None, feed)]  # [:1]: () for a scalar output
+
+    def batch_sizes(outputs: list[np.ndarray]) -> list[tuple[int, ...]]:
+        return [outputs[i].shape[:1] for i in compared]  # [:1]: () for a scalar output
+
+    expected = batch_sizes(session.run(None, feed))
     for name, bad in cases.items():
         try:
             outs = session.run(None, bad)
-            ok = [o.shape[:1] for o in outs] == expected
+            ok = batch_sizes(outs) == expected
             checks.append(
                 Check(
                     name=f"{name} input",

@@ -180,3 +180,24 @@ def test_cli_no_feasible_candidate_exits_3(examples: dict[str, Path], tmp_path: 
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "no feasible candidate" in proc.stderr and "latency: p95" in proc.stderr
     assert (tmp_path / "report.json").exists() and not (tmp_path / "model.onnx").exists()
+
+
+def test_a_detector_with_its_nms_adapts_on_its_boxes_and_the_report_says_what_was_left_out(
+    quick_profile: HardwareProfile, tmp_path: Path
+) -> None:
+    """The detections non-max suppression keeps are the run's, not a sample's: before, validation crashed comparing
+    (35, 3) with (38, 3) rows; now the boxes carry the quality budget and the report names what was not compared."""
+    from odd_exports import detector
+
+    from metainfer.core.engine.modelinfo import inspect_model
+
+    model = detector()
+    path = tmp_path / "model.onnx"
+    path.write_bytes(model)
+    data = Dataset({"x": np.random.default_rng(1).standard_normal((64, 16)).astype(np.float32)})
+    settings = AdaptSettings(batch=8, budget_trials=3, seed=0, measure=FAST)
+    report, variant = Adaptation(model, inspect_model(path), data, quick_profile, settings).run()
+    assert report.best is not None and variant is not None
+    assert report.validation is not None and report.validation.passed, report.validation
+    notes = report.space.notes
+    assert any("'selected' left out of the quality comparison" in note for note in notes), notes
