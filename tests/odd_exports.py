@@ -34,3 +34,24 @@ def detector(with_boxes: bool = True) -> bytes:
         nodes, "detector", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])], outputs, initializers
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
+def unbatched_conv() -> bytes:
+    """x [3, 8, 8] -> y [4, 8, 8]: a model that takes one image without a samples axis, as torchvision's detectors
+    do ([3, H, W])."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Unsqueeze", ["x", "zero"], ["one_image"]),
+        helper.make_node("Conv", ["one_image", "W"], ["features"], pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["features"], ["activated"]),
+        helper.make_node("Squeeze", ["activated", "zero"], ["y"]),
+    ]
+    initializers = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "W"),
+        numpy_helper.from_array(np.array([0], np.int64), "zero"),
+    ]
+    graph = helper.make_graph(
+        nodes, "unbatched", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8, 8])], initializers,
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()

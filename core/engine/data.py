@@ -1,7 +1,10 @@
 """Sample data for calibration, quality and latency, checked against the model.
 
 NPZ arrays are named after the model inputs, first axis = samples; an optional
-``labels`` array turns on top-1 accuracy. Mismatches are caught here, with the
+``labels`` array turns on top-1 accuracy. An array with one axis more than its
+input holds samples of an input that has no samples axis (torchvision's
+detectors take one [3, H, W] image; a scalar setting beside a batch): each
+sample is fed as the whole input, one per run. Mismatches are caught here, with the
 array and the expected shape named, rather than deep inside ONNX Runtime.
 """
 
@@ -24,6 +27,8 @@ LABELS = "labels"
 class Dataset:
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None = None
+    # Inputs the model takes without a samples axis: one sample is the whole input, so runs hold one sample.
+    unbatched: frozenset[str] = frozenset()
 
     @property
     def n_samples(self) -> int:
@@ -31,28 +36,33 @@ class Dataset:
 
     def batch(self, start: int, size: int) -> dict[str, np.ndarray]:
         """``size`` samples starting at ``start``, wrapping around so any batch size works."""
-        idx = (np.arange(size) + start) % self.n_samples
-        return {name: arr[idx] for name, arr in self.inputs.items()}
+        return self.feed((np.arange(size) + start) % self.n_samples)
 
     def batches(self, size: int) -> Iterator[tuple[dict[str, np.ndarray], slice]]:
         """Consecutive batches covering every sample once (the last may be smaller)."""
         for start in range(0, self.n_samples, size):
             sl = slice(start, min(start + size, self.n_samples))
-            yield {name: arr[sl] for name, arr in self.inputs.items()}, sl
+            yield self.feed(np.arange(sl.start, sl.stop)), sl
+
+    def feed(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """The model's inputs for the samples ``rows``, run together."""
+        if self.unbatched and len(rows) != 1:
+            raise DataError(
+                "batch",
+                f"input(s) {sorted(self.unbatched)} take one sample without a samples axis, so a run holds one sample,"
+                f" not {len(rows)}: use --batch 1 (policy: slo.batchSize: 1)",
+            )
+        return {name: arr[rows[0], ...] if name in self.unbatched else arr[rows] for name, arr in self.inputs.items()}
 
     def head(self, n: int) -> Dataset:
         n = min(n, self.n_samples)
-        return Dataset(
-            {k: v[:n] for k, v in self.inputs.items()},
-            None if self.labels is None else self.labels[:n],
-        )
+        labels = None if self.labels is None else self.labels[:n]
+        return Dataset({k: v[:n] for k, v in self.inputs.items()}, labels, self.unbatched)
 
     def tail(self, start: int) -> Dataset:
         """The samples from ``start`` on (what ``head(start)`` leaves out)."""
-        return Dataset(
-            {k: v[start:] for k, v in self.inputs.items()},
-            None if self.labels is None else self.labels[start:],
-        )
+        labels = None if self.labels is None else self.labels[start:]
+        return Dataset({k: v[start:] for k, v in self.inputs.items()}, labels, self.unbatched)
 
 
 def load_npz(path: Path, model: ModelInfo) -> Dataset:
@@ -80,16 +90,23 @@ def make_dataset(arrays: dict[str, np.ndarray], model: ModelInfo, source: str = 
     if missing:
         raise DataError(source, f"missing array(s) for model input(s) {missing}")
     inputs: dict[str, np.ndarray] = {}
+    unbatched: set[str] = set()
     counts = set()
     for name, info in expected.items():
         arr = arrays[name]
-        if arr.ndim != len(info.shape):
+        if arr.ndim == len(info.shape) + 1:  # samples of an input that has no samples axis
+            unbatched.add(name)
+            model_axes = info.shape
+        elif arr.ndim == len(info.shape):
+            model_axes = info.shape[1:]
+        else:
             raise DataError(
                 f"{source}:{name}",
                 f"has {arr.ndim} dims {list(arr.shape)}, the model expects {len(info.shape)} dims"
-                f" {list(info.shape)} (first axis = samples)",
+                f" {list(info.shape)} (first axis = samples; or {len(info.shape) + 1} dims, samples of the whole"
+                " input, for a model that takes one sample without a samples axis)",
             )
-        for axis, (have, want) in enumerate(zip(arr.shape[1:], info.shape[1:], strict=True), start=1):
+        for axis, (have, want) in enumerate(zip(arr.shape[1:], model_axes, strict=True), start=1):
             if isinstance(want, int) and have != want:
                 raise DataError(
                     f"{source}:{name}",
@@ -109,7 +126,7 @@ def make_dataset(arrays: dict[str, np.ndarray], model: ModelInfo, source: str = 
                 f"must be an integer array of shape ({n},), got {labels.dtype} {list(labels.shape)}",
             )
         labels = labels.astype(np.int64)
-    return Dataset(inputs, labels)
+    return Dataset(inputs, labels, frozenset(unbatched))
 
 
 def _cast(arr: np.ndarray, dtype: str, where: str) -> np.ndarray:

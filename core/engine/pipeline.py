@@ -84,7 +84,7 @@ class Adaptation:
         self.history = history
         self.observer: Observer = observer or SilentObserver()
         self.measurer: Measurer = measurer or OnnxRuntimeMeasurer()
-        _check_batch(model, settings)
+        _check_batch(model, settings, data)
         self.calibration = data.head(settings.calibration_samples)
         self.quality_data = data.head(settings.measure.quality_samples)
         self._variants: OrderedDict[str, bytes] = OrderedDict()
@@ -654,8 +654,16 @@ class Adaptation:
         return winner, validation, variant, final
 
 
-def _check_batch(model: ModelInfo, settings: AdaptSettings) -> None:
-    fixed = {i.shape[0] for i in model.inputs if i.shape and isinstance(i.shape[0], int)}
+def _check_batch(model: ModelInfo, settings: AdaptSettings, data: Dataset) -> None:
+    if data.unbatched and (settings.batch != 1 or settings.search_batch):
+        raise InputError(
+            "--batch",
+            f"input(s) {sorted(data.unbatched)[:8]} have no samples axis (the data holds one more axis than the"
+            " model's input: samples of the whole input), so every run holds one sample; use --batch 1 (and do not"
+            " search the batch)",
+        )
+    batched = [i for i in model.inputs if i.name not in data.unbatched]
+    fixed = {i.shape[0] for i in batched if i.shape and isinstance(i.shape[0], int)}
     if fixed and (settings.batch not in fixed or settings.search_batch):
         raise InputError(
             "--batch",

@@ -132,7 +132,7 @@ def accuracy_control(
 
     kept = kept_in_float_by_accuracy_control(
         prepared_for_static_int8(model),
-        feeds_of(calibration, calibration_batch(model)),
+        feeds_of(calibration, calibration_batch(model, calibration)),
         items,
         validate,
         max_quality_drop,

@@ -130,7 +130,7 @@ def _run_rows(session: Session, data: Dataset, runs: list[np.ndarray], compared:
     shapes: dict[int, tuple[int, ...]] = {}
     done = np.zeros(data.n_samples, dtype=bool)
     for rows in runs:
-        outputs = session.run(None, {name: a[rows] for name, a in data.inputs.items()})
+        outputs = session.run(None, data.feed(rows))
         fresh = ~done[rows]
         for i in compared:
             output = np.atleast_1d(batch_major(outputs[i], len(rows)))

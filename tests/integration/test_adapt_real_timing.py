@@ -201,3 +201,27 @@ def test_a_detector_with_its_nms_adapts_on_its_boxes_and_the_report_says_what_wa
     assert report.validation is not None and report.validation.passed, report.validation
     notes = report.space.notes
     assert any("'selected' left out of the quality comparison" in note for note in notes), notes
+
+
+def test_a_model_that_takes_one_image_without_a_samples_axis_adapts_calibration_included(
+    quick_profile: HardwareProfile, tmp_path: Path
+) -> None:
+    """Data of [samples, 3, H, W] for a model of [3, H, W] (torchvision's detectors): each sample is one run, and
+    static int8's calibration reads the same feeds."""
+    from odd_exports import unbatched_conv
+
+    from metainfer.core.engine.data import make_dataset
+    from metainfer.core.engine.modelinfo import inspect_model
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(unbatched_conv())
+    info = inspect_model(path)
+    data = make_dataset({"x": np.random.default_rng(1).standard_normal((48, 3, 8, 8)).astype(np.float32)}, info)
+    settings = AdaptSettings(
+        batch=1, budget_trials=3, seed=0, measure=FAST, overrides={"quantization": ["int8_static", "fp32"]}
+    )
+    report, variant = Adaptation(path.read_bytes(), info, data, quick_profile, settings).run()
+    assert report.best is not None and variant is not None
+    assert report.validation is not None and report.validation.passed, report.validation
+    static = [t for t in report.trials if t.recipe.transform.quantization.mode == "int8_static"]
+    assert static and all(t.status != "failed" for t in static), [t.error for t in static]

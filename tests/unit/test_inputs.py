@@ -147,7 +147,9 @@ def test_data_must_match_the_model(digits) -> None:
         make_dataset({}, info)
     with pytest.raises(DataError, match="axis 1 has size 63, the model expects 64"):
         make_dataset({"input": x[:, :63]}, info)
-    with pytest.raises(DataError, match="has 3 dims"):
+    with pytest.raises(DataError, match=r"has 4 dims .* or 3 dims, samples of the whole input"):
+        make_dataset({"input": x[:, :, None, None]}, info)
+    with pytest.raises(DataError, match="axis 2 has size 1, the model expects 64"):  # one more axis: whole inputs
         make_dataset({"input": x[:, :, None]}, info)
     with pytest.raises(DataError, match="dtype"):
         make_dataset({"input": x.astype(np.int64)}, info)
@@ -196,3 +198,23 @@ def test_a_string_input_is_refused_by_name_with_the_way_out(tmp_path: Path) -> N
     with pytest.raises(ModelError, match=r"input 'text' is a tensor\(string\): .* numeric and bool tensors") as err:
         load_model(path)
     assert "strings turned into numbers before the graph" in str(err.value)
+
+
+def test_samples_of_an_input_without_a_samples_axis_are_fed_whole_one_per_run(tmp_path: Path) -> None:
+    """torchvision's detectors take one [3, H, W] image: data of [samples, 3, H, W] was refused ("has 4 dims, the
+    model expects 3"), though it is exactly what such a model runs on."""
+    from odd_exports import unbatched_conv
+
+    path = tmp_path / "model.onnx"
+    path.write_bytes(unbatched_conv())
+    info = inspect_model(path)
+    images = np.random.default_rng(0).standard_normal((5, 3, 8, 8)).astype(np.float32)
+    data = make_dataset({"x": images}, info)
+    assert data.unbatched == {"x"} and data.n_samples == 5
+    feeds = [feed["x"] for feed, _ in data.batches(1)]
+    assert [f.shape for f in feeds] == [(3, 8, 8)] * 5 and np.array_equal(feeds[4], images[4])
+    assert data.head(2).unbatched == data.tail(2).unbatched == {"x"}
+    with pytest.raises(DataError, match=r"input\(s\) \['x'\] take one sample .* not 2: use --batch 1"):
+        data.batch(0, 2)
+    with pytest.raises(DataError, match="axis 1 has size 4, the model expects 3"):
+        make_dataset({"x": np.zeros((5, 4, 8, 8), np.float32)}, info)

@@ -148,3 +148,16 @@ def test_onnx_runtimes_refusal_of_the_fp32_model_becomes_a_named_error() -> None
     assert isinstance(error, UnsupportedModelError) and "com.acme:Frobnicate" in str(error)
     other = fp32_failure(RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : bad\nstack"))
     assert isinstance(other, ModelError) and str(other).endswith("INVALID_ARGUMENT : bad")
+
+
+def test_a_model_without_a_samples_axis_adapts_at_batch_1_only() -> None:
+    from odd_exports import unbatched_conv
+
+    from metainfer.core.engine.errors import InputError
+
+    model = unbatched_conv()
+    images = Dataset({"x": RNG.standard_normal((6, 3, 8, 8)).astype(np.float32)}, unbatched=frozenset({"x"}))
+    with pytest.raises(InputError, match=r"--batch: input\(s\) \['x'\] have no samples axis .* use --batch 1"):
+        Adaptation(model, _info(model), images, fixed_profile(), AdaptSettings(batch=3))
+    # Its fixed first axis (3, the channels) is not a batch: batch 1 is accepted, not "use --batch 3".
+    Adaptation(model, _info(model), images, fixed_profile(), AdaptSettings(batch=1))

@@ -54,7 +54,7 @@ def test_a_body_exactly_at_the_limit_is_accepted() -> None:
     ("raw", "encoding", "words"),
     [
         (b"not compressed at all", "gzip", "not valid gzip"),
-        (gzip.compress(b"x" * 1000)[:-12], "gzip", "truncated gzip"),
+        (gzip.compress(b"x" * 1000, mtime=0)[:-12], "gzip", "truncated gzip"),
         (zlib.compress(b"abc") + b"trailing", "deflate", "after its deflate"),
         (b"\x00\x01garbage", "deflate", "not valid deflate"),
     ],

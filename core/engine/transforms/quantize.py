@@ -64,7 +64,7 @@ class _Reader(CalibrationDataReader):  # type: ignore[misc]  # onnxruntime ships
     """
 
     def __init__(self, data: Dataset, batch: int) -> None:
-        self._feeds = [b for b, _ in data.batches(batch) if _full(b, batch)]
+        self._feeds = [feed for feed, rows in data.batches(batch) if rows.stop - rows.start == batch]
         self._window: Iterator[dict[str, np.ndarray]] = iter(self._feeds)
 
     def __len__(self) -> int:
@@ -133,12 +133,11 @@ CALIBRATIONS = CalibrationCache()
 _ORT_CACHES_CALIBRATION = "calibration_cache_path" in inspect.signature(quantize_static).parameters
 
 
-def _full(feed: dict[str, np.ndarray], batch: int) -> bool:
-    return bool(next(iter(feed.values())).shape[0] == batch)
-
-
-def calibration_batch(model: onnx.ModelProto) -> int:
-    """Batches of CALIBRATION_BATCH, unless the model fixes its batch dimension (then that)."""
+def calibration_batch(model: onnx.ModelProto, data: Dataset) -> int:
+    """Batches of CALIBRATION_BATCH, unless the model fixes its batch dimension (then that), or takes one sample
+    without a samples axis (then 1)."""
+    if data.unbatched:
+        return 1
     initializers = {t.name for t in model.graph.initializer}
     for value in model.graph.input:
         dims = value.type.tensor_type.shape.dim
@@ -253,7 +252,7 @@ def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset
         from metainfer.core.engine.transforms.quantize_nncf import feeds_of, to_int8_nncf
 
         prepared = prepared_for_static_int8(model)
-        return to_int8_nncf(prepared, spec, feeds_of(calibration, calibration_batch(model)))
+        return to_int8_nncf(prepared, spec, feeds_of(calibration, calibration_batch(model, calibration)))
     if spec.mode == "int8_static":
         model = _at_least_opset(model, QDQ_MIN_OPSET)
     # chdir: ORT's quantizer and shape inference drop debug files into the working directory.
@@ -274,12 +273,12 @@ def to_int8(model: onnx.ModelProto, spec: QuantizationSpec, calibration: Dataset
         else:
             if calibration is None:
                 raise InputError("data", "static int8 quantization needs calibration samples")
-            reader = _Reader(calibration, calibration_batch(model))
+            reader = _Reader(calibration, calibration_batch(model, calibration))
             if len(reader) == 0:
                 raise InputError(
                     "data",
                     f"static int8 quantization needs at least one full calibration batch of "
-                    f"{calibration_batch(model)} samples; got {calibration.n_samples}",
+                    f"{calibration_batch(model, calibration)} samples; got {calibration.n_samples}",
                 )
             cached = Path(tmp, "calibration.json")
             key = CalibrationCache.key(src.read_bytes(), reader.digest(), spec)

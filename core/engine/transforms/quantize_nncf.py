@@ -129,4 +129,4 @@ def _settings(nncf: Any, model: onnx.ModelProto, feeds: list[dict[str, np.ndarra
 
 def feeds_of(calibration: Dataset, batch: int) -> list[dict[str, np.ndarray]]:
     """Full calibration batches, as NNCF's dataset items."""
-    return [feed for feed, _ in calibration.batches(batch) if next(iter(feed.values())).shape[0] == batch]
+    return [feed for feed, rows in calibration.batches(batch) if rows.stop - rows.start == batch]
