@@ -113,6 +113,12 @@ class Reference:
         """The indices of the outputs that quality and batch dependence compare with FP32's, sample by sample."""
         return [i for i in range(len(self.outputs)) if self.per_sample is None or self.per_sample[i]]
 
+    def label_output(self) -> int | None:
+        """The index of the output top-1 accuracy reads (quality_metrics.label_output), among the compared ones."""
+        compared = self.compared()
+        found = quality_metrics.label_output([self.outputs[i] for i in compared])
+        return None if found is None else compared[found]
+
     def left_out(self) -> list[str]:
         """The names of the outputs that are not compared: a variable or fixed number of rows per run (selected
         detections after non-max suppression, a constant), which no sample owns."""
@@ -126,8 +132,8 @@ class Reference:
         """The reference of samples ``start`` to ``stop``."""
         labels = None if self.labels is None else self.labels[start:stop]
         outputs = [o[self._rows(o, start) : self._rows(o, stop)] for o in self.outputs]
-        compared = self.compared()
-        accuracy = None if labels is None or not compared else top1_accuracy(outputs[compared[0]], labels)
+        scores = self.label_output()
+        accuracy = None if labels is None or scores is None else top1_accuracy(outputs[scores], labels)
         mask = None if self.token_mask is None else self.token_mask[start:stop]
         n = len(range(*slice(start, stop).indices(self.samples or len(self.outputs[0]))))
         samples = None if self.samples is None else n
@@ -238,11 +244,11 @@ def make_reference(session: Session, data: Dataset, batch: int, metric: str = "a
             " name a quality plugin (slo.qualityMetric plugin:NAME) that compares such outputs",
         )
     compared = [o for o, kept in zip(outputs, per_sample, strict=True) if kept]
-    accuracy = None
-    if data.labels is not None and compared:
-        accuracy = top1_accuracy(compared[0], data.labels)
     resolved = quality_metrics.resolve(metric, compared or outputs, data.labels)
-    reference = Reference(outputs, data.labels, accuracy, token_mask(data), resolved, data.n_samples, per_sample, names)
+    reference = Reference(outputs, data.labels, None, token_mask(data), resolved, data.n_samples, per_sample, names)
+    scores = reference.label_output()
+    if data.labels is not None and scores is not None:
+        reference = dataclasses.replace(reference, accuracy=top1_accuracy(outputs[scores], data.labels))
     if batch_open:
         reference = dataclasses.replace(reference, shared_run_drop=_shared_run_drop(session, data, batch, reference))
     return reference
@@ -297,6 +303,10 @@ def mean_pooled(output: np.ndarray, mask: np.ndarray) -> np.ndarray:
 
 
 def top1_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
+    """The share of samples whose predicted class is the label: ``scores`` are class ids (one integer per sample)
+    or scores over classes (argmax)."""
+    if np.issubdtype(scores.dtype, np.integer) and scores.size == len(labels):
+        return float(np.mean(scores.reshape(-1) == labels))
     return float(np.mean(np.argmax(scores.reshape(len(labels), -1), axis=1) == labels))
 
 
@@ -321,15 +331,16 @@ def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
         return Quality(metric="user_metric", value=value, reference=own, drop=own - value, samples=n, name=name)
     compared = ref.compared()
     _same_rows(outputs, ref, compared)
-    outputs = [outputs[i] for i in compared]
-    references = [ref.outputs[i] for i in compared]
+    scores = ref.label_output()
     if metric == "auto":
         metric = "top1_accuracy" if ref.labels is not None and ref.accuracy is not None else "cosine_similarity"
-    if metric == "top1_accuracy" and ref.labels is not None and ref.accuracy is not None:
-        value = top1_accuracy(outputs[0], ref.labels)
+    if metric == "top1_accuracy" and ref.labels is not None and ref.accuracy is not None and scores is not None:
+        value = top1_accuracy(outputs[scores], ref.labels)
         return Quality(
             metric="top1_accuracy", value=value, reference=ref.accuracy, drop=ref.accuracy - value, samples=n
         )
+    outputs = [outputs[i] for i in compared]
+    references = [ref.outputs[i] for i in compared]
     if metric == "argmax_agreement":
         value = quality_metrics.argmax_agreement(outputs, references, ref.token_mask)
         return Quality(metric="argmax_agreement", value=value, reference=1.0, drop=1.0 - value, samples=n)

@@ -29,11 +29,19 @@ def resolve(choice: str, outputs: Sequence[np.ndarray], labels: np.ndarray | Non
     """The metric ``choice`` means for a model with these FP32 ``outputs``; raises DataError naming the field
     when it cannot be computed for them."""
     if choice == "auto":
-        if labels is not None:
+        if labels is not None and label_output(outputs) is not None:
             return "top1_accuracy"
         return "argmax_agreement" if any(is_per_step_distribution(o) for o in outputs) else "cosine_similarity"
     if choice == "top1_accuracy" and labels is None:
         raise DataError(FIELD, "top1_accuracy needs labels: add a 'labels' array to the data NPZ, or choose another")
+    if choice == "top1_accuracy" and label_output(outputs) is None:
+        kinds = [f"{o.dtype}{list(o.shape)}" for o in outputs[:8]]
+        raise DataError(
+            FIELD,
+            f"top1_accuracy needs an output of class scores [samples, classes] or of predicted class ids (one integer"
+            f" per sample); got {kinds} (one float per sample is a binary score whose threshold is unknown: export"
+            " both classes' scores, or choose cosine_similarity)",
+        )
     if choice == "argmax_agreement" and not class_scores(outputs):
         shapes = [list(o.shape) for o in outputs]
         raise DataError(FIELD, f"argmax_agreement needs a float output with classes on its last axis; got {shapes}")
@@ -42,6 +50,19 @@ def resolve(choice: str, outputs: Sequence[np.ndarray], labels: np.ndarray | Non
     elif choice not in BUILTIN:
         raise DataError(FIELD, f"unknown metric {choice[:80]!r}: expected auto, {', '.join(BUILTIN)} or plugin:<name>")
     return choice
+
+
+def label_output(outputs: Sequence[np.ndarray]) -> int | None:
+    """The index of the output top-1 accuracy reads: the first one of predicted class ids (one integer per sample,
+    as skl2onnx's ``label`` or an exported argmax), else the first of float scores with the classes on the last
+    axis; None when there is neither."""
+    for i, output in enumerate(outputs):
+        if np.issubdtype(output.dtype, np.integer) and output.ndim >= 1 and output.size == output.shape[0]:
+            return i
+    return next(
+        (i for i, o in enumerate(outputs) if np.issubdtype(o.dtype, np.floating) and o.ndim >= 2 and o.shape[-1] > 1),
+        None,
+    )
 
 
 def is_per_step_distribution(output: np.ndarray) -> bool:

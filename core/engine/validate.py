@@ -175,8 +175,9 @@ def worst_per_sample(candidates: list[list[np.ndarray]], reference: Reference) -
             b = ref.reshape(n, -1).astype(np.float64)
             scale = np.maximum(np.linalg.norm(b, axis=1), 1e-12)
             badness[index] += np.nan_to_num(np.linalg.norm(a - b, axis=1) / scale, nan=np.inf)
-        if reference.labels is not None and compared:
-            wrong = np.argmax(outputs[compared[0]].reshape(n, -1), axis=1) != reference.labels
+        scores = reference.label_output()
+        if reference.labels is not None and scores is not None:
+            wrong = _predicted(outputs[scores], n) != reference.labels
             badness[index] += np.where(wrong, 1e6, 0.0)
     pick = np.argmax(badness, axis=0)
     worst = [candidates[0][k] for k in range(len(candidates[0]))]  # what no sample owns: as in the first
@@ -184,6 +185,14 @@ def worst_per_sample(candidates: list[list[np.ndarray]], reference: Reference) -
         per_sample = np.stack([c[k].reshape(n, -1) for c in candidates])[pick, np.arange(n)]
         worst[k] = per_sample.reshape(candidates[0][k].shape)
     return worst
+
+
+def _predicted(scores: np.ndarray, n: int) -> np.ndarray:
+    """Each of ``n`` samples' predicted class: the ids themselves, or the argmax of its scores."""
+    if np.issubdtype(scores.dtype, np.integer) and scores.size == n:
+        return scores.reshape(-1)
+    predicted: np.ndarray = np.argmax(scores.reshape(n, -1), axis=1)
+    return predicted
 
 
 def _dependence_check(dependence: BatchDependence, budget: float) -> Check:

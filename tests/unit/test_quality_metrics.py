@@ -149,3 +149,52 @@ def test_an_adaptation_of_a_sequence_classifier_budgets_lines_not_cosine(
     measured = [t for t in report.trials if t.metrics is not None]
     assert measured and all(t.metrics.quality.metric == "argmax_agreement" for t in measured if t.metrics)
     assert report.best.metrics is not None and report.best.metrics.quality.drop <= 0.02
+
+
+def _classifier(outputs: str) -> bytes:
+    """x [N, 16] -> logits; ``outputs``: "ids" (an exported argmax, [N] int64), "ids+probabilities" (skl2onnx's
+    order with zipmap off) or "binary" (one sigmoid probability per sample)."""
+    weights = onnx.numpy_helper.from_array(RNG.standard_normal((16, 10)).astype(np.float32), "W")
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["logits"]),
+        helper.make_node("ArgMax", ["logits"], ["label"], axis=1, keepdims=0),
+        helper.make_node("Softmax", ["logits"], ["probabilities"], axis=1),
+        helper.make_node("ReduceMax", ["probabilities"], ["top"], keepdims=0, axes=[1]),
+    ]
+    declared = {
+        "label": helper.make_tensor_value_info("label", TensorProto.INT64, ["N"]),
+        "probabilities": helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 10]),
+        "top": helper.make_tensor_value_info("top", TensorProto.FLOAT, ["N"]),
+    }
+    names = {"ids": ["label"], "ids+probabilities": ["label", "probabilities"], "binary": ["top"]}[outputs]
+    graph = helper.make_graph(
+        nodes, "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [declared[name] for name in names], [weights],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+
+
+@pytest.mark.parametrize("outputs", ["ids", "ids+probabilities"])
+def test_top1_reads_predicted_class_ids_as_ids(outputs: str) -> None:
+    """An output of class ids (an exported argmax; skl2onnx's ``label``, first) was read as scores: the argmax of
+    one column is always class 0, so FP32 "scored" the share of label 0 (0.16 for a 0.92 classifier) and no
+    variant's accuracy meant anything."""
+    session = create_session(_classifier(outputs), Recipe())
+    x = RNG.standard_normal((64, 16)).astype(np.float32)
+    predicted = session.run(None, {"x": x})[0]
+    labels = predicted.copy()
+    labels[:8] = (labels[:8] + 1) % 10  # 56 of 64 right
+    reference = make_reference(session, Dataset({"x": x}, labels), 8)
+    assert reference.metric == "top1_accuracy" and reference.accuracy == pytest.approx(56 / 64)
+    assert reference.label_output() == 0
+    wrong = [o.copy() for o in reference.outputs]
+    wrong[0][8:16] = (wrong[0][8:16] + 1) % 10
+    assert quality_of(wrong, reference).drop == pytest.approx(8 / 64)
+
+
+def test_one_float_per_sample_is_no_top1_auto_compares_by_cosine_and_asking_for_it_names_the_field() -> None:
+    session = create_session(_classifier("binary"), Recipe())
+    data = Dataset({"x": RNG.standard_normal((16, 16)).astype(np.float32)}, np.zeros(16, np.int64))
+    assert make_reference(session, data, 8).metric == "cosine_similarity"
+    with pytest.raises(DataError, match=r"slo.qualityMetric: top1_accuracy needs .* predicted class ids"):
+        make_reference(session, data, 8, "top1_accuracy")
