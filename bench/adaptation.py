@@ -42,12 +42,13 @@ from bench.roofline import ModelCost, achieved_fraction, batch_input_shapes, cou
 from metainfer.agent.zoo import build_examples, list_light_models
 from metainfer.agent.zoo.minilm import minilm_available
 from metainfer.core.engine.data import Dataset, load_npz
-from metainfer.core.engine.evaluate import latency_stats, make_reference, quality_of, run_all
+from metainfer.core.engine.evaluate import latency_stats
 from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.outputs import MODEL_FILE, RECIPE_FILE, write_outputs
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import HardwareProfile, load_or_measure
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import make_reference, quality_of, run_all
 from metainfer.core.engine.report import AdaptSettings
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints

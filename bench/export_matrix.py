@@ -39,11 +39,11 @@ from bench import benchlib, peer_env, peer_table
 from bench.exports import FLAVOURS, ExportSet, Flavour, build_exports
 from bench.olive_search import olive_contender
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import Reference
 from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.outputs import MODEL_FILE, write_outputs
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import load_or_measure
+from metainfer.core.engine.reference import Reference
 from metainfer.core.engine.report import AdaptSettings
 from metainfer.core.engine.scoring import Constraints
 

@@ -24,8 +24,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from bench import benchlib
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import MeasureSettings, mean_cosine, measure_interleaved
+from metainfer.core.engine.evaluate import MeasureSettings, measure_interleaved
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import mean_cosine
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms import build_variant
 from metainfer.core.engine.transforms.activations import fuse_activations

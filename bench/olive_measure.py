@@ -26,15 +26,9 @@ from bench.olive_output import (
 )
 from metainfer.agent.zoo.build import ExampleModel
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import (
-    MeasureSettings,
-    make_reference,
-    mean_pooled,
-    measure_interleaved,
-    quality_of,
-    run_all,
-)
+from metainfer.core.engine.evaluate import MeasureSettings, measure_interleaved
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import make_reference, mean_pooled, quality_of, run_all
 from metainfer.core.engine.runtime import create_session
 
 

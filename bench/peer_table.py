@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from metainfer.core.engine.evaluate import Reference, quality_of
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import Reference, quality_of
 from metainfer.core.engine.runtime_openvino import compile_config
 
 Row = dict[str, Any]

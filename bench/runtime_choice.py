@@ -37,11 +37,12 @@ from bench import benchlib
 from metainfer.agent.zoo import build_examples
 from metainfer.agent.zoo.light import build_light_inputs, light_model_path, load_light_model
 from metainfer.core.engine.data import Dataset, load_npz
-from metainfer.core.engine.evaluate import MeasureSettings, measure_interleaved, quality_of, run_all
+from metainfer.core.engine.evaluate import MeasureSettings, measure_interleaved
 from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import load_or_measure
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import quality_of, run_all
 from metainfer.core.engine.report import AdaptSettings, Report
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints

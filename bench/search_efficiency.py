@@ -48,11 +48,12 @@ from bench import search_replay as sr
 from metainfer.agent.zoo import build_examples
 from metainfer.core.engine.candidates import recipe_for
 from metainfer.core.engine.data import load_npz
-from metainfer.core.engine.evaluate import MeasureSettings, make_reference
+from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.profile import load_or_measure
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import make_reference
 from metainfer.core.engine.report import AdaptSettings
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.search.hybrid import HybridSearcher

@@ -14,10 +14,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import MeasureSettings, Reference, Screen
+from metainfer.core.engine.evaluate import MeasureSettings, Screen
 from metainfer.core.engine.measurer import OnnxRuntimeMeasurer
 from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo, OpSupport, SupportStatus
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import Reference
 from metainfer.core.engine.trial import LatencyStats, Quality, TrialMetrics
 
 OfRecipe = Callable[[Recipe], float]

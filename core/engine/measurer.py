@@ -15,16 +15,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import (
-    MeasureSettings,
-    Reference,
-    Screen,
-    evaluate,
-    make_reference,
-    measure_interleaved,
-    resident_mib,
-)
+from metainfer.core.engine.evaluate import MeasureSettings, Screen, evaluate, measure_interleaved, resident_mib
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import Reference, make_reference
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.trial import LatencyStats, TrialMetrics
 

@@ -14,9 +14,10 @@ adaptation run measures the same things thoroughly.
 from __future__ import annotations
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import MeasureSettings, make_reference, measure_latency, quality_of, run_all
+from metainfer.core.engine.evaluate import MeasureSettings, measure_latency
 from metainfer.core.engine.onnode_result import CheckBudget, OnNodeCheck, Serves, bounded
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import make_reference, quality_of, run_all
 from metainfer.core.engine.runtime import create_session
 
 # Short: the check delays the class's first Ready pod. min_runs keeps the p95 a percentile of something.

@@ -24,7 +24,7 @@ from metainfer.core.engine.anchors import anchor_points
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError, MetainferError, fp32_failure
-from metainfer.core.engine.evaluate import Reference, Screen, refuse_batch_mixing
+from metainfer.core.engine.evaluate import Screen
 from metainfer.core.engine.history import HardwareFeatures as HistoryHardware
 from metainfer.core.engine.history import ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
 from metainfer.core.engine.history_use import HistoryUse
@@ -35,6 +35,7 @@ from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.phases import Observer, PipelinePhase, SilentObserver
 from metainfer.core.engine.profile.types import HardwareProfile
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import Reference, refuse_batch_mixing
 from metainfer.core.engine.report import AdaptSettings, FinalComparison, Report, SpaceSummary
 from metainfer.core.engine.scoring import noise_band, rank, score, violations, within_noise
 from metainfer.core.engine.search import Prior, SearchContext, Searcher, builtin_prior, context_features, make_searcher

@@ -17,8 +17,8 @@ import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import Reference, batch_major, quality_of, run_all
 from metainfer.core.engine.recipe import QuantizationSpec, Quantizer, Recipe, TransformSpec
+from metainfer.core.engine.reference import Reference, batch_major, quality_of, run_all
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms import build_variant, quantizable_nodes
 from metainfer.core.engine.transforms.build import ensure_node_names

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from metainfer.core.engine.recipe import Recipe
 
 # mean_pooled_cosine_similarity: sequence outputs of a model with an attention mask,
-# compared after mask-weighted mean pooling (padding excluded), see evaluate.Reference.
+# compared after mask-weighted mean pooling (padding excluded), see reference.Reference.
 # argmax_agreement: samples whose per-step argmax is FP32's at every step (core.engine.quality_metrics);
 # user_metric: a plugin the policy names (Quality.name).
 QualityMetric = Literal[

@@ -23,8 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import ModelError
-from metainfer.core.engine.evaluate import Reference, batch_major, quality_of, run_all
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import Reference, batch_major, quality_of, run_all
 from metainfer.core.engine.runtime import Session, create_session
 from metainfer.core.engine.trial import Quality
 

@@ -18,8 +18,8 @@ import onnx
 import pytest
 
 from bench.exports import FLAVOURS, ExportSet, Flavour, build_exports
-from metainfer.core.engine.evaluate import mean_cosine, mean_pooled
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
+from metainfer.core.engine.reference import mean_cosine, mean_pooled
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms import build_variant, check_padding_removable
 from metainfer.core.engine.transforms.fusion import fuse_transformer

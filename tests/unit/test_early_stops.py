@@ -5,15 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from metainfer.core.engine.evaluate import (
-    QUALITY_SCREEN_FACTOR,
-    MeasureSettings,
-    Reference,
-    Screen,
-    evaluate,
-    make_reference,
-)
+from metainfer.core.engine.evaluate import QUALITY_SCREEN_FACTOR, MeasureSettings, Screen, evaluate
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import Reference, make_reference
 from metainfer.core.engine.runtime import create_session
 
 FAST = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_runs=40, max_seconds=0.5)

@@ -7,18 +7,9 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import (
-    MeasureSettings,
-    evaluate,
-    make_reference,
-    mean_cosine,
-    measure_interleaved,
-    quality_of,
-    resident_mib,
-    run_all,
-    top1_accuracy,
-)
+from metainfer.core.engine.evaluate import MeasureSettings, evaluate, measure_interleaved, resident_mib
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
+from metainfer.core.engine.reference import make_reference, mean_cosine, quality_of, run_all, top1_accuracy
 from metainfer.core.engine.runtime import create_session, session_options
 from metainfer.core.engine.scoring import (
     Constraints,
@@ -113,7 +104,7 @@ def test_constraints_and_score(digits) -> None:
 
 
 def test_sequence_outputs_are_compared_mean_pooled_over_real_tokens() -> None:
-    from metainfer.core.engine.evaluate import Reference
+    from metainfer.core.engine.reference import Reference
 
     rng = np.random.default_rng(0)
     ref_out = rng.standard_normal((4, 6, 8)).astype(np.float32)

@@ -10,11 +10,11 @@ import onnx
 import pytest
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.evaluate import Reference, make_reference, quality_of, run_all, top1_accuracy
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
 from metainfer.core.engine.profile import HardwareProfile
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import Reference, make_reference, quality_of, run_all, top1_accuracy
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints
 from metainfer.core.engine.sensitivity import accuracy_control

@@ -22,10 +22,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import ModelError, UnsupportedModelError, fp32_failure
-from metainfer.core.engine.evaluate import make_reference, quality_of, refuse_batch_mixing, run_all
 from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
 from metainfer.core.engine.pipeline import Adaptation
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
+from metainfer.core.engine.reference import make_reference, quality_of, refuse_batch_mixing, run_all
 from metainfer.core.engine.report import AdaptSettings
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms.build import build_variant

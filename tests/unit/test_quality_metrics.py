@@ -16,11 +16,11 @@ from onnx import TensorProto, helper
 from metainfer.core.engine import quality_metrics
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import DataError
-from metainfer.core.engine.evaluate import Reference, make_reference, quality_of
 from metainfer.core.engine.modelinfo import inspect_model
 from metainfer.core.engine.pipeline import Adaptation, AdaptSettings
 from metainfer.core.engine.profile import HardwareProfile
 from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.reference import Reference, make_reference, quality_of
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.scoring import Constraints
 

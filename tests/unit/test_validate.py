@@ -13,9 +13,9 @@ import pytest
 
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import ModelError
-from metainfer.core.engine.evaluate import Reference, make_reference
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
+from metainfer.core.engine.reference import Reference, make_reference
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms.build import build_variant
 from metainfer.core.engine.validate import batch_dependence, validate_variant, worst_per_sample
