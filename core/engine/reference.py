@@ -248,12 +248,18 @@ def mean_pooled(output: np.ndarray, mask: np.ndarray) -> np.ndarray:
     return pooled
 
 
+def predicted_classes(scores: np.ndarray, n: int) -> np.ndarray:
+    """Each of ``n`` samples' predicted class: ``scores`` are class ids (one integer per sample), or scores over
+    classes (their argmax)."""
+    if np.issubdtype(scores.dtype, np.integer) and scores.size == n:
+        return scores.reshape(-1)
+    predicted: np.ndarray = np.argmax(scores.reshape(n, -1), axis=1)
+    return predicted
+
+
 def top1_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
-    """The share of samples whose predicted class is the label: ``scores`` are class ids (one integer per sample)
-    or scores over classes (argmax)."""
-    if np.issubdtype(scores.dtype, np.integer) and scores.size == len(labels):
-        return float(np.mean(scores.reshape(-1) == labels))
-    return float(np.mean(np.argmax(scores.reshape(len(labels), -1), axis=1) == labels))
+    """The share of samples whose predicted class is the label."""
+    return float(np.mean(predicted_classes(scores, len(labels)) == labels))
 
 
 def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import ModelError
 from metainfer.core.engine.recipe import Recipe
-from metainfer.core.engine.reference import Reference, batch_major, quality_of, run_all
+from metainfer.core.engine.reference import Reference, batch_major, predicted_classes, quality_of, run_all
 from metainfer.core.engine.runtime import Session, create_session
 from metainfer.core.engine.trial import Quality
 
@@ -177,7 +177,7 @@ def worst_per_sample(candidates: list[list[np.ndarray]], reference: Reference) -
             badness[index] += np.nan_to_num(np.linalg.norm(a - b, axis=1) / scale, nan=np.inf)
         scores = reference.label_output()
         if reference.labels is not None and scores is not None:
-            wrong = _predicted(outputs[scores], n) != reference.labels
+            wrong = predicted_classes(outputs[scores], n) != reference.labels
             badness[index] += np.where(wrong, 1e6, 0.0)
     pick = np.argmax(badness, axis=0)
     worst = [candidates[0][k] for k in range(len(candidates[0]))]  # what no sample owns: as in the first
@@ -185,14 +185,6 @@ def worst_per_sample(candidates: list[list[np.ndarray]], reference: Reference) -
         per_sample = np.stack([c[k].reshape(n, -1) for c in candidates])[pick, np.arange(n)]
         worst[k] = per_sample.reshape(candidates[0][k].shape)
     return worst
-
-
-def _predicted(scores: np.ndarray, n: int) -> np.ndarray:
-    """Each of ``n`` samples' predicted class: the ids themselves, or the argmax of its scores."""
-    if np.issubdtype(scores.dtype, np.integer) and scores.size == n:
-        return scores.reshape(-1)
-    predicted: np.ndarray = np.argmax(scores.reshape(n, -1), axis=1)
-    return predicted
 
 
 def _dependence_check(dependence: BatchDependence, budget: float) -> Check:
