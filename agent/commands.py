@@ -110,7 +110,7 @@ def _local_inputs(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
 def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path) -> int:
     from metainfer.core.engine.data import load_npz
     from metainfer.core.engine.evaluate import MeasureSettings
-    from metainfer.core.engine.modelinfo import inspect_model, load_model
+    from metainfer.core.engine.modelinfo import inspect_model, load_model, model_bytes
     from metainfer.core.engine.outputs import write_outputs
     from metainfer.core.engine.pipeline import Adaptation
     from metainfer.core.engine.profile import load_or_measure
@@ -153,7 +153,7 @@ def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path) -> int:
         observer.phase(PipelinePhase.PROFILING, None)
         profile = load_or_measure(on_step=observer.on_step)
         _warn_unusable_providers()
-        adaptation = Adaptation(model_path.read_bytes(), info, data, profile, settings, observer)
+        adaptation = Adaptation(model_bytes(model_path, model), info, data, profile, settings, observer)
         if sources is not None:
             from metainfer.core.engine.history import select
 

@@ -118,7 +118,7 @@ def _run(kube: Kube, namespace: str, name: str, obj: dict[str, Any]) -> int:
 
 
 def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, namespace: str, workdir: Path) -> int:
-    from metainfer.core.engine.modelinfo import inspect_model, load_model
+    from metainfer.core.engine.modelinfo import inspect_model, load_model, model_bytes
     from metainfer.core.engine.pipeline import Adaptation
 
     started = time.monotonic()
@@ -133,7 +133,8 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
             configmaps=kube,
         )
         try:
-            info = inspect_model(path, load_model(path))
+            model = load_model(path)
+            info = inspect_model(path, model)
         except ModelError as exc:  # name the URI the user wrote, not the agent's temp file
             raise ModelError(spec.model.uri, exc.problem) from exc
         data, note = load_data(spec.model, info, workdir, namespace, kube, spec.search.seed)
@@ -160,7 +161,8 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
             writer, settings.budget_trials, started=started, resumed=resumed, resumed_search_s=resumed_s
         )
         history = _history(kube, namespace, spec)
-        adaptation = Adaptation(path.read_bytes(), info, data, outcome.profile, settings, observer, history=history)
+        base = model_bytes(path, model)
+        adaptation = Adaptation(base, info, data, outcome.profile, settings, observer, history=history)
         report, variant = adaptation.run(resume=resumed, resumed_search_s=resumed_s)
     except FetchError as exc:
         if exc.transient:

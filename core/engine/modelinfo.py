@@ -173,6 +173,20 @@ def _load_external_data(path: Path, model: onnx.ModelProto) -> None:
         tensor.ClearField("data_location")
 
 
+def weights_beside(path: Path, model: onnx.ModelProto) -> bool:
+    """Whether ``model`` (as ``load_model`` read it from ``path``) holds tensors its file does not: weights read
+    from external data files beside it. The file of a model that holds everything is as long as the model
+    serialised (protobuf writes each field one way), the graph file of a split export far shorter."""
+    return path.stat().st_size < model.ByteSize()
+
+
+def model_bytes(path: Path, model: onnx.ModelProto) -> bytes:
+    """The model as one file, what a session and every transform is given: the file itself, or, for a model whose
+    weights are in files beside it, the model ``load_model`` assembled (byte for byte the single-file export).
+    ONNX Runtime cannot resolve external data for a model given as bytes, so the split file alone would fail."""
+    return model.SerializeToString() if weights_beside(path, model) else path.read_bytes()
+
+
 def load_model(path: Path) -> onnx.ModelProto:
     """Load and check an ONNX model, turning every failure into a ModelError."""
     if not path.exists():
@@ -254,9 +268,7 @@ def inspect_model(path: Path, model: onnx.ModelProto | None = None) -> ModelInfo
         ops[node.op_type if node.domain in ("", "ai.onnx") else f"{node.domain}.{node.op_type}"] += 1
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     parameters = int(sum(np.prod(t.dims) if t.dims else 1 for t in model.graph.initializer))
-    size = path.stat().st_size
-    if size < parameters:  # fewer bytes than scalars: its weights were read from external data files
-        size = model.ByteSize()  # the size of the model as one file (for a file that holds all, the same number)
+    size = model.ByteSize() if weights_beside(path, model) else path.stat().st_size
     return ModelInfo(
         path=str(path),
         sha256=sha256_file(path),

@@ -147,6 +147,7 @@ class Platform:
         # Which run each serving Deployment serves, checked on the node first or not, and what the classes say.
         template = (
             "{range .items[*]}{.metadata.name} run={.metadata.labels.metainfer\\.io/run}"
+            " created={.metadata.creationTimestamp}"
             " provisional={.metadata.labels.metainfer\\.io/provisional} replicas={.status.replicas}"
             ' ready={.status.readyReplicas}{"\\n"}{end}'
         )
@@ -156,6 +157,7 @@ class Platform:
         classes = self.kubectl(
             "get", "adaptationpolicies", "-n", WORKLOAD_NAMESPACE, "-o",
             "jsonpath={range .items[*].status.classes[*]}{.name}: {.state} {.reason} current={.current.runName}"
+            " rollout={.rollout.phase}:{.rollout.canary.runName}@{.rollout.startedAt}"
             ' {.message}{"\\n"}{end}',
             check=False,
         ).stdout  # fmt: skip

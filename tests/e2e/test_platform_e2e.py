@@ -6,6 +6,7 @@ starts from what the one before left, as an operator's day would.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
@@ -587,7 +588,12 @@ def test_deleting_the_operator_pod_restarts_it_without_duplicating_runs_jobs_or_
 ) -> None:
     before = _owned_objects(platform)
     (old,) = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+    deleted_at = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     platform.kubectl("delete", "pod", "-n", RELEASE_NAMESPACE, old["metadata"]["name"], "--wait=false")
+    # The old pod's last words, read while it terminates: a failure here once showed a canary and no clue.
+    old_log = platform.kubectl(
+        "logs", "-n", RELEASE_NAMESPACE, old["metadata"]["name"], "--tail=30", "--timestamps", check=False
+    ).stdout
 
     def new_operator_ready() -> bool:
         pods = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
@@ -599,7 +605,11 @@ def test_deleting_the_operator_pod_restarts_it_without_duplicating_runs_jobs_or_
 
     platform.wait("the Deployment's new operator pod to be Ready", new_operator_ready, 180)
     time.sleep(25)  # two resync periods of the new operator
-    assert _owned_objects(platform) == before
+    after = _owned_objects(platform)
+    assert after == before, (
+        f"deleted the operator pod at {deleted_at}; objects before {before}, after {after}\n"
+        f"{platform.diagnostics()}\nthe old operator's log:\n{old_log[-4000:]}"
+    )
 
 
 def test_deleting_the_policy_garbage_collects_every_pod(platform: Platform) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from metainfer.core.engine.data import load_npz, make_dataset
 from metainfer.core.engine.errors import DataError, ModelError
-from metainfer.core.engine.modelinfo import inspect_model, load_model
+from metainfer.core.engine.modelinfo import inspect_model, load_model, model_bytes, weights_beside
 
 
 def test_model_errors_name_the_file_and_problem(tmp_path: Path, examples: dict[str, Path]) -> None:
@@ -49,6 +49,29 @@ def test_a_model_with_its_weights_in_a_file_beside_it_loads_whole(tmp_path: Path
     assert loaded.SerializeToString() == whole.SerializeToString()  # the same model as the single-file export
     split_info, whole_info = inspect_model(split, loaded), inspect_model(examples["digits"])
     assert (split_info.parameters, split_info.size_bytes) == (whole_info.parameters, whole_info.size_bytes)
+
+
+def test_a_split_model_is_handed_on_whole_so_a_session_made_from_its_bytes_runs(
+    tmp_path: Path, examples: dict[str, Path]
+) -> None:
+    """Found with `metainfer adapt` on a split export: the graph file's bytes were handed on, and ONNX Runtime
+    cannot find external data for a model given as bytes ("External data path ... escapes working directory")."""
+    import onnxruntime as ort  # after metainfer.core (imported above): its telemetry opt-out comes first
+
+    split = _with_external_data(examples["digits"], tmp_path / "split")
+    loaded = load_model(split)
+    assert weights_beside(split, loaded)
+    handed = model_bytes(split, loaded)
+    assert handed == load_model(examples["digits"]).SerializeToString()
+    session = ort.InferenceSession(handed, providers=["CPUExecutionProvider"])
+    (x,) = session.get_inputs()
+    sample = np.zeros([1, *x.shape[1:]], np.float32)
+    assert session.run(None, {x.name: sample})[0].shape[0] == 1
+    with pytest.raises(Exception, match="xternal data"):  # what the graph file alone did
+        ort.InferenceSession(split.read_bytes(), providers=["CPUExecutionProvider"])
+    whole = load_model(examples["digits"])
+    assert not weights_beside(examples["digits"], whole)
+    assert model_bytes(examples["digits"], whole) == examples["digits"].read_bytes()  # one file: its own bytes
 
 
 def test_a_model_whose_external_data_is_missing_says_so_and_how_to_make_one_file(
