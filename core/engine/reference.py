@@ -16,7 +16,7 @@ import numpy as np
 
 from metainfer.core.engine import quality_metrics
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.errors import ModelError
+from metainfer.core.engine.errors import DataError, ModelError
 from metainfer.core.engine.quality_choice import PLUGIN_PREFIX
 from metainfer.core.engine.runtime import Session
 from metainfer.core.engine.trial import Quality, QualityMetric
@@ -132,6 +132,44 @@ def _concatenate(session: Session, runs: Runs) -> list[np.ndarray]:
     return outputs
 
 
+def _refuse_nan_answers(compared: list[tuple[str, np.ndarray]], data: Dataset) -> None:
+    """FP32 answering NaN for a sample leaves nothing there to compare a variant with: every metric then scores
+    noise (a tabular export with missing values in its data had FP32 at top-1 0.10, and an int8 variant, whose
+    quantizer turns NaN into a number, "gained" 0.86). Refused, naming the samples, and the input that holds NaN
+    or infinity for them (the data's fault), else the output (the model's: an overflow, a division by zero)."""
+    n = data.n_samples
+    nan = np.zeros(n, dtype=bool)
+    first = ""
+    for name, output in compared:
+        if not np.issubdtype(output.dtype, np.floating):
+            continue
+        rows = np.isnan(output.reshape(n, -1)).any(axis=1)  # a sample's rows are consecutive (run_all, batch_major)
+        if rows.any() and not first:
+            first = name
+        nan |= rows
+    if not nan.any():
+        return
+    which = np.flatnonzero(nan)
+    shown = ", ".join(str(i) for i in which[:5]) + (", ..." if len(which) > 5 else "")
+    answered = f"FP32 answers NaN (output {first[:100]!r}) for {len(which)} of {n} samples (sample {shown})"
+    culprits = [
+        name
+        for name, array in data.inputs.items()
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array[which]).all()
+    ]
+    if culprits:
+        raise DataError(
+            f"input {culprits[0][:100]!r}",
+            f"{answered}, whose data holds NaN or infinity there: no variant can be compared with FP32 on them. "
+            "Fill in missing values the way the model's callers do before it, or leave those samples out",
+        )
+    raise ModelError(
+        "FP32 model",
+        f"{answered} though their inputs are finite: no variant can be compared with FP32 on them. Check the "
+        "export (a float16 overflow, a division by zero, a log of zero) with those samples",
+    )
+
+
 def rows_per_sample(runs: Runs) -> list[int | None]:
     """Per output, the rows it has for each sample when every run gives the same whole number of rows per sample
     (1, or the steps of a [samples * steps, classes] output), None when runs give it rows of their own (a
@@ -190,6 +228,7 @@ def make_reference(session: Session, data: Dataset, batch: int, metric: str = "a
             " name a quality plugin (slo.qualityMetric plugin:NAME) that compares such outputs",
         )
     compared = [o for o, kept in zip(outputs, per_sample, strict=True) if kept]
+    _refuse_nan_answers([(n, o) for n, o, kept in zip(names, outputs, per_sample, strict=True) if kept], data)
     resolved = quality_metrics.resolve(metric, compared or outputs, data.labels)
     reference = Reference(outputs, data.labels, None, token_mask(data), resolved, data.n_samples, per_sample, names)
     scores = reference.label_output()
