@@ -4,8 +4,12 @@ NPZ arrays are named after the model inputs, first axis = samples; an optional
 ``labels`` array turns on top-1 accuracy. An array with one axis more than its
 input holds samples of an input that has no samples axis (torchvision's
 detectors take one [3, H, W] image; a scalar setting beside a batch): each
-sample is fed as the whole input, one per run. Mismatches are caught here, with the
-array and the expected shape named, rather than deep inside ONNX Runtime.
+sample is fed as the whole input, one per run, unless it is the same for every
+sample and another input carries the samples (a YOLO export's score threshold
+beside its images): then it is a setting of the run, and runs hold any number of
+samples. Such a setting may also be given once, as the model takes it (a 0-d
+array for a scalar input). Mismatches are caught here, with the array and the
+expected shape named, rather than deep inside ONNX Runtime.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from metainfer.core.engine.errors import DataError
-from metainfer.core.engine.modelinfo import ModelInfo
+from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo
 
 LABELS = "labels"
 
@@ -27,12 +31,20 @@ LABELS = "labels"
 class Dataset:
     inputs: dict[str, np.ndarray]
     labels: np.ndarray | None = None
-    # Inputs the model takes without a samples axis: one sample is the whole input, so runs hold one sample.
+    # Inputs the model takes without a samples axis: one sample is the whole input, so runs hold one sample...
     unbatched: frozenset[str] = frozenset()
+    # ... unless each of them is the same for every sample (``per_run``) and another input carries the samples.
+    per_run: frozenset[str] = frozenset()
 
     @property
     def n_samples(self) -> int:
         return int(next(iter(self.inputs.values())).shape[0])
+
+    @property
+    def one_sample_per_run(self) -> bool:
+        """Whether a run can hold only one sample: an input without a samples axis differs between samples, or
+        no input has a samples axis at all."""
+        return bool(self.unbatched) and (bool(self.unbatched - self.per_run) or self.unbatched == set(self.inputs))
 
     def batch(self, start: int, size: int) -> dict[str, np.ndarray]:
         """``size`` samples starting at ``start``, wrapping around so any batch size works."""
@@ -46,23 +58,23 @@ class Dataset:
 
     def feed(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """The model's inputs for the samples ``rows``, run together."""
-        if self.unbatched and len(rows) != 1:
+        if self.one_sample_per_run and len(rows) != 1:
             raise DataError(
                 "batch",
-                f"input(s) {sorted(self.unbatched)} take one sample without a samples axis, so a run holds one sample,"
-                f" not {len(rows)}: use --batch 1 (policy: slo.batchSize: 1)",
+                f"input(s) {sorted(self.unbatched - self.per_run or self.unbatched)} take one sample without a "
+                f"samples axis, so a run holds one sample, not {len(rows)}: use --batch 1 (policy: slo.batchSize: 1)",
             )
         return {name: arr[rows[0], ...] if name in self.unbatched else arr[rows] for name, arr in self.inputs.items()}
 
     def head(self, n: int) -> Dataset:
         n = min(n, self.n_samples)
         labels = None if self.labels is None else self.labels[:n]
-        return Dataset({k: v[:n] for k, v in self.inputs.items()}, labels, self.unbatched)
+        return Dataset({k: v[:n] for k, v in self.inputs.items()}, labels, self.unbatched, self.per_run)
 
     def tail(self, start: int) -> Dataset:
         """The samples from ``start`` on (what ``head(start)`` leaves out)."""
         labels = None if self.labels is None else self.labels[start:]
-        return Dataset({k: v[start:] for k, v in self.inputs.items()}, labels, self.unbatched)
+        return Dataset({k: v[start:] for k, v in self.inputs.items()}, labels, self.unbatched, self.per_run)
 
 
 def load_npz(path: Path, model: ModelInfo) -> Dataset:
@@ -92,8 +104,13 @@ def make_dataset(arrays: dict[str, np.ndarray], model: ModelInfo, source: str = 
     inputs: dict[str, np.ndarray] = {}
     unbatched: set[str] = set()
     counts = set()
+    once = _given_once(arrays, expected)
     for name, info in expected.items():
         arr = arrays[name]
+        if name in once:  # checked whole by _given_once; spread over the samples below
+            inputs[name] = _cast(arr, info.dtype, f"{source}:{name}")
+            unbatched.add(name)
+            continue
         if arr.ndim == len(info.shape) + 1:  # samples of an input that has no samples axis
             unbatched.add(name)
             model_axes = info.shape
@@ -126,7 +143,26 @@ def make_dataset(arrays: dict[str, np.ndarray], model: ModelInfo, source: str = 
                 f"must be an integer array of shape ({n},), got {labels.dtype} {list(labels.shape)}",
             )
         labels = labels.astype(np.int64)
-    return Dataset(inputs, labels, frozenset(unbatched))
+    for name in once:  # a read-only view: the one value, seen as every sample's
+        inputs[name] = np.broadcast_to(inputs[name], (n, *inputs[name].shape))
+    per_run = frozenset(name for name in unbatched if _same_for_every_sample(inputs[name]))
+    return Dataset(inputs, labels, frozenset(unbatched), per_run)
+
+
+def _given_once(arrays: dict[str, np.ndarray], expected: dict[str, TensorInfo]) -> set[str]:
+    """The inputs whose array is the input itself, once (shape exactly the model's, every dim fixed: a 0-d
+    array for a scalar): settings beside the inputs that carry the samples. If every array is of that kind
+    (a model whose batch is fixed, given one batch), they are samples, as ever."""
+    once = {
+        name
+        for name, info in expected.items()
+        if all(isinstance(d, int) for d in info.shape) and arrays[name].shape == tuple(info.shape)
+    }
+    return once if once != set(expected) else set()
+
+
+def _same_for_every_sample(array: np.ndarray) -> bool:
+    return bool(len(array) == 0 or np.array_equal(array, np.broadcast_to(array[:1], array.shape), equal_nan=True))
 
 
 def _cast(arr: np.ndarray, dtype: str, where: str) -> np.ndarray:

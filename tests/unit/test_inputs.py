@@ -10,7 +10,7 @@ import pytest
 
 from metainfer.core.engine.data import load_npz, make_dataset
 from metainfer.core.engine.errors import DataError, ModelError
-from metainfer.core.engine.modelinfo import inspect_model, load_model, model_bytes, weights_beside
+from metainfer.core.engine.modelinfo import ModelInfo, inspect_model, load_model, model_bytes, weights_beside
 
 
 def test_model_errors_name_the_file_and_problem(tmp_path: Path, examples: dict[str, Path]) -> None:
@@ -241,3 +241,58 @@ def test_samples_of_an_input_without_a_samples_axis_are_fed_whole_one_per_run(tm
         data.batch(0, 2)
     with pytest.raises(DataError, match="axis 1 has size 4, the model expects 3"):
         make_dataset({"x": np.zeros((5, 4, 8, 8), np.float32)}, info)
+    same = make_dataset({"x": np.broadcast_to(images[:1], images.shape).copy()}, info)
+    assert same.one_sample_per_run  # the same image every time, but no other input carries the samples
+
+
+def _images_and_threshold(tmp_path: Path) -> ModelInfo:
+    """A YOLO-style export: a batch of rows and a scalar score threshold beside it."""
+    from onnx import helper as h
+    from onnx import numpy_helper
+
+    weights = numpy_helper.from_array(np.ones((16, 4), np.float32), "W")
+    graph = h.make_graph(
+        [h.make_node("MatMul", ["x", "W"], ["z"]), h.make_node("Mul", ["z", "threshold"], ["y"])],
+        "thresholded",
+        [h.make_tensor_value_info("x", 1, ["N", 16]), h.make_tensor_value_info("threshold", 1, [])],
+        [h.make_tensor_value_info("y", 1, ["N", 4])],
+        [weights],
+    )
+    path = tmp_path / "model.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), str(path))
+    return inspect_model(path)
+
+
+def test_a_setting_the_same_for_every_sample_lets_runs_hold_many_samples(tmp_path: Path) -> None:
+    """Found probing exports: images plus a scalar threshold were refused at --batch 8 ("every run holds one
+    sample"), and the threshold given once, as the model takes it (a 0-d array), crashed with an IndexError."""
+    info = _images_and_threshold(tmp_path)
+    rows = np.random.default_rng(0).standard_normal((10, 16)).astype(np.float32)
+    for threshold in (np.full(10, 0.5, np.float32), np.array(0.5, np.float32)):
+        data = make_dataset({"x": rows, "threshold": threshold}, info)
+        assert data.per_run == {"threshold"} and not data.one_sample_per_run and data.n_samples == 10
+        feed = data.batch(2, 4)
+        assert feed["threshold"].shape == () and float(feed["threshold"]) == 0.5
+        assert np.array_equal(feed["x"], rows[2:6])
+        assert not data.head(3).one_sample_per_run and data.tail(7).n_samples == 3
+    varying = make_dataset({"x": rows, "threshold": np.linspace(0, 1, 10, dtype=np.float32)}, info)
+    assert varying.one_sample_per_run
+    with pytest.raises(DataError, match=r"input\(s\) \['threshold'\] take one sample .* not 4"):
+        varying.batch(0, 4)
+
+
+def test_arrays_that_all_match_a_fixed_batch_are_samples_not_settings(tmp_path: Path) -> None:
+    """A model with its batch fixed at 1 given exactly one sample: every array is shaped as its input, and that
+    is one sample, not a setting given once."""
+    from onnx import helper as h
+
+    graph = h.make_graph(
+        [h.make_node("Add", ["a", "b"], ["y"])],
+        "fixed",
+        [h.make_tensor_value_info("a", 1, [1, 4]), h.make_tensor_value_info("b", 1, [1, 4])],
+        [h.make_tensor_value_info("y", 1, [1, 4])],
+    )
+    path = tmp_path / "fixed.onnx"
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), str(path))
+    data = make_dataset({"a": np.ones((1, 4), np.float32), "b": np.ones((1, 4), np.float32)}, inspect_model(path))
+    assert not data.unbatched and data.n_samples == 1

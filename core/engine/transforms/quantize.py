@@ -136,7 +136,7 @@ _ORT_CACHES_CALIBRATION = "calibration_cache_path" in inspect.signature(quantize
 def calibration_batch(model: onnx.ModelProto, data: Dataset) -> int:
     """Batches of CALIBRATION_BATCH, unless the model fixes its batch dimension (then that), or takes one sample
     without a samples axis (then 1)."""
-    if data.unbatched:
+    if data.one_sample_per_run:
         return 1
     initializers = {t.name for t in model.graph.initializer}
     for value in model.graph.input:
