@@ -51,11 +51,15 @@ def synthetic_dataset(model: ModelInfo, overrides: list[InputSpec], seed: int, n
 
     The first axis is the sample axis (the engine batches along it), so only the
     remaining dims need a size. Integer inputs get 0 or 1, valid for token ids,
-    attention masks and segment ids alike.
+    attention masks and segment ids alike. A scalar input beside others gets one
+    value for every sample: a setting of the run, as a threshold is.
     """
     rng = np.random.default_rng(seed)
     given = {spec.name: spec for spec in overrides}
     arrays: dict[str, np.ndarray] = {}
+    # A scalar beside inputs with axes (a detector's score threshold) is a setting of the run: one value, given
+    # once (core.engine.data), so the production batch can be measured; alone, it is each sample's input.
+    settings = any(t.shape for t in model.inputs)
     for tensor in model.inputs:
         spec = given.get(tensor.name)
         shape = list(spec.shape) if spec is not None and spec.shape is not None else list(tensor.shape)
@@ -65,11 +69,11 @@ def synthetic_dataset(model: ModelInfo, overrides: list[InputSpec], seed: int, n
         except TypeError as exc:
             raise DataError(tensor.name, f"cannot synthesise {dtype_name} inputs; set spec.model.data") from exc
         dims = [d if isinstance(d, int) and d > 0 else 1 for d in shape[1:]]
-        size = (n, *dims)
+        size: tuple[int, ...] = () if settings and not shape else (n, *dims)
         if dtype.kind == "b":
-            arrays[tensor.name] = rng.integers(0, 2, size=size).astype(bool)
+            arrays[tensor.name] = np.asarray(rng.integers(0, 2, size=size)).astype(bool)
         elif dtype.kind in "iu":
-            arrays[tensor.name] = rng.integers(0, 2, size=size).astype(dtype)
+            arrays[tensor.name] = np.asarray(rng.integers(0, 2, size=size)).astype(dtype)
         else:
-            arrays[tensor.name] = rng.standard_normal(size).astype(dtype)
+            arrays[tensor.name] = np.asarray(rng.standard_normal(size)).astype(dtype)
     return make_dataset(arrays, model, source="synthetic inputs")

@@ -111,6 +111,8 @@ def make_dataset(arrays: dict[str, np.ndarray], model: ModelInfo, source: str = 
             inputs[name] = _cast(arr, info.dtype, f"{source}:{name}")
             unbatched.add(name)
             continue
+        if arr.ndim == 0 and not info.shape:  # a scalar input's one value, and no other input to carry samples
+            arr = arr.reshape(1)
         if arr.ndim == len(info.shape) + 1:  # samples of an input that has no samples axis
             unbatched.add(name)
             model_axes = info.shape

@@ -10,7 +10,14 @@ import pytest
 
 from metainfer.core.engine.data import load_npz, make_dataset
 from metainfer.core.engine.errors import DataError, ModelError
-from metainfer.core.engine.modelinfo import ModelInfo, inspect_model, load_model, model_bytes, weights_beside
+from metainfer.core.engine.modelinfo import (
+    ModelInfo,
+    TensorInfo,
+    inspect_model,
+    load_model,
+    model_bytes,
+    weights_beside,
+)
 
 
 def test_model_errors_name_the_file_and_problem(tmp_path: Path, examples: dict[str, Path]) -> None:
@@ -279,6 +286,18 @@ def test_a_setting_the_same_for_every_sample_lets_runs_hold_many_samples(tmp_pat
     assert varying.one_sample_per_run
     with pytest.raises(DataError, match=r"input\(s\) \['threshold'\] take one sample .* not 4"):
         varying.batch(0, 4)
+
+
+def test_a_scalar_only_model_given_its_one_value_has_one_sample() -> None:
+    """A 0-d array for a model whose only input is a scalar crashed with an IndexError."""
+    info = ModelInfo(
+        path="m.onnx", sha256="0" * 64, size_bytes=1, opset=17, parameters=0, op_counts={"Neg": 1},
+        inputs=(TensorInfo(name="s", dtype="float32", shape=()),),
+        outputs=(TensorInfo(name="y", dtype="float32", shape=()),),
+    )  # fmt: skip
+    data = make_dataset({"s": np.array(0.5, np.float32)}, info)
+    assert data.n_samples == 1 and data.unbatched == {"s"}
+    assert float(data.batch(0, 1)["s"]) == 0.5
 
 
 def test_arrays_that_all_match_a_fixed_batch_are_samples_not_settings(tmp_path: Path) -> None:
