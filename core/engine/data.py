@@ -154,13 +154,17 @@ def make_dataset(arrays: dict[str, np.ndarray], model: ModelInfo, source: str = 
 def _given_once(arrays: dict[str, np.ndarray], expected: dict[str, TensorInfo]) -> set[str]:
     """The inputs whose array is the input itself, once (shape exactly the model's, every dim fixed: a 0-d
     array for a scalar): settings beside the inputs that carry the samples. If every array is of that kind
-    (a model whose batch is fixed, given one batch), they are samples, as ever."""
+    (a model whose batch is fixed, given one batch), those with axes are samples, as ever, and only scalars
+    beside them are settings."""
     once = {
         name
         for name, info in expected.items()
         if all(isinstance(d, int) for d in info.shape) and arrays[name].shape == tuple(info.shape)
     }
-    return once if once != set(expected) else set()
+    if once != set(expected):
+        return once
+    scalars = {name for name in once if not expected[name].shape}
+    return scalars if scalars != once else set()
 
 
 def _same_for_every_sample(array: np.ndarray) -> bool:

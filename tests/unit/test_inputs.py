@@ -315,3 +315,12 @@ def test_arrays_that_all_match_a_fixed_batch_are_samples_not_settings(tmp_path: 
     onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), str(path))
     data = make_dataset({"a": np.ones((1, 4), np.float32), "b": np.ones((1, 4), np.float32)}, inspect_model(path))
     assert not data.unbatched and data.n_samples == 1
+    graph = h.make_graph(
+        [h.make_node("Mul", ["a", "t"], ["y"])],
+        "fixed_and_scalar",
+        [h.make_tensor_value_info("a", 1, [2, 4]), h.make_tensor_value_info("t", 1, [])],
+        [h.make_tensor_value_info("y", 1, [2, 4])],
+    )
+    onnx.save(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=8), str(path))
+    data = make_dataset({"a": np.ones((2, 4), np.float32), "t": np.array(2.0, np.float32)}, inspect_model(path))
+    assert data.n_samples == 2 and data.per_run == {"t"} and not data.one_sample_per_run
