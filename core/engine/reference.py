@@ -170,6 +170,25 @@ def _refuse_nan_answers(compared: list[tuple[str, np.ndarray]], data: Dataset) -
     )
 
 
+def _refuse_labels_no_class_has(scores: np.ndarray, name: str, labels: np.ndarray) -> None:
+    """Labels must be indices of the classes the model scores: labels counted from 1 matched no prediction, FP32
+    scored top-1 0.0, every variant "kept" it, and the budget guarded nothing. (Class ids a model outputs itself
+    say nothing of how many classes there are: not checked.)"""
+    if np.issubdtype(scores.dtype, np.integer) or not len(labels):
+        return
+    classes = int(scores.reshape(len(labels), -1).shape[1])
+    low, high = int(labels.min()), int(labels.max())
+    if low >= 0 and high < classes:
+        return
+    hint = " If they count from 1, subtract 1." if low >= 1 and high == classes else ""
+    raise DataError(
+        "labels",
+        f"they run from {low} to {high}, but output {name[:100]!r} scores {classes} classes (0 to {classes - 1}): "
+        f"top-1 compares each label with the index of the highest score, so a label outside that range never "
+        f"matches and the accuracy budget would guard nothing.{hint}",
+    )
+
+
 def rows_per_sample(runs: Runs) -> list[int | None]:
     """Per output, the rows it has for each sample when every run gives the same whole number of rows per sample
     (1, or the steps of a [samples * steps, classes] output), None when runs give it rows of their own (a
@@ -233,6 +252,7 @@ def make_reference(session: Session, data: Dataset, batch: int, metric: str = "a
     reference = Reference(outputs, data.labels, None, token_mask(data), resolved, data.n_samples, per_sample, names)
     scores = reference.label_output()
     if data.labels is not None and scores is not None:
+        _refuse_labels_no_class_has(outputs[scores], names[scores], data.labels)
         reference = dataclasses.replace(reference, accuracy=top1_accuracy(outputs[scores], data.labels))
     if batch_open:
         reference = dataclasses.replace(reference, shared_run_drop=_shared_run_drop(session, data, batch, reference))

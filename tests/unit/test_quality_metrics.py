@@ -166,7 +166,12 @@ def _classifier(outputs: str) -> bytes:
         "probabilities": helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["N", 10]),
         "top": helper.make_tensor_value_info("top", TensorProto.FLOAT, ["N"]),
     }
-    names = {"ids": ["label"], "ids+probabilities": ["label", "probabilities"], "binary": ["top"]}[outputs]
+    names = {
+        "ids": ["label"],
+        "ids+probabilities": ["label", "probabilities"],
+        "binary": ["top"],
+        "probabilities": ["probabilities"],
+    }[outputs]
     graph = helper.make_graph(
         nodes, "classifier", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
         [declared[name] for name in names], [weights],
@@ -198,3 +203,19 @@ def test_one_float_per_sample_is_no_top1_auto_compares_by_cosine_and_asking_for_
     assert make_reference(session, data, 8).metric == "cosine_similarity"
     with pytest.raises(DataError, match=r"slo.qualityMetric: top1_accuracy needs .* predicted class ids"):
         make_reference(session, data, 8, "top1_accuracy")
+
+
+@pytest.mark.parametrize(
+    ("shift", "hint"), [(1, "If they count from 1, subtract 1"), (-3, "")], ids=["one-based", "negative"]
+)
+def test_labels_outside_the_classes_the_model_scores_are_refused(shift: int, hint: str) -> None:
+    """Found with labels counted from 1: no label matched an argmax, FP32 scored top-1 0.0, every variant "kept"
+    it with a drop of 0.0, and the accuracy budget guarded nothing."""
+    session = create_session(_classifier("ids+probabilities"), Recipe())
+    x = np.random.default_rng(1).standard_normal((30, 16)).astype(np.float32)
+    data = Dataset({"x": x}, np.arange(30) % 10 + shift)
+    with pytest.raises(DataError, match=r"labels: they run from .* scores 10 classes \(0 to 9\)") as err:
+        make_reference(create_session(_classifier("probabilities"), Recipe()), data, 8)
+    assert hint in str(err.value)
+    # Class ids the model outputs say nothing of how many classes there are: top-1 reads them as they are.
+    assert make_reference(session, data, 8).accuracy is not None
