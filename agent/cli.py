@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_quality_metric,
         default="auto",
         help="the metric --max-accuracy-drop is written in: auto (default), top1_accuracy, cosine_similarity,"
-        " argmax_agreement (share of samples whose every step keeps FP32's argmax), or plugin:<entry point>",
+        " argmax_agreement (share of samples whose every step keeps FP32's argmax), relative_l2_similarity"
+        " (1 - the relative L2 error of the outputs), or plugin:<entry point>",
     )
     a.add_argument("--max-memory-mib", type=_positive_float, help="peak memory limit of the process, MiB")
     a.add_argument(

@@ -193,9 +193,12 @@ class Slo(ApiModel):
         pattern=CHOICE_PATTERN,
         description="The metric maxQualityDrop is written in. auto: top-1 accuracy when the data has labels, the"
         " share of samples whose every step keeps FP32's argmax when an output is a distribution over classes at"
-        " each step (CTC text recognition, tagging), else cosine similarity. argmax_agreement asks for the latter"
-        " on any class scores (tagging logits); plugin:<name> names a metric the platform installed in the image"
-        " (Python entry point group metainfer.quality_metrics).",
+        " each step (CTC text recognition, tagging), 1 - the relative L2 error when every output is one number per"
+        " sample (a regression, a binary probability: a per-sample cosine would see only its sign), else cosine"
+        " similarity. argmax_agreement asks for the per-step share on any class scores (tagging logits);"
+        " relative_l2_similarity for any float outputs (box regressions, whose scale a cosine misses);"
+        " plugin:<name> names a metric the platform installed in the image (Python entry point group"
+        " metainfer.quality_metrics).",
     )
     max_memory_mib: int | None = Field(
         None, ge=1, alias="maxMemoryMiB", description="Peak memory budget of the serving process, MiB."

@@ -25,13 +25,19 @@ _DISTRIBUTION_TOLERANCE = 1e-3
 FIELD = "slo.qualityMetric"
 
 
-def resolve(choice: str, outputs: Sequence[np.ndarray], labels: np.ndarray | None) -> str:
-    """The metric ``choice`` means for a model with these FP32 ``outputs``; raises DataError naming the field
-    when it cannot be computed for them."""
+def resolve(choice: str, outputs: Sequence[np.ndarray], labels: np.ndarray | None, samples: int) -> str:
+    """The metric ``choice`` means for a model with these FP32 ``outputs`` of ``samples`` samples; raises DataError
+    naming the field when it cannot be computed for them."""
     if choice == "auto":
         if labels is not None and label_output(outputs) is not None:
             return "top1_accuracy"
-        return "argmax_agreement" if any(is_per_step_distribution(o) for o in outputs) else "cosine_similarity"
+        if any(is_per_step_distribution(o) for o in outputs):
+            return "argmax_agreement"
+        floats = [o for o in outputs if np.issubdtype(o.dtype, np.floating)]
+        # A regression's value or a binary classifier's probability: a cosine of one number is only its sign.
+        if floats and all(one_value_per_sample(o, samples) for o in floats):
+            return "relative_l2_similarity"
+        return "cosine_similarity"
     if choice == "top1_accuracy" and labels is None:
         raise DataError(FIELD, "top1_accuracy needs labels: add a 'labels' array to the data NPZ, or choose another")
     if choice == "top1_accuracy" and label_output(outputs) is None:
@@ -42,6 +48,9 @@ def resolve(choice: str, outputs: Sequence[np.ndarray], labels: np.ndarray | Non
             f" per sample); got {kinds} (one float per sample is a binary score whose threshold is unknown: export"
             " both classes' scores, or choose cosine_similarity)",
         )
+    if choice == "relative_l2_similarity" and not any(np.issubdtype(o.dtype, np.floating) for o in outputs):
+        kinds = [f"{o.dtype}{list(o.shape)}" for o in outputs[:8]]
+        raise DataError(FIELD, f"relative_l2_similarity compares float outputs; got {kinds}")
     if choice == "argmax_agreement" and not class_scores(outputs):
         shapes = [list(o.shape) for o in outputs]
         raise DataError(FIELD, f"argmax_agreement needs a float output with classes on its last axis; got {shapes}")
@@ -63,6 +72,24 @@ def label_output(outputs: Sequence[np.ndarray]) -> int | None:
         (i for i, o in enumerate(outputs) if np.issubdtype(o.dtype, np.floating) and o.ndim >= 2 and o.shape[-1] > 1),
         None,
     )
+
+
+def one_value_per_sample(output: np.ndarray, samples: int) -> bool:
+    """Whether ``output`` holds a single number for each of ``samples`` samples ([samples], [samples, 1], ...)."""
+    return output.size == samples
+
+
+def relative_l2_similarity(output: np.ndarray, reference: np.ndarray) -> float:
+    """1 - ||output - reference|| / ||reference|| over every sample: 1 when equal, 0.95 for a 5% error, at least
+    -1. Unlike a per-sample cosine it sees a scale or an offset (a probability of 0.99 for every sample)."""
+    a, b = output.astype(np.float64).ravel(), reference.astype(np.float64).ravel()
+    scale = float(np.linalg.norm(b))
+    error = float(np.linalg.norm(a - b))
+    if not np.isfinite(error):
+        return -1.0
+    if scale == 0.0:
+        return 1.0 if error == 0.0 else -1.0
+    return max(-1.0, 1.0 - error / scale)
 
 
 def is_per_step_distribution(output: np.ndarray) -> bool:

@@ -248,7 +248,7 @@ def make_reference(session: Session, data: Dataset, batch: int, metric: str = "a
         )
     compared = [o for o, kept in zip(outputs, per_sample, strict=True) if kept]
     _refuse_nan_answers([(n, o) for n, o, kept in zip(names, outputs, per_sample, strict=True) if kept], data)
-    resolved = quality_metrics.resolve(metric, compared or outputs, data.labels)
+    resolved = quality_metrics.resolve(metric, compared or outputs, data.labels, data.n_samples)
     reference = Reference(outputs, data.labels, None, token_mask(data), resolved, data.n_samples, per_sample, names)
     scores = reference.label_output()
     if data.labels is not None and scores is not None:
@@ -363,9 +363,14 @@ def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:
     pooled = [
         i for i in floats if mask is not None and references[i].ndim == 3 and references[i].shape[:2] == mask.shape
     ]
+    if metric == "relative_l2_similarity":
+        value = float(np.mean([quality_metrics.relative_l2_similarity(outputs[i], references[i]) for i in floats]))
+        return Quality(metric="relative_l2_similarity", value=value, reference=1.0, drop=1.0 - value, samples=n)
     values = []
     for i in floats:
-        if i in pooled:
+        if quality_metrics.one_value_per_sample(references[i], n):  # a cosine of one number is only its sign
+            values.append(quality_metrics.relative_l2_similarity(outputs[i], references[i]))
+        elif i in pooled:
             assert mask is not None  # narrows the type: ``pooled`` is empty without a mask
             values.append(mean_cosine(mean_pooled(outputs[i], mask), mean_pooled(references[i], mask)))
         else:

@@ -12,9 +12,15 @@ from metainfer.core.engine.recipe import Recipe
 # mean_pooled_cosine_similarity: sequence outputs of a model with an attention mask,
 # compared after mask-weighted mean pooling (padding excluded), see reference.Reference.
 # argmax_agreement: samples whose per-step argmax is FP32's at every step (core.engine.quality_metrics);
+# relative_l2_similarity: 1 - the relative L2 error of the outputs over all samples (core.engine.reference).
 # user_metric: a plugin the policy names (Quality.name).
 QualityMetric = Literal[
-    "top1_accuracy", "cosine_similarity", "mean_pooled_cosine_similarity", "argmax_agreement", "user_metric"
+    "top1_accuracy",
+    "cosine_similarity",
+    "mean_pooled_cosine_similarity",
+    "argmax_agreement",
+    "relative_l2_similarity",
+    "user_metric",
 ]
 
 
@@ -46,8 +52,9 @@ class Quality(BaseModel):
 
     metric: QualityMetric
     value: float = Field(
-        description="Top-1 accuracy (0..1), mean cosine similarity (-1..1), the fraction of samples whose every step"
-        " keeps FP32's argmax (0..1), or a plugin's value."
+        description="Top-1 accuracy (0..1), mean cosine similarity (-1..1; an output with one value per sample, whose"
+        " cosine is only its sign, counts as 1 - its relative L2 error), the fraction of samples whose every step"
+        " keeps FP32's argmax (0..1), 1 - the relative L2 error over all samples (-1..1), or a plugin's value."
     )
     reference: float = Field(description="The FP32 model's value of the same metric.")
     drop: float = Field(description="reference - value: how much quality was lost.")

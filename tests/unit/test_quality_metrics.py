@@ -40,18 +40,18 @@ def test_auto_finds_a_per_step_distribution_and_nothing_else() -> None:
     boxes = np.abs(RNG.standard_normal((1, 8400, 85))).astype(np.float32) * 100  # a detector's raw head
     assert not quality_metrics.is_per_step_distribution(boxes)
     assert not quality_metrics.is_per_step_distribution(_softmax(logits[:, 0]))  # [N, C]: top-1's, not a sequence
-    assert quality_metrics.resolve("auto", [logits, _softmax(logits)], None) == "argmax_agreement"
-    assert quality_metrics.resolve("auto", [logits], None) == "cosine_similarity"
-    assert quality_metrics.resolve("auto", [_softmax(logits)], np.zeros(4, np.int64)) == "top1_accuracy"
+    assert quality_metrics.resolve("auto", [logits, _softmax(logits)], None, 4) == "argmax_agreement"
+    assert quality_metrics.resolve("auto", [logits], None, 4) == "cosine_similarity"
+    assert quality_metrics.resolve("auto", [_softmax(logits)], np.zeros(4, np.int64), 4) == "top1_accuracy"
 
 
 def test_a_metric_that_cannot_be_had_is_an_error_naming_the_field() -> None:
     with pytest.raises(DataError, match=r"slo\.qualityMetric.*needs labels"):
-        quality_metrics.resolve("top1_accuracy", [np.zeros((2, 3), np.float32)], None)
+        quality_metrics.resolve("top1_accuracy", [np.zeros((2, 3), np.float32)], None, 2)
     with pytest.raises(DataError, match=r"slo\.qualityMetric.*classes on its last axis"):
-        quality_metrics.resolve("argmax_agreement", [np.zeros((2,), np.float32)], None)
+        quality_metrics.resolve("argmax_agreement", [np.zeros((2,), np.float32)], None, 2)
     with pytest.raises(DataError, match=r"no quality metric plugin 'absent'.*metainfer\.quality_metrics"):
-        quality_metrics.resolve("plugin:absent", [np.zeros((2, 3), np.float32)], None)
+        quality_metrics.resolve("plugin:absent", [np.zeros((2, 3), np.float32)], None, 2)
 
 
 def test_a_sample_counts_only_when_every_step_keeps_fp32s_argmax() -> None:
@@ -105,7 +105,7 @@ def test_a_platforms_metric_is_found_by_entry_point_and_its_failures_are_its_own
     reference = _softmax(RNG.standard_normal((4, 3, 5)))
     changed = reference.copy()
     changed[0, 0] = changed[0, 0][::-1] + np.arange(5)  # another argmax on line 0
-    assert quality_metrics.resolve(f"plugin:{plugin}", [reference], None) == f"plugin:{plugin}"
+    assert quality_metrics.resolve(f"plugin:{plugin}", [reference], None, len(reference)) == f"plugin:{plugin}"
     got = quality_of([changed], Reference([reference], None, None, metric=f"plugin:{plugin}"))
     assert (got.metric, got.name, got.reference, got.value) == ("user_metric", plugin, 1.0, 0.75)
     with pytest.raises(DataError, match="plugin 'broken' raised ZeroDivisionError: the plugin's own bug"):
@@ -197,10 +197,10 @@ def test_top1_reads_predicted_class_ids_as_ids(outputs: str) -> None:
     assert quality_of(wrong, reference).drop == pytest.approx(8 / 64)
 
 
-def test_one_float_per_sample_is_no_top1_auto_compares_by_cosine_and_asking_for_it_names_the_field() -> None:
+def test_one_float_per_sample_is_no_top1_auto_compares_by_relative_error_and_asking_for_it_names_the_field() -> None:
     session = create_session(_classifier("binary"), Recipe())
     data = Dataset({"x": RNG.standard_normal((16, 16)).astype(np.float32)}, np.zeros(16, np.int64))
-    assert make_reference(session, data, 8).metric == "cosine_similarity"
+    assert make_reference(session, data, 8).metric == "relative_l2_similarity"
     with pytest.raises(DataError, match=r"slo.qualityMetric: top1_accuracy needs .* predicted class ids"):
         make_reference(session, data, 8, "top1_accuracy")
 
@@ -219,3 +219,51 @@ def test_labels_outside_the_classes_the_model_scores_are_refused(shift: int, hin
     assert hint in str(err.value)
     # Class ids the model outputs say nothing of how many classes there are: top-1 reads them as they are.
     assert make_reference(session, data, 8).accuracy is not None
+
+
+def _binary_classifier() -> bytes:
+    """A CTR or fraud model's head: one probability per sample."""
+    weights = helper.make_tensor("W", TensorProto.FLOAT, [16, 1], RNG.standard_normal(16).astype(np.float32).tolist())
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["z"]), helper.make_node("Sigmoid", ["z"], ["p"])],
+        "binary", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
+        [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 1])], [weights],
+    )  # fmt: skip
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8).SerializeToString()
+
+
+def test_one_value_per_sample_is_compared_by_its_relative_error_not_by_its_sign() -> None:
+    """A per-sample cosine of one number is its sign: a binary classifier answering 0.99 for everyone, or half
+    its probabilities, scored cosine 1.0000 (drop 0) and the quality budget guarded nothing."""
+    session = create_session(_binary_classifier(), Recipe())
+    data = Dataset({"x": np.random.default_rng(2).standard_normal((40, 16)).astype(np.float32)})
+    reference = make_reference(session, data, 8)
+    assert reference.metric == "relative_l2_similarity"
+    (p,) = reference.outputs
+    assert quality_of([p.copy()], reference).drop == 0.0
+    assert quality_of([p * 0.5], reference).drop == pytest.approx(0.5)
+    assert quality_of([np.full_like(p, 0.99)], reference).drop > 0.3
+    assert quality_of([p * 1.004], reference).drop == pytest.approx(0.004, abs=1e-6)  # within a 0.01 budget
+    assert quality_of([np.full_like(p, np.nan)], reference).value == -1.0
+
+
+def test_a_one_value_output_beside_class_scores_counts_by_its_relative_error_in_the_cosine() -> None:
+    logits = np.random.default_rng(3).standard_normal((20, 5)).astype(np.float32)
+    value = np.random.default_rng(4).random((20, 1)).astype(np.float32)
+    reference = Reference([logits, value], None, None, metric="cosine_similarity", samples=20)
+    assert quality_of([logits, value], reference).drop == 0.0
+    halved = quality_of([logits, value * 0.5], reference)
+    assert halved.metric == "cosine_similarity" and halved.drop == pytest.approx(0.25)  # mean of 0 and 0.5
+
+
+def test_relative_l2_needs_a_float_output_and_a_policy_may_ask_for_it() -> None:
+    from metainfer.core.api.policy import Slo
+
+    with pytest.raises(DataError, match="relative_l2_similarity compares float outputs"):
+        quality_metrics.resolve("relative_l2_similarity", [np.zeros((4,), np.int64)], None, 4)
+    boxes = np.ones((4, 4), np.float32)  # box regressions: a cosine misses their scale, so a policy may choose it
+    assert quality_metrics.resolve("relative_l2_similarity", [boxes], None, 4) == "relative_l2_similarity"
+    assert (
+        Slo.model_validate({"latencyP95Ms": 10, "qualityMetric": "relative_l2_similarity"}).quality_metric
+        == "relative_l2_similarity"
+    )
