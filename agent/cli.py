@@ -16,7 +16,7 @@ import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from metainfer.core.engine.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
 from metainfer.core.engine.errors import DataError, InputError, MetainferError, ModelError, NoFeasibleCandidate
@@ -26,6 +26,9 @@ from metainfer.core.engine.scoring import (
     DEFAULT_QUALITY_WEIGHT,
     DEFAULT_THROUGHPUT_WEIGHT,
 )
+
+if TYPE_CHECKING:
+    from metainfer.core.api.policy import InputSpec
 
 EXIT_INPUT, EXIT_INFEASIBLE = 2, 3
 MAX_SEED = 2**31 - 1  # as the policy's spec.search.seed
@@ -106,8 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument(
         "--data",
         type=_file_or_uri,
-        required=True,
-        help="NPZ: arrays named after the inputs [+ labels]; a file or a URI like MODEL",
+        help="NPZ: arrays named after the inputs [+ labels]; a file or a URI like MODEL. Without it: seeded random"
+        " inputs shaped like the model's, as a policy without spec.model.data gets (quality against FP32 on them,"
+        " not task accuracy)",
+    )
+    a.add_argument(
+        "--input-shape",
+        type=_input_shape,
+        action="append",
+        default=[],
+        dest="input_shapes",
+        metavar="NAME=D0,D1,...",
+        help="without --data: the shape of input NAME's random samples where the model leaves axes open (-1 for"
+        " the batch axis), e.g. pixel_values=-1,3,224,224; repeatable (policy: spec.model.inputs)",
     )
     a.add_argument("--model-sha256", type=_sha256, help="pin a fetched MODEL: other bytes fail the fetch")
     a.add_argument("--data-sha256", type=_sha256, help="pin fetched --data the same way")
@@ -310,6 +324,8 @@ def check_adapt_args(args: argparse.Namespace) -> None:
         _check_input_file(args.model, ModelError)
     if isinstance(args.data, Path):
         _check_input_file(args.data, DataError)
+    if args.data is not None and args.input_shapes:
+        raise InputError("--input-shape", "shapes random inputs, so it goes without --data (the data has shapes)")
     if args.credentials is not None and not args.credentials.is_dir():
         raise InputError(f"--credentials {args.credentials}", "not a directory (one file per key)")
     for path in getattr(args, "history", None) or []:
@@ -337,6 +353,19 @@ def _file_or_uri(value: str) -> Path | str:
             f"{value[:200]!r}: expected a file or an s3://, gs://, az://, hf:// or http(s):// URI"
         )
     return value
+
+
+def _input_shape(value: str) -> InputSpec:
+    """NAME=D0,D1,... as the policy's spec.model.inputs entry it stands for."""
+    from metainfer.core.api.policy import InputSpec
+
+    name, _, dims = value.partition("=")
+    try:
+        return InputSpec(name=name, shape=[int(d) for d in dims.split(",")])
+    except ValueError as exc:  # int() or the InputSpec's own checks (an empty name, a dim below -1)
+        raise argparse.ArgumentTypeError(
+            f"{value[:200]!r}: expected NAME=D0,D1,... with whole dims (-1 for the batch axis)"
+        ) from exc
 
 
 def _sha256(value: str) -> str:

@@ -79,9 +79,9 @@ def adapt_command(args: argparse.Namespace) -> int:
         return _adapt(args, model_path, data_path)
 
 
-def _local_inputs(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
-    """MODEL and --data as local files: URIs are fetched (and checked against their sha256 when given) with the
-    store's keys from --credentials, else from the environment (agent/object_store.py)."""
+def _local_inputs(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path | None]:
+    """MODEL and --data (if given) as local files: URIs are fetched (and checked against their sha256 when given)
+    with the store's keys from --credentials, else from the environment (agent/object_store.py)."""
     from metainfer.agent import object_store
     from metainfer.agent.fetch import FetchError, fetch
 
@@ -89,12 +89,12 @@ def _local_inputs(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
         os.environ[object_store.CREDENTIALS_ENV] = str(args.credentials)
     else:  # one's own machine: the SDKs' environment variables and the default credential chains apply
         os.environ.setdefault(object_store.AMBIENT_ENV, "true")
-    paths = []
+    paths: list[Path | None] = []
     for source, sha256, what, error in (
         (args.model, args.model_sha256, "model", ModelError),
         (args.data, args.data_sha256, "data", DataError),
     ):
-        if isinstance(source, Path):
+        if source is None or isinstance(source, Path):
             paths.append(source)
             continue
         name = "model.onnx" if what == "model" else "data.npz"
@@ -104,10 +104,12 @@ def _local_inputs(args: argparse.Namespace, workdir: Path) -> tuple[Path, Path]:
                                    what=what))  # fmt: skip
         except FetchError as exc:
             raise error(source, str(exc).removeprefix(f"{what} ").removeprefix(f"{source}: ")) from None
-    return paths[0], paths[1]
+    model = paths[0]
+    assert model is not None  # MODEL is a required argument
+    return model, paths[1]
 
 
-def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path) -> int:
+def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path | None) -> int:
     from metainfer.core.engine.data import load_npz
     from metainfer.core.engine.evaluate import MeasureSettings
     from metainfer.core.engine.modelinfo import inspect_model, load_model, model_bytes
@@ -119,7 +121,14 @@ def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path) -> int:
 
     model = load_model(model_path)
     info = inspect_model(model_path, model)
-    data = load_npz(data_path, info)
+    if data_path is not None:
+        data = load_npz(data_path, info)
+    else:
+        from metainfer.agent.inputs import synthetic_dataset, synthetic_note
+
+        data = synthetic_dataset(info, args.input_shapes, args.seed, field="--input-shape")
+        note = synthetic_note(info, args.input_shapes, data, "--input-shape NAME=D0,D1,...")
+        console.print(f"note: no --data: {note}", highlight=False)
     if args.batch > data.n_samples:
         console.print(
             f"[yellow]warning:[/] --batch {args.batch} is larger than the {data.n_samples} samples in {args.data}:"

@@ -1,9 +1,10 @@
 """The run's samples: the policy's NPZ when it names one, else seeded random inputs.
 
-Without data the engine still works: quality becomes the cosine similarity of
-each variant's outputs to the FP32 model's on the same random inputs, which
-catches broken quantization but says nothing about task accuracy. The run's
-condition message says so, so nobody mistakes it for a measured accuracy.
+Without data the engine still works: quality compares each variant's outputs
+with the FP32 model's on the same random inputs, which catches broken
+quantization but says nothing about task accuracy. The run's condition message
+(and ``metainfer adapt`` without --data) says so, so nobody mistakes it for a
+measured accuracy, and names the open axes the random inputs gave length 1.
 """
 
 from __future__ import annotations
@@ -39,14 +40,34 @@ def load_data(
         except DataError as exc:  # name the URI the user wrote, not the agent's temp file
             raise DataError(exc.field.replace(str(path), source.data.uri), exc.problem) from exc
     data = synthetic_dataset(model, source.inputs or [], seed)
-    note = (
-        f"no spec.model.data: quality measured as cosine similarity to FP32 on {data.n_samples}"
-        " seeded random inputs (not task accuracy)"
-    )
-    return data, note
+    return data, "no spec.model.data: " + synthetic_note(model, source.inputs or [], data, "spec.model.inputs")
 
 
-def synthetic_dataset(model: ModelInfo, overrides: list[InputSpec], seed: int, n: int = SYNTHETIC_SAMPLES) -> Dataset:
+def synthetic_note(model: ModelInfo, overrides: list[InputSpec], data: Dataset, how: str) -> str:
+    """What quality on random inputs means, and which open axes they gave length 1 (set with ``how``): a
+    sequence of 1 or a 1x1 image times nothing like production."""
+    given = {spec.name: spec for spec in overrides if spec.shape is not None}
+    guessed = [
+        f"{tensor.name[:60]} axis {axis}" + (f" ({dim[:30]})" if isinstance(dim, str) else "")
+        for tensor in model.inputs
+        if tensor.name not in given
+        for axis, dim in enumerate(tensor.shape)
+        if axis > 0 and not (isinstance(dim, int) and dim > 0)
+    ]
+    note = f"quality measured against FP32's outputs on {data.n_samples} seeded random inputs (not task accuracy)"
+    if guessed:
+        shown = ", ".join(guessed[:6]) + (", ..." if len(guessed) > 6 else "")
+        note += f"; axes the model leaves open got length 1, unlike production: {shown} (set them with {how})"
+    return note
+
+
+def synthetic_dataset(
+    model: ModelInfo,
+    overrides: list[InputSpec],
+    seed: int,
+    n: int = SYNTHETIC_SAMPLES,
+    field: str = "spec.model.inputs",
+) -> Dataset:
     """Random samples shaped like the model's inputs; dynamic dims other than the first become 1.
 
     The first axis is the sample axis (the engine batches along it), so only the
@@ -56,6 +77,10 @@ def synthetic_dataset(model: ModelInfo, overrides: list[InputSpec], seed: int, n
     """
     rng = np.random.default_rng(seed)
     given = {spec.name: spec for spec in overrides}
+    unknown = sorted(set(given) - {t.name for t in model.inputs})
+    if unknown:  # a typo would leave the input it meant at length 1, unsaid
+        names = [t.name[:60] for t in model.inputs[:8]]
+        raise DataError(field, f"{[u[:60] for u in unknown[:4]]} are not model inputs; the model's inputs are {names}")
     arrays: dict[str, np.ndarray] = {}
     # A scalar beside inputs with axes (a detector's score threshold) is a setting of the run: one value, given
     # once (core.engine.data), so the production batch can be measured; alone, it is each sample's input.

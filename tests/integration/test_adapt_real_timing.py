@@ -141,6 +141,9 @@ def test_cli_writes_the_four_outputs(adapted: tuple[Path, Path]) -> None:
         (["adapt", "{text}", "--data", "{npz}", "--out", "{out}"], "not an ONNX model"),
         (["adapt", "{model}", "--data", "{npz}", "--budget-trials", "0", "--out", "{out}"], "must be >= 1"),
         (["adapt", "{model}", "--data", "{npz}", "--max-accuracy-drop", "2", "--out", "{out}"], "between 0 and 1"),
+        (["adapt", "{model}", "--input-shape", "nope=-1,3", "--out", "{out}"], "['nope'] are not model inputs"),
+        (["adapt", "{model}", "--input-shape", "input=-1,x", "--out", "{out}"], "with whole dims"),
+        (["adapt", "{model}", "--data", "{npz}", "--input-shape", "input=-1,64", "--out", "{out}"], "without --data"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(
@@ -162,6 +165,39 @@ def test_cli_bad_input_exits_2_with_one_line(
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], proc.stderr
+
+
+def test_cli_without_data_adapts_on_random_inputs_and_names_the_axes_it_had_to_guess(tmp_path: Path) -> None:
+    """A policy without data adapts on seeded random inputs; `metainfer adapt` required --data, though the same
+    pipeline runs either way. Open axes other than the batch get length 1, and the note says which."""
+    from onnx import helper, numpy_helper
+
+    kernel = numpy_helper.from_array(np.random.default_rng(0).standard_normal((4, 3, 3, 3)).astype(np.float32), "K")
+    graph = helper.make_graph(
+        [
+            helper.make_node("Conv", ["image", "K"], ["c"], pads=[1, 1, 1, 1]),
+            helper.make_node("GlobalAveragePool", ["c"], ["g"]),
+            helper.make_node("Flatten", ["g"], ["y"]),
+        ],
+        "dynamic_image",
+        [helper.make_tensor_value_info("image", onnx.TensorProto.FLOAT, ["N", 3, "height", "width"])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["N", 4])],
+        [kernel],
+    )
+    model = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(model))
+    guessed = _cli("adapt", str(model), "--budget-trials", "2", "--out", str(tmp_path / "guessed"))
+    assert guessed.returncode == 0, guessed.stderr[-2000:]
+    said = " ".join((guessed.stdout + guessed.stderr).split())
+    assert "no --data: quality measured against FP32's outputs on 128 seeded random inputs" in said
+    assert "image axis 2 (height), image axis 3 (width)" in said and "--input-shape" in said
+    shaped = tmp_path / "shaped"
+    proc = _cli("adapt", str(model), "--input-shape", "image=-1,3,32,32", "--budget-trials", "2", "--out", str(shaped))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    said = " ".join((proc.stdout + proc.stderr).split())
+    assert "no --data" in said and "leaves open" not in said
+    report = Report.model_validate_json((shaped / "report.json").read_text())
+    assert report.baseline.metrics is not None and report.baseline.metrics.quality.samples == 128
 
 
 def test_cli_no_feasible_candidate_exits_3(examples: dict[str, Path], tmp_path: Path) -> None:

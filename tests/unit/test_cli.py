@@ -80,7 +80,7 @@ ADAPT = ["adapt", "m.onnx", "--data", "d.npz", "--out", "o"]
         ([*ADAPT, "--time-budget-s", "0.5"], "argument --time-budget-s: must allow at least 1 s of search"),
         ([*ADAPT, "--memory-weight", "-1"], "argument --memory-weight: must be >= 0, got -1"),
         ([*ADAPT, "--algorithm", "annealing"], "argument --algorithm: invalid choice: 'annealing'"),
-        (["adapt"], "the following arguments are required: MODEL, --data, --out"),
+        (["adapt"], "the following arguments are required: MODEL, --out"),
         (["examples", "make", "x"], "argument ACTION: invalid choice: 'make'"),
         (["serve", "--model-uri", "x", "--recipe", "r", "--port", "http"], "argument --port: expected a whole number"),
     ],

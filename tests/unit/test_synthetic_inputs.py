@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from metainfer.agent.inputs import synthetic_dataset
+from metainfer.agent.inputs import synthetic_dataset, synthetic_note
 from metainfer.core.api.policy import InputSpec
+from metainfer.core.engine.errors import DataError
 from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo
 
 
@@ -58,3 +60,26 @@ def test_a_policy_override_gives_the_shape_and_type_the_model_does_not_say() -> 
     model = _model(TensorInfo(name="x", dtype="float32", shape=("N", "T")))
     data = synthetic_dataset(model, [InputSpec(name="x", shape=[-1, 7], dtype="float32")], seed=0, n=5)
     assert data.inputs["x"].shape == (5, 7)
+
+
+def test_the_note_names_the_open_axes_random_inputs_gave_length_one_and_how_to_set_them() -> None:
+    model = _model(
+        TensorInfo(name="pixel_values", dtype="float32", shape=("batch", 3, "height", "width")),
+        TensorInfo(name="mask", dtype="int64", shape=("batch", None)),
+    )
+    data = synthetic_dataset(model, [], seed=0, n=4)
+    note = synthetic_note(model, [], data, "spec.model.inputs")
+    assert note.startswith("quality measured against FP32's outputs on 4 seeded random inputs (not task accuracy)")
+    assert (
+        "pixel_values axis 2 (height), pixel_values axis 3 (width), mask axis 1 (set them with spec.model.inputs)"
+        in note
+    )
+    shaped = [InputSpec(name="pixel_values", shape=[-1, 3, 8, 8]), InputSpec(name="mask", shape=[-1, 5])]
+    assert "open" not in synthetic_note(model, shaped, synthetic_dataset(model, shaped, seed=0, n=4), "x")
+
+
+def test_a_shape_for_an_input_the_model_lacks_is_refused_not_ignored() -> None:
+    """A typo in spec.model.inputs (or --input-shape) left the input it meant at length 1, unsaid."""
+    model = _model(TensorInfo(name="x", dtype="float32", shape=("N", "T")))
+    with pytest.raises(DataError, match=r"--input-shape: \['y'\] are not model inputs; the model's inputs are \['x'\]"):
+        synthetic_dataset(model, [InputSpec(name="y", shape=[-1, 4])], seed=0, field="--input-shape")
