@@ -49,9 +49,13 @@ def _first_output(preds: Any) -> np.ndarray:
 
 
 def _mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """metainfer's mean_cosine (core.engine.reference), which this peer environment cannot import: zero in one
+    output only is unrelated (0), zero in both equal (1)."""
     a2, b2 = a.reshape(len(a), -1), b.reshape(len(b), -1)
-    den = np.linalg.norm(a2, axis=1) * np.linalg.norm(b2, axis=1)
-    cos = np.where(den == 0, 1.0, (a2 * b2).sum(axis=1) / np.where(den == 0, 1.0, den))
+    norm_a, norm_b = np.linalg.norm(a2, axis=1), np.linalg.norm(b2, axis=1)
+    den = norm_a * norm_b
+    zero = np.where((norm_a == 0) & (norm_b == 0), 1.0, 0.0)
+    cos = np.where(den == 0, zero, (a2 * b2).sum(axis=1) / np.where(den == 0, 1.0, den))
     return float(np.mean(np.nan_to_num(cos, nan=-1.0)))
 
 

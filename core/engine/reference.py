@@ -322,14 +322,21 @@ def top1_accuracy(scores: np.ndarray, labels: np.ndarray) -> float:
 
 
 def mean_cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Mean per-sample cosine similarity of two float outputs (flattened past the first axis)."""
+    """Mean per-sample cosine similarity of two float outputs (flattened past the first axis).
+
+    A sample that is zero in both counts as equal (1), zero in one only as unrelated (0): a variant answering
+    zeros once scored a perfect 1 (the product of the norms was 0 either way). Infinities where FP32 has the same
+    one (log-probabilities of masked classes) are left out of the sample's vectors; elsewhere they make it -1."""
     a2 = a.reshape(a.shape[0], -1).astype(np.float64)
     b2 = b.reshape(b.shape[0], -1).astype(np.float64)
-    num = np.sum(a2 * b2, axis=1)
-    den = np.linalg.norm(a2, axis=1) * np.linalg.norm(b2, axis=1)
-    both_zero = den == 0
-    cos = np.where(both_zero, 1.0, num / np.where(both_zero, 1.0, den))
-    return float(np.mean(np.nan_to_num(cos, nan=-1.0)))
+    same_inf = np.isinf(b2) & (a2 == b2)
+    a2, b2 = np.where(same_inf, 0.0, a2), np.where(same_inf, 0.0, b2)
+    with np.errstate(invalid="ignore", over="ignore"):
+        num = np.sum(a2 * b2, axis=1)
+        norm_a, norm_b = np.linalg.norm(a2, axis=1), np.linalg.norm(b2, axis=1)
+        den = norm_a * norm_b
+        cos = np.where(den == 0, np.where((norm_a == 0) & (norm_b == 0), 1.0, 0.0), num / np.where(den == 0, 1.0, den))
+    return float(np.mean(np.nan_to_num(cos, nan=-1.0, posinf=-1.0, neginf=-1.0)))
 
 
 def quality_of(outputs: list[np.ndarray], ref: Reference) -> Quality:

@@ -267,3 +267,28 @@ def test_relative_l2_needs_a_float_output_and_a_policy_may_ask_for_it() -> None:
         Slo.model_validate({"latencyP95Ms": 10, "qualityMetric": "relative_l2_similarity"}).quality_metric
         == "relative_l2_similarity"
     )
+
+
+def test_a_variant_answering_zeros_is_not_a_perfect_cosine() -> None:
+    """The cosine took a zero product of norms for "both zero": a variant that answered zeros scored 1.0."""
+    from metainfer.core.engine.reference import mean_cosine
+
+    fp32 = np.random.default_rng(5).standard_normal((6, 10)).astype(np.float32)
+    assert mean_cosine(np.zeros_like(fp32), fp32) == 0.0
+    assert mean_cosine(fp32, np.zeros_like(fp32)) == 0.0
+    assert mean_cosine(np.zeros_like(fp32), np.zeros_like(fp32)) == 1.0
+    assert mean_cosine(fp32, fp32) == pytest.approx(1.0)
+
+
+def test_infinities_fp32_has_too_are_left_out_and_new_ones_count_against() -> None:
+    """Log-probabilities of masked classes are -inf in FP32 and in a faithful variant: not a NaN, not a -1."""
+    from metainfer.core.engine.reference import mean_cosine
+
+    fp32 = np.log(_softmax(np.random.default_rng(6).standard_normal((4, 8)))).astype(np.float32)
+    fp32[:, 0] = -np.inf
+    assert mean_cosine(fp32.copy(), fp32) == pytest.approx(1.0)
+    assert quality_metrics.relative_l2_similarity(fp32.copy(), fp32) == pytest.approx(1.0)
+    spoiled = fp32.copy()
+    spoiled[0, 3] = -np.inf  # an infinity FP32 does not have
+    assert mean_cosine(spoiled, fp32) == pytest.approx(0.5, abs=0.01)  # that sample -1, the others 1
+    assert quality_metrics.relative_l2_similarity(spoiled, fp32) == -1.0
