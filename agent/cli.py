@@ -326,6 +326,8 @@ def check_adapt_args(args: argparse.Namespace) -> None:
         _check_input_file(args.data, DataError)
     if args.data is not None and args.input_shapes:
         raise InputError("--input-shape", "shapes random inputs, so it goes without --data (the data has shapes)")
+    if args.data is None and args.data_sha256 is not None:
+        raise InputError("--data-sha256", "pins fetched --data, and no --data was given")
     if args.credentials is not None and not args.credentials.is_dir():
         raise InputError(f"--credentials {args.credentials}", "not a directory (one file per key)")
     for path in getattr(args, "history", None) or []:

@@ -131,7 +131,8 @@ def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path | None) -
         console.print(f"note: no --data: {note}", highlight=False)
     if args.batch > data.n_samples:
         console.print(
-            f"[yellow]warning:[/] --batch {args.batch} is larger than the {data.n_samples} samples in {args.data}:"
+            f"[yellow]warning:[/] --batch {args.batch} is larger than the {data.n_samples} samples in"
+            f" {args.data or 'the random inputs'}:"
             f" timed batches repeat samples, and quality runs in one batch of {data.n_samples}",
             highlight=False,
         )

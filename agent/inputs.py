@@ -9,6 +9,7 @@ measured accuracy, and names the open axes the random inputs gave length 1.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -101,4 +102,4 @@ def synthetic_dataset(
             arrays[tensor.name] = np.asarray(rng.integers(0, 2, size=size)).astype(dtype)
         else:
             arrays[tensor.name] = np.asarray(rng.standard_normal(size)).astype(dtype)
-    return make_dataset(arrays, model, source="synthetic inputs")
+    return dataclasses.replace(make_dataset(arrays, model, source="synthetic inputs"), random=True)

@@ -14,6 +14,7 @@ expected shape named, rather than deep inside ONNX Runtime.
 
 from __future__ import annotations
 
+import dataclasses
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,10 +36,22 @@ class Dataset:
     unbatched: frozenset[str] = frozenset()
     # ... unless each of them is the same for every sample (``per_run``) and another input carries the samples.
     per_run: frozenset[str] = frozenset()
+    # Seeded random samples (no data was given): what FP32 answers on them says nothing of the model's task.
+    random: bool = False
 
     @property
     def n_samples(self) -> int:
         return int(next(iter(self.inputs.values())).shape[0])
+
+    def why_one_sample_per_run(self) -> str:
+        """Why runs hold one sample (``one_sample_per_run``), in words for an error message."""
+        varying = sorted(self.unbatched - self.per_run)
+        if varying:
+            return (
+                f"input(s) {[v[:60] for v in varying[:8]]} have no samples axis (the data holds one more axis than"
+                " the input: samples of the whole input) and differ between samples"
+            )
+        return "no input has a samples axis (the data holds one more axis than each input: samples of the whole input)"
 
     @property
     def one_sample_per_run(self) -> bool:
@@ -61,20 +74,20 @@ class Dataset:
         if self.one_sample_per_run and len(rows) != 1:
             raise DataError(
                 "batch",
-                f"input(s) {sorted(self.unbatched - self.per_run or self.unbatched)} take one sample without a "
-                f"samples axis, so a run holds one sample, not {len(rows)}: use --batch 1 (policy: slo.batchSize: 1)",
+                f"{self.why_one_sample_per_run()}, so a run holds one sample, not {len(rows)}: use --batch 1 "
+                "(policy: slo.batchSize: 1)",
             )
         return {name: arr[rows[0], ...] if name in self.unbatched else arr[rows] for name, arr in self.inputs.items()}
 
     def head(self, n: int) -> Dataset:
         n = min(n, self.n_samples)
         labels = None if self.labels is None else self.labels[:n]
-        return Dataset({k: v[:n] for k, v in self.inputs.items()}, labels, self.unbatched, self.per_run)
+        return dataclasses.replace(self, inputs={k: v[:n] for k, v in self.inputs.items()}, labels=labels)
 
     def tail(self, start: int) -> Dataset:
         """The samples from ``start`` on (what ``head(start)`` leaves out)."""
         labels = None if self.labels is None else self.labels[start:]
-        return Dataset({k: v[start:] for k, v in self.inputs.items()}, labels, self.unbatched, self.per_run)
+        return dataclasses.replace(self, inputs={k: v[start:] for k, v in self.inputs.items()}, labels=labels)
 
 
 def load_npz(path: Path, model: ModelInfo) -> Dataset:
@@ -161,10 +174,12 @@ def _given_once(arrays: dict[str, np.ndarray], expected: dict[str, TensorInfo]) 
         for name, info in expected.items()
         if all(isinstance(d, int) for d in info.shape) and arrays[name].shape == tuple(info.shape)
     }
-    if once != set(expected):
-        return once
-    scalars = {name for name in once if not expected[name].shape}
-    return scalars if scalars != once else set()
+    if once == set(expected):
+        scalars = {name for name in once if not expected[name].shape}
+        return scalars if scalars != once else set()
+    # As many rows as the other arrays have samples: those may be samples as well (ambiguous: read as ever).
+    counts = {arrays[name].shape[0] for name in set(expected) - once if arrays[name].ndim}
+    return {name for name in once if not arrays[name].ndim or arrays[name].shape[0] not in counts}
 
 
 def _same_for_every_sample(array: np.ndarray) -> bool:

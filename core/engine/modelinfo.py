@@ -175,9 +175,18 @@ def _load_external_data(path: Path, model: onnx.ModelProto) -> None:
 
 def weights_beside(path: Path, model: onnx.ModelProto) -> bool:
     """Whether ``model`` (as ``load_model`` read it from ``path``) holds tensors its file does not: weights read
-    from external data files beside it. The file of a model that holds everything is as long as the model
-    serialised (protobuf writes each field one way), the graph file of a split export far shorter."""
-    return path.stat().st_size < model.ByteSize()
+    from external data files beside it. A file shorter than the model serialised lacks something (protobuf writes
+    each field one way); one as long may still point outside for tensors smaller than their location entries,
+    so a small one is read again to see."""
+    size = path.stat().st_size
+    if size < model.ByteSize():
+        return True
+    if size > SMALL_GRAPH_BYTES:  # as long as the whole model and big: its weights are in it
+        return False
+    return bool(external_data_files(onnx.load(str(path), load_external_data=False)))
+
+
+SMALL_GRAPH_BYTES = 64 << 20
 
 
 def model_bytes(path: Path, model: onnx.ModelProto) -> bytes:

@@ -657,12 +657,10 @@ class Adaptation:
 
 def _check_batch(model: ModelInfo, settings: AdaptSettings, data: Dataset) -> None:
     if data.one_sample_per_run and (settings.batch != 1 or settings.search_batch):
-        varying = sorted(data.unbatched - data.per_run or data.unbatched)
         raise InputError(
             "--batch",
-            f"input(s) {varying[:8]} have no samples axis (the data holds one more axis than the model's input:"
-            " samples of the whole input) and differ between samples, so every run holds one sample; use --batch 1"
-            " (and do not search the batch)",
+            f"{data.why_one_sample_per_run()}, so every run holds one sample; use --batch 1 (and do not search the"
+            " batch)",
         )
     batched = [i for i in model.inputs if i.name not in data.unbatched]
     fixed = {i.shape[0] for i in batched if i.shape and isinstance(i.shape[0], int)}

@@ -139,19 +139,23 @@ def _refuse_nan_answers(compared: list[tuple[str, np.ndarray]], data: Dataset) -
     or infinity for them (the data's fault), else the output (the model's: an overflow, a division by zero)."""
     n = data.n_samples
     nan = np.zeros(n, dtype=bool)
-    first = ""
+    first, unplaced = "", False
     for name, output in compared:
-        if not np.issubdtype(output.dtype, np.floating):
+        if not np.issubdtype(output.dtype, np.floating) or not np.isnan(output).any():
             continue
-        rows = np.isnan(output.reshape(n, -1)).any(axis=1)  # a sample's rows are consecutive (run_all, batch_major)
-        if rows.any() and not first:
-            first = name
-        nan |= rows
-    if not nan.any():
+        first = first or name
+        if output.shape[0] == n:  # one row per sample: its NaN rows are its NaN samples
+            nan |= np.isnan(output.reshape(n, -1)).any(axis=1)
+        else:  # several rows per sample, in an order the export chose: whose rows they are is not known
+            unplaced = True
+    if not first:
         return
-    which = np.flatnonzero(nan)
-    shown = ", ".join(str(i) for i in which[:5]) + (", ..." if len(which) > 5 else "")
-    answered = f"FP32 answers NaN (output {first[:100]!r}) for {len(which)} of {n} samples (sample {shown})"
+    which = np.flatnonzero(nan) if nan.any() else np.arange(n)
+    if nan.any():
+        shown = ", ".join(str(i) for i in which[:5]) + (", ..." if len(which) > 5 else "")
+        answered = f"FP32 answers NaN (output {first[:100]!r}) for {len(which)} of {n} samples (sample {shown})"
+    else:
+        answered = f"FP32 answers NaN in output {first[:100]!r} on the {n} samples"
     culprits = [
         name
         for name, array in data.inputs.items()
@@ -160,8 +164,16 @@ def _refuse_nan_answers(compared: list[tuple[str, np.ndarray]], data: Dataset) -
     if culprits:
         raise DataError(
             f"input {culprits[0][:100]!r}",
-            f"{answered}, whose data holds NaN or infinity there: no variant can be compared with FP32 on them. "
-            "Fill in missing values the way the model's callers do before it, or leave those samples out",
+            f"{answered}, whose data holds NaN or infinity{'' if unplaced else ' there'}: no variant can be compared"
+            " with FP32 on them. Fill in missing values the way the model's callers do before it, or leave those"
+            " samples out",
+        )
+    if data.random:
+        raise DataError(
+            "data",
+            f"{answered} though their inputs are finite: they are random (no data was given), and the model takes"
+            " what random numbers are not (a log or a square root of a feature, ids in a range). Give samples as"
+            " the model's callers send them (--data; policy: spec.model.data)",
         )
     raise ModelError(
         "FP32 model",
@@ -252,7 +264,8 @@ def make_reference(session: Session, data: Dataset, batch: int, metric: str = "a
     reference = Reference(outputs, data.labels, None, token_mask(data), resolved, data.n_samples, per_sample, names)
     scores = reference.label_output()
     if data.labels is not None and scores is not None:
-        _refuse_labels_no_class_has(outputs[scores], names[scores], data.labels)
+        if resolved == "top1_accuracy":  # labels another metric does not read cannot mislead it
+            _refuse_labels_no_class_has(outputs[scores], names[scores], data.labels)
         reference = dataclasses.replace(reference, accuracy=top1_accuracy(outputs[scores], data.labels))
     if batch_open:
         reference = dataclasses.replace(reference, shared_run_drop=_shared_run_drop(session, data, batch, reference))

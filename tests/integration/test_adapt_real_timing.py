@@ -144,6 +144,7 @@ def test_cli_writes_the_four_outputs(adapted: tuple[Path, Path]) -> None:
         (["adapt", "{model}", "--input-shape", "nope=-1,3", "--out", "{out}"], "['nope'] are not model inputs"),
         (["adapt", "{model}", "--input-shape", "input=-1,x", "--out", "{out}"], "with whole dims"),
         (["adapt", "{model}", "--data", "{npz}", "--input-shape", "input=-1,64", "--out", "{out}"], "without --data"),
+        (["adapt", "{model}", "--data-sha256", "0" * 64, "--out", "{out}"], "no --data was given"),
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(

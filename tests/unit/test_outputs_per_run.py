@@ -201,3 +201,32 @@ def test_missing_values_the_model_itself_fills_in_are_fine() -> None:
     )
     reference = make_reference(create_session(model, FP32), Dataset({"x": x}), 8)
     assert np.isfinite(reference.outputs[0]).all()
+
+
+def test_nan_on_random_inputs_asks_for_data_not_for_a_fixed_export() -> None:
+    """No data given: the model takes the log of a feature, and random numbers are not what it takes."""
+    model = _model([helper.make_node("Log", ["x"], ["y"])], [helper.make_tensor_value_info("y", 1, ["N", 16])], [])
+    random = Dataset(DATA.inputs, random=True)
+    with pytest.raises(DataError, match=r"data: FP32 answers NaN .* they are random \(no data was given\).*--data"):
+        make_reference(create_session(model, FP32), random, 8)
+
+
+def test_a_setting_given_once_does_not_set_the_calibration_batch() -> None:
+    """A fixed [4, 5] table beside a batch is a setting: its first axis is not the batch static int8 calibrates
+    in (it asked for 4 samples per calibration run and failed every int8_static trial on fewer)."""
+    from metainfer.core.engine.transforms.quantize import CALIBRATION_BATCH, calibration_batch
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["z"]), helper.make_node("MatMul", ["z", "table"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16]),
+         helper.make_tensor_value_info("table", TensorProto.FLOAT, [4, 5])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])],
+        [_array("W", RNG.standard_normal((16, 4)).astype(np.float32))],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    table = np.broadcast_to(np.ones((4, 5), np.float32), (40, 4, 5))
+    data = Dataset(
+        {"x": DATA.inputs["x"], "table": table}, unbatched=frozenset({"table"}), per_run=frozenset({"table"})
+    )
+    assert calibration_batch(model, data) == CALIBRATION_BATCH

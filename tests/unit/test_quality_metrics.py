@@ -292,3 +292,10 @@ def test_infinities_fp32_has_too_are_left_out_and_new_ones_count_against() -> No
     spoiled[0, 3] = -np.inf  # an infinity FP32 does not have
     assert mean_cosine(spoiled, fp32) == pytest.approx(0.5, abs=0.01)  # that sample -1, the others 1
     assert quality_metrics.relative_l2_similarity(spoiled, fp32) == -1.0
+
+
+def test_labels_a_chosen_metric_does_not_read_are_not_checked() -> None:
+    session = create_session(_classifier("probabilities"), Recipe())
+    x = np.random.default_rng(1).standard_normal((30, 16)).astype(np.float32)
+    data = Dataset({"x": x}, np.arange(30) % 10 + 1)  # one-based, but cosine does not read them
+    assert make_reference(session, data, 8, "cosine_similarity").metric == "cosine_similarity"

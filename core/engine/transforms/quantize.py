@@ -141,7 +141,9 @@ def calibration_batch(model: onnx.ModelProto, data: Dataset) -> int:
     initializers = {t.name for t in model.graph.initializer}
     for value in model.graph.input:
         dims = value.type.tensor_type.shape.dim
-        if value.name not in initializers and dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
+        if value.name in initializers or value.name in data.unbatched:  # a setting's first axis is not the batch
+            continue
+        if dims and dims[0].HasField("dim_value") and dims[0].dim_value > 0:
             return int(dims[0].dim_value)
     return CALIBRATION_BATCH
 
