@@ -84,7 +84,14 @@ EXPLANATIONS: list[str] = [
     " control kept one operation in float, and the pick (that, with fused activations) runs at 0.9957, 1.43x"
     " faster than OpenVINO FP32 and 1.38x faster than NNCF's default int8, which in this sitting ran no faster"
     " than OpenVINO FP32. Adaptation took 117 s (37 s at 14:43): the accuracy control's validations. An earlier"
-    " version of this bench scored the first output alone and called NNCF's int8 a win at equal quality.",
+    " version of this bench scored the first output alone and called NNCF's int8 a win at equal quality."
+    " The figures above predate 98c99aa (2026-12-06): presence and handedness are one probability per image,"
+    " and a per-sample cosine of one number is its sign, so they scored 1 whatever a variant answered; they now"
+    " count by their relative L2 error. A re-run that day, on a host without AVX-512 or VNNI (int8 and bf16"
+    " slower there; the row above is not replaced, its machine differs), scored NNCF's default int8 0.9023 and"
+    " the naive one-liner 0.2728 over the four outputs; the engine shipped FP32 with fused activations on ONNX"
+    " Runtime, 1.04x ahead of OpenVINO FP32 in its own back-to-back runoff and 1.08x behind it in this bench's"
+    " interleaved rounds (6.77 against 6.26 ms): within that sitting's noise, not a win either way.",
     "BlazePalm: int8 costs 0.0096 of the budget's 0.01 even with NNCF (0.9904) and is slower than OpenVINO with"
     " bf16 compute (4.02 vs 3.59 ms), so FP32 weights on OpenVINO with bf16 compute ship at 0.9999.",
     "OpenVINO FP32 is 1.5-2.7x faster than ONNX Runtime FP32 on these nets (2.6-2.7x on Inception v1, whose LRN"
