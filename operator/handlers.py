@@ -81,13 +81,15 @@ async def runs_index(*, namespace: str | None, body: kopf.Body, **_: Any) -> dic
 
 
 @kopf.index(GROUP, VERSION, RUN_PLURAL)
-async def in_flight_index(
-    *, namespace: str | None, name: str, body: kopf.Body, **_: Any
-) -> dict[str, tuple[str, str]] | None:
+async def in_flight_index(*, namespace: str | None, name: str, body: kopf.Body, **_: Any) -> dict[str, tuple[str, str]]:
     """Pending and Running runs by namespace, so the cluster's and a namespace's limits are len()s: a scan of every
-    run per reconcile is quadratic (1.3 M run_phase calls while 100 policies converge)."""
+    run per reconcile is quadratic (1.3 M run_phase calls while 100 policies converge).
+
+    A run that is no longer in flight maps to ``{}``, never None: kopf keeps an object's earlier entry when its
+    handler returns None, so a finished run held its slot until the operator restarted (the namespace's fifth run
+    waited at ConcurrencyLimit for ever)."""
     namespace = namespace or ""  # runs are namespaced: kopf always names it
-    return {namespace: (namespace, name)} if run_phase_from_body(body) in IN_FLIGHT else None
+    return {namespace: (namespace, name)} if run_phase_from_body(body) in IN_FLIGHT else {}
 
 
 @kopf.index("batch", "v1", "jobs", labels=MANAGED)

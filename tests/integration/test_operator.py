@@ -488,3 +488,29 @@ def test_a_deleted_policy_service_comes_back_at_once_not_at_the_next_resync(
         )
         assert again
         assert "Traceback" not in op.output()
+
+
+def test_a_finished_run_frees_its_slot_in_a_long_running_operator(
+    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+) -> None:
+    """The in-flight index kept a run after it finished (kopf keeps an entry whose handler returns None), so a
+    long-running operator counted every finished run as in flight: after the namespace's limit of runs had
+    ended, each new one (a drift, a new model version) waited at ConcurrencyLimit until the operator restarted.
+    Found reading kopf's indexer; the e2e suite's restarts had hidden it."""
+    api = control_plane.api_client
+    nodes.add(("AVX2",))
+    apply_policy(api, make_policy(namespace, "digits", *digits))
+    env = {"METAINFER_MAX_CONCURRENT_RUNS_PER_NAMESPACE": "1"}
+    with operator_process(control_plane.kubeconfig, namespace, tmp_path, env=env):
+        for batch in (4, 8, 16):  # make_policy's batch, then two changes: three runs, one at a time
+            if batch != 4:
+                client.CustomObjectsApi(api).patch_namespaced_custom_object(
+                    GROUP, VERSION, namespace, "adaptationpolicies", "digits", {"spec": {"slo": {"batchSize": batch}}}
+                )
+            wait_for(f"the batch-{batch} run's Job", lambda b=batch: any(
+                r["spec"]["batchSize"] == b and r["metadata"]["name"] in {j.metadata.name for j in jobs(api, namespace)}
+                for r in runs(api, namespace)
+            ), timeout=30)  # fmt: skip
+            assert run_all_pending(control_plane, namespace), f"the batch-{batch} run ran"
+        phases = sorted((r["spec"]["batchSize"], r["status"]["phase"]) for r in runs(api, namespace))
+        assert phases == [(4, "Succeeded"), (8, "Succeeded"), (16, "Succeeded")], phases

@@ -147,3 +147,20 @@ def test_a_policy_name_longer_than_a_label_value_still_finds_and_wakes_its_child
     event.clear()
     wakeups.wake("ns", name)  # a run event: spec.policyName, the real name
     assert event.is_set()
+
+
+def test_a_run_out_of_flight_maps_to_an_empty_entry_never_none() -> None:
+    """kopf keeps an object's earlier index entry when its handler returns None: a finished run kept its slot
+    until the operator restarted. {} replaces the entry with nothing (tests/integration/test_operator.py runs it)."""
+    import asyncio
+
+    import kopf
+
+    from metainfer.operator.handlers import in_flight_index
+
+    def body(phase: str) -> kopf.Body:
+        return kopf.Body({"metadata": {"name": "r", "namespace": "ns"}, "status": {"phase": phase}})
+
+    running = asyncio.run(in_flight_index(namespace="ns", name="r", body=body("Running")))
+    finished = asyncio.run(in_flight_index(namespace="ns", name="r", body=body("Succeeded")))
+    assert running == {"ns": ("ns", "r")} and finished == {}
