@@ -143,7 +143,7 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
     publish_policy(namespace, name, policy.get("spec") or {}, new_status)
     if _changed(policy.get("status") or {}, new_status):
         _count_finished(namespace, name, policy.get("status") or {}, new_status)
-        stored = await kube.patch_status(POLICY_PLURAL, namespace, name, new_status)
+        stored = await kube.patch_status(POLICY_PLURAL, namespace, name, new_status, read_at=kube.read_at(policy))
         for event in coalesce(plan.events):
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
         return stored or policy
@@ -187,12 +187,13 @@ def refusal(exc: Refusal) -> tuple[Reason, str]:
     return Reason.CHILD_REJECTED, str(exc)
 
 
-async def refused_status(body: kopf.Body, reason: Reason, message: str) -> None:
-    meta = body["metadata"]
-    previous = [Condition.model_validate(c) for c in (body.get("status") or {}).get("conditions", [])]
+async def refused_status(body: kopf.Body, policy: Mapping[str, Any], reason: Reason, message: str) -> None:
+    """Ready=False on ``policy`` (as last read or written by this reconcile) and a Warning event on it."""
+    meta = policy["metadata"]
+    previous = [Condition.model_validate(c) for c in (policy.get("status") or {}).get("conditions", [])]
     conditions = set_condition(
         previous, ConditionType.READY, "False", reason, message, observed_generation=meta.get("generation")
     )
     status = {"observedGeneration": meta.get("generation"), "conditions": [c.to_api() for c in conditions]}
-    await kube.patch_status(POLICY_PLURAL, meta["namespace"], meta["name"], status)
+    await kube.patch_status(POLICY_PLURAL, meta["namespace"], meta["name"], status, read_at=kube.read_at(policy))
     kopf.event(body, type="Warning", reason=reason, message=message[:1024])

@@ -110,8 +110,9 @@ async def drift_step(
         status = status.model_copy(update={"conditions": _saturation_condition(status, now)})
         patch = status.to_api()
         stored = await kube.patch_status(
-            POLICY_PLURAL, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]}
-        )
+            POLICY_PLURAL, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]},
+            read_at=kube.read_at(policy),
+        )  # fmt: skip
         step.policy = stored
         classes = [c for c in status.classes if eligible(c)]
     waits = [max(0.0, drift.seconds_until_due(c.drift, interval, now)) for c in classes]

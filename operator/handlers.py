@@ -26,7 +26,7 @@ from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
 from metainfer.operator import kube, namespaces, startup  # noqa: F401  (startup handlers; startup's runs first)
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refusal, refused_status
 from metainfer.operator.drift import drift_step, fetch_policy
-from metainfer.operator.kube import ChildRejected
+from metainfer.operator.kube import ChildRejected, StaleRead
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS, SERIES
 from metainfer.operator.rollout import rollout_step
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
@@ -166,9 +166,10 @@ async def policy_daemon(
             wake.clear()
             started = time.perf_counter()
             sleep = config.resync_seconds
+            policy = _plain(body)
             try:
                 # Fresh, not kopf's body: the watch may lag behind this daemon's own last status write.
-                policy = await fetch_policy(namespace, name) or _plain(body)
+                policy = await fetch_policy(namespace, name) or policy
                 pods = await provisional_pods(namespace, name, indexes)
                 inputs = reconcile_inputs(policy, VIEW, indexes, config, pods)
                 if inputs.settle_wait_s is not None:
@@ -192,7 +193,14 @@ async def policy_daemon(
                 RECONCILE_ERRORS.labels(reason).inc()
                 if isinstance(exc, ChildRejected):
                     logger.warning("reconcile of %s/%s: %s", namespace, name, message)
-                await refused_status(body, reason, message)
+                try:
+                    await refused_status(body, policy, reason, message)
+                except StaleRead:
+                    continue  # planned from an old read: read again, and refuse again if it still holds
+            except StaleRead as exc:  # someone wrote the policy since it was read: plan again from what is there now
+                RECONCILE_ERRORS.labels("StaleRead").inc()
+                logger.info("reconcile of %s/%s: %s", namespace, name, exc)
+                continue
             except kopf.TemporaryError as exc:
                 RECONCILE_ERRORS.labels("Temporary").inc()
                 logger.warning("reconcile of %s/%s will be retried: %s", namespace, name, exc)

@@ -141,9 +141,24 @@ async def delete(kind: str, namespace: str, name: str) -> None:
             raise _temporary(exc, f"delete {kind} {name}") from exc
 
 
-async def patch_status(plural: str, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any] | None:
-    """Merge-patch the status subresource; the object as stored after the patch (None once deleted)."""
+class StaleRead(kopf.TemporaryError):
+    """The object changed after the reconcile read it: its status write was refused, and the reconcile reads again."""
+
+
+async def patch_status(
+    plural: str, namespace: str, name: str, status: Mapping[str, Any], *, read_at: str | None = None
+) -> dict[str, Any] | None:
+    """Merge-patch the status subresource; the object as stored after the patch (None once deleted).
+
+    With ``read_at`` (the resourceVersion the status was computed from) the write is conditional: a status planned
+    from an older read (a replica still finishing its reconcile while a hand-over gives the policy to another, or a
+    write of the user's in between) would put back a class list that has moved on (a promoted canary, a finished
+    run). The API server refuses it with 409 instead, raised as StaleRead.
+    """
     api = client.CustomObjectsApi(_api())
+    patch: dict[str, Any] = {"status": status}
+    if read_at:
+        patch["metadata"] = {"resourceVersion": read_at}
     try:
         stored = await _in_thread(
             f"patch status of {plural}/{name}",
@@ -153,13 +168,23 @@ async def patch_status(plural: str, namespace: str, name: str, status: Mapping[s
             namespace,
             plural,
             name,
-            {"status": status},
+            patch,
         )
     except ApiException as exc:
+        if exc.status == 409 and read_at:
+            raise StaleRead(
+                f"{plural}/{name} changed after it was read at resourceVersion {read_at}: planning again", delay=0
+            ) from exc
         if exc.status != 404:
             raise _temporary(exc, f"patch status of {plural}/{name}") from exc
         return None
     return dict(stored)
+
+
+def read_at(obj: Mapping[str, Any]) -> str | None:
+    """The resourceVersion ``obj`` was read at, for a conditional ``patch_status``."""
+    version = (obj.get("metadata") or {}).get("resourceVersion")
+    return str(version) if version else None
 
 
 async def job_log(namespace: str, job_name: str, lines: int) -> str | None:

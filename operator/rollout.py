@@ -84,7 +84,9 @@ async def rollout_step(
             updated[cls.fingerprint] = ClassStatus.model_validate({**cls.model_dump(), "rollout": rollout.model_dump()})
     if changed:
         patch = status.model_copy(update={"classes": list(updated.values())}).to_api()
-        await kube.patch_status(POLICY_PLURAL, namespace, name, {"classes": patch["classes"]})
+        await kube.patch_status(
+            POLICY_PLURAL, namespace, name, {"classes": patch["classes"]}, read_at=kube.read_at(policy)
+        )
     step.next_check_s = 0.0 if step.decided else (min(waits) if waits else None)
     return step
 

@@ -1,18 +1,27 @@
 """The operator's writes against a real API server: an updated serving Deployment is exactly what the reconcile
-built, with nothing left over from the version it replaces (operator/kube.py ``apply``)."""
+built, with nothing left over from the version it replaces (operator/kube.py ``apply``), and a policy's status is
+written only over the version it was planned from (``patch_status``'s ``read_at``)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Iterator
 from typing import Any
 
+import kopf
 import pytest
 from kubernetes import client
 
+from metainfer.core.api.names import GROUP, POLICY_PLURAL, VERSION
+from metainfer.core.api.policy import AdaptationPolicyStatus
+from metainfer.core.api.vocabulary import Reason
 from metainfer.core.control.hardware import group_nodes
 from metainfer.core.control.manifests import build_deployment, build_run
 from metainfer.operator import kube
+from metainfer.operator.apply import apply_plan, reconcile_inputs, refused_status
+from metainfer.operator.config import OperatorConfig
+from metainfer.operator.view import ClusterView, Indexes
 
 
 @pytest.fixture
@@ -69,3 +78,51 @@ def test_a_provisional_deployment_updated_to_the_classs_own_variant_keeps_nothin
     assert {v.name for v in pod.volumes} == {v["name"] for v in own["spec"]["template"]["spec"]["volumes"]}
     assert stored.metadata.labels["team.example/owner"] == "ml", "labels that are not ours are kept"
     assert stored.metadata.annotations["example.com/note"] == "kept", "annotations that are not ours are kept"
+
+
+def _policy(namespace: str) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}", "kind": "AdaptationPolicy",
+        "metadata": {"name": "digits", "namespace": namespace},
+        "spec": {"model": {"uri": "configmap://m/model.onnx", "sha256": "a" * 64}, "slo": {"latencyP95Ms": 50}},
+    }  # fmt: skip
+
+
+# What the replica that now holds the policy wrote: a class whose canary it promoted. A replica still finishing a
+# reconcile planned from before would put the class back in its canary phase, and the canary would run again.
+PROMOTED = AdaptationPolicyStatus.model_validate({
+    "classes": [{
+        "name": "cpu-amd64", "fingerprint": "f" * 16, "state": "Ready", "nodes": 1,
+        "current": {"runName": "digits-ffff-1", "recipeKey": "k" * 16},
+        "rollout": {"phase": "Stable"},
+    }],
+}).to_api()  # fmt: skip
+
+
+def test_a_status_planned_from_an_older_read_is_refused_and_the_newer_one_stays(
+    operator_client: client.ApiClient, namespace: str
+) -> None:
+    """Policy status patches carried no resourceVersion: whichever writer came last won, however old its read."""
+    api = client.CustomObjectsApi(operator_client)
+    api.create_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, _policy(namespace))
+    stale = api.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "digits")
+    api.patch_namespaced_custom_object_status(GROUP, VERSION, namespace, POLICY_PLURAL, "digits", {"status": PROMOTED})
+
+    # The reconcile's own write, planned from the old read: this cluster has no nodes, so its plan drops the class.
+    config = OperatorConfig()
+    inputs = reconcile_inputs(stale, ClusterView(), Indexes({}, {}, {}, {}, {}), config)
+    assert inputs.plan.status.to_api().get("classes", []) == [], "the stale plan would have dropped the class"
+    with pytest.raises(kube.StaleRead, match="changed after it was read at resourceVersion"):
+        asyncio.run(apply_plan(kopf.Body(stale), inputs, logging.getLogger("test")))
+    with pytest.raises(kube.StaleRead):
+        asyncio.run(refused_status(kopf.Body(stale), stale, Reason.INVALID_SPEC, "refused"))
+    stored = api.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "digits")
+    assert stored["status"]["classes"][0]["rollout"] == {"phase": "Stable"}, "the newer status stays"
+    assert not stored["status"].get("conditions"), "neither stale write got through"
+
+    # Read again, the same plan writes: a conflict costs one more read, not the write.
+    fresh = api.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "digits")
+    inputs = reconcile_inputs(fresh, ClusterView(), Indexes({}, {}, {}, {}, {}), config)
+    written = asyncio.run(apply_plan(kopf.Body(fresh), inputs, logging.getLogger("test")))
+    assert written["metadata"]["resourceVersion"] != fresh["metadata"]["resourceVersion"]
+    assert written["status"].get("conditions"), "the fresh plan's status was written"
