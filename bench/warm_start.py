@@ -177,11 +177,17 @@ def source_history(source: str, seed: int) -> Any:
                 p50_ms=row.get("p50_ms"),
                 p95_ms=row.get("p95_ms"),
                 quality_drop=row.get("quality_drop"),
+                quality_measure=LANDSCAPE_MEASURE,
                 failure=None if failure is None else str(failure)[:200],
             )
         )
     assert land.features is not None
     return HistorySource(**dict(land.features), label=source, trials=trials)
+
+
+# Each landscape's drops were measured by one metric, the one its model resolves to on both classes: the warm run
+# compares them as the engine compares drops of the same measure.
+LANDSCAPE_MEASURE = "landscape"
 
 
 def warm_runner(scenario: Scenario) -> sr.Runner:
@@ -193,7 +199,8 @@ def warm_runner(scenario: Scenario) -> sr.Runner:
     def run(landscape: sr.Landscape, seed: int, budget: int) -> sr.Scores:
         if seed not in cache:
             assert landscape.features is not None
-            cache[seed] = warm_start(landscape.space, landscape.features, [source_history(scenario.source, seed)])[0]
+            history = [source_history(scenario.source, seed)]
+            cache[seed] = warm_start(landscape.space, landscape.features, history, LANDSCAPE_MEASURE)[0]
         searcher = HybridSearcher(
             landscape.space, seed, budget=budget, featurizer=landscape.featurizer, prior=cache[seed]
         )

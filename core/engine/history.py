@@ -56,7 +56,7 @@ from metainfer.core.engine.search.prior import (
     warm_prior,
 )
 from metainfer.core.engine.search.space import Key, Space
-from metainfer.core.engine.trial import TrialStatus
+from metainfer.core.engine.trial import Quality, TrialStatus
 
 MAX_TRIALS = 64
 MAX_OPS = 512
@@ -77,7 +77,18 @@ class HistoryTrial(Plain):
     p50_ms: float | None = Field(None, ge=0)
     p95_ms: float | None = Field(None, ge=0)
     quality_drop: float | None = None
+    quality_measure: str | None = Field(
+        None,
+        max_length=96,
+        description="What the drop is a drop of (quality_measure()); None in histories kept before it was: their"
+        " drops are never compared with this run's, whose metric may differ.",
+    )
     failure: str | None = Field(None, max_length=200, description="The first violation or error.")
+
+
+def quality_measure(quality: Quality) -> str:
+    """A drop's unit: the metric, and a plugin's name (two plugins' drops are not comparable either)."""
+    return f"{quality.metric}:{quality.name}" if quality.name else str(quality.metric)
 
 
 class ModelFeatures(Plain):
@@ -213,6 +224,7 @@ def source_from_report(report: Report, label: str = "") -> HistorySource:
                 p50_ms=latency.p50_ms if latency is not None else None,
                 p95_ms=latency.p95_ms if latency is not None else None,
                 quality_drop=t.metrics.quality.drop if t.metrics is not None else None,
+                quality_measure=quality_measure(t.metrics.quality)[:96] if t.metrics is not None else None,
                 failure=None if failure is None else str(failure)[:200],
             )
         )
@@ -382,11 +394,17 @@ def _matters_alike(current: RunFeatures, source: RunFeatures, point: dict[str, S
 
 
 def warm_start(
-    space: Space, current: RunFeatures, history: TrialHistory | Sequence[HistorySource]
+    space: Space,
+    current: RunFeatures,
+    history: TrialHistory | Sequence[HistorySource],
+    measure: str | None = None,
 ) -> tuple[Prior, HistoryUse]:
     """The search's prior for this run from ``history``, and the account of it for the report.
 
-    Without a useful source this is the built-in prior unchanged (a cold start).
+    ``measure`` is this run's quality_measure(): a source's trial that missed the quality budget is skipped as a
+    known failure only when its drop was measured the same way (outputs of one number per sample were once scored
+    by cosine, which called a halved probability lossless). Without a useful source this is the built-in prior
+    unchanged (a cold start).
     """
     sources = list(history.sources if isinstance(history, TrialHistory) else history)
     base = builtin_prior(space, current.context())
@@ -417,7 +435,7 @@ def warm_start(
         if sim.total >= RELATED:
             related = True
             for key, trial in mapped:
-                if _known_failure(current, source, trial) and _matters_alike(current, source, trial.point):
+                if _known_failure(current, source, trial, measure) and _matters_alike(current, source, trial.point):
                     avoid.add(key)
         uses.append(
             SourceUse(
@@ -448,12 +466,15 @@ def warm_start(
     return prior, use
 
 
-def _known_failure(current: RunFeatures, source: HistorySource, trial: HistoryTrial) -> bool:
-    """A trial whose outcome would repeat here: it failed to build or run, or missed the quality budget by far."""
+def _known_failure(current: RunFeatures, source: HistorySource, trial: HistoryTrial, measure: str | None) -> bool:
+    """A trial whose outcome would repeat here: it failed to build or run, or missed the quality budget by far
+    in the same measure as this run's."""
     if current.model.sha256 != source.model.sha256:
         return False  # another model's failures say little about this one's
     if trial.status == TrialStatus.FAILED:
         return True
     if trial.status != TrialStatus.INFEASIBLE or trial.quality_drop is None:
         return False
+    if measure is None or trial.quality_measure != measure:
+        return False  # a drop in another measure says nothing of this run's budget: measure it again
     return trial.quality_drop > 1.5 * current.spec.constraints.max_quality_drop

@@ -26,7 +26,14 @@ from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.errors import InputError, MetainferError, fp32_failure
 from metainfer.core.engine.evaluate import Screen
 from metainfer.core.engine.history import HardwareFeatures as HistoryHardware
-from metainfer.core.engine.history import ModelFeatures, RunFeatures, SearchSpec, TrialHistory, warm_start
+from metainfer.core.engine.history import (
+    ModelFeatures,
+    RunFeatures,
+    SearchSpec,
+    TrialHistory,
+    quality_measure,
+    warm_start,
+)
 from metainfer.core.engine.history_use import HistoryUse
 from metainfer.core.engine.knobs.base import as_int
 from metainfer.core.engine.knobs.quantizer import NNCF_RANKING, ranking_key
@@ -237,7 +244,7 @@ class Adaptation:
                 f"output(s) {names} left out of the quality comparison: their rows are the run's, not one sample's"
                 " (a constant, the detections non-max suppression kept), so they change with the grouping of samples"
             )
-        prior, history_use = self._prior(space, notes)
+        prior, history_use = self._prior(space, notes, quality_measure(baseline.metrics.quality))
         searcher = make_searcher(
             s.algorithm, space, s.seed, s.budget_trials, featurizer=self._featurizer(space), prior=prior
         )
@@ -483,7 +490,7 @@ class Adaptation:
         context = self.context()
         return lambda point: context_features(point, context)
 
-    def _prior(self, space: Space, notes: list[str]) -> tuple[Prior | None, HistoryUse | None]:
+    def _prior(self, space: Space, notes: list[str], measure: str) -> tuple[Prior | None, HistoryUse | None]:
         """The hybrid's prior: warmed by the history when there is one, else the built-in defaults."""
         if self.settings.algorithm != "hybrid":
             if self.history is not None and self.history.sources:
@@ -491,7 +498,7 @@ class Adaptation:
             return None, None
         if self.history is None:
             return builtin_prior(space, self.context()), None
-        prior, use = warm_start(space, self.features(), self.history)
+        prior, use = warm_start(space, self.features(), self.history, measure)
         if use.warm:
             notes.append(
                 f"warm start from {len(use.sources)} related source(s), {use.trials_used} trials; "

@@ -92,6 +92,7 @@ def test_reports_found_under_a_directory_become_sources(first_run: tuple[Report,
     assert [t.point for t in src.trials] == [t.point for t in report.trials]
     assert [t.score for t in src.trials] == [t.score for t in report.trials]
     assert all(t.p50_ms is not None and t.status == TrialStatus.FEASIBLE for t in src.trials)
+    assert {t.quality_measure for t in src.trials} == {str(report.baseline.metrics.quality.metric)}
     # the operator carries it as JSON: it round-trips and stays small
     text = TrialHistory(sources=sources).model_dump_json()
     assert TrialHistory.model_validate_json(text) == TrialHistory(sources=sources) and len(text) < 20_000
@@ -220,6 +221,24 @@ def test_known_failures_are_skipped_unless_the_profile_differs_where_it_matters(
     # another model's failures are not this model's
     prior3, _ = warm_start(space, here, [_source(_features(MLP_V2, _profile()), TRIALS, "v2")])
     assert not prior3.avoid
+
+
+def test_a_quality_miss_is_a_known_failure_only_in_the_measure_this_run_uses() -> None:
+    """One-number outputs were once scored by cosine: a drop kept then is not a drop in relative L2 now."""
+    space, here = _space(), _features(MLP, _profile())
+    missed = {"quantization": "int8_dynamic", "per_channel": False, "graph_optimization_level": "all",
+              "intra_op_num_threads": 2}  # fmt: skip
+
+    def source(measure: str | None) -> HistorySource:
+        trial = HistoryTrial(point=missed, status=TrialStatus.INFEASIBLE, quality_drop=0.5, quality_measure=measure)
+        return HistorySource(**dict(_features(MLP, _profile("1111111111111111", cores=1))), label="l", trials=[trial])
+
+    prior, use = warm_start(space, here, [source("cosine_similarity")], "cosine_similarity")
+    assert use.skipped_known_failures == 1 and space.key(missed) in prior.avoid
+    for kept, now in (("cosine_similarity", "relative_l2_similarity"), (None, "cosine_similarity"),
+                      ("user_metric:wer", "user_metric:cer"), ("cosine_similarity", None)):  # fmt: skip
+        prior, use = warm_start(space, here, [source(kept)], now)
+        assert use.warm and use.skipped_known_failures == 0 and not prior.avoid, (kept, now)
 
 
 # -- the pipeline ----------------------------------------------------------------------------------------------
