@@ -54,6 +54,7 @@ def reconcile_inputs(
     indexes: Indexes,
     config: OperatorConfig,
     provisional_pods: Sequence[Mapping[str, Any]] = (),
+    job_waits: Mapping[str, str] | None = None,
 ) -> Inputs:
     """Validate the policy and its own runs (never the cluster's), read the rest from the indexes, and plan.
 
@@ -99,6 +100,7 @@ def reconcile_inputs(
         unclassified_nodes=view.unclassified(policy.spec.hardware, indexes.nodes),
         excluded_nodes=view.excluded(policy.spec.hardware, indexes.nodes, *scheduling),
         pod_checks=read_pod_checks(provisional_pods),
+        job_waits=job_waits,
     )
     plan = dataclasses.replace(plan, objects_to_create=indexes.not_seen(plan.objects_to_create))
     return Inputs(body, groups, plan, settled.wait_s)

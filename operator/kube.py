@@ -214,6 +214,30 @@ async def job_log(namespace: str, job_name: str, lines: int) -> str | None:
         return None  # a log is a courtesy: never a reason to retry the whole reconcile
 
 
+async def job_wait_evidence(namespace: str, job_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The pods of a Job and, when none is on its way, the Job's events, as plain camelCase dicts
+    (core.control.job_waits reads them); nothing when they cannot be read: the wait is then only not explained."""
+    api = _api()
+    core = client.CoreV1Api(api)
+
+    def read() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        pods = [api.sanitize_for_serialization(p) for p in core.list_namespaced_pod(
+            namespace, label_selector=f"job-name={job_name}").items]  # fmt: skip
+        if any((p.get("status") or {}).get("phase") in ("Pending", "Running") for p in pods):
+            return pods, []  # its pod says why, if anything does
+        selector = f"involvedObject.kind=Job,involvedObject.name={job_name}"
+        events = core.list_namespaced_event(namespace, field_selector=selector, limit=50).items
+        return pods, [api.sanitize_for_serialization(e) for e in events]
+
+    try:
+        return cast(
+            tuple[list[dict[str, Any]], list[dict[str, Any]]],
+            await _in_thread(f"read why Job {job_name} waits", read),
+        )
+    except (ApiException, kopf.TemporaryError):
+        return [], []  # an explanation is a courtesy: never a reason to retry the whole reconcile
+
+
 async def provisional_pods(namespace: str, policy: str) -> list[dict[str, Any]]:
     """The policy's provisional serving pods (core.control.pod_checks reads their on-node checks), as plain
     camelCase dicts; none when they cannot be listed: the status then says only that the pods check first."""

@@ -142,6 +142,7 @@ class Reason(StrEnum):
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     JOB_FAILED = "JobFailed"
     AGENT_SERVICE_ACCOUNT_MISSING = "AgentServiceAccountMissing"
+    JOB_WAITING = "JobWaiting"  # a run's Job has no pod at work, and its pods or events say why (job_waits)
     NO_IMAGE_FOR_HARDWARE = "NoImageForHardware"  # an accelerator vendor the platform maps no image to
     # rollout
     CANARY_PROGRESSING = "CanaryProgressing"

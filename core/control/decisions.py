@@ -104,6 +104,8 @@ class ClassContext:
     now: dt.datetime
     # Provisional pods' on-node checks by class fingerprint (core.control.pod_checks); none outside the operator.
     pod_checks: Mapping[str, tuple[PodCheck, ...]] = field(default_factory=dict)
+    # Why a Job of the class's runs has no pod at work, by Job name (core.control.job_waits); none outside the operator.
+    job_waits: Mapping[str, str] = field(default_factory=dict)
     # The platform maps no image to the class's accelerator vendor (WorkloadSettings.for_vendor): refused, never
     # adapted or served by the CPU image; ``job_settings`` and ``serving`` are then the platform's as given.
     image_missing: bool = False

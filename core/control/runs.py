@@ -157,7 +157,18 @@ def follow_run(context: ClassContext, status: ClassStatus, run: AdaptationRun) -
     progress = (run.status.progress if run.status else None) or RunProgress()
     budget = progress.trial_budget or "?"
     message = f"{progress.stage or phase}: {progress.trials_completed}/{budget} trials"
-    return ClassPlan(updated(status, state=ClassState.ADAPTING, message=message))
+    why = context.job_waits.get(job_name(name))
+    if why is None:
+        return ClassPlan(updated(status, state=ClassState.ADAPTING, message=message))
+    # Said once per cause (what precedes the first colon: a refused pod, or which pod cannot be scheduled or
+    # started): the status keeps saying it while it lasts, with the details of the latest try (a refused pod's
+    # generated name changes with every retry of the Job controller), the event tells whoever watches events.
+    was = context.previous
+    cause = "waiting: " + why.split(":", 1)[0]
+    said = was is not None and was.state == ClassState.ADAPTING and cause in (was.message or "")
+    events = () if said else (Event("Warning", Reason.JOB_WAITING, f"run {name}: {why}"),)
+    waiting = updated(status, state=ClassState.ADAPTING, message=f"{message}; waiting: {why}")
+    return ClassPlan(waiting, Decisions(events=events))
 
 
 def hold_class(context: ClassContext) -> ClassPlan:

@@ -58,9 +58,12 @@ def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def slim_job(job: Mapping[str, Any]) -> dict[str, Any]:
-    """A Job as its name and conditions: how a run's Job ended is all the reconcile asks of it."""
-    conditions = (job.get("status") or {}).get("conditions") or []
-    return {"metadata": _metadata(job), "status": {"conditions": _copy(conditions)}}
+    """A Job as its name, conditions and ready pods: how a run's Job ended, and whether its pod is at work."""
+    status = job.get("status") or {}
+    kept = {"conditions": _copy(status.get("conditions") or [])}
+    if "ready" in status:
+        kept["ready"] = status["ready"]
+    return {"metadata": _metadata(job), "status": kept}
 
 
 def slim_deployment(deployment: Mapping[str, Any]) -> dict[str, Any]:

@@ -636,7 +636,8 @@ def test_deleting_the_policy_garbage_collects_every_pod(platform: Platform) -> N
 
 def test_a_policy_outside_the_workload_namespaces_gets_a_warning_not_a_silent_stuck_job(platform: Platform) -> None:
     """Found on the real node: the chart makes the agent's ServiceAccount only in workloadNamespaces; elsewhere
-    the Job is accepted but the Job controller's pods are refused, and the run waited for its deadline unexplained."""
+    the Job is accepted but the Job controller's pods are refused, and the run waited for its deadline unexplained.
+    Now a Warning names the missing account, and the class's status carries the Job controller's refusal."""
     platform.kubectl("create", "namespace", "team-b")
     policy = digits_policy("0" * 64)
     policy["metadata"]["namespace"] = "team-b"
@@ -648,6 +649,18 @@ def test_a_policy_outside_the_workload_namespaces_gets_a_warning_not_a_silent_st
 
     (event, *_) = platform.wait("the AgentServiceAccountMissing warning", warning, 120)
     assert event["type"] == "Warning" and "workloadNamespaces" in event["message"], event
+
+    # The class says why its run waits, from the Job controller's own FailedCreate (core.control.job_waits).
+    def waiting() -> list[dict[str, Any]]:
+        status = platform.get("adaptationpolicy", policy["metadata"]["name"], "-n", "team-b").get("status") or {}
+        return [
+            c for c in status.get("classes", []) if "waiting: the Job cannot create its pod" in c.get("message", "")
+        ]
+
+    (cls, *_) = platform.wait("the class to say why its Job has no pod", waiting, 90)
+    assert cls["state"] == "Adapting" and "serviceaccount" in cls["message"], cls
+    events = platform.get("events", "-n", "team-b", "--field-selector", "reason=JobWaiting")["items"]
+    assert events and all(e["type"] == "Warning" for e in events), events
     platform.kubectl("delete", "namespace", "team-b", "--wait=false")
 
 

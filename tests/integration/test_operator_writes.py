@@ -17,6 +17,7 @@ from metainfer.core.api.names import GROUP, POLICY_PLURAL, VERSION
 from metainfer.core.api.policy import AdaptationPolicyStatus
 from metainfer.core.api.vocabulary import Reason
 from metainfer.core.control.hardware import group_nodes
+from metainfer.core.control.job_waits import why_job_waits
 from metainfer.core.control.manifests import build_deployment, build_run
 from metainfer.operator import kube
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refused_status
@@ -126,3 +127,35 @@ def test_a_status_planned_from_an_older_read_is_refused_and_the_newer_one_stays(
     written = asyncio.run(apply_plan(kopf.Body(fresh), inputs, logging.getLogger("test")))
     assert written["metadata"]["resourceVersion"] != fresh["metadata"]["resourceVersion"]
     assert written["status"].get("conditions"), "the fresh plan's status was written"
+
+
+def _event_on_job(namespace: str, job: str, message: str) -> dict[str, Any]:
+    return {
+        "metadata": {"generateName": f"{job}.", "namespace": namespace},
+        "involvedObject": {"kind": "Job", "name": job, "namespace": namespace, "apiVersion": "batch/v1"},
+        "reason": "FailedCreate", "message": message, "type": "Warning",
+        "source": {"component": "job-controller"}, "lastTimestamp": "2026-01-01T00:00:00Z",
+    }  # fmt: skip
+
+
+def test_a_waiting_jobs_events_are_its_own_and_its_pod_goes_first(
+    operator_client: client.ApiClient, namespace: str
+) -> None:
+    """What the operator reads for core.control.job_waits: the FailedCreate events of that Job only (a field
+    selector the API server applies), and none once a pod of the Job is on its way."""
+    core = client.CoreV1Api(operator_client)
+    refused = 'Error creating: pods "digits-1-abcde" is forbidden: exceeded quota: compute, requested: pods=1'
+    core.create_namespaced_event(namespace, _event_on_job(namespace, "digits-1", refused))
+    core.create_namespaced_event(namespace, _event_on_job(namespace, "digits-10", "another Job's refusal"))
+    pods, events = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
+    assert pods == [] and [e["message"] for e in events] == [refused]
+    assert why_job_waits(pods, events) == f"the Job cannot create its pod: {refused}"
+
+    pod = {
+        "metadata": {"name": "digits-1-fghij", "labels": {"job-name": "digits-1"}},
+        "spec": {"containers": [{"name": "agent", "image": "metainfer:test"}]},
+    }
+    core.create_namespaced_pod(namespace, pod)  # no scheduler here: it stays Pending, with no reason yet
+    pods, events = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
+    assert [p["metadata"]["name"] for p in pods] == ["digits-1-fghij"] and events == []
+    assert why_job_waits(pods, events) is None

@@ -627,6 +627,33 @@ def test_a_run_without_a_job_gets_one_and_an_ended_job_fails_its_run() -> None:
     assert plan.jobs_to_create == []
 
 
+def test_the_class_says_why_its_run_waits_with_one_warning_while_it_lasts() -> None:
+    """A Job whose pod a ResourceQuota refused left the class at "Pending: 0/? trials" until its deadline."""
+    c = Cluster()
+    nodes = {"c1": CPU}
+    c.reconcile(nodes)
+    (name,) = c.runs
+    c.runs[name]["status"] = {"phase": "Pending", "jobName": job_name(name)}
+    why = 'the Job cannot create its pod: pods "x" is forbidden: exceeded quota: compute, requested: limits.cpu=2'
+
+    plan = _plan(c, nodes, job_waits={job_name(name): why})
+    (cls,) = plan.class_statuses
+    assert cls.state == "Adapting" and cls.message == f"Pending: 0/? trials; waiting: {why}"
+    (event,) = [e for e in plan.events if e.reason == Reason.JOB_WAITING]
+    assert event.type == "Warning" and name in event.message and "exceeded quota" in event.message
+    assert plan.status is not None
+    c.policy["status"] = plan.status.to_api()
+    again = _plan(c, nodes, job_waits={job_name(name): why})
+    assert again.class_statuses[0].message == cls.message
+    assert not [e for e in again.events if e.reason == Reason.JOB_WAITING], "said once while it lasts"
+    # the Job controller's next try: another generated pod name, the same cause
+    retried = _plan(c, nodes, job_waits={job_name(name): why.replace('"x"', '"y"')})
+    assert '"y"' in (retried.class_statuses[0].message or "")
+    assert not [e for e in retried.events if e.reason == Reason.JOB_WAITING]
+    # the quota raised: the pod runs and the message is the run's progress again
+    assert _plan(c, nodes).class_statuses[0].message == "Pending: 0/? trials"
+
+
 # --- runs that do not validate --------------------------------------------------------------------------------------
 
 
