@@ -53,6 +53,8 @@ def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
         assert existing is not None
         if not context.wait_for_available or existing.available:
             status = ready(status)
+        elif existing.stuck:  # whatever served before keeps serving: a rollout swaps in only available pods
+            status = updated(status, message=f"rolling out {name}: waiting: {existing.stuck}")
     stable = Decisions(
         deployments_to_apply=(action,) if action else (),
         objects_to_create=class_serving_objects(context.policy, context.group),

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from metainfer.core.api._base import bounded
 from metainfer.core.api.names import ANNOTATION_SPEC_HASH, LABEL_CLASS
 
 
@@ -21,6 +22,9 @@ class DeploymentState:
     spec_hash: str | None
     available: bool  # the controller saw its latest spec, and every replica is updated and available
     serving: bool = False  # at least one replica is available, whatever spec it runs
+    # Why its rollout does not progress, as its controller says: a replica it cannot create (a ResourceQuota), or
+    # its progress deadline passed (pods that never became ready). None while nothing says so.
+    stuck: str | None = None
 
     @classmethod
     def read(cls, deployment: Mapping[str, Any]) -> DeploymentState:
@@ -34,7 +38,23 @@ class DeploymentState:
             spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
             available=fresh and status.get("updatedReplicas", 0) >= want and status.get("availableReplicas", 0) >= want,
             serving=status.get("availableReplicas", 0) > 0,
+            stuck=_stuck(status.get("conditions") or []),
         )
+
+
+STUCK_MAX = 900  # it becomes part of a class message of 4,096 characters
+
+
+def _stuck(conditions: list[Mapping[str, Any]]) -> str | None:
+    by_type = {c.get("type"): c for c in conditions}
+    failure, progressing = by_type.get("ReplicaFailure") or {}, by_type.get("Progressing") or {}
+    if failure.get("status") == "True":
+        said = failure
+    elif progressing.get("status") == "False" and progressing.get("reason") == "ProgressDeadlineExceeded":
+        said = progressing
+    else:
+        return None
+    return bounded(" ".join(f"{said.get('reason') or ''}: {said.get('message') or ''}".split()), STUCK_MAX)
 
 
 @dataclass(frozen=True)

@@ -198,6 +198,35 @@ def test_rollout_waits_for_available_replicas() -> None:
     assert c.reconcile({"c1": CPU}, RunLimits(wait_for_available=False)).class_statuses[0].state == "Ready"
 
 
+def test_a_rollout_its_controller_cannot_progress_says_why() -> None:
+    """A ResourceQuota refusing the serving pods left the class RollingOut with the run's last progress line."""
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    c.finish(next(iter(c.runs)))
+    c.reconcile({"c1": CPU})
+    (dep,) = c.deployments.values()
+    refused = 'pods "digits-c1-5d9f-abcde" is forbidden: exceeded quota: compute, requested: limits.cpu=500m'
+    dep["status"] = {
+        "observedGeneration": 1, "updatedReplicas": 0, "availableReplicas": 0,
+        "conditions": [
+            {"type": "Progressing", "status": "True", "reason": "NewReplicaSetCreated"},
+            {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": refused},
+        ],
+    }  # fmt: skip
+    (cls,) = c.reconcile({"c1": CPU}).class_statuses
+    assert cls.state == "RollingOut" and cls.message == f"rolling out {dep['metadata']['name']}: waiting: " + (
+        f"FailedCreate: {refused}"
+    )
+    timed_out = 'ReplicaSet "x" has timed out progressing.' + "\n" * 3 + "z" * 5000
+    dep["status"]["conditions"] = [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": timed_out}
+    ]
+    (cls,) = c.reconcile({"c1": CPU}).class_statuses
+    assert "waiting: ProgressDeadlineExceeded: ReplicaSet" in (cls.message or "") and len(cls.message or "") < 1100
+    dep["status"] = {"observedGeneration": 1, "updatedReplicas": 2, "availableReplicas": 2}
+    assert c.reconcile({"c1": CPU}).class_statuses[0].message == "serving the best variant"
+
+
 def test_driver_change_new_run_and_old_class_cleaned_up() -> None:
     c = Cluster()
     c.reconcile({"g1": A100, "g2": A100})
