@@ -32,6 +32,7 @@ from metainfer.core.control.naming import job_name
 from metainfer.core.control.objects import name_of, parse_runs, validation_message
 from metainfer.core.control.platform import ForbiddenByPlatform, check_platform_limits
 from metainfer.core.control.pod_checks import read_pod_checks
+from metainfer.core.control.pod_endings import pod_ending, with_ending
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
 from metainfer.core.control.settling import settled_groups
 from metainfer.operator import kube
@@ -131,6 +132,8 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
         # The Job's pods go with its TTL, and an OOM kill or a deadline leaves no message of the agent's own.
         tail = await kube.job_log(namespace, job_name(failed.run_name), LOG_TAIL_LINES)
         status = {**failed.status, "logTail": log_tail(tail)} if tail else failed.status
+        if ending := pod_ending(await kube.job_pods(namespace, job_name(failed.run_name))):
+            status = with_ending(status, ending)
         await kube.patch_status(RUN_PLURAL, namespace, failed.run_name, status)
     for action in plan.deployments_to_apply:
         await kube.apply(action.manifest)

@@ -214,6 +214,21 @@ async def job_log(namespace: str, job_name: str, lines: int) -> str | None:
         return None  # a log is a courtesy: never a reason to retry the whole reconcile
 
 
+async def job_pods(namespace: str, job_name: str) -> list[dict[str, Any]]:
+    """The pods of a Job as plain camelCase dicts (what ended a failed run's pod: core.control.pod_endings);
+    none when they cannot be listed: the run's failure then stands as the Job controller said it."""
+    api = _api()
+
+    def listed() -> list[dict[str, Any]]:
+        pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"job-name={job_name}").items
+        return [api.sanitize_for_serialization(p) for p in pods]
+
+    try:
+        return cast(list[dict[str, Any]], await _in_thread(f"list the pods of Job {job_name}", listed))
+    except (ApiException, kopf.TemporaryError):
+        return []
+
+
 async def job_wait_evidence(namespace: str, job_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The pods of a Job and, when none is on its way, the Job's events, as plain camelCase dicts
     (core.control.job_waits reads them); nothing when they cannot be read: the wait is then only not explained."""

@@ -141,6 +141,7 @@ class Reason(StrEnum):
     DEADLINE_EXCEEDED = "DeadlineExceeded"
     BACKOFF_LIMIT_EXCEEDED = "BackoffLimitExceeded"
     JOB_FAILED = "JobFailed"
+    OOM_KILLED = "OOMKilled"  # the agent's container was killed at the Job's memory limit (core.control.pod_endings)
     AGENT_SERVICE_ACCOUNT_MISSING = "AgentServiceAccountMissing"
     JOB_WAITING = "JobWaiting"  # a run's Job has no pod at work, and its pods or events say why (job_waits)
     NO_IMAGE_FOR_HARDWARE = "NoImageForHardware"  # an accelerator vendor the platform maps no image to

@@ -19,6 +19,7 @@ from metainfer.core.api.vocabulary import Reason
 from metainfer.core.control.hardware import group_nodes
 from metainfer.core.control.job_waits import why_job_waits
 from metainfer.core.control.manifests import build_deployment, build_run
+from metainfer.core.control.pod_endings import pod_ending
 from metainfer.operator import kube
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refused_status
 from metainfer.operator.config import OperatorConfig
@@ -159,3 +160,24 @@ def test_a_waiting_jobs_events_are_its_own_and_its_pod_goes_first(
     pods, events = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
     assert [p["metadata"]["name"] for p in pods] == ["digits-1-fghij"] and events == []
     assert why_job_waits(pods, events) is None
+
+
+def test_an_oom_killed_agents_pod_is_read_as_what_ended_its_run(
+    operator_client: client.ApiClient, namespace: str
+) -> None:
+    """The pod's status as the kubelet writes it, read back through the API server (core.control.pod_endings)."""
+    core = client.CoreV1Api(operator_client)
+    pod = {
+        "metadata": {"name": "digits-2-abcde", "labels": {"job-name": "digits-2"}},
+        "spec": {"restartPolicy": "Never", "containers": [
+            {"name": "agent", "image": "metainfer:test", "resources": {"limits": {"memory": "2Gi"}}}]},
+    }  # fmt: skip
+    core.create_namespaced_pod(namespace, pod)
+    terminated = {"reason": "OOMKilled", "exitCode": 137, "startedAt": "2026-01-01T00:00:00Z",
+                  "finishedAt": "2026-01-01T00:01:00Z"}  # fmt: skip
+    core.patch_namespaced_pod_status("digits-2-abcde", namespace, {"status": {"phase": "Failed", "containerStatuses": [
+        {"name": "agent", "image": "metainfer:test", "imageID": "", "ready": False, "restartCount": 0,
+         "state": {"terminated": terminated}}]}})  # fmt: skip
+    ending = pod_ending(asyncio.run(kube.job_pods(namespace, "digits-2")))
+    assert ending is not None and ending.reason == Reason.OOM_KILLED and "memory limit 2Gi" in ending.message
+    assert asyncio.run(kube.job_pods(namespace, "digits-3")) == []
