@@ -261,3 +261,26 @@ def test_the_declarations_import_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+@pytest.mark.parametrize(
+    ("ops", "int8_kept"),
+    [
+        ({"ai.onnx.ml.TreeEnsembleClassifier": 1}, False),  # a forest: nothing int8 computes in integers
+        ({"ai.onnx.ml.Scaler": 1, "ai.onnx.ml.LinearClassifier": 1}, False),
+        ({"Add": 3, "Relu": 2}, False),  # element-wise only: quantize/dequantize pairs and nothing faster
+        ({"Gather": 1, "ReduceMean": 1}, True),  # an embedding: dynamic int8 shrinks its table
+        ({"Loop": 1, "Add": 1}, True),  # its body may hold MatMuls, which the quantizers walk into
+        ({"com.microsoft.Attention": 2, "LayerNormalization": 2}, True),
+    ],
+)
+def test_int8_is_searched_only_where_the_model_has_ops_it_computes_in_integers(
+    digits, ops: dict[str, int], int8_kept: bool
+) -> None:
+    """A tree ensemble's search spent 5 of its 6 trials on int8 variants that were its FP32 graph again."""
+    info = digits[1].model_copy(update={"op_counts": ops})
+    space, notes = build_space(info, cpu_profile(), SpaceOptions(), 3)
+    modes = space.dimensions[space.names.index("quantization")].choices
+    assert bool(set(modes) & set(INT8_MODES)) == int8_kept, modes
+    assert any(n.startswith("int8 left out: the model has none") for n in notes) != int8_kept
+    assert "fp32" in modes

@@ -37,6 +37,15 @@ COMPUTE_OPS = {"MatMul", "Gemm", "Conv", "Attention"}
 INT8_DYNAMIC_OPS = {"DynamicQuantizeLinear", "MatMulInteger", "DynamicQuantizeMatMul"}
 INT8_STATIC_OPS = {"QuantizeLinear", "DequantizeLinear"}
 INT8_STATIC_CONV_OPS = {"QLinearConv"}
+# The ops an int8 variant computes in integers (what ORT's dynamic quantizer converts, and the layers static
+# quantization puts between integer kernels; contrib ops domain-qualified, as ModelInfo counts them), and the ops
+# whose bodies the quantizers also walk. A model with none of either (a tree ensemble, a scaler) gets from int8
+# only its FP32 graph again, or a slower one with quantize/dequantize pairs around element-wise ops.
+INT8_COMPUTE_OPS = frozenset(
+    {"MatMul", "Gemm", "Conv", "ConvTranspose", "Attention", "Gather", "LSTM", "GRU", "com.microsoft.Attention",
+     "com.microsoft.EmbedLayerNormalization", "com.microsoft.MultiHeadAttention", "com.microsoft.FusedMatMul"}
+)  # fmt: skip
+CONTROL_FLOW_OPS = frozenset({"If", "Loop", "Scan"})
 SLOW_VARIANT_FACTOR = 2.0
 # The prior spread of a knob the built-in prior has no particular view of (and of a dimension that is no knob).
 DEFAULT_SPREAD = 0.1

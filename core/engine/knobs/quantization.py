@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING
 
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
+    CONTROL_FLOW_OPS,
     DEFAULT_SPREAD,
+    INT8_COMPUTE_OPS,
     INT8_DYNAMIC_OPS,
     INT8_STATIC_CONV_OPS,
     INT8_STATIC_OPS,
@@ -36,10 +38,17 @@ if TYPE_CHECKING:
 
 
 def _quantization_values(context: SpaceContext) -> tuple[Scalar, ...]:
+    modes: tuple[Scalar, ...] = QUANTIZATION_MODES
+    if not set(context.model.op_counts) & (INT8_COMPUTE_OPS | CONTROL_FLOW_OPS):
+        context.notes.append(
+            "int8 left out: the model has none of the ops int8 computes in integers (MatMul, Gemm, Conv, Attention,"
+            " Gather, LSTM), so an int8 variant would be its FP32 graph again"
+        )
+        return tuple(mode for mode in modes if mode not in INT8_MODES)
     if context.options.allow_static:
-        return QUANTIZATION_MODES
+        return modes
     context.notes.append("int8_static left out: needs at least a few calibration samples")
-    return tuple(mode for mode in QUANTIZATION_MODES if mode != "int8_static")
+    return tuple(mode for mode in modes if mode != "int8_static")
 
 
 def _format_runs_on_provider(context: SpaceContext) -> Predicate:
