@@ -147,8 +147,8 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
     new_status = plan.status.to_api()
     publish_policy(namespace, name, policy.get("spec") or {}, new_status)
     if _changed(policy.get("status") or {}, new_status):
-        _count_finished(namespace, name, policy.get("status") or {}, new_status)
         stored = await kube.patch_status(POLICY_PLURAL, namespace, name, new_status, read_at=kube.read_at(policy))
+        _count_finished(namespace, name, policy.get("status") or {}, new_status)  # once written: see StaleRead
         for event in coalesce(plan.events):
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
         return stored or policy

@@ -85,6 +85,7 @@ async def drift_step(
         tails = await asyncio.gather(*(_p99(endpoint, spec, namespace, name, c) for c in due))
         queues = await asyncio.gather(*(_queue_p95(endpoint, spec, namespace, name, c) for c in due))
         updated = {c.fingerprint: c for c in status.classes}
+        verdicts: list[tuple[ClassStatus, drift.Verdict]] = []
         for cls, result, tail, queue in zip(due, results, tails, queues, strict=True):
             params = drift.DriftParams.from_settings(
                 settings, spec.slo.latency_p95_ms, cls.current.p95_ms if cls.current else None, spec.slo.latency_p99_ms
@@ -101,7 +102,7 @@ async def drift_step(
                 verdict = drift.observe(
                     cls.drift, result * 1000.0, params, now, variant=variant, p99_ms=p99_ms, queue_p95_ms=queue_ms
                 )
-            _events(body, cls, verdict, logger)
+            verdicts.append((cls, verdict))
             if verdict.readapt:
                 step.readapt.append(cls.name)
             updated[cls.fingerprint] = ClassStatus.model_validate({**cls.model_dump(), "drift": verdict.state})
@@ -113,6 +114,8 @@ async def drift_step(
             POLICY_PLURAL, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]},
             read_at=kube.read_at(policy),
         )  # fmt: skip
+        for cls, verdict in verdicts:  # once written: a StaleRead checks again, and this verdict never held
+            _events(body, cls, verdict, logger)
         step.policy = stored
         classes = [c for c in status.classes if eligible(c)]
     waits = [max(0.0, drift.seconds_until_due(c.drift, interval, now)) for c in classes]

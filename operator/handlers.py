@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import random
 import time
 from typing import Any
 
@@ -162,6 +163,7 @@ async def policy_daemon(
     indexes = Indexes(nodes_index, runs_index, jobs_index, deployments_index, in_flight_index, node_scheduling_index,
                       services)  # fmt: skip
     wake = WAKEUPS.register(namespace, name)
+    stale_reads = 0  # in a row: two writers that keep disagreeing back off instead of spinning
     try:
         while not stopped:
             wake.clear()
@@ -197,11 +199,13 @@ async def policy_daemon(
                     logger.warning("reconcile of %s/%s: %s", namespace, name, message)
                 try:
                     await refused_status(body, policy, reason, message)
-                except StaleRead:
-                    continue  # planned from an old read: read again, and refuse again if it still holds
+                except StaleRead as stale:  # planned from an old read: read again, and refuse again if it holds
+                    stale_reads += 1
+                    await _after_stale_read(stale, stale_reads, stopped, logger)
+                    continue
             except StaleRead as exc:  # someone wrote the policy since it was read: plan again from what is there now
-                RECONCILE_ERRORS.labels("StaleRead").inc()
-                logger.info("reconcile of %s/%s: %s", namespace, name, exc)
+                stale_reads += 1
+                await _after_stale_read(exc, stale_reads, stopped, logger)
                 continue
             except kopf.TemporaryError as exc:
                 RECONCILE_ERRORS.labels("Temporary").inc()
@@ -215,10 +219,23 @@ async def policy_daemon(
                 continue
             finally:
                 RECONCILE_SECONDS.observe(time.perf_counter() - started)
+            stale_reads = 0
             await _sleep_until_woken(wake, stopped, sleep)
     finally:
         WAKEUPS.unregister(namespace, name)
         SERIES.forget(namespace, name)
+
+
+async def _after_stale_read(exc: StaleRead, in_a_row: int, stopped: kopf.DaemonStopped, logger: logging.Logger) -> None:
+    """Read again at once after one refused write; after several in a row, wait a growing, jittered while (up to
+    STALE_READ_MAX_WAIT_S), so that another writer that keeps writing is not raced by a tight loop."""
+    RECONCILE_ERRORS.labels("StaleRead").inc()
+    logger.info("%s (%d in a row)", exc, in_a_row)
+    if in_a_row > 1:
+        await stopped.wait(min(STALE_READ_MAX_WAIT_S, 0.1 * 2 ** (in_a_row - 2)) * random.uniform(0.5, 1.0))
+
+
+STALE_READ_MAX_WAIT_S = 5.0
 
 
 # A wake-up comes in bursts: a reconcile that creates 20 runs, their Jobs and the runs' statuses hears about each
@@ -262,8 +279,9 @@ async def job_waits(namespace: str, name: str, indexes: Indexes) -> dict[str, st
     for job in waiting_jobs(indexes.jobs_of(namespace, runs), dt.datetime.now(dt.UTC)):
         seen = _WAITS_SEEN.get((namespace, job))
         if seen is None or now - seen[0] >= JOB_WAIT_RECHECK_S:
-            pods, events = await kube.job_wait_evidence(namespace, job)
-            seen = (now, why_job_waits(pods, events))
+            evidence = await kube.job_wait_evidence(namespace, job)
+            # Unreadable this time: what was last explained stands (dropping it would announce it again later).
+            seen = (now, why_job_waits(*evidence) if evidence is not None else seen[1] if seen else None)
             _WAITS_SEEN[(namespace, job)] = seen
         if seen[1] is not None:
             waits[job] = seen[1]

@@ -225,13 +225,14 @@ async def job_pods(namespace: str, job_name: str) -> list[dict[str, Any]]:
 
     try:
         return cast(list[dict[str, Any]], await _in_thread(f"list the pods of Job {job_name}", listed))
-    except (ApiException, kopf.TemporaryError):
+    except Exception:  # a courtesy, as the log tail is: the run's failure stands without it
         return []
 
 
-async def job_wait_evidence(namespace: str, job_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The pods of a Job and, when none is on its way, the Job's events, as plain camelCase dicts
-    (core.control.job_waits reads them); nothing when they cannot be read: the wait is then only not explained."""
+async def job_wait_evidence(namespace: str, job_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+    """The pods of a Job and, when none is on its way, the Job controller's FailedCreate events about it, as plain
+    camelCase dicts (core.control.job_waits reads them); None when they cannot be read (the wait then stays as
+    last explained)."""
     api = _api()
     core = client.CoreV1Api(api)
 
@@ -240,8 +241,9 @@ async def job_wait_evidence(namespace: str, job_name: str) -> tuple[list[dict[st
             namespace, label_selector=f"job-name={job_name}").items]  # fmt: skip
         if any((p.get("status") or {}).get("phase") in ("Pending", "Running") for p in pods):
             return pods, []  # its pod says why, if anything does
-        selector = f"involvedObject.kind=Job,involvedObject.name={job_name}"
-        events = core.list_namespaced_event(namespace, field_selector=selector, limit=50).items
+        # The reason in the selector: a list is oldest first, and a Job's other events must not crowd out its latest.
+        selector = f"involvedObject.kind=Job,involvedObject.name={job_name},reason=FailedCreate"
+        events = core.list_namespaced_event(namespace, field_selector=selector).items
         return pods, [api.sanitize_for_serialization(e) for e in events]
 
     try:
@@ -249,8 +251,8 @@ async def job_wait_evidence(namespace: str, job_name: str) -> tuple[list[dict[st
             tuple[list[dict[str, Any]], list[dict[str, Any]]],
             await _in_thread(f"read why Job {job_name} waits", read),
         )
-    except (ApiException, kopf.TemporaryError):
-        return [], []  # an explanation is a courtesy: never a reason to retry the whole reconcile
+    except Exception:  # an explanation is a courtesy: never a reason to fail or retry the whole reconcile
+        return None
 
 
 async def provisional_pods(namespace: str, policy: str) -> list[dict[str, Any]]:

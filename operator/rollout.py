@@ -64,6 +64,7 @@ async def rollout_step(
     changed = False
     updated = {c.fingerprint: c for c in status.classes}
     waits: list[float] = []
+    decided: list[tuple[ClassStatus, canary.Decision]] = []
     for cls in in_canary:
         assert cls.rollout is not None
         observation = None
@@ -73,7 +74,7 @@ async def rollout_step(
         rollout = canary.apply(cls.rollout, decision)
         if decision.action in ("promote", "rollback"):
             step.decided.append(cls.name)
-            _event(body, cls, decision, logger)
+            decided.append((cls, decision))
         else:
             elapsed = canary.elapsed_s(cls.rollout, now)
             until_window = settings.analysis_window_seconds - elapsed
@@ -87,6 +88,10 @@ async def rollout_step(
         await kube.patch_status(
             POLICY_PLURAL, namespace, name, {"classes": patch["classes"]}, read_at=kube.read_at(policy)
         )
+    # Announced once written: a write refused as planned from an old read (StaleRead) decides again, and the
+    # decision was never taken.
+    for cls, decision in decided:
+        _event(body, cls, decision, logger)
     step.next_check_s = 0.0 if step.decided else (min(waits) if waits else None)
     return step
 

@@ -58,10 +58,18 @@ def why_job_waits(pods: Sequence[Mapping[str, Any]], events: Iterable[Mapping[st
             return why
     if any((p.get("status") or {}).get("phase") in ("Pending", "Running") for p in pods):
         return None  # a pod is on its way, and nothing says it is stuck
-    refused = [e for e in events if e.get("reason") == "FailedCreate"]
+    # A refusal from before the newest pod was created is history: that pod was created after it.
+    since = max((t for p in pods if (t := _time((p.get("metadata") or {}).get("creationTimestamp")))), default=None)
+    refused = [
+        (when, e)
+        for e in events
+        if e.get("reason") == "FailedCreate"
+        and (when := _time(e.get("lastTimestamp") or e.get("eventTime"))) is not None
+        and (since is None or when >= since)
+    ]
     if not refused:
         return None
-    last = max(refused, key=lambda e: str(e.get("lastTimestamp") or e.get("eventTime") or ""))
+    _, last = max(refused, key=lambda pair: pair[0])
     return bounded(f"the Job cannot create its pod: {_text(last.get('message'))}", MAX_WHY)
 
 
@@ -91,8 +99,9 @@ def _text(value: Any, limit: int = MAX_WHY) -> str:
 
 def _time(value: Any) -> dt.datetime | None:
     if isinstance(value, dt.datetime):
-        return value
+        return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
     try:
-        return dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
+        parsed = dt.datetime.fromisoformat(str(value).replace("Z", "+00:00"))
     except ValueError:
         return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=dt.UTC)

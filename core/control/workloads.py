@@ -38,7 +38,7 @@ class DeploymentState:
             spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
             available=fresh and status.get("updatedReplicas", 0) >= want and status.get("availableReplicas", 0) >= want,
             serving=status.get("availableReplicas", 0) > 0,
-            stuck=_stuck(status.get("conditions") or []),
+            stuck=_stuck(status.get("conditions") or []) if fresh else None,  # not an old spec's
         )
 
 

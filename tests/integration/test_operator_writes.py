@@ -148,7 +148,11 @@ def test_a_waiting_jobs_events_are_its_own_and_its_pod_goes_first(
     refused = 'Error creating: pods "digits-1-abcde" is forbidden: exceeded quota: compute, requested: pods=1'
     core.create_namespaced_event(namespace, _event_on_job(namespace, "digits-1", refused))
     core.create_namespaced_event(namespace, _event_on_job(namespace, "digits-10", "another Job's refusal"))
-    pods, events = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
+    created = {**_event_on_job(namespace, "digits-1", "Created pod: x"), "reason": "SuccessfulCreate"}
+    core.create_namespaced_event(namespace, created)  # the Job's, but not a refusal
+    evidence = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
+    assert evidence is not None
+    pods, events = evidence
     assert pods == [] and [e["message"] for e in events] == [refused]
     assert why_job_waits(pods, events) == f"the Job cannot create its pod: {refused}"
 
@@ -157,7 +161,9 @@ def test_a_waiting_jobs_events_are_its_own_and_its_pod_goes_first(
         "spec": {"containers": [{"name": "agent", "image": "metainfer:test"}]},
     }
     core.create_namespaced_pod(namespace, pod)  # no scheduler here: it stays Pending, with no reason yet
-    pods, events = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
+    evidence = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
+    assert evidence is not None
+    pods, events = evidence
     assert [p["metadata"]["name"] for p in pods] == ["digits-1-fghij"] and events == []
     assert why_job_waits(pods, events) is None
 

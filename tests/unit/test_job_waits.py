@@ -60,6 +60,11 @@ def test_a_refused_pod_is_said_from_the_job_controllers_latest_failed_create() -
     assert why_job_waits([_pod("p", "Pending")], events) is None
     # a failed attempt and no new pod yet: the refusal of the retry is the answer
     assert why_job_waits([_pod("p", "Failed")], events) == f"the Job cannot create its pod: {QUOTA}"
+    # ...but not a refusal from before that pod was created: the quota was raised since, and the pod ran
+    later = _pod("p", "Failed", created="2026-01-01T00:00:30Z")
+    assert why_job_waits([later], events) is None
+    undated = {"reason": "FailedCreate", "message": "no time"}
+    assert why_job_waits([], [undated]) is None
 
 
 def test_a_pending_pod_says_why_it_is_not_scheduled_or_not_started() -> None:

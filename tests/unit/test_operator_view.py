@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+import datetime as dt
+from typing import Any
+
+import pytest
+
 from metainfer.core.api.names import LABEL_POLICY
 from metainfer.core.api.policy import HardwareSelection
 from metainfer.core.control.hardware import group_nodes, select_groups
@@ -164,3 +170,36 @@ def test_a_run_out_of_flight_maps_to_an_empty_entry_never_none() -> None:
     running = asyncio.run(in_flight_index(namespace="ns", name="r", body=body("Running")))
     finished = asyncio.run(in_flight_index(namespace="ns", name="r", body=body("Succeeded")))
     assert running == {"ns": ("ns", "r")} and finished == {}
+
+
+def test_a_jobs_wait_is_read_at_most_every_recheck_and_an_unreadable_read_keeps_the_last_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A refused read (a chart without the events rule, an API hiccup) must not drop the reason from the status,
+    or the next good read would announce it again."""
+    from metainfer.operator import handlers, kube
+
+    created = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).isoformat()
+    job = {"metadata": {"name": job_name("run-1"), "creationTimestamp": created}, "status": {"ready": 0}}
+    run = {"metadata": {"name": "run-1"}}
+    indexes = Indexes({}, {("ns", "p"): [run]}, {("ns", job_name("run-1")): [job]}, {}, {})
+    answers: list[tuple[list[dict[str, Any]], list[dict[str, Any]]] | None] = [
+        ([], [{"reason": "FailedCreate", "message": "exceeded quota", "lastTimestamp": created}]),
+        None,
+    ]
+    reads: list[str] = []
+
+    async def evidence(namespace: str, name: str) -> Any:
+        reads.append(name)
+        return answers.pop(0)
+
+    monkeypatch.setattr(kube, "job_wait_evidence", evidence)
+    monkeypatch.setattr(handlers, "_WAITS_SEEN", {})
+    clock = [1000.0]
+    monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
+    said = {job_name("run-1"): "the Job cannot create its pod: exceeded quota"}
+    assert asyncio.run(handlers.job_waits("ns", "p", indexes)) == said
+    clock[0] += 1
+    assert asyncio.run(handlers.job_waits("ns", "p", indexes)) == said and len(reads) == 1, "within the recheck"
+    clock[0] += handlers.JOB_WAIT_RECHECK_S
+    assert asyncio.run(handlers.job_waits("ns", "p", indexes)) == said and len(reads) == 2, "unreadable: kept"
