@@ -20,7 +20,6 @@ from pydantic import ValidationError
 
 from metainfer.core.api.names import GROUP, LABEL_POLICY, MANAGED_BY, POLICY_PLURAL, PRODUCT, RUN_PLURAL, VERSION
 from metainfer.core.api.vocabulary import IN_FLIGHT
-from metainfer.core.control.job_waits import waiting_jobs, why_job_waits
 from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.platform import ForbiddenByPlatform
 from metainfer.core.control.schedulability import NodeScheduling
@@ -32,6 +31,7 @@ from metainfer.operator.kube import ChildRejected, StaleRead
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS, SERIES
 from metainfer.operator.rollout import rollout_step
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
+from metainfer.operator.waits import job_waits
 
 MANAGED = {MANAGED_BY: PRODUCT}
 VIEW = ClusterView()
@@ -263,31 +263,6 @@ async def provisional_pods(namespace: str, name: str, indexes: Indexes) -> list[
     if not indexes.has_provisional(namespace, name):
         return []
     return await kube.provisional_pods(namespace, name)
-
-
-# A waiting Job's pods and events are read again at most this often: a reconcile can be woken many times a second.
-JOB_WAIT_RECHECK_S = 15.0
-_WAITS_SEEN: dict[tuple[str, str], tuple[float, str | None]] = {}
-
-
-async def job_waits(namespace: str, name: str, indexes: Indexes) -> dict[str, str]:
-    """Why each of the policy's Jobs that has had no ready pod for a while waits, by Job name (core.control.job_waits).
-    Only Jobs of runs in flight exist unfinished, so the cluster's run limit bounds the reads."""
-    runs = [str(r["metadata"]["name"]) for r in indexes.runs_of(namespace, name)]
-    waits: dict[str, str] = {}
-    now = time.monotonic()
-    for job in waiting_jobs(indexes.jobs_of(namespace, runs), dt.datetime.now(dt.UTC)):
-        seen = _WAITS_SEEN.get((namespace, job))
-        if seen is None or now - seen[0] >= JOB_WAIT_RECHECK_S:
-            evidence = await kube.job_wait_evidence(namespace, job)
-            # Unreadable this time: what was last explained stands (dropping it would announce it again later).
-            seen = (now, why_job_waits(*evidence) if evidence is not None else seen[1] if seen else None)
-            _WAITS_SEEN[(namespace, job)] = seen
-        if seen[1] is not None:
-            waits[job] = seen[1]
-    for key in [k for k, (at, _) in _WAITS_SEEN.items() if now - at > 10 * JOB_WAIT_RECHECK_S]:
-        del _WAITS_SEEN[key]  # Jobs that ended or went: the cache stays as small as the runs in flight
-    return waits
 
 
 def _plain(body: Any) -> dict[str, Any]:

@@ -177,7 +177,7 @@ def test_a_jobs_wait_is_read_at_most_every_recheck_and_an_unreadable_read_keeps_
 ) -> None:
     """A refused read (a chart without the events rule, an API hiccup) must not drop the reason from the status,
     or the next good read would announce it again."""
-    from metainfer.operator import handlers, kube
+    from metainfer.operator import kube, waits
 
     created = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).isoformat()
     job = {"metadata": {"name": job_name("run-1"), "creationTimestamp": created}, "status": {"ready": 0}}
@@ -194,12 +194,12 @@ def test_a_jobs_wait_is_read_at_most_every_recheck_and_an_unreadable_read_keeps_
         return answers.pop(0)
 
     monkeypatch.setattr(kube, "job_wait_evidence", evidence)
-    monkeypatch.setattr(handlers, "_WAITS_SEEN", {})
+    monkeypatch.setattr(waits, "_WAITS_SEEN", {})
     clock = [1000.0]
-    monkeypatch.setattr(handlers.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(waits.time, "monotonic", lambda: clock[0])
     said = {job_name("run-1"): "the Job cannot create its pod: exceeded quota"}
-    assert asyncio.run(handlers.job_waits("ns", "p", indexes)) == said
+    assert asyncio.run(waits.job_waits("ns", "p", indexes)) == said
     clock[0] += 1
-    assert asyncio.run(handlers.job_waits("ns", "p", indexes)) == said and len(reads) == 1, "within the recheck"
-    clock[0] += handlers.JOB_WAIT_RECHECK_S
-    assert asyncio.run(handlers.job_waits("ns", "p", indexes)) == said and len(reads) == 2, "unreadable: kept"
+    assert asyncio.run(waits.job_waits("ns", "p", indexes)) == said and len(reads) == 1, "within the recheck"
+    clock[0] += waits.JOB_WAIT_RECHECK_S
+    assert asyncio.run(waits.job_waits("ns", "p", indexes)) == said and len(reads) == 2, "unreadable: kept"
