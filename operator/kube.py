@@ -214,17 +214,20 @@ async def job_log(namespace: str, job_name: str, lines: int) -> str | None:
         return None  # a log is a courtesy: never a reason to retry the whole reconcile
 
 
+def _pods_of(namespace: str, job_name: str) -> list[dict[str, Any]]:
+    """A Job's pods as plain camelCase dicts, as core.control reads pods (in a worker thread)."""
+    api = _api()
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"job-name={job_name}").items
+    return [api.sanitize_for_serialization(p) for p in pods]
+
+
 async def job_pods(namespace: str, job_name: str) -> list[dict[str, Any]]:
     """The pods of a Job as plain camelCase dicts (what ended a failed run's pod: core.control.pod_endings);
     none when they cannot be listed: the run's failure then stands as the Job controller said it."""
-    api = _api()
-
-    def listed() -> list[dict[str, Any]]:
-        pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"job-name={job_name}").items
-        return [api.sanitize_for_serialization(p) for p in pods]
-
     try:
-        return cast(list[dict[str, Any]], await _in_thread(f"list the pods of Job {job_name}", listed))
+        return cast(
+            list[dict[str, Any]], await _in_thread(f"list the pods of Job {job_name}", _pods_of, namespace, job_name)
+        )
     except Exception:  # a courtesy, as the log tail is: the run's failure stands without it
         return []
 
@@ -237,8 +240,7 @@ async def job_wait_evidence(namespace: str, job_name: str) -> tuple[list[dict[st
     core = client.CoreV1Api(api)
 
     def read() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-        pods = [api.sanitize_for_serialization(p) for p in core.list_namespaced_pod(
-            namespace, label_selector=f"job-name={job_name}").items]  # fmt: skip
+        pods = _pods_of(namespace, job_name)
         if any((p.get("status") or {}).get("phase") in ("Pending", "Running") for p in pods):
             return pods, []  # its pod says why, if anything does
         # The reason in the selector: a list is oldest first, and a Job's other events must not crowd out its latest.

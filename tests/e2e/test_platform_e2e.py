@@ -727,6 +727,13 @@ def _heavy_model(path: Path, seed: int = 7) -> Path:
     return path
 
 
+def _answers(address: str) -> bool:
+    try:
+        return bool(tritonhttp.InferenceServerClient(address, network_timeout=5.0).is_model_ready(HEAVY))
+    except Exception:  # refused, reset, not yet ready: asked again
+        return False
+
+
 def _load(address: str, seconds: float, clients: int, pause_s: float) -> int:
     """Bounded KServe v2 load (``clients`` threads for ``seconds``); returns the requests answered."""
     import threading
@@ -797,6 +804,9 @@ def test_sustained_load_on_a_cpu_limited_pod_drifts_the_p95_and_a_drift_run_and_
     platform.wait("the heavy policy's first serving pod", lambda: ready_serving_pods(platform, HEAVY_SERVING), 600, 3)
     service = platform.get("service", HEAVY, "-n", WORKLOAD_NAMESPACE)
     address = f"{service['spec']['clusterIP']}:8080"
+    # A pod turns Ready before its endpoint reaches kube-proxy, which refuses connections to a Service without
+    # endpoints: a load begun at once lost a worker to ConnectionRefused (twice in CI) before anything had served.
+    platform.wait("the heavy policy's address to answer", lambda: _answers(address), 60, 1)
 
     # Light load sets the production baseline (one client, pauses: no throttling).
     def baseline() -> float | None:
