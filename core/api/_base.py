@@ -26,6 +26,11 @@ def bounded(text: str, limit: int) -> str:
     return text[: max(limit - len(TRUNCATED), 0)] + TRUNCATED[:limit]
 
 
+def one_line(value: object, limit: int) -> str:
+    """A string from elsewhere (a pod's status, an event) as one line of at most ``limit`` characters."""
+    return bounded(" ".join(str(value or "").split()), limit)
+
+
 def _bound_to(limit: int) -> BeforeValidator:
     return BeforeValidator(lambda value: bounded(value, limit) if isinstance(value, str) else value)
 

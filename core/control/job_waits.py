@@ -15,7 +15,7 @@ import datetime as dt
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from metainfer.core.api._base import bounded
+from metainfer.core.api._base import bounded, one_line
 from metainfer.core.control.workloads import job_end
 
 # A Job younger than this is starting as Jobs do: its pods are not looked at yet (most Jobs never qualify).
@@ -93,8 +93,7 @@ def _why_pod_waits(pod: Mapping[str, Any]) -> str | None:
 
 
 def _text(value: Any, limit: int = MAX_WHY) -> str:
-    """A string from the cluster, as one bounded line."""
-    return bounded(" ".join(str(value or "").split()), limit)
+    return one_line(value, limit)
 
 
 def _time(value: Any) -> dt.datetime | None:

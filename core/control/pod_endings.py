@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from metainfer.core.api._base import bounded
+from metainfer.core.api._base import bounded, one_line
 from metainfer.core.api.conditions import Reason
 
 MAX_ENDING = 900
@@ -79,4 +79,4 @@ def with_ending(status: Mapping[str, Any], ending: PodEnding) -> dict[str, Any]:
 
 
 def _text(value: Any, limit: int = MAX_ENDING) -> str:
-    return bounded(" ".join(str(value or "").split()), limit)
+    return one_line(value, limit)

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from metainfer.core.api._base import bounded
+from metainfer.core.api._base import one_line
 from metainfer.core.api.names import ANNOTATION_SPEC_HASH, LABEL_CLASS
 
 
@@ -54,7 +54,7 @@ def _stuck(conditions: list[Mapping[str, Any]]) -> str | None:
         said = progressing
     else:
         return None
-    return bounded(" ".join(f"{said.get('reason') or ''}: {said.get('message') or ''}".split()), STUCK_MAX)
+    return one_line(f"{said.get('reason') or ''}: {said.get('message') or ''}", STUCK_MAX)
 
 
 @dataclass(frozen=True)
