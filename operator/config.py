@@ -38,6 +38,7 @@ from metainfer.core.control.settings import (
     DEFAULT_DRAIN_TIMEOUT_S,
     DEFAULT_JOB_RESOURCES,
     DEFAULT_SERVING_RESOURCES,
+    DEFAULT_SHUTDOWN_DELAY_MAX_S,
     DEFAULT_SHUTDOWN_DELAY_S,
     AgentJobSettings,
     ServingDefaults,
@@ -234,8 +235,15 @@ class OperatorConfig(BaseSettings):
         DEFAULT_SHUTDOWN_DELAY_S,
         ge=0,
         allow_inf_nan=False,
-        description="A terminating serving pod reports not ready but still answers new requests this long, while "
-        "the endpoints drop it (metainfer serve --shutdown-delay).",
+        description="A terminating serving pod still answers new requests this long, while the endpoints drop it, "
+        "and on while requests still come until none has for this long (metainfer serve --shutdown-delay).",
+    )
+    serving_shutdown_delay_max_seconds: float = Field(
+        DEFAULT_SHUTDOWN_DELAY_MAX_S,
+        ge=0,
+        allow_inf_nan=False,
+        description="A terminating serving pod that still gets requests drains at the latest this long after its "
+        "signal (metainfer serve --shutdown-delay-max).",
     )
     serving_drain_timeout_seconds: float = Field(
         DEFAULT_DRAIN_TIMEOUT_S,
@@ -369,6 +377,7 @@ class OperatorConfig(BaseSettings):
             fetch_no_proxy=self.workload_fetch_no_proxy,
             store_workload_identity=self.workload_store_workload_identity,
             shutdown_delay_seconds=self.serving_shutdown_delay_seconds,
+            shutdown_delay_max_seconds=self.serving_shutdown_delay_max_seconds,
             drain_timeout_seconds=self.serving_drain_timeout_seconds,
         )
 

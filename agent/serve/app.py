@@ -31,15 +31,23 @@ meets hostile and broken clients:
 Latency is recorded in parts: queue wait (saturation) and compute (the variant
 on this hardware, what the operator's drift check reads), plus the total.
 
-On SIGTERM (or SIGINT) the server reports not-ready at once but keeps answering
+On SIGTERM (or SIGINT) the server keeps accepting and answering new requests
 for ``shutdown_delay_s``: kube-proxy and load balancers go on sending new
 connections to a terminating pod until the endpoints drop it, about a second
 or more, and those requests must not fail (make-before-break). Meanwhile every
 response carries ``Connection: close``, so keep-alive clients reconnect to the
-pods that stay; a second signal ends the delay at once. Then the server stops
-listening, answers any new request on an open connection 503 with
-``Connection: close``, and lets in-flight requests finish for at most
-``drain_timeout_s``. Requests cut at the timeout
+pods that stay. A pod that still gets inference requests after the delay is
+still routed: it is the last endpoint serving (kube-proxy falls back to a
+terminating endpoint only when no other is ready: the only replica deleted, its
+replacement still starting), so it answers on until no request has come for
+``shutdown_delay_s``, at most ``shutdown_delay_max_s`` after the signal.
+Readiness stays true meanwhile: a terminating pod is never ready in its
+EndpointSlice whatever its probe says, and the probe is what keeps it
+*serving*, the fall-back kube-proxy uses; turning it false would take the last
+endpoint away before its replacement is routed. A second signal ends the delay
+at once. Then the server stops listening, reports not ready, answers any new
+request on an open connection 503 with ``Connection: close``, and lets
+in-flight requests finish for at most ``drain_timeout_s``. Requests cut at the timeout
 are counted and logged, and the exit status says whether the drain was clean
 (0) or not (3). The drain is counted here rather than left to aiohttp's runner:
 its shutdown stops reading from connections at once, so a request whose body
@@ -51,6 +59,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import re
 import shutil
@@ -117,7 +126,8 @@ class ServeConfig:
     port: int = 8080
     max_batch: int | None = None
     drain_timeout_s: float = 20.0
-    shutdown_delay_s: float = 5.0  # after SIGTERM: not ready, yet still answering, before the drain
+    shutdown_delay_s: float = 5.0  # after SIGTERM: still answering, before the drain
+    shutdown_delay_max_s: float = 30.0  # ... and on while requests still arrive, this long at most (``Server.linger``)
     workers: int = 2
     max_queue: int = 64
     grpc_port: int = 0  # the KServe v2 gRPC front end (0: none); `metainfer serve` defaults to 8081
@@ -140,7 +150,7 @@ class Server:
     def __init__(self, config: ServeConfig) -> None:
         self.config = config
         self.model: model_loader.LoadedModel | None = None
-        self.leaving = False  # a signal came: not ready, every response closes its connection
+        self.leaving = False  # a signal came: every response closes its connection
         self.draining = False  # the delay is over: not listening, new requests refused
         identity = Identity.from_env(config.recipe.key())
         self.metrics = ServingMetrics(identity, config.model_name, config.recipe.describe())
@@ -154,10 +164,12 @@ class Server:
         self._unhealthy = ""  # the last reason health() gave, so a stall is logged once, not at every probe
         self.unsent = UnsentBudget(config.max_unsent_bytes, max(1, config.max_unsent_bytes // UNSENT_CONNECTIONS))
         self.answered_since_trim = 0
+        self.routed_at = -math.inf  # when the last REST inference request came: this pod was still routed then
 
     @property
     def ready(self) -> bool:
-        return self.model is not None and not self.leaving and self.health().ready
+        """Whether this pod answers inference: also while it lingers after a signal (the module's docstring)."""
+        return self.model is not None and not self.draining and self.health().ready
 
     def health(self) -> Health:
         """Whether inference can make progress (always, until the batcher has started)."""
@@ -214,23 +226,45 @@ class Server:
             response.force_close()
             response.headers["Connection"] = "close"  # headers are prepared before this hook; say it explicitly
 
-    async def linger(self, delay_s: float, cut_short: asyncio.Event) -> None:
-        """Report not-ready, yet keep accepting and answering new requests (REST and gRPC) for ``delay_s``, while
-        the endpoints that still route to this pod converge; responses close their connections meanwhile. Returns
-        early when ``cut_short`` is set (a second signal)."""
+    async def linger(self, delay_s: float, longest_s: float, cut_short: asyncio.Event) -> None:
+        """Keep accepting and answering new requests (REST and gRPC), each response closing its connection, while
+        the endpoints that route to this pod converge: for ``delay_s``, then for as long as REST inference requests
+        still arrive (this pod is still routed: the last endpoint serving) until none has come for ``delay_s``, at
+        most ``longest_s`` after the signal. Returns early when ``cut_short`` is set (a second signal).
+
+        gRPC calls do not count: they come over HTTP/2 connections opened before the signal, which grpc.aio cannot
+        end short of stopping, so they say nothing about where new connections go."""
         self.leaving = True
-        self.metrics.ready.set(0)
         if delay_s <= 0:
             return
+        signalled = time.monotonic()
+        deadline = signalled + max(delay_s, longest_s)
         log.info(
-            "shutting down: not ready; still answering new requests for %g s while endpoints drop this pod"
-            " (a second SIGTERM/SIGINT ends this delay)", delay_s,
+            "shutting down: still answering new requests for %g s while endpoints drop this pod, longer (at most"
+            " %g s) while requests still come (a second SIGTERM/SIGINT ends this delay)", delay_s, deadline - signalled,
         )  # fmt: skip
-        try:
-            await asyncio.wait_for(cut_short.wait(), delay_s)
-            log.info("second signal: shutdown delay cut short")
-        except TimeoutError:
-            pass
+        wake, told = signalled + delay_s, False
+        while True:
+            try:
+                await asyncio.wait_for(cut_short.wait(), max(0.0, wake - time.monotonic()))
+                log.info("second signal: shutdown delay cut short")
+                return
+            except TimeoutError:
+                pass
+            now, quiet_at = time.monotonic(), self.routed_at + delay_s
+            if quiet_at <= now:
+                return
+            if now >= deadline:
+                log.warning(
+                    "shutdown delay: requests still came %.0f s after the signal; draining now (raise"
+                    " --shutdown-delay-max if a replacement takes longer to be routed)", now - signalled,
+                )  # fmt: skip
+                return
+            if not told:
+                told = True
+                log.info("shutdown delay: requests still come, so this pod is still routed; answering until none"
+                         " has come for %g s", delay_s)  # fmt: skip
+            wake = min(quiet_at, deadline)
 
     async def drain(self, runner: web.AppRunner, timeout: float) -> int:
         """Stop listening, wait (bounded) for in-flight requests, then close every connection. Returns how many
@@ -288,6 +322,7 @@ class Server:
     async def infer(self, request: web.Request) -> web.StreamResponse:
         self.metrics.requests.inc()
         received = time.perf_counter()
+        self.routed_at = time.monotonic()
         model = self._loaded(request)
         self.refuse_if_draining()
         try:
@@ -660,7 +695,7 @@ async def _serve(config: ServeConfig) -> int:
             log.info("ready: variant sha256 %s (base %s)", server.model.variant_sha256, server.model.base_sha256)
             await stopping
             # Only a server that was ready lingers: one that never was is in no endpoints.
-            await server.linger(config.shutdown_delay_s, again)
+            await server.linger(config.shutdown_delay_s, config.shutdown_delay_max_s, again)
     # Both doors drain at once, within the one timeout; Server.drain marks the server draining before its first
     # await, so a gRPC call arriving meanwhile is refused (refuse_if_draining).
     drains = [server.drain(runner, config.drain_timeout_s)]

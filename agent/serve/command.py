@@ -86,6 +86,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_batch=args.max_batch,
         drain_timeout_s=args.drain_timeout,
         shutdown_delay_s=_non_negative(args.shutdown_delay, "--shutdown-delay"),
+        shutdown_delay_max_s=_non_negative(args.shutdown_delay_max, "--shutdown-delay-max"),
         workers=args.workers or default_workers(recipe, usable_cores()),
         max_queue=args.max_queue,
         grpc_port=grpc_port_from_args(args),

@@ -43,9 +43,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, help="largest batch accepted (default: max(recipe batch, 64))")
     parser.add_argument(
         "--shutdown-delay", type=float, default=5.0,
-        help="seconds between SIGTERM/SIGINT and the drain: readiness turns false at once, but new connections and"
-        " requests are still accepted and answered (each response closes its connection), since endpoints take a"
-        " moment to drop a terminating pod; a second SIGTERM/SIGINT ends the delay (default 5; 0: drain at once)",
+        help="seconds between SIGTERM/SIGINT and the drain: new connections and requests are still accepted and"
+        " answered (each response closes its connection), since endpoints take a moment to drop a terminating pod;"
+        " while inference requests still come (the last endpoint serving: the only replica deleted, its replacement"
+        " still starting), on until none has come for this long; a second SIGTERM/SIGINT ends the delay (default 5;"
+        " 0: drain at once)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--shutdown-delay-max", type=float, default=30.0,
+        help="seconds after SIGTERM/SIGINT by which the drain starts, however many requests still come (default 30;"
+        " never less than --shutdown-delay)",
     )  # fmt: skip
     parser.add_argument(
         "--drain-timeout", type=float, default=20.0,

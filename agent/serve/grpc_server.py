@@ -25,11 +25,12 @@ An answer the client does not take within --write-timeout ends its call (counted
 cannot reset the stream: gRPC keeps the answer queued until the connection closes. It stays counted in the unsent
 budget until then, and ``--grpc-max-connection-age`` is what closes such a connection.
 
-On SIGTERM ServerReady and ModelReady say not ready at once, while new calls are still answered for the shutdown
-delay (``Server.linger``), as REST's requests are; grpc.aio has no way to end an HTTP/2 connection short of stopping,
-so gRPC clients move when the drain starts. Then ``drain`` refuses new calls (GOAWAY, and UNAVAILABLE for a call
-that still arrives; clients retry on another replica), lets the calls in flight finish for at most the drain timeout
-(also one whose message is still arriving, as REST does for a body), then cuts the rest; those are counted in
+On SIGTERM new calls are still answered for the shutdown delay (``Server.linger``), as REST's requests are, and
+ServerReady and ModelReady say ready until the drain, as REST's readiness does; grpc.aio has no way to end an HTTP/2
+connection short of stopping, so gRPC clients move when the drain starts (and their calls do not lengthen the
+delay). Then ``drain`` refuses new calls (GOAWAY, and UNAVAILABLE for a call that still arrives; clients retry on
+another replica), lets the calls in flight finish for at most the drain timeout (also one whose message is still
+arriving, as REST does for a body), then cuts the rest; those are counted in
 ``metainfer_inference_aborted_total{reason="drain_timeout"}`` and turn the exit status into 3, as REST's do.
 """
 

@@ -303,6 +303,7 @@ def build_deployment(
         "--grpc-port", str(GRPC_PORT),
         # A terminating pod answers while the endpoints drop it, then drains, within its grace period (below).
         "--shutdown-delay", f"{settings.shutdown_delay_seconds:g}",
+        "--shutdown-delay-max", f"{settings.shutdown_delay_max_seconds:g}",
         "--drain-timeout", f"{settings.drain_timeout_seconds:g}",
     ]  # fmt: skip
     if spec.serving.max_queue_delay_ms is not None:

@@ -38,8 +38,10 @@ DEFAULT_SERVING_RESOURCES = ResourceRequirements(
 )
 
 # A terminating serving pod: how long it answers while the endpoints drop it (kube-proxy takes a second or more),
-# then how long its requests in flight get.
+# how long at most while requests still come (the last endpoint serving: its replacement starts meanwhile), then how
+# long its requests in flight get.
 DEFAULT_SHUTDOWN_DELAY_S = 5.0
+DEFAULT_SHUTDOWN_DELAY_MAX_S = 30.0
 DEFAULT_DRAIN_TIMEOUT_S = 20.0
 # Between the drain's end and the kubelet's SIGKILL: the process closes its sockets and thread pools and exits.
 TERMINATION_MARGIN_S = 5
@@ -144,9 +146,10 @@ class ServingDefaults(WorkloadSettings):
     """Operator-wide defaults of serving Deployments; the policy's spec.serving overrides the image, and the
     resources it names (``merged_resources``).
 
-    A terminating serving pod answers for ``shutdown_delay_seconds`` while the endpoints drop it, then drains for
-    at most ``drain_timeout_seconds`` (``metainfer serve --shutdown-delay``, ``--drain-timeout``); its termination
-    grace period covers both and ``TERMINATION_MARGIN_S`` (``termination_grace_seconds``).
+    A terminating serving pod answers for ``shutdown_delay_seconds`` while the endpoints drop it, on while requests
+    still come for at most ``shutdown_delay_max_seconds``, then drains for at most ``drain_timeout_seconds``
+    (``metainfer serve --shutdown-delay``, ``--shutdown-delay-max``, ``--drain-timeout``); its termination grace
+    period covers them and ``TERMINATION_MARGIN_S`` (``termination_grace_seconds``).
     """
 
     service_account: str = "metainfer-serving"
@@ -157,7 +160,13 @@ class ServingDefaults(WorkloadSettings):
         DEFAULT_SHUTDOWN_DELAY_S,
         ge=0,
         allow_inf_nan=False,
-        description="After SIGTERM: not ready, yet answering, while endpoints converge.",
+        description="After SIGTERM: still answering while endpoints converge, and until requests stop.",
+    )
+    shutdown_delay_max_seconds: float = Field(
+        DEFAULT_SHUTDOWN_DELAY_MAX_S,
+        ge=0,
+        allow_inf_nan=False,
+        description="After SIGTERM: the drain starts by then, however many requests still come.",
     )
     drain_timeout_seconds: float = Field(
         DEFAULT_DRAIN_TIMEOUT_S,
@@ -167,9 +176,11 @@ class ServingDefaults(WorkloadSettings):
     )
 
     def termination_grace_seconds(self) -> int:
-        """The pod's terminationGracePeriodSeconds: the delay, the drain and a margin for the process to exit
-        (30 s, Kubernetes' own default, with the default delay and drain)."""
-        return math.ceil(self.shutdown_delay_seconds + self.drain_timeout_seconds) + TERMINATION_MARGIN_S
+        """The pod's terminationGracePeriodSeconds: the longest delay, the drain and a margin for the process to
+        exit (55 s with the defaults). No delay at all is never lengthened by its maximum (``Server.linger``)."""
+        delay, cap = self.shutdown_delay_seconds, self.shutdown_delay_max_seconds
+        longest_delay = max(delay, cap) if delay > 0 else 0.0
+        return math.ceil(longest_delay + self.drain_timeout_seconds) + TERMINATION_MARGIN_S
 
 
 def merged_resources(

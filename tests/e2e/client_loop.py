@@ -3,9 +3,11 @@
 ``ClientLoop`` runs in a thread for the length of a scenario (a relabel, a model update through the canary, the
 operator scaled to zero) and reports what a client would have seen: requests sent, requests that failed (no
 answer within the timeout, a refused or reset connection, any status but 200) and the longest gap between two
-answers. Each request opens its own connection, as a client behind a connection-per-request proxy does, so every
-request goes through kube-proxy's current rules; a keep-alive client's view of a terminating pod is the serving
-tests' (tests/integration/test_serve.py).
+answers. By default each request opens its own connection, as a client behind a connection-per-request proxy does,
+so every request goes through kube-proxy's current rules. With ``keep_alive`` the loop is a pooling client instead
+(requests, tritonclient): one connection reused until the server closes it (``Connection: close``, as a terminating
+pod answers) or it fails, then a new one; a request that fails on a reused connection counts as failed, as it
+would for such a client (POST is not retried).
 """
 
 from __future__ import annotations
@@ -49,8 +51,11 @@ class ClientLoop:
         inputs: list[dict[str, Any]],
         interval_s: float = 0.05,
         timeout_s: float = 5.0,
+        keep_alive: bool = False,
     ) -> None:
         self.host, self.port, self.interval_s, self.timeout_s = host, port, interval_s, timeout_s
+        self.keep_alive = keep_alive
+        self._connection: http.client.HTTPConnection | None = None
         self.path = f"/v2/models/{model}/infer"
         self.body = json.dumps({"inputs": inputs}).encode()
         self.report = LoopReport()
@@ -67,18 +72,24 @@ class ClientLoop:
 
     def _one(self) -> str | None:
         """None when answered with 200; else what went wrong."""
-        connection = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        connection = self._connection or http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
+        keep = False
         try:
             connection.request("POST", self.path, self.body, {"Content-Type": "application/json"})
             response = connection.getresponse()
             body = response.read()
+            keep = self.keep_alive and not response.will_close
             if response.status != 200:
                 return f"HTTP {response.status}: {body[:120]!r}"
             return None
         except (OSError, http.client.HTTPException) as exc:
             return f"{type(exc).__name__}: {exc}"[:200]
         finally:
-            connection.close()
+            if keep:
+                self._connection = connection
+            else:
+                self._connection = None
+                connection.close()
 
     def _run(self) -> None:
         started = last_answer = time.monotonic()
@@ -96,6 +107,8 @@ class ClientLoop:
                     self.report.errors.append(f"{now - started:.1f}s {error}")
             next_send = max(next_send + self.interval_s, time.monotonic())  # after a slow one: resume, no burst
             self._stop.wait(max(0.0, next_send - time.monotonic()))
+        if self._connection is not None:
+            self._connection.close()
         end = time.monotonic()
         self.report.longest_gap_s = round(max(self.report.longest_gap_s, end - last_answer), 3)
         self.report.seconds = end - started

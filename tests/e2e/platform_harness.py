@@ -323,9 +323,10 @@ def digits_policy(model_sha256: str) -> dict[str, Any]:
     }
 
 
-def digits_client_loop(platform: Platform) -> ClientLoop:
-    """One request every 50 ms through the digits policy's Service, as a client that follows status.endpoint does."""
+def digits_client_loop(platform: Platform, keep_alive: bool = False) -> ClientLoop:
+    """One request every 50 ms through the digits policy's Service, as a client that follows status.endpoint does
+    (a new connection per request, or one kept alive: ``ClientLoop``)."""
     cluster_ip = platform.get("service", DIGITS_POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
     batch = np.random.default_rng(2).random((16, 64), dtype=np.float32)
     inputs = [{"name": "input", "shape": [16, 64], "datatype": "FP32", "data": batch.ravel().tolist()}]
-    return ClientLoop(cluster_ip, 8080, DIGITS_POLICY, inputs)
+    return ClientLoop(cluster_ip, 8080, DIGITS_POLICY, inputs, keep_alive=keep_alive)

@@ -479,11 +479,16 @@ def test_jobs_get_guaranteed_qos_and_serving_its_resources_from_values(monkeypat
 
 
 def test_serving_pods_shutdown_delay_and_drain_come_from_values(monkeypatch: pytest.MonkeyPatch) -> None:
-    docs = template("--set-json", "serving.shutdownDelaySeconds=2.5", "--set", "serving.drainTimeoutSeconds=60")
+    docs = template(
+        "--set-json", "serving.shutdownDelaySeconds=2.5",
+        "--set", "serving.shutdownDelayMaxSeconds=12",
+        "--set", "serving.drainTimeoutSeconds=60",
+    )  # fmt: skip
     serving = workload_pods(operator_config(operator_env(docs), monkeypatch))["serving"]
     args = serving["containers"][0]["args"]
     assert args[args.index("--shutdown-delay") + 1] == "2.5" and args[args.index("--drain-timeout") + 1] == "60"
-    assert serving["terminationGracePeriodSeconds"] == 68  # ceil(2.5 + 60) + the margin of 5
+    assert args[args.index("--shutdown-delay-max") + 1] == "12"
+    assert serving["terminationGracePeriodSeconds"] == 77  # ceil(max(2.5, 12) + 60) + the margin of 5
 
 
 def test_the_charts_placement_values_reach_job_and_serving_pods(monkeypatch: pytest.MonkeyPatch) -> None:

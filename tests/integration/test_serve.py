@@ -230,22 +230,29 @@ def _request(port: int, method: str, path: str, body: bytes | None = None) -> tu
         conn.close()
 
 
-def _wait_not_ready(served: ServeProcess) -> None:
+def _wait_signalled(served: ServeProcess) -> None:
+    """Until serve's log says the signal came (its readiness no longer does: it holds until the drain)."""
     deadline = time.monotonic() + 5
-    while _request(served.port, "GET", "/v2/health/ready")[0] != 503:
-        assert time.monotonic() < deadline, "still ready after SIGTERM"
+    while "shutting down:" not in served.log.read_text():
+        assert time.monotonic() < deadline, "no shutdown after SIGTERM"
         time.sleep(0.05)
 
 
-def test_during_the_shutdown_delay_new_connections_are_answered_while_not_ready(
+def _infer_body(samples: np.ndarray) -> bytes:
+    return json.dumps(
+        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": samples[:1].ravel().tolist()}]}
+    ).encode()
+
+
+def test_during_the_shutdown_delay_new_connections_are_answered_and_readiness_holds(
     example: ExampleModel, tmp_path: Path, samples: np.ndarray
 ) -> None:
     """What a client routed by endpoints that still list a terminating pod gets: answers, each closing its
-    connection so that the next request goes to a pod that stays; then the drain and exit 0."""
+    connection so that the next request goes to a pod that stays; then the drain and exit 0. Readiness stays true
+    until the drain: a terminating pod is out of the ready endpoints anyway, and its probe is what keeps it the
+    *serving* fall-back kube-proxy uses when no other pod is ready."""
     served = _start(example, tmp_path, shutdown_delay=2)
-    body = json.dumps(
-        {"inputs": [{"name": "input", "shape": [1, 64], "datatype": "FP32", "data": samples[:1].ravel().tolist()}]}
-    ).encode()
+    body = _infer_body(samples)
     infer = f"/v2/models/{MODEL}/infer"
     try:
         kept = http.client.HTTPConnection("127.0.0.1", served.port, timeout=10)  # a keep-alive client from before
@@ -256,8 +263,9 @@ def test_during_the_shutdown_delay_new_connections_are_answered_while_not_ready(
         assert served.proc is not None
         signalled = time.monotonic()
         served.proc.send_signal(signal.SIGTERM)
-        _wait_not_ready(served)
-        assert _request(served.port, "GET", f"/v2/models/{MODEL}/ready")[0] == 503
+        _wait_signalled(served)
+        assert _request(served.port, "GET", "/v2/health/ready")[0] == 200
+        assert _request(served.port, "GET", f"/v2/models/{MODEL}/ready")[0] == 200
         status, doc, connection = _request(served.port, "POST", infer, body)  # a new connection: still served
         assert (status, doc["outputs"], connection) == (200, expected, "close")
         kept.request("POST", infer, body=body, headers={"Content-Type": "application/json"})
@@ -274,12 +282,67 @@ def test_during_the_shutdown_delay_new_connections_are_answered_while_not_ready(
         served.stop()
 
 
+def _answers_every(served: ServeProcess, body: bytes, seconds: float, interval: float = 0.2) -> list[int | str]:
+    """A client that opens a connection for each request, every ``interval`` for ``seconds``: what it got."""
+    got: list[int | str] = []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            got.append(_request(served.port, "POST", f"/v2/models/{MODEL}/infer", body)[0])
+        except OSError as exc:
+            got.append(type(exc).__name__)
+        time.sleep(interval)
+    return got
+
+
+def test_a_pod_still_routed_after_the_delay_answers_until_its_requests_stop(
+    example: ExampleModel, tmp_path: Path, samples: np.ndarray
+) -> None:
+    """The only replica deleted: kube-proxy routes to it, terminating, until its replacement is Ready. Requests
+    that still come after the delay keep it answering, and it drains once none has come for the delay."""
+    served = _start(example, tmp_path, "--shutdown-delay-max", "30", shutdown_delay=1)
+    try:
+        assert served.proc is not None
+        served.proc.send_signal(signal.SIGTERM)
+        _wait_signalled(served)
+        got = _answers_every(served, _infer_body(samples), 4.0)  # 4 s of requests against a delay of 1 s
+        stopped = time.monotonic()
+        assert set(got) == {200}, got
+        assert _request(served.port, "GET", "/v2/health/ready")[0] == 200, "still routed: still serving"
+        assert served.proc.wait(timeout=15) == 0
+        quiet = time.monotonic() - stopped
+        assert 0.5 <= quiet <= 4, f"drained {quiet:.1f} s after the last request, the delay being 1 s"
+        assert "requests still come, so this pod is still routed" in served.log.read_text()
+    finally:
+        served.stop()
+
+
+def test_a_pod_still_routed_drains_at_the_longest_delay(
+    example: ExampleModel, tmp_path: Path, samples: np.ndarray
+) -> None:
+    served = _start(example, tmp_path, "--shutdown-delay-max", "2.5", shutdown_delay=1)
+    try:
+        assert served.proc is not None
+        signalled = time.monotonic()
+        served.proc.send_signal(signal.SIGTERM)
+        _wait_signalled(served)
+        got = _answers_every(served, _infer_body(samples), 5.0)
+        assert got[0] == 200 and "ConnectionRefusedError" in got, got  # answered, then no longer listening
+        answered = got.index("ConnectionRefusedError")
+        assert set(got[:answered]) == {200} and answered >= 8, got  # for about 2.5 s, every 0.2 s
+        assert served.proc.wait(timeout=15) == 0
+        assert time.monotonic() - signalled < 10
+        assert "requests still came" in served.log.read_text() and "draining now" in served.log.read_text()
+    finally:
+        served.stop()
+
+
 def test_a_second_signal_cuts_the_shutdown_delay_short(example: ExampleModel, tmp_path: Path) -> None:
     served = _start(example, tmp_path, shutdown_delay=60)
     try:
         assert served.proc is not None
         served.proc.send_signal(signal.SIGTERM)
-        _wait_not_ready(served)
+        _wait_signalled(served)
         served.proc.send_signal(signal.SIGINT)
         assert served.proc.wait(timeout=15) == 0
         assert "second signal: shutdown delay cut short" in served.log.read_text()

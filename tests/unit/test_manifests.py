@@ -482,18 +482,32 @@ def test_a_terminating_serving_pod_answers_then_drains_within_its_grace_period()
     group = gpu_group()
     p = policy()
     run = succeeded(build_run(p, group, "NewHardwareClass"))
-    for settings, grace in ((ServingDefaults(), 30), (ServingDefaults(shutdown_delay_seconds=0), 25),
-                            (ServingDefaults(shutdown_delay_seconds=2.5, drain_timeout_seconds=60), 68)):  # fmt: skip
+    cases = (
+        (ServingDefaults(), 55),
+        (ServingDefaults(shutdown_delay_seconds=0), 25),  # no delay: its maximum lengthens nothing
+        (ServingDefaults(shutdown_delay_seconds=2.5, drain_timeout_seconds=60), 95),
+        (ServingDefaults(shutdown_delay_seconds=2.5, shutdown_delay_max_seconds=0.5), 28),  # never under the delay
+        (ServingDefaults(shutdown_delay_max_seconds=90, drain_timeout_seconds=10), 105),
+    )
+    for settings, grace in cases:
         pod = build_deployment(p, group, run, settings)["spec"]["template"]["spec"]
         args = parser.parse_args(pod["containers"][0]["args"][1:])
-        assert (args.shutdown_delay, args.drain_timeout) == (
+        assert (args.shutdown_delay, args.shutdown_delay_max, args.drain_timeout) == (
             settings.shutdown_delay_seconds,
+            settings.shutdown_delay_max_seconds,
             settings.drain_timeout_seconds,
         )
         assert pod["terminationGracePeriodSeconds"] == grace == settings.termination_grace_seconds()
-        assert grace >= args.shutdown_delay + args.drain_timeout + TERMINATION_MARGIN_S
+        longest_delay = max(args.shutdown_delay, args.shutdown_delay_max) if args.shutdown_delay else 0
+        assert grace >= longest_delay + args.drain_timeout + TERMINATION_MARGIN_S
     assert ServingDefaults().shutdown_delay_seconds > 0, "by default a terminating pod keeps answering a while"
-    for bad in ({"shutdown_delay_seconds": -1}, {"drain_timeout_seconds": 0}, {"shutdown_delay_seconds": "inf"}):
+    for bad in (
+        {"shutdown_delay_seconds": -1},
+        {"drain_timeout_seconds": 0},
+        {"shutdown_delay_seconds": "inf"},
+        {"shutdown_delay_max_seconds": -1},
+        {"shutdown_delay_max_seconds": "inf"},
+    ):
         with pytest.raises(ValidationError):
             ServingDefaults.model_validate(bad)
 

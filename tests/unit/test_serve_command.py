@@ -53,6 +53,7 @@ def test_the_cgroup_quota_bounds_the_usable_cores(monkeypatch: pytest.MonkeyPatc
         (["--variant-store", "/tmp"], "--variant-store", "needs --variant-sha256"),
         (["--workers", "0"], "--workers", ">= 1"),
         (["--shutdown-delay", "-1"], "--shutdown-delay", ">= 0"),
+        (["--shutdown-delay-max", "-1"], "--shutdown-delay-max", ">= 0"),
     ],
 )
 def test_flag_mistakes_name_the_flag(extra: list[str], flag: str, words: str) -> None:
@@ -64,3 +65,5 @@ def test_flag_mistakes_name_the_flag(extra: list[str], flag: str, words: str) ->
 def test_the_shutdown_delay_defaults_to_5_s_and_0_turns_it_off() -> None:
     assert config_from_args(_args()).shutdown_delay_s == 5.0
     assert config_from_args(_args("--shutdown-delay", "0")).shutdown_delay_s == 0.0
+    assert config_from_args(_args()).shutdown_delay_max_s == 30.0
+    assert config_from_args(_args("--shutdown-delay-max", "90")).shutdown_delay_max_s == 90.0
