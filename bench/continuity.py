@@ -3,9 +3,10 @@
 Runs the end-to-end suite (tests/e2e/test_platform_e2e.py), whose continuity scenarios each keep a client loop
 going through the policy's Service (one KServe v2 request every 50 ms, a connection per request; see
 tests/e2e/client_loop.py) while the node is relabelled to a new hardware class in place (a driver upgrade), a
-new model version goes through the canary, and the operator is scaled to zero for a minute. It renders, per
-scenario, the requests sent, the failed ones and the longest time without an answer, and the time from a new
-class appearing to its first adapted pod Ready.
+new model version goes through the canary, the operator is scaled to zero for a minute, and the only serving
+pod is deleted and then its Deployment restarted (there with a second client keeping its connection alive). It
+renders, per scenario, the requests sent, the failed ones and the longest time without an answer, and the time
+from a new class appearing to its first adapted pod Ready.
 
 ``--from-timings FILE`` renders the timings a suite run already wrote (METAINFER_E2E_TIMINGS=FILE) instead of
 running the suite again. Needs root, like the node.
@@ -50,12 +51,13 @@ def render(data: dict[str, Any]) -> str:
     ]  # fmt: skip
     notes = (
         "One node, 2 CPUs; the client runs on the host and reaches the policy's ClusterIP through kube-proxy, a "
-        "new connection per request. A gap is the longest time between two answers (or from the loop's start or "
-        "to its stop), so 50 ms plus one request is the floor. The relabel keeps the old class's pod serving "
-        "until the new class serves (make-before-break); the chart upgrade keeps the image that validated the "
-        "served variant until the class is re-adapted under the new runtime. The figures come from the timings a "
-        "run of tests/e2e/test_platform_e2e.py writes (METAINFER_E2E_TIMINGS); `python bench/continuity.py` runs "
-        "the suite and renders them in one step."
+        "new connection per request (the keep-alive client reuses one until the server closes it). A gap is the "
+        "longest time between two answers (or from the loop's start or to its stop), so 50 ms plus one request is "
+        "the floor. The relabel keeps the old class's pod serving until the new class serves (make-before-break); "
+        "the chart upgrade keeps the image that validated the served variant until the class is re-adapted under "
+        "the new runtime; the deleted pod, the only one, answers until its replacement is routed. The figures come "
+        "from the timings a run of tests/e2e/test_platform_e2e.py writes (METAINFER_E2E_TIMINGS); `python "
+        "bench/continuity.py` runs the suite and renders them in one step."
     )
     return (
         table

@@ -56,6 +56,7 @@ def reconcile_inputs(
     config: OperatorConfig,
     provisional_pods: Sequence[Mapping[str, Any]] = (),
     job_waits: Mapping[str, str] | None = None,
+    rollout_waits: Mapping[str, str] | None = None,
 ) -> Inputs:
     """Validate the policy and its own runs (never the cluster's), read the rest from the indexes, and plan.
 
@@ -102,6 +103,7 @@ def reconcile_inputs(
         excluded_nodes=view.excluded(policy.spec.hardware, indexes.nodes, *scheduling),
         pod_checks=read_pod_checks(provisional_pods),
         job_waits=job_waits,
+        rollout_waits=rollout_waits,
     )
     plan = dataclasses.replace(plan, objects_to_create=indexes.not_seen(plan.objects_to_create))
     return Inputs(body, groups, plan, settled.wait_s)

@@ -31,7 +31,7 @@ from metainfer.operator.kube import ChildRejected, StaleRead
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS, SERIES
 from metainfer.operator.rollout import rollout_step
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
-from metainfer.operator.waits import job_waits
+from metainfer.operator.waits import job_waits, next_look_s, rollout_waits
 
 MANAGED = {MANAGED_BY: PRODUCT}
 VIEW = ClusterView()
@@ -175,9 +175,12 @@ async def policy_daemon(
                 policy = await fetch_policy(namespace, name) or policy
                 pods = await provisional_pods(namespace, name, indexes)
                 waits = await job_waits(namespace, name, indexes)
-                inputs = reconcile_inputs(policy, VIEW, indexes, config, pods, waits)
+                rollouts = await rollout_waits(namespace, name, indexes)
+                inputs = reconcile_inputs(policy, VIEW, indexes, config, pods, waits, rollouts)
                 if inputs.settle_wait_s is not None:
                     sleep = min(sleep, max(inputs.settle_wait_s, 0.5))
+                if (look_s := next_look_s(namespace, name, indexes)) is not None:
+                    sleep = min(sleep, look_s)
                 policy = await apply_plan(body, inputs, logger)
                 # spec.suspend holds the loop: no drift check, no canary decision (apply_plan created nothing).
                 if not (policy.get("spec") or {}).get("suspend"):

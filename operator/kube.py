@@ -214,11 +214,16 @@ async def job_log(namespace: str, job_name: str, lines: int) -> str | None:
         return None  # a log is a courtesy: never a reason to retry the whole reconcile
 
 
-def _pods_of(namespace: str, job_name: str) -> list[dict[str, Any]]:
-    """A Job's pods as plain camelCase dicts, as core.control reads pods (in a worker thread)."""
+def _pods(namespace: str, label_selector: str) -> list[dict[str, Any]]:
+    """Pods as plain camelCase dicts, as core.control reads pods (in a worker thread)."""
     api = _api()
-    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"job-name={job_name}").items
+    pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=label_selector).items
     return [api.sanitize_for_serialization(p) for p in pods]
+
+
+def _pods_of(namespace: str, job_name: str) -> list[dict[str, Any]]:
+    """A Job's pods (in a worker thread)."""
+    return _pods(namespace, f"job-name={job_name}")
 
 
 async def job_pods(namespace: str, job_name: str) -> list[dict[str, Any]]:
@@ -230,6 +235,16 @@ async def job_pods(namespace: str, job_name: str) -> list[dict[str, Any]]:
         )
     except Exception:  # a courtesy, as the log tail is: the run's failure stands without it
         return []
+
+
+async def pods_selected(namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]] | None:
+    """The pods carrying ``labels`` (a Deployment's selector) as plain camelCase dicts (core.control.rollout_waits
+    reads them); None when they cannot be listed (the wait then stays as last explained)."""
+    selector = ",".join(f"{key}={value}" for key, value in sorted(labels.items()))
+    try:
+        return cast(list[dict[str, Any]], await _in_thread(f"list the pods of {selector}", _pods, namespace, selector))
+    except Exception:  # an explanation is a courtesy: never a reason to fail or retry the whole reconcile
+        return None
 
 
 async def job_wait_evidence(namespace: str, job_name: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:

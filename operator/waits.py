@@ -1,19 +1,26 @@
-"""Why a policy's Jobs wait, as its reconcile reads it: the Jobs core.control.job_waits names, their pods and
-FailedCreate events read through operator.kube, and the answer cached per Job, because a reconcile can be woken
-many times a second and a Job's reason changes slowly."""
+"""Why a policy's Jobs and serving rollouts wait, as its reconcile reads it: the Jobs core.control.job_waits and the
+Deployments core.control.rollout_waits name, their pods (and a Job's FailedCreate events) read through
+operator.kube, and each answer cached per object, because a reconcile can be woken many times a second and a
+reason changes slowly."""
 
 from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Awaitable, Callable
 
 from metainfer.core.control.job_waits import waiting_jobs, why_job_waits
+from metainfer.core.control.rollout_waits import waiting_deployments, why_rollout_waits
+from metainfer.core.control.workloads import DeploymentState, job_end
 from metainfer.operator import kube
 from metainfer.operator.view import Indexes
 
-# A waiting Job's pods and events are read again at most this often: a reconcile can be woken many times a second.
-JOB_WAIT_RECHECK_S = 15.0
-_WAITS_SEEN: dict[tuple[str, str], tuple[float, str | None]] = {}
+# A waiting object's pods and events are read again at most this often: a reconcile can be woken many times a second.
+WAIT_RECHECK_S = 15.0
+# (kind, namespace, name) -> (when read, why); an object not read for ten rechecks has ended or gone.
+_WAITS_SEEN: dict[tuple[str, str, str], tuple[float, str | None]] = {}
+# Reads the cluster once: (whether it could, why the object waits).
+Read = Callable[[], Awaitable[tuple[bool, str | None]]]
 
 
 async def job_waits(namespace: str, name: str, indexes: Indexes) -> dict[str, str]:
@@ -21,16 +28,59 @@ async def job_waits(namespace: str, name: str, indexes: Indexes) -> dict[str, st
     Only Jobs of runs in flight exist unfinished, so the cluster's run limit bounds the reads."""
     runs = [str(r["metadata"]["name"]) for r in indexes.runs_of(namespace, name)]
     waits: dict[str, str] = {}
-    now = time.monotonic()
     for job in waiting_jobs(indexes.jobs_of(namespace, runs), dt.datetime.now(dt.UTC)):
-        seen = _WAITS_SEEN.get((namespace, job))
-        if seen is None or now - seen[0] >= JOB_WAIT_RECHECK_S:
+
+        async def read(job: str = job) -> tuple[bool, str | None]:
             evidence = await kube.job_wait_evidence(namespace, job)
-            # Unreadable this time: what was last explained stands (dropping it would announce it again later).
-            seen = (now, why_job_waits(*evidence) if evidence is not None else seen[1] if seen else None)
-            _WAITS_SEEN[(namespace, job)] = seen
-        if seen[1] is not None:
-            waits[job] = seen[1]
-    for key in [k for k, (at, _) in _WAITS_SEEN.items() if now - at > 10 * JOB_WAIT_RECHECK_S]:
-        del _WAITS_SEEN[key]  # Jobs that ended or went: the cache stays as small as the runs in flight
+            return (False, None) if evidence is None else (True, why_job_waits(*evidence))
+
+        if (why := await _cached(("Job", namespace, job), read)) is not None:
+            waits[job] = why
+    _forget_old()
     return waits
+
+
+async def rollout_waits(namespace: str, name: str, indexes: Indexes) -> dict[str, str]:
+    """Why each of the policy's Deployments that has made no progress for a while has pods that do not become
+    Ready, by Deployment name (core.control.rollout_waits). A rollout that progresses is never read."""
+    waits: dict[str, str] = {}
+    for waiting in waiting_deployments(indexes.deployments_of(namespace, name), dt.datetime.now(dt.UTC)):
+
+        async def read(selector: dict[str, str] = waiting.selector) -> tuple[bool, str | None]:
+            pods = await kube.pods_selected(namespace, selector)
+            return (False, None) if pods is None else (True, why_rollout_waits(pods))
+
+        if (why := await _cached(("Deployment", namespace, waiting.name), read)) is not None:
+            waits[waiting.name] = why
+    _forget_old()
+    return waits
+
+
+def next_look_s(namespace: str, name: str, indexes: Indexes) -> float | None:
+    """How soon the policy's reconcile should look again while one of its Jobs has no ready pod or one of its
+    Deployments is not available, so that why it waits is said within the grace and a recheck, not at the next
+    resync (a minute by default); None while nothing of it is starting."""
+    runs = [str(r["metadata"]["name"]) for r in indexes.runs_of(namespace, name)]
+    jobs = indexes.jobs_of(namespace, runs).values()
+    starting = any(job_end(j) is None and not (j.get("status") or {}).get("ready") for j in jobs) or any(
+        not DeploymentState.read(d).available for d in indexes.deployments_of(namespace, name)
+    )
+    return WAIT_RECHECK_S if starting else None
+
+
+async def _cached(key: tuple[str, str, str], read: Read) -> str | None:
+    now = time.monotonic()
+    seen = _WAITS_SEEN.get(key)
+    if seen is None or now - seen[0] >= WAIT_RECHECK_S:
+        readable, why = await read()
+        # Unreadable this time: what was last explained stands (dropping it would announce it again later).
+        seen = (now, why if readable else seen[1] if seen else None)
+        _WAITS_SEEN[key] = seen
+    return seen[1]
+
+
+def _forget_old() -> None:
+    """Objects that ended or went: the cache stays as small as what waits."""
+    now = time.monotonic()
+    for key in [k for k, (at, _) in _WAITS_SEEN.items() if now - at > 10 * WAIT_RECHECK_S]:
+        del _WAITS_SEEN[key]

@@ -144,6 +144,8 @@ class Reason(StrEnum):
     OOM_KILLED = "OOMKilled"  # the agent's container was killed at the Job's memory limit (core.control.pod_endings)
     AGENT_SERVICE_ACCOUNT_MISSING = "AgentServiceAccountMissing"
     JOB_WAITING = "JobWaiting"  # a run's Job has no pod at work, and its pods or events say why (job_waits)
+    # A serving Deployment's new pods do not become Ready, and their status says why (rollout_waits)
+    ROLLOUT_WAITING = "RolloutWaiting"
     NO_IMAGE_FOR_HARDWARE = "NoImageForHardware"  # an accelerator vendor the platform maps no image to
     # rollout
     CANARY_PROGRESSING = "CanaryProgressing"

@@ -106,6 +106,9 @@ class ClassContext:
     pod_checks: Mapping[str, tuple[PodCheck, ...]] = field(default_factory=dict)
     # Why a Job of the class's runs has no pod at work, by Job name (core.control.job_waits); none outside the operator.
     job_waits: Mapping[str, str] = field(default_factory=dict)
+    # Why a Deployment of the policy has pods that do not become Ready, by Deployment name
+    # (core.control.rollout_waits); none outside the operator.
+    rollout_waits: Mapping[str, str] = field(default_factory=dict)
     # The platform maps no image to the class's accelerator vendor (WorkloadSettings.for_vendor): refused, never
     # adapted or served by the CPU image; ``job_settings`` and ``serving`` are then the platform's as given.
     image_missing: bool = False

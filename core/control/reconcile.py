@@ -137,12 +137,14 @@ def plan_policy(
     excluded_nodes: Mapping[str, str] | None = None,
     pod_checks: Mapping[str, tuple[PodCheck, ...]] | None = None,
     job_waits: Mapping[str, str] | None = None,
+    rollout_waits: Mapping[str, str] | None = None,
 ) -> Plan:
     """The Plan for ``policy`` given its selected ``groups``, its runs (``invalid_runs``: those that did not
     validate), the Jobs of its runs by name (none yet when omitted) and its Deployments. ``unclassified_nodes`` and
     ``excluded_nodes`` (cordoned or tainted: in no group) are reported in the status, name -> why. ``pod_checks``:
     what provisional pods found on their nodes, by class fingerprint (core.control.pod_checks). ``job_waits``: why
-    a Job has no pod at work, by Job name (core.control.job_waits)."""
+    a Job has no pod at work, by Job name (core.control.job_waits); ``rollout_waits``: why a Deployment's pods do not
+    become Ready, by Deployment name (core.control.rollout_waits)."""
     limits, jobs = limits or RunLimits(), jobs or {}
     previous = policy.status or AdaptationPolicyStatus()
     if policy.spec.suspend:
@@ -160,6 +162,7 @@ def plan_policy(
         now=now,
         pod_checks=pod_checks or {},
         job_waits=job_waits or {},
+        rollout_waits=rollout_waits or {},
     )
     by_class: defaultdict[str, list[AdaptationRun]] = defaultdict(list)
     for run in runs:

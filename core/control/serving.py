@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 
 from metainfer.core.api.conditions import Reason
@@ -25,6 +26,9 @@ from metainfer.core.control.naming import canary_name, workload_name
 from metainfer.core.control.objects import latest, name_of, recipe_key, run_phase, variant_key
 from metainfer.core.control.provisional import plan_provisional
 from metainfer.core.control.workloads import DeploymentState
+
+# A pod named in a wait's reason (core.control.job_waits.why_pod_waits): the cause is the same whichever pod it names.
+_POD_NAMED = re.compile(r"its pod \S+ ")
 
 
 def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
@@ -53,14 +57,34 @@ def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
         assert existing is not None
         if not context.wait_for_available or existing.available:
             status = ready(status)
-        elif existing.stuck:  # whatever served before keeps serving: a rollout swaps in only available pods
-            status = updated(status, message=f"rolling out {name}: waiting: {existing.stuck}")
+        elif why := existing.stuck or context.rollout_waits.get(name):
+            # Whatever served before keeps serving: a rollout swaps in only available pods.
+            status, said = rollout_waiting(context, status, f"rolling out {name}", why)
+            events += said
     stable = Decisions(
         deployments_to_apply=(action,) if action else (),
         objects_to_create=class_serving_objects(context.policy, context.group),
         events=events,
     )
     return ClassPlan(status, canary.decisions + stable)
+
+
+def rollout_waiting(
+    context: ClassContext, status: ClassStatus, doing: str, why: str
+) -> tuple[ClassStatus, tuple[Event, ...]]:
+    """The class's message says why its rollout waits, for as long as it does; a Warning RolloutWaiting says it
+    once per cause (what precedes the first colon, whichever of the Deployment's pods it names: the ReplicaSet
+    replaces a failed pod under a new name), as core.control.runs does for a run's Job."""
+    message = f"{doing}: waiting: {why}"
+    cause = "waiting: " + _any_pod(why.split(":", 1)[0])
+    was = context.previous
+    said = was is not None and cause in _any_pod(was.message or "")
+    events = () if said else (Event("Warning", Reason.ROLLOUT_WAITING, message),)
+    return updated(status, message=message), events
+
+
+def _any_pod(text: str) -> str:
+    return _POD_NAMED.sub("its pod ", text)
 
 
 def serving_run(status: ClassStatus, run: AdaptationRun, deployment_name: str, **changes: Any) -> ClassStatus:
@@ -140,8 +164,14 @@ def plan_canary(
         track="canary",
         replicas=spec.rollout.canary_replicas_for(spec.serving.replicas),
     )
-    action = deployment_action(desired, context.deployments.get(canary_deployment))
+    existing = context.deployments.get(canary_deployment)
+    action = deployment_action(desired, existing)
     status = updated(status, rollout=rollout, reason=Reason.CANARY_PROGRESSING, message=rollout.message)
+    # The canary's pods that never become Ready: the analysis waits for metrics and rolls back at its deadline
+    # (core.control.canary); meanwhile the class says why.
+    if action is None and existing is not None and (why := existing.stuck or context.rollout_waits.get(existing.name)):
+        status, said = rollout_waiting(context, status, rollout.message or f"canary {canary_deployment}", why)
+        events += said
     return serve, ClassPlan(status, Decisions(deployments_to_apply=(action,) if action else (), events=events))
 
 

@@ -20,7 +20,9 @@ class DeploymentState:
     name: str
     class_fingerprint: str | None  # its class label
     spec_hash: str | None
-    available: bool  # the controller saw its latest spec, and every replica is updated and available
+    # The controller saw its latest spec, every replica is updated and available, and no old replica is left (what
+    # ``kubectl rollout status`` waits for): a surge pod that never starts leaves the old pod available beside it.
+    available: bool
     serving: bool = False  # at least one replica is available, whatever spec it runs
     # Why its rollout does not progress, as its controller says: a replica it cannot create (a ResourceQuota), or
     # its progress deadline passed (pods that never became ready). None while nothing says so.
@@ -36,10 +38,16 @@ class DeploymentState:
             name=meta["name"],
             class_fingerprint=(meta.get("labels") or {}).get(LABEL_CLASS),
             spec_hash=(meta.get("annotations") or {}).get(ANNOTATION_SPEC_HASH),
-            available=fresh and status.get("updatedReplicas", 0) >= want and status.get("availableReplicas", 0) >= want,
+            available=fresh and _rolled_out(status, want),
             serving=status.get("availableReplicas", 0) > 0,
             stuck=_stuck(status.get("conditions") or []) if fresh else None,  # not an old spec's
         )
+
+
+def _rolled_out(status: Mapping[str, Any], want: int) -> bool:
+    updated = status.get("updatedReplicas", 0)
+    old_left = status.get("replicas", 0) > updated  # status.replicas: every non-terminated pod, old ones too
+    return updated >= want and not old_left and status.get("availableReplicas", 0) >= max(want, updated)
 
 
 STUCK_MAX = 900  # it becomes part of a class message of 4,096 characters

@@ -317,6 +317,80 @@ def _continuity(platform: Platform, scenario: str, report: LoopReport) -> None:
     assert report.longest_gap_s <= CONTINUITY_GAP_S, f"{scenario}: {report.describe()}"
 
 
+def test_a_deleted_serving_pod_a_restarted_deployment_and_a_stalled_rollout_cost_no_request(platform: Platform) -> None:
+    """What a platform team does to serving pods: delete one (an eviction, a node's maintenance), restart the
+    Deployment (``kubectl rollout restart``, to pick up a rotated Secret), and ask for more CPUs than the node has
+    (a rollout that cannot progress, then reverted). The policy serves one replica here, so the deleted pod is the
+    only one: it must answer until its replacement is routed. Two clients watch: one opening a connection per
+    request and one keeping its connection alive."""
+    ready = _ready_serving_pods(platform)
+    assert len(ready) == 1, [(p["metadata"]["name"], p["metadata"]["labels"]) for p in ready]
+    (pod,) = ready
+    name = pod["metadata"]["name"]
+    labels = pod["metadata"]["labels"]
+    owner = ",".join(f"{key}={labels[key]}" for key in (names.LABEL_CLASS, names.LABEL_TRACK))
+    found = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", f"{SERVING},{owner}")["items"]
+    (deployment,) = [d["metadata"]["name"] for d in found]
+    with digits_client_loop(platform) as fresh, digits_client_loop(platform, keep_alive=True) as kept:
+        time.sleep(2)
+        deleted = time.monotonic()
+        platform.kubectl("delete", "pod", name, "-n", WORKLOAD_NAMESPACE, "--wait=false")
+
+        def replaced() -> bool:
+            pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
+            ready = [p["metadata"]["name"] for p in _ready_serving_pods(platform)]
+            return name not in {p["metadata"]["name"] for p in pods} and len(ready) == 1
+
+        platform.wait("the deleted pod gone and its replacement Ready", replaced, 180, 1)
+        platform.log(f"serving pod deleted -> replacement Ready, old pod gone: {time.monotonic() - deleted:.1f}s")
+        before = {p["metadata"]["name"] for p in _ready_serving_pods(platform)}
+        platform.kubectl("rollout", "restart", "deployment", deployment, "-n", WORKLOAD_NAMESPACE)
+        platform.kubectl("rollout", "status", "deployment", deployment, "-n", WORKLOAD_NAMESPACE, "--timeout=180s")
+
+        def restarted() -> bool:
+            pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
+            return not before & {p["metadata"]["name"] for p in pods} and len(_ready_serving_pods(platform)) == 1
+
+        platform.wait("the restarted Deployment's old pod gone", restarted, 180, 1)
+        _a_rollout_no_node_can_take_says_why_and_reverts(platform)
+        time.sleep(2)
+    _continuity(platform, "serving pod deleted, then its Deployment restarted", fresh.report)
+    _continuity(platform, "serving pod deleted, then its Deployment restarted (keep-alive client)", kept.report)
+
+
+def _a_rollout_no_node_can_take_says_why_and_reverts(platform: Platform) -> None:
+    """spec.serving.resources larger than the node: the surge pod cannot be scheduled, the old pod serves on, and
+    the class says why (core.control.rollout_waits) long before the Deployment's progress deadline; reverted, the
+    class is Ready again."""
+    too_big = {"requests": {"cpu": "16"}, "limits": {"cpu": "16"}}
+    patch = {"spec": {"serving": {"resources": too_big}}}
+    platform.kubectl("patch", "adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE, "--type=merge",
+                     "-p", json.dumps(patch))  # fmt: skip
+    changed = time.monotonic()
+
+    def said() -> str | None:
+        classes = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)["status"]["classes"]
+        message = " ".join(c.get("message") or "" for c in classes)
+        return message if "cannot be scheduled" in message else None
+
+    message = platform.wait("the class to say why its rollout waits", said, 120, 2)
+    platform.log(f"unschedulable serving resources -> said in the class in {time.monotonic() - changed:.1f}s: "
+                 f"{message[:200]}")  # fmt: skip
+    assert "waiting: its pod" in message and "Insufficient cpu" in message, message
+    events = platform.get("events", "-n", WORKLOAD_NAMESPACE, "--field-selector", "reason=RolloutWaiting")["items"]
+    assert [e for e in events if "Insufficient cpu" in e["message"]], events
+    platform.kubectl("patch", "adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE, "--type=merge",
+                     "-p", json.dumps({"spec": {"serving": {"resources": None}}}))  # fmt: skip
+
+    def ready_again() -> bool:
+        classes = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)["status"]["classes"]
+        pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
+        settled = all(p["status"].get("phase") == "Running" for p in pods) and len(pods) == 1
+        return settled and all(c["state"] == "Ready" for c in classes)
+
+    platform.wait("the class Ready again on its old resources", ready_again, 180, 2)
+
+
 def test_relabelling_the_node_makes_a_new_class_and_a_new_run_on_it(platform: Platform) -> None:
     """A driver upgrade in place, as the operator sees it: the node's class changes. Make before break: the old
     class's pods (a relabel does not evict them) serve until the new class has a Ready pod, and only then go; a

@@ -201,5 +201,72 @@ def test_a_jobs_wait_is_read_at_most_every_recheck_and_an_unreadable_read_keeps_
     assert asyncio.run(waits.job_waits("ns", "p", indexes)) == said
     clock[0] += 1
     assert asyncio.run(waits.job_waits("ns", "p", indexes)) == said and len(reads) == 1, "within the recheck"
-    clock[0] += waits.JOB_WAIT_RECHECK_S
+    clock[0] += waits.WAIT_RECHECK_S
     assert asyncio.run(waits.job_waits("ns", "p", indexes)) == said and len(reads) == 2, "unreadable: kept"
+
+
+def test_a_stalled_rollouts_pods_are_read_at_most_every_recheck_and_a_progressing_one_never(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from metainfer.operator import kube, waits
+
+    progressed = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=2)).isoformat()
+    selector = {"metainfer.io/policy": "p", "metainfer.io/track": "stable"}
+
+    def deployment(name: str, available: int) -> dict[str, Any]:
+        return {
+            "metadata": {"name": name, "generation": 1},
+            "spec": {"replicas": 1, "selector": {"matchLabels": selector}},
+            "status": {
+                "observedGeneration": 1,
+                "updatedReplicas": 1,
+                "availableReplicas": available,
+                "conditions": [{"type": "Progressing", "status": "True", "lastUpdateTime": progressed}],
+            },
+        }
+
+    stalled, serving = deployment("p-stalled", 0), deployment("p-serving", 1)
+    indexes = Indexes({}, {}, {}, {("ns", "p"): [stalled, serving]}, {})
+    unschedulable = {
+        "metadata": {"name": "p-stalled-x", "creationTimestamp": progressed},
+        "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False", "message": "full"}]},
+    }
+    answers: list[list[dict[str, Any]] | None] = [[unschedulable], None]
+    reads: list[dict[str, str]] = []
+
+    async def pods_selected(namespace: str, labels: dict[str, str]) -> Any:
+        reads.append(labels)
+        return answers.pop(0)
+
+    monkeypatch.setattr(kube, "pods_selected", pods_selected)
+    monkeypatch.setattr(waits, "_WAITS_SEEN", {})
+    clock = [1000.0]
+    monkeypatch.setattr(waits.time, "monotonic", lambda: clock[0])
+    said = {"p-stalled": "its pod p-stalled-x cannot be scheduled: full"}
+    assert asyncio.run(waits.rollout_waits("ns", "p", indexes)) == said and reads == [selector]
+    clock[0] += 1
+    assert asyncio.run(waits.rollout_waits("ns", "p", indexes)) == said and len(reads) == 1, "within the recheck"
+    clock[0] += waits.WAIT_RECHECK_S
+    assert asyncio.run(waits.rollout_waits("ns", "p", indexes)) == said and len(reads) == 2, "unreadable: kept"
+
+
+def test_a_policy_with_a_pod_starting_is_looked_at_again_within_a_recheck_and_a_settled_one_at_its_resync() -> None:
+    from metainfer.operator import waits
+
+    def deployment(available: int) -> dict[str, Any]:
+        status = {"observedGeneration": 1, "updatedReplicas": 1, "availableReplicas": available}
+        return {"metadata": {"name": "p-c", "generation": 1}, "spec": {"replicas": 1}, "status": status}
+
+    run = {"metadata": {"name": "run-1"}}
+
+    def indexes(job_status: dict[str, Any] | None, available: int) -> Indexes:
+        job = {"metadata": {"name": job_name("run-1")}, "status": job_status}
+        jobs = {} if job_status is None else {("ns", job_name("run-1")): [job]}
+        return Indexes({}, {("ns", "p"): [run]}, jobs, {("ns", "p"): [deployment(available)]}, {})
+
+    assert waits.next_look_s("ns", "p", indexes(None, 1)) is None
+    assert waits.next_look_s("ns", "p", indexes({"ready": 1}, 1)) is None, "a Job at work: its run reports"
+    done = {"conditions": [{"type": "Complete", "status": "True"}]}
+    assert waits.next_look_s("ns", "p", indexes(done, 1)) is None
+    assert waits.next_look_s("ns", "p", indexes({"ready": 0}, 1)) == waits.WAIT_RECHECK_S
+    assert waits.next_look_s("ns", "p", indexes(None, 0)) == waits.WAIT_RECHECK_S

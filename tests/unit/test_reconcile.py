@@ -57,6 +57,7 @@ class Cluster:
         self.job_settings: AgentJobSettings | None = None
         self.serving: ServingDefaults | None = None
         self.pods: list[dict[str, Any]] = []  # provisional pods, as the operator lists them for their checks
+        self.rollout_waits: dict[str, str] = {}  # why a Deployment's pods do not become Ready (operator.waits)
 
     def reconcile(self, nodes: dict[str, dict[str, str]], limits: RunLimits | None = None) -> Plan:
         groups = list(group_nodes(nodes.items()).values())
@@ -67,6 +68,7 @@ class Cluster:
             "job_settings": self.job_settings,
             "serving": self.serving,
             "pod_checks": read_pod_checks(self.pods),
+            "rollout_waits": self.rollout_waits,
         }
         plan = plan_policy(policy, groups, runs.valid, deployments, NOW, limits, invalid_runs=runs.invalid, **settings)
         # The operator plans on slimmed copies (core.control.slim): every scenario must plan the same on them.
@@ -225,6 +227,48 @@ def test_a_rollout_its_controller_cannot_progress_says_why() -> None:
     assert "waiting: ProgressDeadlineExceeded: ReplicaSet" in (cls.message or "") and len(cls.message or "") < 1100
     dep["status"] = {"observedGeneration": 1, "updatedReplicas": 2, "availableReplicas": 2}
     assert c.reconcile({"c1": CPU}).class_statuses[0].message == "serving the best variant"
+
+
+def test_a_rollout_whose_new_pod_cannot_start_says_why_once_while_the_old_one_serves() -> None:
+    """A spec.serving.resources no node has room for: the class said nothing until the Deployment's progress
+    deadline, ten minutes later. Its pods say why (core.control.rollout_waits), and a Warning says it once."""
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    c.finish(next(iter(c.runs)))
+    c.reconcile({"c1": CPU})
+    (name,) = c.deployments
+    c.deployments[name]["status"] = {"observedGeneration": 1, "updatedReplicas": 1, "availableReplicas": 1}
+    why = "its pod digits-c1-5d9f-abcde cannot be scheduled: 0/1 nodes are available: 1 Insufficient cpu."
+    c.rollout_waits = {name: why}
+    plan = c.reconcile({"c1": CPU})
+    (cls,) = plan.class_statuses
+    assert cls.state == "RollingOut" and cls.message == f"rolling out {name}: waiting: {why}"
+    (event,) = [e for e in plan.events if e.reason == Reason.ROLLOUT_WAITING]
+    assert event.type == "Warning" and event.message == cls.message
+    c.rollout_waits = {name: why.replace("abcde", "fghij")}  # the next try's pod: the same cause, said once
+    again = c.reconcile({"c1": CPU})
+    assert "fghij" in (again.class_statuses[0].message or "")
+    assert not [e for e in again.events if e.reason == Reason.ROLLOUT_WAITING]
+    c.rollout_waits = {}
+    c.deployments[name]["status"] = {"observedGeneration": 1, "updatedReplicas": 2, "availableReplicas": 2}
+    assert c.reconcile({"c1": CPU}).class_statuses[0].message == "serving the best variant"
+
+
+def test_a_canary_whose_pod_cannot_start_says_why_beside_its_analysis() -> None:
+    c = Cluster()
+    nodes = {"c1": CPU}
+    _second_run_with_new_recipe(c, nodes)
+    c.reconcile(nodes)
+    (canary,) = [n for n in c.deployments if n.endswith("-canary")]
+    c.deployments[canary]["status"] = {"observedGeneration": 1, "updatedReplicas": 1, "availableReplicas": 0}
+    why = "its pod x waits: container serve: CrashLoopBackOff: back-off; it was last killed for memory (OOMKilled)"
+    c.rollout_waits = {canary: why}
+    plan = c.reconcile(nodes)
+    (cls,) = plan.class_statuses
+    assert cls.rollout is not None and cls.rollout.phase == "Canary", "the analysis decides: it rolls back"
+    assert cls.message == f"{cls.rollout.message}: waiting: {why}"
+    assert [e.reason for e in plan.events if e.type == "Warning"] == [Reason.ROLLOUT_WAITING]
+    assert plan.deployments_to_apply == [], "nothing re-applied for it"
 
 
 def test_driver_change_new_run_and_old_class_cleaned_up() -> None:
