@@ -179,7 +179,7 @@ async def policy_daemon(
                 inputs = reconcile_inputs(policy, VIEW, indexes, config, pods, waits, rollouts)
                 if inputs.settle_wait_s is not None:
                     sleep = min(sleep, max(inputs.settle_wait_s, 0.5))
-                if (look_s := next_look_s(namespace, name, indexes)) is not None:
+                if (look_s := next_look_s(namespace, name, indexes, config.wait_for_available)) is not None:
                     sleep = min(sleep, look_s)
                 policy = await apply_plan(body, inputs, logger)
                 # spec.suspend holds the loop: no drift check, no canary decision (apply_plan created nothing).

@@ -56,16 +56,29 @@ async def rollout_waits(namespace: str, name: str, indexes: Indexes) -> dict[str
     return waits
 
 
-def next_look_s(namespace: str, name: str, indexes: Indexes) -> float | None:
+def next_look_s(namespace: str, name: str, indexes: Indexes, pods_start: bool = True) -> float | None:
     """How soon the policy's reconcile should look again while one of its Jobs has no ready pod or one of its
-    Deployments is not available, so that why it waits is said within the grace and a recheck, not at the next
-    resync (a minute by default); None while nothing of it is starting."""
+    Deployments is not available and why is not said yet, so that it is said within the grace and a recheck, not at
+    the next resync (a minute by default). None while nothing of it is starting, once every wait is explained (a
+    change of the Job or Deployment wakes the reconcile anyway), or without a kubelet (``pods_start`` False:
+    nothing ever becomes available there)."""
+    if not pods_start:
+        return None
     runs = [str(r["metadata"]["name"]) for r in indexes.runs_of(namespace, name)]
-    jobs = indexes.jobs_of(namespace, runs).values()
-    starting = any(job_end(j) is None and not (j.get("status") or {}).get("ready") for j in jobs) or any(
-        not DeploymentState.read(d).available for d in indexes.deployments_of(namespace, name)
-    )
-    return WAIT_RECHECK_S if starting else None
+    jobs = [
+        ("Job", str(n))
+        for n, j in indexes.jobs_of(namespace, runs).items()
+        if job_end(j) is None and not (j.get("status") or {}).get("ready")
+    ]
+    deployments = [
+        ("Deployment", str(d["metadata"]["name"]))
+        for d in indexes.deployments_of(namespace, name)
+        if not DeploymentState.read(d).available
+    ]
+    unexplained = [
+        k for k in (*jobs, *deployments) if (_WAITS_SEEN.get((k[0], namespace, k[1])) or (0, None))[1] is None
+    ]
+    return WAIT_RECHECK_S if unexplained else None
 
 
 async def _cached(key: tuple[str, str, str], read: Read) -> str | None:

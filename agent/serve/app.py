@@ -115,6 +115,10 @@ CLIENT_GONE = (ConnectionError, asyncio.IncompleteReadError)
 _ORT_NODE = re.compile(r"(node\.? ?Name:\s*'[^']*'|Name:'[^']*'|node \S+ \(\S+\))", re.IGNORECASE)
 
 
+# At the shutdown delay's end, a request this recent means the pod is still routed (``Server.linger``).
+STILL_ROUTED_S = 1.0
+
+
 @dataclass(frozen=True)
 class ServeConfig:
     """Everything ``metainfer serve`` was told."""
@@ -127,7 +131,7 @@ class ServeConfig:
     max_batch: int | None = None
     drain_timeout_s: float = 20.0
     shutdown_delay_s: float = 5.0  # after SIGTERM: still answering, before the drain
-    shutdown_delay_max_s: float = 30.0  # ... and on while requests still arrive, this long at most (``Server.linger``)
+    shutdown_delay_max_s: float = 0.0  # ... and on while requests still arrive, this long at most (``Server.linger``)
     workers: int = 2
     max_queue: int = 64
     grpc_port: int = 0  # the KServe v2 gRPC front end (0: none); `metainfer serve` defaults to 8081
@@ -238,10 +242,12 @@ class Server:
         if delay_s <= 0:
             return
         signalled = time.monotonic()
+        lengthened = longest_s > delay_s
         deadline = signalled + max(delay_s, longest_s)
         log.info(
-            "shutting down: still answering new requests for %g s while endpoints drop this pod, longer (at most"
-            " %g s) while requests still come (a second SIGTERM/SIGINT ends this delay)", delay_s, deadline - signalled,
+            "shutting down: still answering new requests for %g s while endpoints drop this pod%s (a second"
+            " SIGTERM/SIGINT ends this delay)", delay_s,
+            f", longer (at most {longest_s:g} s) while requests still come" if lengthened else "",
         )  # fmt: skip
         wake, told = signalled + delay_s, False
         while True:
@@ -252,7 +258,10 @@ class Server:
             except TimeoutError:
                 pass
             now, quiet_at = time.monotonic(), self.routed_at + delay_s
-            if quiet_at <= now:
+            # At the delay's end only a request of the last moment says the pod is still routed: the ones of the
+            # second after the signal, while the endpoints converged, do not.
+            recent = min(STILL_ROUTED_S, delay_s)
+            if not lengthened or quiet_at <= now or (not told and now - self.routed_at > recent):
                 return
             if now >= deadline:
                 log.warning(

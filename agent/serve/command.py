@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from metainfer.agent.serve.app import ServeConfig, serve
 from metainfer.agent.serve.model import ModelSourceArgs
+from metainfer.core.control.settings import SHUTDOWN_DELAY_MAX_ENV
 from metainfer.core.engine.errors import InputError
 from metainfer.core.engine.profile.fingerprint import usable_cores
 from metainfer.core.engine.recipe import Recipe
@@ -86,7 +87,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_batch=args.max_batch,
         drain_timeout_s=args.drain_timeout,
         shutdown_delay_s=_non_negative(args.shutdown_delay, "--shutdown-delay"),
-        shutdown_delay_max_s=_non_negative(args.shutdown_delay_max, "--shutdown-delay-max"),
+        shutdown_delay_max_s=_shutdown_delay_max(args.shutdown_delay_max),
         workers=args.workers or default_workers(recipe, usable_cores()),
         max_queue=args.max_queue,
         grpc_port=grpc_port_from_args(args),
@@ -108,6 +109,21 @@ def default_workers(recipe: Recipe, cores: int) -> int:
     every core). Two 2-thread runs on 2 cores made dynamic batching slower than one run of the combined batch."""
     threads = recipe.session.intra_op_num_threads or cores
     return max(1, cores // threads)
+
+
+def _shutdown_delay_max(flag: float | None) -> float:
+    """--shutdown-delay-max, else $METAINFER_SHUTDOWN_DELAY_MAX_SECONDS (the operator passes it so: an older serve
+    image ignores an unknown variable, not an unknown flag), else 0: the shutdown delay is never lengthened."""
+    if flag is not None:
+        return _non_negative(flag, "--shutdown-delay-max")
+    text = os.environ.get(SHUTDOWN_DELAY_MAX_ENV, "").strip()
+    if not text:
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        raise InputError(SHUTDOWN_DELAY_MAX_ENV, f"must be a number of seconds >= 0, got {text[:40]!r}") from None
+    return _non_negative(value, SHUTDOWN_DELAY_MAX_ENV)
 
 
 def _non_negative(value: float, flag: str) -> float:

@@ -50,9 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " 0: drain at once)",
     )  # fmt: skip
     parser.add_argument(
-        "--shutdown-delay-max", type=float, default=30.0,
-        help="seconds after SIGTERM/SIGINT by which the drain starts, however many requests still come (default 30;"
-        " never less than --shutdown-delay)",
+        "--shutdown-delay-max", type=float,
+        help="seconds after SIGTERM/SIGINT by which the drain starts, however many requests still come (default:"
+        " $METAINFER_SHUTDOWN_DELAY_MAX_SECONDS, which the operator's pods set, else --shutdown-delay: no"
+        " lengthening; keep it and --drain-timeout within the pod's termination grace period)",
     )  # fmt: skip
     parser.add_argument(
         "--drain-timeout", type=float, default=20.0,

@@ -87,26 +87,27 @@ def why_pod_waits(pod: Mapping[str, Any]) -> str | None:
         if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
             why = _text(condition.get("message")) or _text(condition.get("reason"), 64)
             return bounded(f"its pod {name} cannot be scheduled: {why}", MAX_WHY)
-    limits = _memory_limits(pod)
+    limits = memory_limits(pod)
     for container in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
         waiting = (container.get("state") or {}).get("waiting") or {}
         reason = _text(waiting.get("reason"), 64)
         if reason in STUCK:
             container_name = _text(container.get("name"), 63)
             detail = _text(waiting.get("message"))
-            ended = _last_ended(container, limits.get(str(container.get("name"))))
+            ended = last_ended(container, limits.get(str(container.get("name"))))
             said = f"its pod {name} waits: container {container_name}: {reason}: {detail}{ended}"
             return bounded(said, MAX_WHY)
     return None
 
 
-def _memory_limits(pod: Mapping[str, Any]) -> dict[str, Any]:
+def memory_limits(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """Each container's memory limit, by container name (None where it has none)."""
     spec = pod.get("spec") or {}
     containers = [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]
     return {str(c.get("name")): ((c.get("resources") or {}).get("limits") or {}).get("memory") for c in containers}
 
 
-def _last_ended(container: Mapping[str, Any], memory_limit: Any) -> str:
+def last_ended(container: Mapping[str, Any], memory_limit: Any) -> str:
     """How a restarting container last ended ("" for one that never ran): a crash loop's cause."""
     ended = (container.get("lastState") or {}).get("terminated") or {}
     if not ended:

@@ -74,7 +74,13 @@ from metainfer.core.control.objects import (
 from metainfer.core.control.pod_checks import CHECK_CONTAINER
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.schedulability import merged_affinity
-from metainfer.core.control.settings import AgentJobSettings, ServingDefaults, WorkloadSettings, merged_resources
+from metainfer.core.control.settings import (
+    SHUTDOWN_DELAY_MAX_ENV,
+    AgentJobSettings,
+    ServingDefaults,
+    WorkloadSettings,
+    merged_resources,
+)
 from metainfer.core.engine.recipe import COMPUTED_FIELDS
 
 # Kubernetes' own node label (not one of ours, so not in core/api/names.py): serving replicas spread over it.
@@ -303,7 +309,6 @@ def build_deployment(
         "--grpc-port", str(GRPC_PORT),
         # A terminating pod answers while the endpoints drop it, then drains, within its grace period (below).
         "--shutdown-delay", f"{settings.shutdown_delay_seconds:g}",
-        "--shutdown-delay-max", f"{settings.shutdown_delay_max_seconds:g}",
         "--drain-timeout", f"{settings.drain_timeout_seconds:g}",
     ]  # fmt: skip
     if spec.serving.max_queue_delay_ms is not None:
@@ -316,6 +321,7 @@ def build_deployment(
         {"name": "METAINFER_CLASS", "value": group.fingerprint},
         {"name": "METAINFER_RECIPE_KEY", "value": key},
         {"name": "METAINFER_VARIANT", "value": variant_key(run)},
+        {"name": SHUTDOWN_DELAY_MAX_ENV, "value": f"{settings.shutdown_delay_max_seconds:g}"},
     ]
     container = _container(
         "server",

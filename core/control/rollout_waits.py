@@ -6,7 +6,8 @@ surge pod on a full node), whose image cannot be pulled, or whose serve process 
 at the container's limit, a model it cannot load) left its class RollingOut, or its canary progressing, with
 nothing said until the Deployment's progress deadline, ten minutes later, and then only that it "has timed out
 progressing". The operator reads the pods of the Deployments ``waiting_deployments`` names (not available a while
-after their last progress: few at any time, since a rollout that progresses is never named) and
+after their last progress: a rollout whose pods take longer than the grace to load is named too, and its pods say
+nothing) and
 ``why_rollout_waits`` says why in one bounded line, as core.control.job_waits does for a run's Job.
 """
 
@@ -17,11 +18,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from metainfer.core.control.job_waits import parse_time, why_pod_waits
+from metainfer.core.api._base import bounded, one_line
+from metainfer.core.control.job_waits import MAX_WHY, last_ended, memory_limits, parse_time, why_pod_waits
 from metainfer.core.control.workloads import DeploymentState
 
 # A rollout that progressed this recently is starting its pods as rollouts do: they are not looked at yet.
 ROLLOUT_WAIT_GRACE_S = 15.0
+# A serving container running again after this many restarts, not Ready, is between two crashes of a crash loop.
+CRASH_LOOP_RESTARTS = 2
 
 
 @dataclass(frozen=True)
@@ -56,9 +60,29 @@ def why_rollout_waits(pods: Sequence[Mapping[str, Any]]) -> str | None:
     for pod in newest:
         if (pod.get("metadata") or {}).get("deletionTimestamp") or _ready(pod):
             continue
-        why = why_pod_waits(pod)
+        why = why_pod_waits(pod) or _between_crashes(pod)
         if why is not None:
             return why
+    return None
+
+
+def _between_crashes(pod: Mapping[str, Any]) -> str | None:
+    """A crash loop between two crashes: the container runs again (its status no longer says CrashLoopBackOff)
+    but is not Ready; said as the crash loop it is, so that the class's message does not come and go with it."""
+    status = pod.get("status") or {}
+    if status.get("phase") != "Running":
+        return None
+    limits = memory_limits(pod)
+    for container in status.get("containerStatuses") or []:
+        restarts = container.get("restartCount") or 0
+        if (container.get("state") or {}).get("running") is None or container.get("ready"):
+            continue
+        if isinstance(restarts, int) and restarts >= CRASH_LOOP_RESTARTS:
+            name = one_line((pod.get("metadata") or {}).get("name"), 253)
+            container_name = one_line(container.get("name"), 63)
+            ended = last_ended(container, limits.get(str(container.get("name"))))
+            said = f"its pod {name} waits: container {container_name}: CrashLoopBackOff: running again after"
+            return bounded(f"{said} {restarts} restarts, not Ready{ended}", MAX_WHY)
     return None
 
 

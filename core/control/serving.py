@@ -29,6 +29,7 @@ from metainfer.core.control.workloads import DeploymentState
 
 # A pod named in a wait's reason (core.control.job_waits.why_pod_waits): the cause is the same whichever pod it names.
 _POD_NAMED = re.compile(r"its pod \S+ ")
+_CONTAINER_WAITS = re.compile(r"its pod waits: container [^:]*: [^:]*")
 
 
 def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
@@ -57,7 +58,7 @@ def plan_serving(context: ClassContext, status: ClassStatus) -> ClassPlan:
         assert existing is not None
         if not context.wait_for_available or existing.available:
             status = ready(status)
-        elif why := existing.stuck or context.rollout_waits.get(name):
+        elif why := context.rollout_waits.get(name) or existing.stuck:  # a pod's reason is the more precise
             # Whatever served before keeps serving: a rollout swaps in only available pods.
             status, said = rollout_waiting(context, status, f"rolling out {name}", why)
             events += said
@@ -76,7 +77,7 @@ def rollout_waiting(
     once per cause (what precedes the first colon, whichever of the Deployment's pods it names: the ReplicaSet
     replaces a failed pod under a new name), as core.control.runs does for a run's Job."""
     message = f"{doing}: waiting: {why}"
-    cause = "waiting: " + _any_pod(why.split(":", 1)[0])
+    cause = "waiting: " + _cause(why)
     was = context.previous
     said = was is not None and cause in _any_pod(was.message or "")
     events = () if said else (Event("Warning", Reason.ROLLOUT_WAITING, message),)
@@ -85,6 +86,14 @@ def rollout_waiting(
 
 def _any_pod(text: str) -> str:
     return _POD_NAMED.sub("its pod ", text)
+
+
+def _cause(why: str) -> str:
+    """What a wait is, without its details: ``its pod cannot be scheduled``, ``its pod waits: container serve:
+    ImagePullBackOff``, or a controller's reason."""
+    said = _any_pod(why)
+    container = _CONTAINER_WAITS.match(said)
+    return container.group(0) if container else said.split(":", 1)[0]
 
 
 def serving_run(status: ClassStatus, run: AdaptationRun, deployment_name: str, **changes: Any) -> ClassStatus:
@@ -169,7 +178,7 @@ def plan_canary(
     status = updated(status, rollout=rollout, reason=Reason.CANARY_PROGRESSING, message=rollout.message)
     # The canary's pods that never become Ready: the analysis waits for metrics and rolls back at its deadline
     # (core.control.canary); meanwhile the class says why.
-    if action is None and existing is not None and (why := existing.stuck or context.rollout_waits.get(existing.name)):
+    if action is None and existing is not None and (why := context.rollout_waits.get(existing.name) or existing.stuck):
         status, said = rollout_waiting(context, status, rollout.message or f"canary {canary_deployment}", why)
         events += said
     return serve, ClassPlan(status, Decisions(deployments_to_apply=(action,) if action else (), events=events))

@@ -42,6 +42,9 @@ DEFAULT_SERVING_RESOURCES = ResourceRequirements(
 # long its requests in flight get.
 DEFAULT_SHUTDOWN_DELAY_S = 5.0
 DEFAULT_SHUTDOWN_DELAY_MAX_S = 30.0
+# How serving pods get the longest delay: a variable, not a flag, because a class may be served by an older image
+# (the run's, after a chart upgrade that changed the runtime) whose serve would refuse an unknown flag.
+SHUTDOWN_DELAY_MAX_ENV = "METAINFER_SHUTDOWN_DELAY_MAX_SECONDS"
 DEFAULT_DRAIN_TIMEOUT_S = 20.0
 # Between the drain's end and the kubelet's SIGKILL: the process closes its sockets and thread pools and exits.
 TERMINATION_MARGIN_S = 5

@@ -27,6 +27,7 @@ import yaml
 
 from hack.controlplane.errors import AssetError
 from hack.helm import HELM_VERSION, all_optional_on, provide
+from metainfer.core.control.settings import SHUTDOWN_DELAY_MAX_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "metainfer"
@@ -487,7 +488,7 @@ def test_serving_pods_shutdown_delay_and_drain_come_from_values(monkeypatch: pyt
     serving = workload_pods(operator_config(operator_env(docs), monkeypatch))["serving"]
     args = serving["containers"][0]["args"]
     assert args[args.index("--shutdown-delay") + 1] == "2.5" and args[args.index("--drain-timeout") + 1] == "60"
-    assert args[args.index("--shutdown-delay-max") + 1] == "12"
+    assert {e["name"]: e["value"] for e in serving["containers"][0]["env"]}[SHUTDOWN_DELAY_MAX_ENV] == "12"
     assert serving["terminationGracePeriodSeconds"] == 77  # ceil(max(2.5, 12) + 60) + the margin of 5
 
 

@@ -317,6 +317,25 @@ def test_a_pod_still_routed_after_the_delay_answers_until_its_requests_stop(
         served.stop()
 
 
+def test_requests_only_while_the_endpoints_converge_do_not_lengthen_the_delay(
+    example: ExampleModel, tmp_path: Path, samples: np.ndarray
+) -> None:
+    """Another replica is Ready: kube-proxy stops routing here within a second of the signal, and the requests of
+    that second must not keep the pod answering longer than the delay."""
+    served = _start(example, tmp_path, "--shutdown-delay-max", "30", shutdown_delay=2)
+    try:
+        assert served.proc is not None
+        signalled = time.monotonic()
+        served.proc.send_signal(signal.SIGTERM)
+        _wait_signalled(served)
+        assert set(_answers_every(served, _infer_body(samples), 0.5, interval=0.1)) == {200}
+        assert served.proc.wait(timeout=15) == 0
+        assert time.monotonic() - signalled < 3.5, "lengthened by the requests of the endpoints' convergence"
+        assert "still routed" not in served.log.read_text()
+    finally:
+        served.stop()
+
+
 def test_a_pod_still_routed_drains_at_the_longest_delay(
     example: ExampleModel, tmp_path: Path, samples: np.ndarray
 ) -> None:

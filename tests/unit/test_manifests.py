@@ -29,6 +29,7 @@ from metainfer.core.control.naming import JOB_MAX, canary_name, job_name, label_
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.settings import (
     DEFAULT_JOB_RESOURCES,
+    SHUTDOWN_DELAY_MAX_ENV,
     TERMINATION_MARGIN_S,
     AgentJobSettings,
     ServingDefaults,
@@ -474,7 +475,8 @@ def test_the_serving_container_listens_where_its_ports_say() -> None:
 
 def test_a_terminating_serving_pod_answers_then_drains_within_its_grace_period() -> None:
     """Make-before-break on pod replacement: serve gets the platform's shutdown delay and drain timeout, and the
-    kubelet's SIGKILL comes only after both and a margin (the defaults: Kubernetes' own 30 s)."""
+    kubelet's SIGKILL comes only after the longest delay, the drain and a margin (55 s with the defaults). The
+    longest delay is an environment variable, not a flag: an older serving image ignores it."""
     from metainfer.agent.serve.flags import add_arguments
 
     parser = argparse.ArgumentParser()
@@ -491,14 +493,18 @@ def test_a_terminating_serving_pod_answers_then_drains_within_its_grace_period()
     )
     for settings, grace in cases:
         pod = build_deployment(p, group, run, settings)["spec"]["template"]["spec"]
-        args = parser.parse_args(pod["containers"][0]["args"][1:])
-        assert (args.shutdown_delay, args.shutdown_delay_max, args.drain_timeout) == (
+        (container,) = pod["containers"]
+        args = parser.parse_args(container["args"][1:])
+        assert args.shutdown_delay_max is None, "a flag an older serving image would refuse"
+        env = {e["name"]: e["value"] for e in container["env"]}
+        longest = float(env[SHUTDOWN_DELAY_MAX_ENV])
+        assert (args.shutdown_delay, longest, args.drain_timeout) == (
             settings.shutdown_delay_seconds,
             settings.shutdown_delay_max_seconds,
             settings.drain_timeout_seconds,
         )
         assert pod["terminationGracePeriodSeconds"] == grace == settings.termination_grace_seconds()
-        longest_delay = max(args.shutdown_delay, args.shutdown_delay_max) if args.shutdown_delay else 0
+        longest_delay = max(args.shutdown_delay, longest) if args.shutdown_delay else 0
         assert grace >= longest_delay + args.drain_timeout + TERMINATION_MARGIN_S
     assert ServingDefaults().shutdown_delay_seconds > 0, "by default a terminating pod keeps answering a while"
     for bad in (

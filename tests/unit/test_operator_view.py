@@ -270,3 +270,9 @@ def test_a_policy_with_a_pod_starting_is_looked_at_again_within_a_recheck_and_a_
     assert waits.next_look_s("ns", "p", indexes(done, 1)) is None
     assert waits.next_look_s("ns", "p", indexes({"ready": 0}, 1)) == waits.WAIT_RECHECK_S
     assert waits.next_look_s("ns", "p", indexes(None, 0)) == waits.WAIT_RECHECK_S
+    assert waits.next_look_s("ns", "p", indexes(None, 0), pods_start=False) is None, "no kubelet: never available"
+    waits._WAITS_SEEN[("Deployment", "ns", "p-c")] = (0.0, "its pod x cannot be scheduled: full")
+    try:
+        assert waits.next_look_s("ns", "p", indexes(None, 0)) is None, "explained: its changes wake the reconcile"
+    finally:
+        del waits._WAITS_SEEN[("Deployment", "ns", "p-c")]

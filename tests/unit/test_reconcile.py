@@ -249,6 +249,18 @@ def test_a_rollout_whose_new_pod_cannot_start_says_why_once_while_the_old_one_se
     again = c.reconcile({"c1": CPU})
     assert "fghij" in (again.class_statuses[0].message or "")
     assert not [e for e in again.events if e.reason == Reason.ROLLOUT_WAITING]
+    pulling = "its pod digits-c1-5d9f-fghij waits: container server: ImagePullBackOff: Back-off pulling image"
+    c.rollout_waits = {name: pulling}
+    assert [e.reason for e in c.reconcile({"c1": CPU}).events if e.type == "Warning"] == [Reason.ROLLOUT_WAITING]
+    crashing = "its pod digits-c1-5d9f-fghij waits: container server: CrashLoopBackOff: back-off 10s"
+    c.rollout_waits = {name: crashing}
+    assert [e.reason for e in c.reconcile({"c1": CPU}).events] == [Reason.ROLLOUT_WAITING], "another cause"
+    c.deployments[name]["status"]["conditions"] = [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "timed out"}
+    ]
+    late = c.reconcile({"c1": CPU})
+    assert "CrashLoopBackOff" in (late.class_statuses[0].message or ""), "the pod's reason, not the deadline's"
+    assert not late.events
     c.rollout_waits = {}
     c.deployments[name]["status"] = {"observedGeneration": 1, "updatedReplicas": 2, "availableReplicas": 2}
     assert c.reconcile({"c1": CPU}).class_statuses[0].message == "serving the best variant"

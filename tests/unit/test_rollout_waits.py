@@ -168,3 +168,25 @@ def test_a_surge_pod_that_never_starts_leaves_the_rollout_unfinished_though_the_
     stale = _deployment("d", 600, ready=1)
     stale["status"]["observedGeneration"] = 1  # the controller has not seen generation 2 yet
     assert not DeploymentState.read(stale).available
+
+
+def test_a_crash_loop_between_two_crashes_is_still_said_as_one() -> None:
+    """Between crashes the container runs (its status no longer says CrashLoopBackOff) but is not Ready: the
+    class's message must not come and go, nor its Warning be sent again, with every restart."""
+    running_again = _pod(
+        "new", "2026-01-01T11:59:00Z", "Running",
+        containerStatuses=[{
+            "name": "serve", "ready": False, "restartCount": 3, "state": {"running": {}},
+            "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+        }],
+    )  # fmt: skip
+    assert why_rollout_waits([running_again]) == (
+        "its pod new waits: container serve: CrashLoopBackOff: running again after 3 restarts, not Ready; it was"
+        " last killed for memory (OOMKilled) at its memory limit 512Mi"
+    )
+    once = _pod(
+        "new", "2026-01-01T11:59:00Z", "Running",
+        containerStatuses=[{"name": "serve", "ready": False, "restartCount": 1, "state": {"running": {}},
+                            "lastState": {"terminated": {"reason": "Error", "exitCode": 1}}}],
+    )  # fmt: skip
+    assert why_rollout_waits([once]) is None, "one restart, loading again: not a loop yet"

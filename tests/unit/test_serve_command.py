@@ -7,6 +7,7 @@ import pytest
 from metainfer.agent.cli import build_parser
 from metainfer.agent.serve import command
 from metainfer.agent.serve.command import config_from_args, default_workers
+from metainfer.core.control.settings import SHUTDOWN_DELAY_MAX_ENV
 from metainfer.core.engine.errors import InputError
 from metainfer.core.engine.recipe import Recipe
 
@@ -65,5 +66,19 @@ def test_flag_mistakes_name_the_flag(extra: list[str], flag: str, words: str) ->
 def test_the_shutdown_delay_defaults_to_5_s_and_0_turns_it_off() -> None:
     assert config_from_args(_args()).shutdown_delay_s == 5.0
     assert config_from_args(_args("--shutdown-delay", "0")).shutdown_delay_s == 0.0
+
+
+def test_the_longest_shutdown_delay_comes_from_the_flag_else_the_operators_variable_else_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Outside the operator (KServe, by hand) the delay is never lengthened unless asked: the pod's grace period
+    is Kubernetes' 30 s there. The operator's pods get it as a variable an older serve image ignores."""
+    monkeypatch.delenv(SHUTDOWN_DELAY_MAX_ENV, raising=False)
+    assert config_from_args(_args()).shutdown_delay_max_s == 0.0
+    monkeypatch.setenv(SHUTDOWN_DELAY_MAX_ENV, "30")
     assert config_from_args(_args()).shutdown_delay_max_s == 30.0
-    assert config_from_args(_args("--shutdown-delay-max", "90")).shutdown_delay_max_s == 90.0
+    assert config_from_args(_args("--shutdown-delay-max", "90")).shutdown_delay_max_s == 90.0, "the flag wins"
+    for bad in ("soon", "-1", "nan"):
+        monkeypatch.setenv(SHUTDOWN_DELAY_MAX_ENV, bad)
+        with pytest.raises(InputError, match=SHUTDOWN_DELAY_MAX_ENV):
+            config_from_args(_args())
