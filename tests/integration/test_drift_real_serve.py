@@ -54,6 +54,7 @@ from hack.prometheus import PrometheusServer
 from metainfer.agent.zoo import ExampleModel, build_examples
 from metainfer.core.api.names import LABEL_TRACK
 from metainfer.core.control.promql import p95_query
+from metainfer.core.control.settings import SHUTDOWN_DELAY_MAX_ENV
 
 # Alone (no neighbouring test): its load must saturate `metainfer serve` and move the p95 the operator reads.
 pytestmark = pytest.mark.alone
@@ -249,6 +250,7 @@ def test_real_serve_under_real_load_is_saturation_and_never_drift(
                 "METAINFER_CLASS": cls["fingerprint"],
                 "METAINFER_RECIPE_KEY": cls["current"]["recipeKey"],
                 "METAINFER_VARIANT": cls["current"]["variant"],
+                SHUTDOWN_DELAY_MAX_ENV: "30",  # the platform's longest shutdown delay, beside the identity
             }, labels
             print(f"\n[drift-real] serving recipe {cls['current']['recipeKey']} ({stable.metadata.name})", flush=True)
             load = Load(serve.port, POLICY, samples)
