@@ -1029,13 +1029,52 @@ def test_the_operators_disruption_budget_is_optional_selects_it_and_never_pins_a
     assert strict["spec"]["minAvailable"] == 1 and "maxUnavailable" not in strict["spec"]
 
 
-@pytest.mark.parametrize("dropped", ["crds", "networkPolicy", "operator.podDisruptionBudget"])
+def values_added_since_the_previous_chart() -> list[str]:
+    """Dotted paths of the values this chart's values.yaml has and the previous release's (git history) lacks:
+    the outermost added key of each branch."""
+    import tempfile
+
+    from hack.helm import previous_chart
+
+    with tempfile.TemporaryDirectory() as scratch:
+        old = yaml.safe_load((previous_chart(Path(scratch)) / "values.yaml").read_text())
+    new = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def added(before: Any, after: dict[str, Any], prefix: str) -> list[str]:
+        found: list[str] = []
+        for key, value in after.items():
+            if not isinstance(before, dict) or key not in before:
+                found.append(prefix + key)
+            elif isinstance(value, dict) and value:
+                found += added(before[key], value, f"{prefix}{key}.")
+        return found
+
+    return added(old, new, "")
+
+
+@pytest.mark.parametrize("dropped", values_added_since_the_previous_chart())
 def test_values_of_an_older_chart_reused_as_they_were_are_refused_with_what_to_run(dropped: str) -> None:
-    """`helm upgrade --reuse-values` from chart 0.1.0 brings values without the sections 0.2.0 added (null
-    removes a key, as an older release's values lack it): the render names them and the flag to use instead."""
+    """`helm upgrade --reuse-values` from chart 0.1.0 brings values without those this chart added (null removes a
+    key, as an older release's values lack it): the render names them and the flag to use instead, instead of an
+    operator started with an empty setting. The parameters are every value added since, read from git, so a value
+    added without a place in metainfer.valuesCheck fails here."""
     reused = run_helm("template", "mi", str(CHART), "--set", f"{dropped}=null", check=False)
     assert reused.returncode != 0
     assert f"values {dropped} are missing" in reused.stderr and "--reset-then-reuse-values" in reused.stderr
+
+
+def test_the_previous_releases_values_reused_whole_are_refused_naming_each_added_value(tmp_path: Path) -> None:
+    """What `--reuse-values` renders: this chart's templates over the previous release's values.yaml alone."""
+    from hack.helm import previous_chart
+
+    reused = tmp_path / "reused"
+    shutil.copytree(CHART, reused)
+    shutil.copy2(previous_chart(tmp_path) / "values.yaml", reused / "values.yaml")
+    refused = run_helm("template", "mi", str(reused), check=False)
+    assert refused.returncode != 0
+    named = re.search(r"values (.+) are missing", refused.stderr)
+    assert named is not None, refused.stderr
+    assert sorted(named.group(1).split(", ")) == sorted(values_added_since_the_previous_chart())
 
 
 def test_each_accelerator_vendor_gets_its_flavours_image_and_a_vendor_left_out_is_refused(

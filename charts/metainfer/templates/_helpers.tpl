@@ -135,11 +135,18 @@ to run instead.
 */}}
 {{- define "metainfer.valuesCheck" -}}
 {{- $missing := list }}
-{{- range $key := list "crds" "networkPolicy" }}
-{{- if not (hasKey $.Values $key) }}{{ $missing = append $missing $key }}{{ end }}
+{{- /* Every value added since chart 0.1.0 (tests/integration/test_chart_render.py derives the list from git and
+fails when one is left out of it). */ -}}
+{{- $added := list "crds" "networkPolicy" "operator.podDisruptionBudget" "agent.vendorImages"
+    "serving.shutdownDelayMaxSeconds" "workloads.fetchProxy" "workloads.fetchNoProxy"
+    "workloads.storeWorkloadIdentity" }}
+{{- range $path := $added }}
+{{- $node := $.Values }}
+{{- $found := true }}
+{{- range $part := splitList "." $path }}
+{{- if and $found (kindIs "map" $node) (hasKey $node $part) }}{{ $node = index $node $part }}{{ else }}{{ $found = false }}{{ end }}
 {{- end }}
-{{- if not (hasKey (.Values.operator | default dict) "podDisruptionBudget") }}
-{{- $missing = append $missing "operator.podDisruptionBudget" }}
+{{- if not $found }}{{ $missing = append $missing $path }}{{ end }}
 {{- end }}
 {{- if $missing }}
 {{- fail (printf "values %s are missing: they come from an older chart (helm upgrade --reuse-values reuses the previous release's values without this chart's new defaults). Upgrade with --reset-then-reuse-values, or pass your values with -f (docs/helm.md#upgrading-from-chart-010)" (join ", " $missing)) }}
