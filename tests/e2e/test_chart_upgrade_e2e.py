@@ -4,6 +4,11 @@ The previous release (chart 0.1.0, its CRDs in Helm's crds/ folder) is installed
 digits policy is adapted and served, then docs/helm.md's adoption (command for command) and `helm upgrade` to
 this checkout's chart, read from the same registry, run while a client sends a request every 50 ms through the
 policy's Service. The policy must not notice: no failed request, no gap, no new run, its serving pods untouched.
+
+The upgraded release then serves the second runtime end to end (one cluster start fewer than a module of its own):
+a model on which OpenVINO runs metainfer's int8 variant faster than ONNX Runtime runs FP32 is adapted by the
+operator's Job onto OpenVINO, rolled out, and served through the policy's own Service, in the one image that
+carries both runtimes.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from platform_harness import (
     CONTINUITY_GAP_S,
@@ -33,7 +39,10 @@ from platform_harness import (
 
 from hack import helm as hack_helm
 from metainfer.agent.zoo import build_examples
+from metainfer.agent.zoo.light import light_model_path
 from metainfer.core.api import names
+from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.runtime import create_session
 
 SERVING = f"{names.COMPONENT}=serving,{names.LABEL_POLICY}={DIGITS_POLICY}"
 
@@ -120,3 +129,104 @@ def test_upgrading_from_the_previous_chart_costs_a_serving_policy_no_request(
     policy = platform.get("adaptationpolicy", DIGITS_POLICY, "-n", WORKLOAD_NAMESPACE)
     ready = next(c for c in policy["status"]["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True", policy["status"]["conditions"]
+
+
+OPENVINO_POLICY = "inception"
+OPENVINO_SERVING = f"{names.COMPONENT}=serving,{names.LABEL_POLICY}={OPENVINO_POLICY}"
+QUALITY_BUDGET = 0.01
+STORE_CLAIM = "variants"
+
+
+def _store_volume(platform: Platform, directory: Path) -> None:
+    """A hostPath volume on the one node, claimed in the workload namespace: the policy's variant store."""
+    directory.mkdir(mode=0o777, exist_ok=True)
+    directory.chmod(0o777)  # the Job's non-root UID writes it
+    volume = {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": "metainfer-e2e-variants"},
+        "spec": {"capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(directory)}},
+    }  # fmt: skip
+    claim = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": STORE_CLAIM, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "manual", "volumeName": "metainfer-e2e-variants",
+                 "resources": {"requests": {"storage": "1Gi"}}},
+    }  # fmt: skip
+    platform.kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [volume, claim]})
+    )
+
+
+def _openvino_policy(model_sha256: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": OPENVINO_POLICY, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {
+            "model": {"uri": "configmap://inception-model/model.onnx", "sha256": model_sha256},
+            "slo": {"latencyP95Ms": 2000, "batchSize": 1, "maxQualityDrop": QUALITY_BUDGET},
+            # OpenVINO's static int8 only, and no mixed precision (its sensitivity scan would take minutes on one
+            # CPU): the search's choice between runtimes is bench/runtime_choice.py's; this is the rollout of one.
+            "searchSpace": {"runtimes": ["openvino"], "quantization": ["int8_static"], "maxKeepFloatLayers": 0},
+            "search": {"trialBudget": 3, "timeBudgetSeconds": 400},
+            "serving": {"replicas": 1, "variantStore": {"claimName": STORE_CLAIM}},
+            "rollout": {"canaryReplicas": 0},
+        },
+    }
+
+
+def _succeeded_runs(platform: Platform) -> list[dict[str, Any]]:
+    runs: list[dict[str, Any]] = platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE)["items"]
+    failed = [r for r in runs if r.get("status", {}).get("phase") == "Failed"]
+    assert not failed, json.dumps(failed[0].get("status"), indent=1)[:3000]
+    return [r for r in runs if r.get("status", {}).get("phase") == "Succeeded"]
+
+
+def test_an_openvino_variant_is_adapted_by_a_job_and_served_through_the_policys_service(
+    previous_release: Platform, tmp_path: Path
+) -> None:
+    tritonhttp = pytest.importorskip("tritonclient.http")
+    platform = previous_release
+    # The Job and the serving pod get the node's CPU to themselves: the upgrade's digits policy goes first.
+    platform.kubectl("delete", "adaptationpolicies", "--all", "-n", WORKLOAD_NAMESPACE, "--wait", "--timeout=3m")
+    model = light_model_path("light_inception_v2")
+    _store_volume(platform, tmp_path / "variants")
+    sha = hashlib.sha256(model.read_bytes()).hexdigest()
+    platform.kubectl(
+        "create", "configmap", "inception-model", "-n", WORKLOAD_NAMESPACE, f"--from-file=model.onnx={model}"
+    )
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(_openvino_policy(sha)))
+
+    (run,) = platform.wait("the adaptation run to succeed", lambda: _succeeded_runs(platform), 900, 5)
+    recipe = Recipe.model_validate(run["status"]["bestRecipe"])
+    platform.log(f"run {run['metadata']['name']}: {recipe.describe()}")
+    assert recipe.session.runtime == "openvino", recipe.describe()
+
+    (pod,) = platform.wait("a Ready serving pod", lambda: ready_serving_pods(platform, OPENVINO_SERVING), 300, 2)
+    log = platform.kubectl("logs", "-n", WORKLOAD_NAMESPACE, pod["metadata"]["name"], "-c", "server").stdout
+    assert "on OpenVINO" in log, log[-2000:]
+    # The Job compiled the variant into the store; the pod imported that blob instead of compiling (issue 30).
+    assert "OpenVINO model imported from the store's compiled cache" in log, log[-2000:]
+    assert list((tmp_path / "variants" / "openvino-cache").iterdir()), "the Job stored no compiled model"
+    stored = platform.get("adaptationpolicy", OPENVINO_POLICY, "-n", WORKLOAD_NAMESPACE)
+    described = [c.get("current", {}).get("description", "") for c in stored["status"].get("classes", [])]
+    assert any("on OpenVINO" in d for d in described), stored["status"]
+
+    cluster_ip = platform.get("service", OPENVINO_POLICY, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
+    platform.wait(
+        "the policy's Service to route to its Ready pod", lambda: model_ready_at(cluster_ip, OPENVINO_POLICY), 30, 0.5
+    )
+    client = tritonhttp.InferenceServerClient(f"{cluster_ip}:8080")
+    assert client.get_model_metadata(OPENVINO_POLICY)["platform"] == "openvino"
+    image = np.random.default_rng(0).standard_normal((1, 3, 224, 224)).astype(np.float32)
+    request = tritonhttp.InferInput("data_0", list(image.shape), "FP32")
+    request.set_data_from_numpy(image, binary_data=True)
+    answer = client.infer(OPENVINO_POLICY, [request])
+    reference = create_session(model.read_bytes(), Recipe())
+    (output,) = reference.get_outputs()
+    want = reference.run(None, {"data_0": image})[0].ravel()
+    got = answer.as_numpy(output.name)
+    assert got is not None
+    cosine = float(np.dot(got.ravel(), want) / (np.linalg.norm(got) * np.linalg.norm(want)))
+    assert cosine >= 1 - QUALITY_BUDGET, cosine
+    platform.log(f"served on OpenVINO through {cluster_ip}:8080, cosine to ORT FP32 {cosine:.5f}")

@@ -480,7 +480,7 @@ def test_an_openvino_variant_is_stored_compiled_and_serving_imports_it_instead_o
 ) -> None:
     """Issue 30 item 3: what the Job stores for a variant it ships on OpenVINO (the bytes, and the blob OpenVINO
     compiled) lets a serving pod import instead of compiling; a missing or damaged blob is compiled, never imported.
-    (A Job choosing OpenVINO on the real node, with a PVC: tests/e2e/test_openvino_e2e.py.)"""
+    (A Job choosing OpenVINO on the real node, with a PVC: tests/e2e/test_chart_upgrade_e2e.py.)"""
     pytest.importorskip("openvino")
     from serve_harness import ServeProcess
 
