@@ -11,7 +11,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e beside-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image image-check test-image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e beside-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -142,7 +142,7 @@ test:
 	exit $$status
 beside-e2e:
 	@status=0; \
-	for tier in lint test-unit test-exports test-integration-shared; do \
+	for tier in lint test-image test-unit test-exports test-integration-shared; do \
 		$(MAKE) --no-print-directory $$tier || status=1; \
 	done; \
 	exit $$status
@@ -165,6 +165,10 @@ test-integration-alone: assets
 	$(PYTEST) -m alone tests/integration
 test-e2e: assets
 	$(PYTEST) tests/e2e
+# Every image flavour and the other-runtime image the e2e tier pushes, built and checked (root); beside e2e in
+# `make test`, where it builds them before the e2e tests that push them get there.
+image-check test-image: venv
+	$(PYTEST) tests/image
 # Peer environments (torch and the exporters) are built by the tests themselves, once, under ~/.cache/metainfer.
 exports test-exports: venv
 	$(PYTEST) tests/exports

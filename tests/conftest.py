@@ -6,6 +6,8 @@ nothing beyond the project's venv, and so on:
 - ``unit``: pure functions and in-process objects: no network, no Go-built binary, no assertion on a duration;
 - ``integration``: real processes (kube-apiserver + etcd, Prometheus, helm, `metainfer serve`, timed ONNX Runtime);
 - ``e2e``: the product on a real node (root, containerd, the image);
+- ``image``: the image of every runtime flavour, built without a container engine (root) and checked against the
+  Dockerfile and the locks;
 - ``exports``: models as other frameworks' exporters write them, made in peer environments (torch, optimum).
 
 The marker comes from the folder, not from a decorator that a moved or new test could forget.
@@ -22,7 +24,7 @@ from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.modelinfo import ModelInfo, inspect_model
 from metainfer.core.engine.profile import BenchConfig, HardwareProfile, measure_profile
 
-TIERS = ("unit", "integration", "e2e", "exports")
+TIERS = ("unit", "integration", "e2e", "image", "exports")
 _ROOT = Path(__file__).resolve().parent
 
 

@@ -41,6 +41,7 @@ from typing import Any
 
 from hack.controlplane import apt, oci
 from hack.controlplane.assets import cache_root
+from hack.controlplane.assets import lock as file_lock
 from hack.controlplane.errors import ControlPlaneError
 from hack.controlplane.registry import ClusterRegistry
 from hack.image import dockerfile
@@ -54,6 +55,9 @@ BASE_PACKAGES = ("python3", "python3-venv", "libstdc++6", "libgomp1", "ca-certif
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 IMAGE_REPOSITORY = "metainfer.local/metainfer"
 LAYER_CACHE_DAYS = 7  # a cached RUN layer no build used for this long is deleted (one per commit and flavour)
+# Another ONNX Runtime release than the one pyproject resolves to: the image a chart upgrade that changes the runtime
+# brings (tests/e2e); tests/image builds and checks it first, so the e2e tier finds it made.
+OTHER_ONNXRUNTIME = "1.31.1"
 
 
 class ImageError(ControlPlaneError):
@@ -179,17 +183,31 @@ def build(
     ``build_args["RUNTIME"]`` picks the flavour's lock (default cpu); a flavour other than cpu is tagged
     ``<version>-<flavour>``. ``onnxruntime`` (a version, e.g. ``1.31.1``) builds the same project on another ONNX
     Runtime release, tagged ``<version>-cpu-onnxruntime<release>``: a chart upgrade that changes the runtime
-    (tests/e2e), without touching the default image's inputs."""
+    (tests/e2e), without touching the default image's inputs.
+
+    One build at a time on a machine (`make test` builds flavours in the image tier beside the e2e tier, and both
+    share the wheel and lock folders): a second caller waits, then usually finds its image up to date."""
     if os.geteuid() != 0:
         raise ImageError("make image needs root (chroot and bind mounts over the root filesystem)")
     started = time.monotonic()
+    path = cache_root() / "image" / "build.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with file_lock(path):
+        waited = time.monotonic() - started
+        if waited > 1:
+            log(f"waited {waited:.0f}s for another image build on this machine")
+        return _build(log, out_dir, dict(build_args or {}), onnxruntime, started)
+
+
+def _build(
+    log: Log, out_dir: Path | None, build_args: dict[str, str], onnxruntime: str | None, started: float
+) -> BuiltImage:
     out_dir = out_dir or REPO / "build" / "image"
     out_dir.mkdir(parents=True, exist_ok=True)
     base = base_rootfs(log)
     work = cache_root() / "image" / "work"
     wheel = wheels(work, log)
     lock_dir = locks(work)
-    build_args = dict(build_args or {})
     if onnxruntime is not None:
         build_args["RUNTIME"] = _add_onnxruntime_lock(lock_dir, onnxruntime, log)
     stage = dockerfile.parse(REPO / "Dockerfile", build_args, base_env=BASE_ENV)
@@ -202,7 +220,7 @@ def build(
     version = project_version() + ("" if runtime == "cpu" else f"-{runtime}")
     name = f"{IMAGE_REPOSITORY}:{version}"
     archive = out_dir / f"metainfer-{version}.oci.tar"
-    key = _inputs_key(wheel, lock, base, build_args)
+    key = _inputs_key(wheel, lock, base, stage.args)  # the ARGs as resolved: no build-arg and its default agree
     key_file = archive.with_name(archive.name + ".inputs")
     check_file = archive.with_name(archive.name + ".check.json")
     if archive.exists() and key_file.exists() and key_file.read_text() == key and check_file.exists():

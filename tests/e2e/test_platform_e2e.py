@@ -563,8 +563,6 @@ def test_the_operator_scaled_to_zero_for_a_minute_costs_no_request(platform: Pla
     _continuity(platform, "operator scaled to zero for 60 s", loop.report)
 
 
-# Another ONNX Runtime release than the one pyproject resolves to: the image a chart upgrade brings.
-OTHER_ONNXRUNTIME = "1.31.1"
 
 
 def _serving_images(platform: Platform) -> dict[str, set[str]]:
@@ -588,7 +586,7 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
     policy's Service sees no failed request."""
     from hack.image import build as image_build
 
-    other = image_build.build(log=platform.log, onnxruntime=OTHER_ONNXRUNTIME)
+    other = image_build.build(log=platform.log, onnxruntime=image_build.OTHER_ONNXRUNTIME)
     pushed = image_build.publish(other, platform.published.registry, platform.helm_path, platform.log)
     new_image = pushed.image
     old_image = platform.image_ref
@@ -609,7 +607,7 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
             ]
 
         (run,) = platform.wait("a RuntimeChange run for the class", runtime_runs, 180, 2)
-        assert run["spec"]["runtime"].startswith(f"onnxruntime {OTHER_ONNXRUNTIME}+openvino ")
+        assert run["spec"]["runtime"].startswith(f"onnxruntime {image_build.OTHER_ONNXRUNTIME}+openvino ")
         assert run["spec"]["image"] == new_image
         # While it adapts, the stable pods keep the old image: nothing was rolled onto the new runtime.
         assert all(i == {old_image} for i in _serving_images(platform).values()), _serving_images(platform)
@@ -645,7 +643,7 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
         time.sleep(8)  # past the replaced pods' shutdown delay
     platform.timings["chart_upgrade_outcome"] = outcome
     platform.timings["chart_upgrade_to_new_runtime_served_s"] = time.monotonic() - started
-    _continuity(platform, f"chart upgrade to onnxruntime {OTHER_ONNXRUNTIME} ({outcome})", loop.report)
+    _continuity(platform, f"chart upgrade to onnxruntime {image_build.OTHER_ONNXRUNTIME} ({outcome})", loop.report)
 
 
 def _owned_objects(platform: Platform) -> dict[str, list[str]]:

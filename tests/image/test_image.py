@@ -8,18 +8,21 @@ parser), the Python minor version, and the packages: exactly the pins of
 locks/<flavour>.txt, from wheels whose hashes that lock names. Each flavour's
 entrypoint is run as its user (``metainfer runtime --providers``, by the build):
 its ONNX Runtime must offer the execution providers the flavour is for.
+
+Its own tier (needs root, no cluster): `make test` runs it beside the e2e tier, which then finds every image it
+pushes already built (hack/image/build.py lets one build run at a time).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tarfile
 from pathlib import Path
 
 import pytest
-from platform_harness import require_root
 
 from hack import lock
 from hack.controlplane import oci
@@ -39,6 +42,11 @@ FLAVOUR_PROVIDERS = {
     "cuda": {"CUDAExecutionProvider", "TensorrtExecutionProvider", "CPUExecutionProvider"},
     "openvino": {"OpenVINOExecutionProvider", "CPUExecutionProvider"},
 }
+
+
+def require_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the image is built in a chroot over bind mounts, which needs root; CI runs as root")
 
 
 @pytest.fixture(scope="module", params=sorted(FLAVOUR_PROVIDERS))
@@ -137,3 +145,16 @@ def test_the_entrypoint_runs_as_the_images_user_and_offers_the_flavours_provider
         # the image: NVIDIA publishes them on its own package index only (docs/real-cluster.md).
         assert "libcuda.so.1: cannot open shared object file" in str(image.providers["CUDAExecutionProvider"])
         assert "libnvinfer.so" in str(image.providers["TensorrtExecutionProvider"])
+
+
+def test_another_onnxruntime_release_is_the_same_project_on_that_runtime() -> None:
+    """The image a chart upgrade that changes the runtime brings (tests/e2e): the cpu flavour's Dockerfile and
+    project on OTHER_ONNXRUNTIME, from a lock derived with that wheel's hash, under a tag of its own."""
+    require_root()
+    cpu = build.build()
+    other = build.build(onnxruntime=build.OTHER_ONNXRUNTIME)
+    assert other.name == f"{cpu.name}-cpu-onnxruntime{build.OTHER_ONNXRUNTIME}"
+    assert other.runtime.startswith(f"onnxruntime {build.OTHER_ONNXRUNTIME}+"), other.runtime
+    assert other.runtime != cpu.runtime and other.manifest_digest != cpu.manifest_digest
+    assert set(other.providers) == set(cpu.providers), (other.providers, cpu.providers)
+    assert oci.read_config(other.archive) == oci.read_config(cpu.archive)
