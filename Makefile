@@ -128,8 +128,9 @@ demo-cluster: cluster-up
 # `make test` is what CI runs: lint and every tier of tests/ (tests/conftest.py says what each may use), in three
 # phases. First `assets`, every Go-built tool (about 26 min of Go builds on a cold cache, seconds on a warm one).
 # Then e2e on the node, the longest tier (19 min warm, mostly waiting on rollouts, Jobs and canary windows), beside
-# one lane that runs the others one after the other: lint, unit, exports (a cold first run downloads their peer
-# environments), then integration's tests that wait on processes. Neither side asserts a latency that the other's
+# one lane that runs the others one after the other: lint, image (every image the e2e tier pushes, built and
+# checked, so it finds them made), unit, exports (a cold first run downloads their peer environments), then
+# integration's tests that wait on processes. Neither side asserts a latency that the other's
 # load would change, and one tier at a time in the lane keeps the node's pods a core. Last, alone, the integration
 # tests that judge real latencies under a load they make themselves (drift against saturation, serving deadlines).
 # Each side prints its whole output when it ends (--output-sync), every tier runs even when another fails, and the

@@ -187,8 +187,16 @@ def test_an_openvino_variant_is_adapted_by_a_job_and_served_through_the_policys_
 ) -> None:
     tritonhttp = pytest.importorskip("tritonclient.http")
     platform = previous_release
-    # The Job and the serving pod get the node's CPU to themselves: the upgrade's digits policy goes first.
+    assert _release(platform)["version"] == platform.published.chart_version, (
+        "the OpenVINO test runs on the release the upgrade test upgraded to this checkout's chart: run them together"
+    )
+    # The Job and the serving pod get the node's CPU to themselves: the upgrade's digits policy and pods go first.
     platform.kubectl("delete", "adaptationpolicies", "--all", "-n", WORKLOAD_NAMESPACE, "--wait", "--timeout=3m")
+    platform.wait(
+        "the digits serving pods to be gone",
+        lambda: not platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"],
+        120,
+    )
     model = light_model_path("light_inception_v2")
     _store_volume(platform, tmp_path / "variants")
     sha = hashlib.sha256(model.read_bytes()).hexdigest()
