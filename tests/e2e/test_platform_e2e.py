@@ -563,8 +563,6 @@ def test_the_operator_scaled_to_zero_for_a_minute_costs_no_request(platform: Pla
     _continuity(platform, "operator scaled to zero for 60 s", loop.report)
 
 
-
-
 def _serving_images(platform: Platform) -> dict[str, set[str]]:
     """Deployment name -> the images its Ready pods run."""
     out: dict[str, set[str]] = {}
