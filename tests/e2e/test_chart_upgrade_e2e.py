@@ -6,9 +6,9 @@ this checkout's chart, read from the same registry, run while a client sends a r
 policy's Service. The policy must not notice: no failed request, no gap, no new run, its serving pods untouched.
 
 The upgraded release then serves the second runtime end to end (one cluster start fewer than a module of its own):
-a model on which OpenVINO runs metainfer's int8 variant faster than ONNX Runtime runs FP32 is adapted by the
-operator's Job onto OpenVINO, rolled out, and served through the policy's own Service, in the one image that
-carries both runtimes.
+a policy whose search space is OpenVINO alone (its static int8, or the FP32 reference a search always keeps:
+on this 2-core AVX2 machine FP32 has won each run) is adapted by the operator's Job onto OpenVINO, rolled out,
+and served through the policy's own Service, in the one image that carries both runtimes.
 """
 
 from __future__ import annotations
