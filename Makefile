@@ -85,6 +85,7 @@ bench-olive: bench-deps
 # mypy is strict on all three packages; each ignore in them says why on its line.
 lint: venv
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	mkdir -p build/lint/metainfer
 	for d in core agent operator; do ln -sfn ../../../$$d build/lint/metainfer/$$d; done
 	PYTHONPATH=build/lint $(BIN)/lint-imports
