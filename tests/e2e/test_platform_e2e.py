@@ -630,10 +630,17 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
                 return None
             images = set().union(*_serving_images(platform).values())
             policy = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
-            phases = {(c.get("rollout") or {}).get("phase") for c in policy["status"].get("classes", [])}
+            # Only this run's rollback counts: the model-version test's rollback stays in the status until this
+            # run's canary starts, and taking it for this one once ended the client loop before the canary served.
+            rolled_back = [
+                c["rollout"]
+                for c in policy["status"].get("classes", [])
+                if (c.get("rollout") or {}).get("phase") == "RolledBack"
+                and ((c["rollout"].get("canary") or {}).get("runName")) == name
+            ]
             if images == {new_image}:
                 return "served on the new image"
-            if images == {old_image} and "RolledBack" in phases:
+            if images == {old_image} and rolled_back:
                 return "canary rolled back: the old image keeps serving"
             return None
 
