@@ -176,7 +176,9 @@ def _openvino_policy(model_sha256: str) -> dict[str, Any]:
 
 
 def _succeeded_runs(platform: Platform) -> list[dict[str, Any]]:
-    runs: list[dict[str, Any]] = platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE)["items"]
+    """The OpenVINO policy's succeeded runs (the digits policy's are garbage-collected in the background)."""
+    selector = f"{names.LABEL_POLICY}={OPENVINO_POLICY}"
+    runs: list[dict[str, Any]] = platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE, "-l", selector)["items"]
     failed = [r for r in runs if r.get("status", {}).get("phase") == "Failed"]
     assert not failed, json.dumps(failed[0].get("status"), indent=1)[:3000]
     return [r for r in runs if r.get("status", {}).get("phase") == "Succeeded"]

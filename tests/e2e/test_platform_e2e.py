@@ -497,7 +497,9 @@ def test_a_new_model_version_goes_through_the_canary_without_a_failed_request(
         "spec": {
             "model": {"uri": "configmap://digits-model-v2/model.onnx",
                       "sha256": hashlib.sha256(v2.read_bytes()).hexdigest()},
-            "rollout": {"canaryReplicas": 1, "analysisWindowSeconds": 30, "tolerance": 0.5},
+            # A deadline that fails the test with RolloutTimeout (a canary that got no metrics) in minutes, not
+            # a canary left waiting for the default hour that the next tests then wait on.
+            "rollout": {"canaryReplicas": 1, "analysisWindowSeconds": 30, "tolerance": 0.5, "deadlineSeconds": 240},
             # A canary beside a stable track of two; 300m each, so the Job (1 CPU), the operator and the surge pods
             # fit the node's 2 CPUs. The resources and replicas roll the stable pods at once, a churn of its own.
             "serving": {"replicas": 2, "resources": {"requests": {"cpu": "300m"}, "limits": {"cpu": "300m"}}},
@@ -513,20 +515,16 @@ def test_a_new_model_version_goes_through_the_canary_without_a_failed_request(
 
         def decided() -> str | None:
             policy = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
-            phases = {(c.get("rollout") or {}).get("phase") for c in policy.get("status", {}).get("classes", [])}
-            return next((str(p) for p in phases if p in ("Promoted", "RolledBack")), None)
+            rollouts = [c.get("rollout") or {} for c in policy.get("status", {}).get("classes", [])]
+            _not_timed_out(rollouts)
+            return next((str(r["phase"]) for r in rollouts if r.get("phase") in ("Promoted", "RolledBack")), None)
 
         outcome = platform.wait("the canary to be promoted or rolled back", decided, 300, 2)
 
         def settled() -> bool:
             deployments = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
             gone = not [d for d in deployments if d["metadata"]["labels"].get("metainfer.io/track") == "canary"]
-            rolled = all(
-                (d.get("status") or {}).get("updatedReplicas") == d["spec"]["replicas"]
-                and (d.get("status") or {}).get("replicas") == d["spec"]["replicas"]
-                for d in deployments
-            )
-            return gone and rolled
+            return gone and all(_rolled(d) for d in deployments)
 
         platform.wait("the canary gone and the stable Deployment rolled", settled, 180, 2)
         time.sleep(8)  # past the replaced pods' shutdown delay: their endpoints are gone, clients moved on
@@ -598,11 +596,9 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
         )  # fmt: skip
 
         def runtime_runs() -> list[dict[str, Any]]:
-            return [
-                r
-                for r in _runs(platform)
-                if r["metadata"]["name"] not in before and r["spec"].get("reason") == "RuntimeChange"
-            ]
+            # Told by its image, not its reason: a drift confirmed under the upgrade's load outranks RuntimeChange.
+            new = [r for r in _runs(platform) if r["metadata"]["name"] not in before]
+            return [r for r in new if r["spec"]["image"] == new_image]
 
         (run,) = platform.wait("a RuntimeChange run for the class", runtime_runs, 180, 2)
         assert run["spec"]["runtime"].startswith(f"onnxruntime {image_build.OTHER_ONNXRUNTIME}+openvino ")
@@ -623,20 +619,16 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
             deployments = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", SERVING)["items"]
             if any(d["metadata"]["labels"].get("metainfer.io/track") == "canary" for d in deployments):
                 return None
-            if not all(
-                (d.get("status") or {}).get("updatedReplicas") == d["spec"]["replicas"] == d["status"].get("replicas")
-                for d in deployments
-            ):
+            if not all(_rolled(d) for d in deployments):
                 return None
             images = set().union(*_serving_images(platform).values())
             policy = platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE)
             # Only this run's rollback counts: the model-version test's rollback stays in the status until this
             # run's canary starts, and taking it for this one once ended the client loop before the canary served.
+            rollouts = [c.get("rollout") or {} for c in policy["status"].get("classes", [])]
+            _not_timed_out(rollouts)
             rolled_back = [
-                c["rollout"]
-                for c in policy["status"].get("classes", [])
-                if (c.get("rollout") or {}).get("phase") == "RolledBack"
-                and ((c["rollout"].get("canary") or {}).get("runName")) == name
+                r for r in rollouts if r.get("phase") == "RolledBack" and (r.get("canary") or {}).get("runName") == name
             ]
             if images == {new_image}:
                 return "served on the new image"
@@ -649,6 +641,19 @@ def test_a_chart_upgrade_to_another_onnxruntime_re_adapts_while_the_old_image_se
     platform.timings["chart_upgrade_outcome"] = outcome
     platform.timings["chart_upgrade_to_new_runtime_served_s"] = time.monotonic() - started
     _continuity(platform, f"chart upgrade to onnxruntime {image_build.OTHER_ONNXRUNTIME} ({outcome})", loop.report)
+
+
+def _rolled(deployment: dict[str, Any]) -> bool:
+    """Every replica on the Deployment's latest template, as seen by the controller after its latest change."""
+    status = deployment.get("status") or {}
+    observed = status.get("observedGeneration") == deployment["metadata"]["generation"]
+    return observed and status.get("updatedReplicas") == deployment["spec"]["replicas"] == status.get("replicas")
+
+
+def _not_timed_out(rollouts: list[dict[str, Any]]) -> None:
+    """A canary under a client's load has metrics: a rollback for want of them is a failure, not an outcome."""
+    timed_out = [r for r in rollouts if r.get("reason") == "RolloutTimeout"]
+    assert not timed_out, timed_out
 
 
 def _owned_objects(platform: Platform) -> dict[str, list[str]]:
@@ -666,8 +671,15 @@ def _quiet(platform: Platform) -> bool:
     restart would start its canary by design: the one failure of this test in eight full runs looked so.)"""
     if any((r.get("status") or {}).get("phase") in ("Pending", "Running", None) for r in _runs(platform)):
         return False
+    # Between a run's success and the reconcile that starts its canary, the rollout still shows the previous
+    # decision: the class's state (RollingOut, not Ready) and the canary Deployment say what is under way.
+    canaries = platform.get("deployments", "-n", WORKLOAD_NAMESPACE, "-l", SERVING + ",metainfer.io/track=canary")
     classes = (platform.get("adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE).get("status") or {}).get("classes")
-    return not any((c.get("rollout") or {}).get("phase") == "Canary" for c in classes or [])
+    return (
+        bool(classes)
+        and not canaries["items"]
+        and all(c.get("state") == "Ready" and (c.get("rollout") or {}).get("phase") != "Canary" for c in classes)
+    )
 
 
 def test_deleting_the_operator_pod_restarts_it_without_duplicating_runs_jobs_or_deployments(
