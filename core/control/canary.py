@@ -94,7 +94,7 @@ def decide(
                 Reason.ROLLOUT_TIMEOUT,
                 f"no decision within the {deadline}s deadline: metrics unavailable ({why}: {detail})",
             )
-        return Decision("wait", why, f"metrics unavailable, not promoting: {detail}")
+        return Decision("wait", why, f"metrics unavailable, not promoting: {detail}{_until(rollout, deadline)}")
     assert observation.canary_p95_s is not None and observation.stable_p95_s is not None
     assert observation.canary_error_ratio is not None
     canary_ms, stable_ms = observation.canary_p95_s * 1000, observation.stable_p95_s * 1000
@@ -107,6 +107,16 @@ def decide(
     if canary_ms > limit_ms:
         return Decision("rollback", Reason.CANARY_LATENCY, f"canary slower than stable beyond tolerance: {measured}")
     return Decision("promote", Reason.CANARY_PROMOTED, f"canary within tolerance: {measured}")
+
+
+def _until(rollout: RolloutStatus, deadline_s: int) -> str:
+    """When a canary that gets no metrics is rolled back: a policy whose clients are idle (no requests, so no p95
+    for either track) would otherwise only say that it waits. An absolute time, so the status does not change with
+    every reconcile while it waits."""
+    if rollout.started_at is None:
+        return ""
+    at = rollout.started_at + dt.timedelta(seconds=deadline_s)
+    return f"; rolled back (RolloutTimeout) at {at.astimezone(dt.UTC).isoformat(timespec='seconds')} unless they arrive"
 
 
 def apply(rollout: RolloutStatus, decision: Decision) -> RolloutStatus:

@@ -50,6 +50,9 @@ def test_no_data_waits_then_the_deadline_rolls_back() -> None:
     missing = canary.Observation(unavailable="NoData", message="canary p95: p95 is NaN")
     d = canary.decide(IN_CANARY, SETTINGS, missing, at(300))
     assert (d.action, d.reason) == ("wait", "NoData") and "not promoting" in d.message
+    # When it gives up, as a time that stays the same while it waits (no status write per reconcile).
+    assert d.message.endswith("rolled back (RolloutTimeout) at 2026-01-01T00:10:00+00:00 unless they arrive")
+    assert canary.decide(IN_CANARY, SETTINGS, missing, at(400)).message == d.message
     assert canary.decide(IN_CANARY, SETTINGS, None, at(300)).action == "wait"
     d = canary.decide(IN_CANARY, SETTINGS, missing, at(600))
     assert (d.action, d.reason) == ("rollback", "RolloutTimeout") and "NoData" in d.message
