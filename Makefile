@@ -99,7 +99,8 @@ helm: venv
 # Control-plane binaries (KUBEBUILDER_ASSETS if set, else built with Go and cached), helm,
 # Prometheus (on PATH, else Debian's package) for the drift and canary tests and the one with Kubernetes discovery
 # the e2e suite's serving pods are found by (built with Go and cached), the container registry (CNCF
-# Distribution) and the S3-compatible object store (SeaweedFS), both built with Go and cached; then Go's own build
+# Distribution), the S3-compatible object store (SeaweedFS) and kube-router (the node's NetworkPolicy firewall), built
+# with Go and cached; then Go's own build
 # and module caches are dropped (about 15 GiB on the disk the node's images share): every tool is a cached binary.
 assets: venv helm
 	$(BIN)/python hack/cluster.py assets
@@ -118,7 +119,8 @@ crds: venv
 	$(BIN)/python -m metainfer.core.api.crdgen crds/
 	cp crds/*.yaml charts/metainfer/files/crds/
 
-# A one-node cluster: control plane + kube-scheduler, containerd, kubelet, kube-proxy (needs root).
+# A one-node cluster: control plane + kube-scheduler, containerd, kubelet, kube-proxy, kube-router's NetworkPolicy
+# firewall (needs root).
 # NODE=0: the control plane only (etcd + kube-apiserver + kube-controller-manager), no root needed.
 cluster-up: venv
 	$(BIN)/python hack/cluster.py up $(if $(filter 0,$(NODE)),--no-node,)
@@ -132,7 +134,7 @@ demo-cluster: cluster-up
 
 # `make test` is what CI runs: lint and every tier of tests/ (tests/conftest.py says what each may use), in three
 # phases. First `assets`, every Go-built tool (about 26 min of Go builds on a cold cache, seconds on a warm one).
-# Then e2e on the node, the longest tier (19 min warm, mostly waiting on rollouts, Jobs and canary windows), beside
+# Then e2e on the node, the longest tier (21-23 min warm, mostly waiting on rollouts, Jobs and canary windows), beside
 # one lane that runs the others one after the other: lint, image (every image the e2e tier pushes, built and
 # checked, so it finds them made), unit, exports (a cold first run downloads their peer environments), then
 # integration's tests that wait on processes. Neither side asserts a latency that the other's

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from hack.controlplane import assets as assets_mod
-from hack.controlplane import cluster, crds
+from hack.controlplane import cluster, crds, netpol
 from hack.controlplane.errors import ControlPlaneError
 from hack.controlplane.versions import ETCD_VERSION, KUBERNETES_VERSION
 
@@ -37,6 +37,8 @@ def cmd_assets(args: argparse.Namespace) -> int:
     print(f"kube-apiserver {KUBERNETES_VERSION}: {found.kube_apiserver}")
     for name in assets_mod.NODE if args.node else ():
         print(f"{name}: {found.node_binary(name)}")
+    if args.node:
+        print(f"kube-router {netpol.KUBE_ROUTER_VERSION} (NetworkPolicy firewall): {netpol.provide(log)}")
     print(f"etcd {ETCD_VERSION}: {found.etcd}")
     print(f"kube-controller-manager: {found.kube_controller_manager or 'not available'}")
     print(f"kubectl: {kubectl}")

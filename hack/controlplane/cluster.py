@@ -32,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from hack.controlplane import crds, hostchanges, processes
+from hack.controlplane import crds, hostchanges, netpol, processes
 from hack.controlplane import node as node_mod
 from hack.controlplane import objectstore as objectstore_mod
 from hack.controlplane import pki as pki_mod
@@ -278,6 +278,9 @@ def _launcher(
 NODE_IDENTITIES: pki_mod.NodeIdentities = {
     "kubelet": (f"system:node:{node_mod.NODE_NAME}", "system:nodes"),
     "kube-proxy": ("system:kube-proxy", None),
+    # kube-router reads pods, namespaces, NetworkPolicies and its node; no built-in role grants that, and this is
+    # a development cluster's own component, as trusted as kube-proxy.
+    "kube-router": ("system:kube-router", "system:masters"),
     "kube-scheduler": ("system:kube-scheduler", None),
     "kube-controller-manager": ("system:kube-controller-manager", None),
     "apiserver-kubelet-client": ("kube-apiserver-kubelet-client", "system:masters"),
@@ -326,7 +329,8 @@ def _start_node(
     labels: dict[str, str],
     timeout_s: float,
 ) -> None:
-    """Scheduler, containerd (with the pause image), kubelet and kube-proxy; returns once the node is Ready."""
+    """Scheduler, containerd (with the pause image), kubelet, kube-proxy and kube-router's NetworkPolicy firewall;
+    returns once the node is Ready."""
     from hack.controlplane import pause
 
     started = time.monotonic()
@@ -374,6 +378,14 @@ def _start_node(
     )
     launch("kube-proxy", assets.node_binary("kube-proxy"), node_mod.kube_proxy_args(paths))
     _wait(lambda: _node_ready(plane), f"node {node_mod.NODE_NAME} Ready", popens, logs, deadline)
+    # kube-router exits when its Node object does not exist yet: it starts once the kubelet registered it.
+    launch(
+        "kube-router",
+        netpol.provide(log),
+        netpol.args(
+            _component_kubeconfig(root, plane.server, certs, "kube-router"), node_mod.NODE_NAME, node_mod.SERVICE_SUBNET
+        ),
+    )
     # Pods are refused until the service-account controller made `default` in their namespace.
     _wait(
         lambda: _api_ok(plane, "/api/v1/namespaces/default/serviceaccounts/default"),
@@ -457,7 +469,7 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
     names = list(dict.fromkeys([*state["pids"], *popens]))
     if state.get("host") is not None:
         # The kubelet first, so nothing restarts what is killed next; then every container and shim.
-        for name in ("kube-proxy", "kubelet"):
+        for name in ("kube-router", "kube-proxy", "kubelet"):
             if name in names:
                 names.remove(name)
                 popen = popens.get(name)

@@ -1,10 +1,11 @@
 """Drop Go's build and module caches once every tool built with Go is cached as a binary.
 
-`make assets` builds kube-apiserver, etcd, the node's binaries, helm, the registry, the object store, the Prometheus
-with Kubernetes discovery and the pause image from source; each lands in the metainfer cache as a finished binary
-and is never rebuilt unless its pinned version changes. Go's own caches behind them (compiled packages and
-downloaded modules) then weigh about 15 GiB on a disk that the development node's images and the image builds share
-with the host, and a CI run that ran the node out of disk lost its operator to eviction. A pinned version bump
+`make assets` builds kube-apiserver, etcd, the node's binaries (kube-router too), helm, the registry, the object
+store, the Prometheus with Kubernetes discovery and the pause image from source; each lands in the metainfer cache
+as a finished binary and is never rebuilt unless its pinned version changes. Go's own caches behind them
+(compiled packages and downloaded modules) then weigh about 15 GiB on a disk that the development node's images
+and the image builds share with the host, and a CI run that ran the node out of disk lost its operator to
+eviction. A pinned version bump
 downloads and compiles again: minutes, once.
 """
 

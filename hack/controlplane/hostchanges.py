@@ -1,8 +1,9 @@
 """What a node changes on the host, recorded before `up` and undone by `down`.
 
-A kubelet, containerd, kube-proxy and the CNI bridge touch the host outside the
-cluster's root directory: sysctls, iptables chains, cgroups in every hierarchy,
-a bridge, mounts and a few fixed directories. ``snapshot`` reads the state of
+A kubelet, containerd, kube-proxy, kube-router's firewall and the CNI bridge
+touch the host outside the cluster's root directory: sysctls, iptables chains
+and ipsets, cgroups in every hierarchy, a bridge, mounts and a few fixed
+directories. ``snapshot`` reads the state of
 all of them before anything starts; ``undo`` puts back what differs after the
 processes are gone; ``diff`` says what still differs (a test asserts it says
 nothing after `down`).
@@ -47,6 +48,7 @@ CGROUP_ROOT = Path("/sys/fs/cgroup")
 CGROUP_NAMES = ("kubepods", "k8s.io", "kubepods.slice")
 CHAIN_PREFIXES = ("KUBE-", "CNI-", "METAINFER-")
 IPTABLES = ("iptables", "ip6tables")
+IPSET_PREFIXES = ("KUBE-", "kube-router")  # kube-router's sets (KUBE-SRC-*, KUBE-DST-*, kube-router-*)
 
 
 @dataclass
@@ -59,6 +61,7 @@ class HostState:
     chains: dict[str, list[str]] = field(default_factory=dict)  # "iptables:nat" -> chain names of ours
     links: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)  # mount points under the watched roots
+    ipsets: list[str] = field(default_factory=list)  # kube-router's, for NetworkPolicy peers
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -76,6 +79,7 @@ def snapshot(watched_roots: tuple[Path, ...] = ()) -> HostState:
         chains=_our_chains(),
         links=_links(),
         mounts=_mounts((*watched_roots, *(Path(d) for d in FIXED_DIRS))),
+        ipsets=_ipsets(),
     )
 
 
@@ -95,6 +99,7 @@ def diff(before: HostState, watched_roots: tuple[Path, ...] = ()) -> list[str]:
         problems += [f"{table} chain {c} is left" for c in chains if c not in before.chains.get(table, [])]
     problems += [f"network link {link} is left" for link in now.links if link not in before.links]
     problems += [f"mount {m} is left" for m in now.mounts if m not in before.mounts]
+    problems += [f"ipset {s} is left" for s in now.ipsets if s not in before.ipsets]
     return problems
 
 
@@ -105,6 +110,9 @@ def undo(before: HostState, watched_roots: tuple[Path, ...] = ()) -> list[str]:
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
     for table, chains in _our_chains().items():
         _remove_chains(table, [c for c in chains if c not in before.chains.get(table, [])])
+    for name in _ipsets():  # after the chains: a set a rule still uses cannot be destroyed
+        if name not in before.ipsets:
+            subprocess.run(["ipset", "destroy", name], capture_output=True, check=False)
     for link in _links():
         if link not in before.links and link.startswith(("metainfer", "veth", "cni")):
             subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
@@ -181,6 +189,13 @@ def _remove_chains(table_key: str, chains: list[str]) -> None:
 
 def _targets(parts: list[str]) -> list[str]:
     return [parts[i + 1] for i, part in enumerate(parts[:-1]) if part in ("-j", "-g", "--jump", "--goto")]
+
+
+def _ipsets() -> list[str]:
+    if shutil.which("ipset") is None:
+        return []
+    result = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True, check=False)
+    return sorted(name for name in result.stdout.split() if name.startswith(IPSET_PREFIXES))
 
 
 def _links() -> list[str]:

@@ -46,7 +46,8 @@ POD_SUBNET = "10.244.0.0/24"
 NODE_IP = "10.244.0.1"
 SERVICE_SUBNET = "10.0.0.0/24"
 PAUSE_IMAGE = "metainfer.local/pause:1"
-DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "conntrack", "iproute2")
+# ipset: kube-router's NetworkPolicy firewall (netpol.py) matches a policy's peers with sets.
+DEBIAN_PACKAGES = ("containerd", "runc", "containernetworking-plugins", "iptables", "ipset", "conntrack", "iproute2")
 CNI_BIN_DIR = Path("/usr/lib/cni")
 ISOLATION_CHAIN = "METAINFER-ISOLATION"
 # The host's own packets to Service addresses that no cluster rule took: rejected here, never routed. (The pod
@@ -109,7 +110,7 @@ def require_host() -> None:
         )
     missing = [pkg for pkg in DEBIAN_PACKAGES if not _deb_installed(pkg)]
     apt.install(missing)
-    for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ip"):
+    for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ipset", "ip"):
         if shutil.which(tool) is None:
             raise ControlPlaneError(f"{tool} is not on PATH after installing {', '.join(DEBIAN_PACKAGES)}")
     if not (CNI_BIN_DIR / "bridge").exists():

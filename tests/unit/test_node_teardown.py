@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,35 @@ def test_a_failure_to_stop_the_containers_still_undoes_the_host_and_is_reported(
     with pytest.raises(ControlPlaneError, match=r"stopping the node's containers: OSError.*Input/output error"):
         cluster.stop(tmp_path)
     assert undone == [hostchanges.HostState()]
+
+
+def test_the_ipsets_recorded_are_kube_routers_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    listed = subprocess.CompletedProcess(["ipset"], 0, stdout="KUBE-DST-AB12\nsomeone-elses\nkube-router-x\n")
+    monkeypatch.setattr(hostchanges.shutil, "which", lambda name: f"/usr/sbin/{name}")
+    monkeypatch.setattr(hostchanges.subprocess, "run", lambda *args, **kwargs: listed)
+    assert hostchanges._ipsets() == ["KUBE-DST-AB12", "kube-router-x"]
+
+
+def test_a_state_written_before_ipsets_were_recorded_still_reads() -> None:
+    assert hostchanges.HostState.from_json({"sysctls": {}, "chains": {}}).ipsets == []
+
+
+def test_undo_destroys_the_ipsets_the_node_made_and_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """kube-router's sets go after its chains (a set a rule uses cannot be destroyed); one there before stays."""
+    now = ["KUBE-DST-NEW", "KUBE-SRC-OLD"]
+    calls: list[list[str]] = []
+
+    def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+        calls.append(command)
+        if command[:2] == ["ipset", "destroy"]:
+            now.remove(command[2])
+        return subprocess.CompletedProcess(command, 0, stdout="")
+
+    for name, value in {"_mounts": [], "_our_chains": {}, "_links": [], "_our_cgroups": []}.items():
+        monkeypatch.setattr(hostchanges, name, lambda *args, value=value: value)
+    monkeypatch.setattr(hostchanges, "_ipsets", lambda: sorted(now))
+    monkeypatch.setattr(hostchanges, "_read_sysctl", lambda name: None)
+    monkeypatch.setattr(hostchanges.subprocess, "run", run)
+    monkeypatch.setattr(hostchanges, "FIXED_DIRS", ())
+    left = hostchanges.undo(hostchanges.HostState(ipsets=["KUBE-SRC-OLD"]))
+    assert calls == [["ipset", "destroy", "KUBE-DST-NEW"]] and left == [] and now == ["KUBE-SRC-OLD"]
