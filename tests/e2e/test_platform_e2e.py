@@ -11,6 +11,7 @@ import hashlib
 import json
 import re
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -1158,6 +1159,128 @@ def _adapt_in_the_cuda_image(platform: Platform, image: str) -> None:
     finally:
         platform.kubectl("delete", "pod", "adapt-in-cuda-image", "-n", WORKLOAD_NAMESPACE, "--wait=false",
                          check=False)  # fmt: skip
+
+
+FENCED = "fenced"  # the policy adapted and served under the chart's NetworkPolicies
+CLIENTS, OTHERS = "np-clients", "np-others"  # a namespace networkPolicy.servingClients lists, and one it does not
+
+# Opens a TCP connection from inside a pod: OPEN, or BLOCKED when it is refused (kube-router rejects what a policy
+# denies) or unanswered for 3 s (a plugin that drops it). A refusal is also what a port nobody listens on gives, so
+# every BLOCKED below has an OPEN beside it: the same address and port, from a peer the policies allow.
+_CONNECT = """import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close(); print("OPEN")
+except (TimeoutError, ConnectionRefusedError): print("BLOCKED")
+except OSError as e: print("ERROR", e)"""
+
+
+def _connect(platform: Platform, namespace: str, pod: str, container: str, host: str, port: int) -> str:
+    result = platform.kubectl(
+        "exec", "-n", namespace, pod, "-c", container, "--",
+        "/opt/metainfer/bin/python3", "-c", _CONNECT, host, str(port), check=False,
+    )  # fmt: skip
+    return (result.stdout.strip().splitlines() or [f"exec failed: {result.stderr.strip()[-300:]}"])[-1]
+
+
+def _probe_pod(platform: Platform, namespace: str) -> str:
+    """A pod of the release's image that only sleeps, in ``namespace``: the client whose connections are probed."""
+    platform.kubectl("create", "namespace", namespace)
+    platform.pull_secret(namespace)
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "probe", "namespace": namespace},
+        "spec": {
+            "imagePullSecrets": [{"name": PULL_SECRET}],
+            "terminationGracePeriodSeconds": 0,
+            "containers": [{"name": "probe", "image": platform.image_ref, "command": ["sleep", "3600"],
+                            "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}}}],
+        },
+    }  # fmt: skip
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
+    platform.kubectl("wait", "--for=condition=Ready", "pod/probe", "-n", namespace, "--timeout=120s")
+    return "probe"
+
+
+def test_the_charts_network_policies_are_enforced_on_the_node(platform: Platform, digits_example: ExampleModel) -> None:
+    """networkPolicy.enabled on a node that enforces NetworkPolicy (kube-router's firewall; hack/controlplane/
+    netpol.py): a policy is still adapted by its Job and served (operator and Job reach the API server, the
+    serving pod its model); a namespace servingClients lists reaches the serving port and another does not; a
+    serving pod reaches the model store's port but not the API server on the same address, nor the operator; the
+    operator reaches the API server but no serving pod. With the value off again, the other namespace gets in."""
+    platform.kubectl("delete", "adaptationpolicies", "--all", "-n", WORKLOAD_NAMESPACE, "--wait", "--timeout=5m")
+    # The policies match the API server after kube-proxy's DNAT: its real address, as docs/helm.md says to list.
+    (subset,) = platform.get("endpoints", "kubernetes", "-n", "default")["subsets"]
+    api_ip, api_port = subset["addresses"][0]["ip"], subset["ports"][0]["port"]
+    store = platform.plane.object_store
+    assert store is not None
+    store_address = urllib.parse.urlsplit(store.endpoint)
+    assert store_address.hostname == api_ip  # both on the node's address: only the port tells them apart
+    model_store = [{"to": [{"ipBlock": {"cidr": f"{api_ip}/32"}}], "ports": [{"port": store_address.port}]}]
+    clients = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": CLIENTS}}}]
+    network = {"enabled": True, "apiServer": {"cidrs": [f"{api_ip}/32"], "ports": [api_port]},
+               "modelStore": model_store, "servingClients": clients}  # fmt: skip
+    platform.helm(
+        "upgrade", "metainfer", *platform.chart_args(), "-n", RELEASE_NAMESPACE, "--reuse-values",
+        "--set-json", f"networkPolicy={json.dumps(network)}", "--wait", "--timeout", "4m",
+    )  # fmt: skip
+    assert len(platform.get("networkpolicies", "-A", "-l", "app.kubernetes.io/instance=metainfer")["items"]) == 3
+    client, other = _probe_pod(platform, CLIENTS), _probe_pod(platform, OTHERS)
+
+    platform.kubectl(
+        "create", "configmap", "fenced-model", "-n", WORKLOAD_NAMESPACE,
+        f"--from-file=model.onnx={digits_example.model_path}",
+    )  # fmt: skip
+    policy = digits_policy(digits_example.sha256)
+    policy["metadata"]["name"] = FENCED
+    policy["spec"]["model"]["uri"] = "configmap://fenced-model/model.onnx"
+    policy["spec"]["search"]["trialBudget"] = 3
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(policy))
+    fenced = f"app.kubernetes.io/component=serving,metainfer.io/policy={FENCED}"
+    (serving,) = platform.wait("the fenced policy's serving pod", lambda: ready_serving_pods(platform, fenced), 600, 3)
+    serving_ip, serving_pod = serving["status"]["podIP"], serving["metadata"]["name"]
+    (operator,) = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
+    operator_ip = operator["status"]["podIP"]
+
+    seen = {
+        "listed client -> serving http": _connect(platform, CLIENTS, client, "probe", serving_ip, 8080),
+        "other namespace -> serving http": _connect(platform, OTHERS, other, "probe", serving_ip, 8080),
+        "serving -> model store": _connect(
+            platform, WORKLOAD_NAMESPACE, serving_pod, "server", api_ip, int(store_address.port or 443)
+        ),
+        "serving -> API server": _connect(platform, WORKLOAD_NAMESPACE, serving_pod, "server", api_ip, api_port),
+        "serving -> operator health": _connect(platform, WORKLOAD_NAMESPACE, serving_pod, "server", operator_ip, 8080),
+        "listed client -> operator health": _connect(platform, CLIENTS, client, "probe", operator_ip, 8080),
+        "operator -> API server": _connect(
+            platform, RELEASE_NAMESPACE, operator["metadata"]["name"], "operator", api_ip, api_port
+        ),
+        "operator -> serving http": _connect(
+            platform, RELEASE_NAMESPACE, operator["metadata"]["name"], "operator", serving_ip, 8080
+        ),
+    }
+    platform.log(f"under the chart's NetworkPolicies: {seen}")
+    assert seen == {
+        "listed client -> serving http": "OPEN",
+        "other namespace -> serving http": "BLOCKED",
+        "serving -> model store": "OPEN",
+        "serving -> API server": "BLOCKED",
+        "serving -> operator health": "BLOCKED",
+        "listed client -> operator health": "OPEN",  # anyone on health: the kubelet's probes
+        "operator -> API server": "OPEN",
+        "operator -> serving http": "BLOCKED",
+    }, seen
+
+    platform.helm(
+        "upgrade", "metainfer", *platform.chart_args(), "-n", RELEASE_NAMESPACE, "--reuse-values",
+        "--set", "networkPolicy.enabled=false", "--wait", "--timeout", "4m",
+    )  # fmt: skip
+    platform.wait(
+        "the other namespace to reach the serving port once the policies are gone",
+        lambda: _connect(platform, OTHERS, other, "probe", serving_ip, 8080) == "OPEN",
+        60,
+        2,
+    )
+    platform.kubectl("delete", "namespace", CLIENTS, OTHERS, "--wait=false")
 
 
 def test_policies_first_then_helm_uninstall_leaves_nothing_behind(platform: Platform) -> None:
