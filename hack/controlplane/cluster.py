@@ -124,8 +124,10 @@ def start(
         shutil.rmtree(root / leftover, ignore_errors=True)
     popens: dict[str, subprocess.Popen[bytes]] = {}
     state = _State(root)
+    kube_router: Path | None = None
     if node:
         node_mod.require_host()
+        kube_router = netpol.provide(log)  # a Go build on a cold cache: before anything starts or the host changes
         root.mkdir(parents=True, exist_ok=True)
         state.host = hostchanges.snapshot((root.resolve(),)).to_json()
         state.save()  # before touching the host: `down` undoes exactly what differs from this
@@ -133,8 +135,8 @@ def start(
         plane = _start(
             root, assets, log, controller_manager, timeout_s, die_with_parent, crd_documents, audit, popens, state, node
         )
-        if node:
-            _start_node(plane, assets, log, die_with_parent, popens, state, node_labels or {}, timeout_s)
+        if kube_router is not None:
+            _start_node(plane, assets, kube_router, log, die_with_parent, popens, state, node_labels or {}, timeout_s)
         return plane
     except BaseException:
         stop(root, popens=popens, remove=False)
@@ -278,8 +280,8 @@ def _launcher(
 NODE_IDENTITIES: pki_mod.NodeIdentities = {
     "kubelet": (f"system:node:{node_mod.NODE_NAME}", "system:nodes"),
     "kube-proxy": ("system:kube-proxy", None),
-    # kube-router reads pods, namespaces, NetworkPolicies and its node; no built-in role grants that, and this is
-    # a development cluster's own component, as trusted as kube-proxy.
+    # kube-router reads pods, namespaces, NetworkPolicies and its node; no built-in role grants that, and it is a
+    # development cluster's own host process (root on the node already), so it gets the admin group.
     "kube-router": ("system:kube-router", "system:masters"),
     "kube-scheduler": ("system:kube-scheduler", None),
     "kube-controller-manager": ("system:kube-controller-manager", None),
@@ -322,6 +324,7 @@ def _component_kubeconfig(root: Path, server: str, certs: pki_mod.Pki, component
 def _start_node(
     plane: ControlPlane,
     assets: Assets,
+    kube_router: Path,
     log: Log,
     die_with_parent: bool,
     popens: dict[str, subprocess.Popen[bytes]],
@@ -378,14 +381,16 @@ def _start_node(
     )
     launch("kube-proxy", assets.node_binary("kube-proxy"), node_mod.kube_proxy_args(paths))
     _wait(lambda: _node_ready(plane), f"node {node_mod.NODE_NAME} Ready", popens, logs, deadline)
-    # kube-router exits when its Node object does not exist yet: it starts once the kubelet registered it.
+    # kube-router exits when its Node object does not exist yet: it starts once the node is Ready. `up` returns
+    # only after its first sync, so a NetworkPolicy applied next is enforced, not silently ignored.
     launch(
         "kube-router",
-        netpol.provide(log),
+        kube_router,
         netpol.args(
             _component_kubeconfig(root, plane.server, certs, "kube-router"), node_mod.NODE_NAME, node_mod.SERVICE_SUBNET
         ),
     )
+    _wait(netpol.synced, "kube-router's first sync of the NetworkPolicy firewall", popens, logs, deadline)
     # Pods are refused until the service-account controller made `default` in their namespace.
     _wait(
         lambda: _api_ok(plane, "/api/v1/namespaces/default/serviceaccounts/default"),

@@ -16,7 +16,7 @@ import os
 import shlex
 import shutil
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -61,14 +61,17 @@ class HostState:
     chains: dict[str, list[str]] = field(default_factory=dict)  # "iptables:nat" -> chain names of ours
     links: list[str] = field(default_factory=list)
     mounts: list[str] = field(default_factory=list)  # mount points under the watched roots
-    ipsets: list[str] = field(default_factory=list)  # kube-router's, for NetworkPolicy peers
+    # kube-router's sets, for NetworkPolicy peers; None in a state an older checkout wrote (nothing recorded, so
+    # nothing is taken for ours).
+    ipsets: list[str] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> HostState:
-        return cls(**data)
+        known = {f.name for f in fields(cls)}
+        return cls(**{key: value for key, value in data.items() if key in known})
 
 
 def snapshot(watched_roots: tuple[Path, ...] = ()) -> HostState:
@@ -99,7 +102,8 @@ def diff(before: HostState, watched_roots: tuple[Path, ...] = ()) -> list[str]:
         problems += [f"{table} chain {c} is left" for c in chains if c not in before.chains.get(table, [])]
     problems += [f"network link {link} is left" for link in now.links if link not in before.links]
     problems += [f"mount {m} is left" for m in now.mounts if m not in before.mounts]
-    problems += [f"ipset {s} is left" for s in now.ipsets if s not in before.ipsets]
+    if before.ipsets is not None:
+        problems += [f"ipset {s} is left" for s in now.ipsets or [] if s not in before.ipsets]
     return problems
 
 
@@ -110,7 +114,7 @@ def undo(before: HostState, watched_roots: tuple[Path, ...] = ()) -> list[str]:
             subprocess.run(["umount", "-l", mount], capture_output=True, check=False)
     for table, chains in _our_chains().items():
         _remove_chains(table, [c for c in chains if c not in before.chains.get(table, [])])
-    for name in _ipsets():  # after the chains: a set a rule still uses cannot be destroyed
+    for name in _ipsets() if before.ipsets is not None else []:  # after the chains: a set in use cannot go
         if name not in before.ipsets:
             subprocess.run(["ipset", "destroy", name], capture_output=True, check=False)
     for link in _links():

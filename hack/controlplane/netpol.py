@@ -14,6 +14,7 @@ removes both.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -32,6 +33,12 @@ KUBE_ROUTER = assets.GoBinary(
 def provide(log: assets.Log = print) -> Path:
     """The kube-router binary: ``METAINFER_KUBE_ROUTER_BIN``, the cache, or a fresh Go build into the cache."""
     return assets.provide_go_binary(KUBE_ROUTER, "METAINFER_KUBE_ROUTER_BIN", log)
+
+
+def synced() -> bool:
+    """Whether kube-router has written its chains (its first sync: the jump every forwarded packet takes)."""
+    result = subprocess.run(["iptables", "-w", "-S", "KUBE-ROUTER-FORWARD"], capture_output=True, check=False)
+    return result.returncode == 0
 
 
 def args(kubeconfig: Path, node_name: str, service_subnet: str) -> list[str]:

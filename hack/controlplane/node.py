@@ -152,12 +152,16 @@ def setup_network() -> None:
         _run(["ip", "addr", "add", f"{NODE_IP}/{prefix}", "dev", BRIDGE])
     _run(["ip", "link", "set", BRIDGE, "up"])
     Path("/proc/sys/net/ipv4/ip_forward").write_text("1\n")
+    # Isolation in mangle FORWARD, which every forwarded packet passes before filter FORWARD: there kube-proxy and
+    # kube-router insert their jumps above ours, and kube-router ends its chain with an ACCEPT of every packet no
+    # NetworkPolicy denies, which would let a pod's packet to a Service address nothing serves out of the host.
+    mangle = ["iptables", "-w", "-t", "mangle"]
+    if subprocess.run([*mangle, "-S", ISOLATION_CHAIN], capture_output=True).returncode != 0:
+        _run([*mangle, "-N", ISOLATION_CHAIN])
+        _run([*mangle, "-A", ISOLATION_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP"])
+        _run([*mangle, "-A", ISOLATION_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP"])
+        _run([*mangle, "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN])
     base = ["iptables", "-w", "-t", "filter"]
-    if subprocess.run([*base, "-S", ISOLATION_CHAIN], capture_output=True).returncode != 0:
-        _run([*base, "-N", ISOLATION_CHAIN])
-        _run([*base, "-A", ISOLATION_CHAIN, "-i", BRIDGE, "!", "-o", BRIDGE, "-j", "DROP"])
-        _run([*base, "-A", ISOLATION_CHAIN, "-o", BRIDGE, "!", "-i", BRIDGE, "-j", "DROP"])
-        _run([*base, "-I", "FORWARD", "1", "-j", ISOLATION_CHAIN])
     # A deleted Service's cluster IP is a trap: once kube-proxy has removed its rules, a request the host still
     # sends there would follow the default route off the machine. filter OUTPUT runs after kube-proxy's nat
     # OUTPUT, which has already rewritten live Services to pod addresses, so only addresses no Service answers

@@ -64,6 +64,20 @@ def _a_service_address_nothing_serves_is_refused_on_the_host() -> None:
     assert time.monotonic() - started < 2, "refused by the host's rule, not after a timeout"
 
 
+def _pods_packets_off_the_bridge_are_dropped_before_any_accept() -> None:
+    """A pod's packet to a Service address nothing serves must not leave the host either. kube-proxy and kube-router
+    put their jumps first in filter FORWARD, and kube-router's chain ends in an ACCEPT of every packet no
+    NetworkPolicy denies (a pod's too): the isolation is the first rule of mangle FORWARD, which runs before them."""
+    mangle = ["iptables", "-w", "-t", "mangle", "-S"]
+    forward = subprocess.run([*mangle, "FORWARD"], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert forward[1:2] == [f"-A FORWARD -j {node_mod.ISOLATION_CHAIN}"], forward
+    chain = subprocess.run([*mangle, node_mod.ISOLATION_CHAIN], capture_output=True, text=True, check=True).stdout
+    assert f"-i {node_mod.BRIDGE} ! -o {node_mod.BRIDGE} -j DROP" in chain, chain
+    assert f"! -i {node_mod.BRIDGE} -o {node_mod.BRIDGE} -j DROP" in chain, chain
+    kube_router = subprocess.run(["iptables", "-w", "-S", "FORWARD"], capture_output=True, text=True).stdout
+    assert "-j KUBE-ROUTER-FORWARD" in kube_router, "kube-router's firewall runs: the order above is what it meets"
+
+
 def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: Path) -> None:
     """Through the CLI, as `make cluster-up` runs it as root: a node by default."""
     require_root()
@@ -111,6 +125,7 @@ def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: P
         assert str(status["podIP"]).startswith(node_mod.POD_SUBNET.rsplit(".", 2)[0])
         assert hostchanges.diff(before, (root.resolve(),)), "a running node should show as host changes"
         _a_service_address_nothing_serves_is_refused_on_the_host()
+        _pods_packets_off_the_bridge_are_dropped_before_any_accept()
         with pytest.raises(ControlPlaneError, match="already runs"):  # one node per machine
             node_mod.require_host()
     finally:

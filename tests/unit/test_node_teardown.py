@@ -113,26 +113,47 @@ def test_the_ipsets_recorded_are_kube_routers_only(monkeypatch: pytest.MonkeyPat
     assert hostchanges._ipsets() == ["KUBE-DST-AB12", "kube-router-x"]
 
 
-def test_a_state_written_before_ipsets_were_recorded_still_reads() -> None:
-    assert hostchanges.HostState.from_json({"sysctls": {}, "chains": {}}).ipsets == []
+def test_a_state_another_checkout_wrote_still_reads() -> None:
+    """An older one recorded no ipsets (so none is taken for ours); a newer one's unknown fields are skipped."""
+    assert hostchanges.HostState.from_json({"sysctls": {}, "chains": {}}).ipsets is None
+    assert hostchanges.HostState.from_json({"links": ["lo"], "recorded_later": 1}).links == ["lo"]
 
 
-def test_undo_destroys_the_ipsets_the_node_made_and_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
-    """kube-router's sets go after its chains (a set a rule uses cannot be destroyed); one there before stays."""
-    now = ["KUBE-DST-NEW", "KUBE-SRC-OLD"]
+def _undo_with(monkeypatch: pytest.MonkeyPatch, before: hostchanges.HostState, sets: list[str]) -> list[list[str]]:
+    """undo() over a host with one KUBE-ROUTER-FORWARD chain of ours and ``sets``; the commands it ran."""
+    chains = ["KUBE-ROUTER-FORWARD"]
     calls: list[list[str]] = []
 
     def run(command: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
         calls.append(command)
         if command[:2] == ["ipset", "destroy"]:
-            now.remove(command[2])
+            sets.remove(command[2])
+        if "-X" in command:
+            chains.remove(command[-1])
         return subprocess.CompletedProcess(command, 0, stdout="")
 
-    for name, value in {"_mounts": [], "_our_chains": {}, "_links": [], "_our_cgroups": []}.items():
+    for name, value in {"_mounts": [], "_links": [], "_our_cgroups": []}.items():
         monkeypatch.setattr(hostchanges, name, lambda *args, value=value: value)
-    monkeypatch.setattr(hostchanges, "_ipsets", lambda: sorted(now))
+    monkeypatch.setattr(hostchanges, "_our_chains", lambda: {"iptables:filter": list(chains)})
+    monkeypatch.setattr(hostchanges, "_ipsets", lambda: sorted(sets))
     monkeypatch.setattr(hostchanges, "_read_sysctl", lambda name: None)
     monkeypatch.setattr(hostchanges.subprocess, "run", run)
     monkeypatch.setattr(hostchanges, "FIXED_DIRS", ())
-    left = hostchanges.undo(hostchanges.HostState(ipsets=["KUBE-SRC-OLD"]))
-    assert calls == [["ipset", "destroy", "KUBE-DST-NEW"]] and left == [] and now == ["KUBE-SRC-OLD"]
+    assert hostchanges.undo(before) == []
+    return calls
+
+
+def test_undo_destroys_the_ipsets_the_node_made_after_its_chains_and_no_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set a rule still uses cannot be destroyed: kube-router's chains go first; a set there before stays."""
+    sets = ["KUBE-DST-NEW", "KUBE-SRC-OLD"]
+    calls = _undo_with(monkeypatch, hostchanges.HostState(chains={}, ipsets=["KUBE-SRC-OLD"]), sets)
+    destroyed = [c for c in calls if c[:2] == ["ipset", "destroy"]]
+    assert destroyed == [["ipset", "destroy", "KUBE-DST-NEW"]] and sets == ["KUBE-SRC-OLD"]
+    chain_gone = next(i for i, c in enumerate(calls) if "-X" in c)
+    assert chain_gone < calls.index(destroyed[0]), calls
+
+
+def test_undo_of_a_state_without_ipsets_destroys_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    sets = ["KUBE-DST-SOMEONES"]
+    calls = _undo_with(monkeypatch, hostchanges.HostState(chains={}), sets)
+    assert not [c for c in calls if c[:1] == ["ipset"]] and sets == ["KUBE-DST-SOMEONES"]
