@@ -29,7 +29,16 @@ def _size(directory: Path) -> int:
 def trim(log: assets.Log = print) -> int:
     """Remove GOCACHE and GOMODCACHE under the metainfer cache; returns the bytes freed.
 
-    The pause image is built first: it is the one Go build the node makes on its first start, after `make assets`."""
+    The pause image is built first: it is the one Go build the node makes on its first start, after `make assets`.
+    `make test` runs `make assets` in both of its lanes, so two trims can meet: one at a time, and the second finds
+    nothing to drop."""
+    root = assets.cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    with assets.lock(root / "go-trim.lock"):
+        return _trim_unlocked(log)
+
+
+def _trim_unlocked(log: assets.Log) -> int:
     pause.archive(log)
     env = assets.go_env()
     caches = [Path(env["GOCACHE"]), Path(env["GOMODCACHE"])]

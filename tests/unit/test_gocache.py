@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
 
-from hack.controlplane import gocache, pause
+from hack.controlplane import assets, gocache, pause
 
 
 def test_both_go_caches_are_dropped_after_the_pause_image_is_built(
@@ -30,3 +31,18 @@ def test_both_go_caches_are_dropped_after_the_pause_image_is_built(
     assert not (tmp_path / "go" / "build").exists() and not (tmp_path / "go" / "mod").exists()
     assert binary.read_bytes() == b"elf"  # the tools themselves stay
     assert gocache.trim(lambda message: order.append(message)) == 0 and order[2:] == ["pause"]  # nothing to say
+
+
+def test_a_trim_waits_for_one_already_running(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both lanes of `make test` run `make assets`: the second trim must not drop the caches under the first."""
+    monkeypatch.setenv("METAINFER_CACHE", str(tmp_path))
+    calls: list[str] = []
+    monkeypatch.setattr(pause, "archive", lambda log: calls.append("pause") or tmp_path / "pause.tar")
+    monkeypatch.setattr(gocache.shutil, "which", lambda name: None)
+    with assets.lock(tmp_path / "go-trim.lock"):
+        trimming = threading.Thread(target=gocache.trim, args=(lambda message: None,))
+        trimming.start()
+        trimming.join(timeout=0.5)
+        assert trimming.is_alive() and calls == []  # held back while the other trim runs
+    trimming.join(timeout=10)
+    assert not trimming.is_alive() and calls == ["pause"]
