@@ -88,6 +88,9 @@ class GoBinary:
     # The module's own replace directives (old path, "new path version"): Go ignores a dependency's, so a module
     # that needs them to build (SeaweedFS) names them here and the wrapper module applies them.
     module_replaces: tuple[tuple[str, str], ...] = ()
+    # Go build tags (`go build -tags`): a module that can leave out what we never run (Prometheus' service
+    # discoveries beside Kubernetes') compiles less.
+    tags: tuple[str, ...] = ()
 
 
 def cache_root() -> Path:
@@ -181,7 +184,7 @@ def build(binary: GoBinary, directory: Path, log: Log = print) -> Path:
         try:
             _run_step(
                 "compile",
-                [go, "build", "-ldflags", binary.ldflags, "-o", str(tmp), binary.package],
+                [go, "build", *_tags_args(binary.tags), "-ldflags", binary.ldflags, "-o", str(tmp), binary.package],
                 work,
                 env,
                 out,
@@ -192,6 +195,10 @@ def build(binary: GoBinary, directory: Path, log: Log = print) -> Path:
             tmp.unlink(missing_ok=True)
     log(f"built {target} in {time.monotonic() - started:.0f}s")
     return target
+
+
+def _tags_args(tags: tuple[str, ...]) -> list[str]:
+    return ["-tags", ",".join(tags)] if tags else []
 
 
 def go_env() -> dict[str, str]:
