@@ -175,7 +175,7 @@ def test_sigkill_between_steps_never_duplicates(
         wait_for("Ready policy", lambda: ready_status(policy(api, namespace, "digits")), timeout=30)
         op.kill()
         op.start()
-        wait_for("the restarted operator to reconcile", lambda: "Handler" in op.output() or op.output(), timeout=10)
+        wait_for("the restarted operator to reconcile", lambda: "Handler" in op.output() or op.output(), timeout=60)
     assert len(runs(api, namespace)) == 2 and len(jobs(api, namespace)) == 2 and len(deployments(api, namespace)) == 2
 
 
@@ -510,7 +510,7 @@ def test_a_finished_run_frees_its_slot_in_a_long_running_operator(
             wait_for(f"the batch-{batch} run's Job", lambda b=batch: any(
                 r["spec"]["batchSize"] == b and r["metadata"]["name"] in {j.metadata.name for j in jobs(api, namespace)}
                 for r in runs(api, namespace)
-            ), timeout=30)  # fmt: skip
+            ), timeout=120)  # fmt: skip
             assert run_all_pending(control_plane, namespace), f"the batch-{batch} run ran"
         phases = sorted((r["spec"]["batchSize"], r["status"]["phase"]) for r in runs(api, namespace))
         assert phases == [(4, "Succeeded"), (8, "Succeeded"), (16, "Succeeded")], phases
