@@ -72,6 +72,11 @@ def _run_names(platform: Platform) -> list[str]:
     return sorted(r["metadata"]["name"] for r in platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE)["items"])
 
 
+def _run_reasons(platform: Platform) -> dict[str, str]:
+    runs = platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE)["items"]
+    return {r["metadata"]["name"]: r["spec"].get("reason", "") for r in runs}
+
+
 def test_upgrading_from_the_previous_chart_costs_a_serving_policy_no_request(
     previous_release: Platform, tmp_path: Path
 ) -> None:
@@ -84,6 +89,10 @@ def test_upgrading_from_the_previous_chart_costs_a_serving_policy_no_request(
         "create", "configmap", "digits-model", "-n", WORKLOAD_NAMESPACE, f"--from-file=model.onnx={model}"
     )  # fmt: skip
     policy = digits_policy(hashlib.sha256(model.read_bytes()).hexdigest())
+    # What this test judges is what the upgrade redoes. A starved CI machine (both lanes busy while this module runs
+    # first) can push the digits p95 past its 40 ms SLO: a genuine latency drift, whose run then looked like the
+    # upgrade's (seen once in CI). Drift has its own e2e test; here the policy does not watch for it.
+    policy["spec"]["readaptation"] = {"enabled": False}
     platform.kubectl("apply", "-f", "-", stdin=json.dumps(policy))
     served = platform.wait(
         "a Ready serving pod under the previous chart", lambda: ready_serving_pods(platform, SERVING), 600, 2
@@ -124,7 +133,7 @@ def test_upgrading_from_the_previous_chart_costs_a_serving_policy_no_request(
         assert annotations.get("meta.helm.sh/release-name") == "metainfer", crd["metadata"]["name"]
         assert annotations.get("helm.sh/resource-policy") == "keep", crd["metadata"]["name"]
     # Nothing the policy had was redone: same runs, the same serving pods, still Ready.
-    assert _run_names(platform) == runs_before
+    assert _run_names(platform) == runs_before, _run_reasons(platform)
     assert sorted(p["metadata"]["uid"] for p in ready_serving_pods(platform, SERVING)) == pods_before
     policy = platform.get("adaptationpolicy", DIGITS_POLICY, "-n", WORKLOAD_NAMESPACE)
     ready = next(c for c in policy["status"]["conditions"] if c["type"] == "Ready")
