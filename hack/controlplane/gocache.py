@@ -30,8 +30,8 @@ def trim(log: assets.Log = print) -> int:
     """Remove GOCACHE and GOMODCACHE under the metainfer cache; returns the bytes freed.
 
     The pause image is built first: it is the one Go build the node makes on its first start, after `make assets`.
-    `make test` runs `make assets` in both of its lanes, so two trims can meet: one at a time, and the second finds
-    nothing to drop."""
+    Two `make assets` at once (a developer's beside a test run's) can both reach the trim: one at a time, and the
+    second finds nothing to drop."""
     root = assets.cache_root()
     root.mkdir(parents=True, exist_ok=True)
     with assets.lock(root / "go-trim.lock"):
