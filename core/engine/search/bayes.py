@@ -114,8 +114,17 @@ class BayesSearcher(Searcher):
         estimator: Any = self.base_estimator
         if estimator == "ET":  # skopt's default forest (100 trees) costs ~0.3 s per ask; 32 suffice here
             estimator = ExtraTreesRegressor(n_estimators=32, min_samples_leaf=2, random_state=random_state)
+        # skopt's tell also samples n_points (default 10,000) of the whole product and scores them to choose its own
+        # next point, which we never ask for: we score our allowed candidates instead. One point keeps that
+        # discarded work from being three quarters of every ask; the fit, and so every proposal, is unchanged.
         return Optimizer(
-            dims, base_estimator=estimator, n_initial_points=0, acq_func=self.acq_func, random_state=random_state
+            dims,
+            base_estimator=estimator,
+            n_initial_points=0,
+            acq_func=self.acq_func,
+            acq_optimizer="sampling",
+            acq_optimizer_kwargs={"n_points": 1},
+            random_state=random_state,
         )
 
     def acquire_pool(self, m: int, rng: np.random.Generator, exclude: set[Key]) -> list[tuple[Key, float]]:
