@@ -8,6 +8,11 @@ CACHE := $(HOME)/.cache/metainfer
 export PIP_CACHE_DIR ?= $(CACHE)/pip
 export UV_CACHE_DIR ?= $(CACHE)/uv
 export PYTHONSAFEPATH := 1
+# Every tool and test here is a Python process importing numpy, scipy, scikit-learn, ONNX Runtime, kopf...: without
+# bytecode on disk each one compiles those modules again, 10-13 s of CPU to import the operator and the pipeline
+# against 4-6 s with it. uv installs without bytecode, and a shell with PYTHONDONTWRITEBYTECODE set (some CI and
+# container shells) would keep Python from ever writing it; so what make runs writes it, once, beside the sources.
+unexport PYTHONDONTWRITEBYTECODE
 DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
@@ -82,14 +87,16 @@ bench-olive: bench-deps
 
 # import-linter and mypy cannot follow the editable package-dir map, so they read
 # a tree of symlinks that mirrors the installed layout (metainfer/core -> core/ ...).
-# mypy is strict on all three packages; each ignore in them says why on its line.
+# mypy is strict on all three packages; each ignore in them says why on its line. Its cache lives under
+# ~/.cache/metainfer, not in the clone: mypy revalidates each entry by the file's hash, so a fresh clone checks
+# in 2-3 s what takes 40 s from nothing.
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	mkdir -p build/lint/metainfer
 	for d in core agent operator; do ln -sfn ../../../$$d build/lint/metainfer/$$d; done
 	PYTHONPATH=build/lint $(BIN)/lint-imports
-	cd build/lint && ../../$(BIN)/mypy --config-file ../../pyproject.toml --strict -p metainfer.core -p metainfer.agent -p metainfer.operator
+	cd build/lint && ../../$(BIN)/mypy --config-file ../../pyproject.toml --cache-dir $(CACHE)/mypy --strict -p metainfer.core -p metainfer.agent -p metainfer.operator
 
 
 # A pinned helm (METAINFER_HELM if set, else built with Go and cached).
