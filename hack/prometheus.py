@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hack.controlplane import apt
+from hack.controlplane import apt, assets
 from hack.controlplane.errors import ControlPlaneError
 from hack.controlplane.processes import free_port, stop_child
 
@@ -75,12 +75,13 @@ def find_binary(log: Log = lambda _: None, install: bool = True) -> Path:
 # built from the Go module proxy (Prometheus v3.16 is module version v0.316.0) and cached. Prometheus' own build
 # tags leave out every other service discovery (the cloud SDKs behind AWS, Azure, GCE, OCI... were most of the
 # longest Go build of a cold `make test`); static and file discovery are part of its core and stay.
-KUBERNETES_SD_BUILD = (
-    "github.com/prometheus/prometheus",
-    "v0.316.0",
-    "github.com/prometheus/prometheus/cmd/prometheus",
+KUBERNETES_SD_BINARY = assets.GoBinary(
+    name="prometheus",
+    module="github.com/prometheus/prometheus",
+    version="v0.316.0",
+    package="github.com/prometheus/prometheus/cmd/prometheus",
+    tags=("remove_all_sd", "enable_kubernetes_sd"),
 )
-KUBERNETES_SD_TAGS = ("remove_all_sd", "enable_kubernetes_sd")
 
 
 def find_binary_with_kubernetes_sd(log: Log = lambda _: None) -> Path:
@@ -90,9 +91,7 @@ def find_binary_with_kubernetes_sd(log: Log = lambda _: None) -> Path:
         if not os.access(explicit, os.X_OK):
             raise PrometheusUnavailable(f"METAINFER_PROMETHEUS_K8S_BIN={explicit} is not an executable file")
         return Path(explicit)
-    from hack.controlplane import assets
-
-    module, version, package = KUBERNETES_SD_BUILD
+    version = KUBERNETES_SD_BINARY.version
     directory = assets.cache_root() / "assets" / f"prometheus-{version}"
     binary = directory / "prometheus"
     if binary.is_file() and os.access(binary, os.X_OK):
@@ -100,8 +99,7 @@ def find_binary_with_kubernetes_sd(log: Log = lambda _: None) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     with assets.lock(directory.parent / f"prometheus-{version}.lock"):
         if not binary.is_file():
-            binary_spec = assets.GoBinary("prometheus", module, version, package, tags=KUBERNETES_SD_TAGS)
-            assets.build(binary_spec, directory, log)
+            assets.build(KUBERNETES_SD_BINARY, directory, log)
     return binary
 
 

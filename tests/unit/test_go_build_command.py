@@ -28,11 +28,10 @@ def _recorded_compile(binary: assets.GoBinary, tmp_path: Path, monkeypatch: pyte
 
 
 def test_prometheus_is_built_with_kubernetes_discovery_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    module, version, package = prometheus.KUBERNETES_SD_BUILD
-    binary = assets.GoBinary("prometheus", module, version, package, tags=prometheus.KUBERNETES_SD_TAGS)
+    binary = prometheus.KUBERNETES_SD_BINARY
     command = _recorded_compile(binary, tmp_path, monkeypatch)
     assert command[command.index("-tags") + 1] == "remove_all_sd,enable_kubernetes_sd"
-    assert command[-1] == package
+    assert command[-1] == binary.package == "github.com/prometheus/prometheus/cmd/prometheus"
 
 
 def test_a_binary_without_tags_gets_no_tags_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
