@@ -160,3 +160,9 @@ def prometheus(
 def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
     """The digits example model and its data, built by code (what the serving tests serve)."""
     return build_examples(tmp_path_factory.mktemp("examples"), ["digits"])["digits"]
+
+
+@pytest.fixture(scope="module")
+def digits(example: ExampleModel) -> tuple[Path, str]:
+    """The digits example as a policy names it: its model file (``file://`` URI) and that file's sha256."""
+    return example.model_path, example.sha256

@@ -247,3 +247,18 @@ def run_pending(control_plane: Any, namespace: str) -> None:
 def job_command(job: Any) -> list[str]:
     container = job.spec.template.spec.containers[0]
     return [*(container.command or []), *(container.args or [])]
+
+
+def run_all_pending(cp: Any, namespace: str) -> list[str]:
+    """Execute the agent for every run that has a Job and no result yet; returns their names."""
+    done = []
+    for run in runs(cp.api_client, namespace):
+        if (run.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        job_names = {j.metadata.name for j in jobs(cp.api_client, namespace)}
+        if run["metadata"]["name"] not in job_names:
+            continue
+        proc = run_agent(cp.kubeconfig, namespace, run["metadata"]["name"])
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        done.append(run["metadata"]["name"])
+    return done

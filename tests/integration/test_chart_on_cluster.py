@@ -41,7 +41,6 @@ from operator_harness import policy as get_policy
 
 from hack.controlplane.errors import AssetError
 from hack.helm import HELM_VERSION, all_optional_on, provide
-from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
 from metainfer.core.api.hardwareclass import HardwareClass
 from metainfer.core.api.hardwareprofile import HardwareProfileResource, HardwareProfileSpec, profile_name
@@ -226,12 +225,6 @@ def test_rbac_grants_what_the_code_needs_and_no_more(control_plane: Any, namespa
         assert not can_i(control_plane, agent, verb, resource, "-n", namespace), f"agent may {verb} {resource}"
     assert not can_i(control_plane, agent, "get", "adaptationruns.metainfer.io", "-n", "default")
     assert not can_i(control_plane, serving, "get", "adaptationruns.metainfer.io", "-n", namespace)
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    built = build_examples(tmp_path_factory.mktemp("models"), ["digits"])["digits"]
-    return built.model_path, built.sha256
 
 
 def test_operator_loop_runs_with_the_charts_service_accounts(

@@ -23,7 +23,6 @@ from operator_harness import Nodes, apply_policy, klass, make_policy, operator_p
 from serve_harness import ServingMetrics
 
 from hack.prometheus import PrometheusServer
-from metainfer.agent.zoo import build_examples
 from metainfer.core.api import GROUP, VERSION
 
 INTERVAL_S = 5  # readaptation.checkIntervalSeconds (the API's minimum)
@@ -51,12 +50,6 @@ class FakeServing(ServingMetrics):
 def serving() -> Iterator[FakeServing]:
     with FakeServing() as fake:
         yield fake
-
-
-@pytest.fixture(scope="module")
-def digits(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    built = build_examples(tmp_path_factory.mktemp("models"), ["digits"])["digits"]
-    return built.model_path, built.sha256
 
 
 def drift_policy(namespace: str, model: Path, sha: str) -> dict[str, Any]:
