@@ -240,6 +240,28 @@ def test_every_algorithm_name_has_exactly_one_searcher() -> None:
     assert all(cls.algorithm == name for name, cls in ALGORITHMS.items())
 
 
+def test_importing_the_agent_and_the_search_loads_no_scikit_learn_until_a_searcher_needs_it() -> None:
+    """skopt, scikit-learn and scipy behind them cost 1.5-2.5 s of CPU to import: every agent Job and CLI process
+    paid that, a random search included. scikit-learn is imported where a surrogate is built, skopt where a
+    Bayesian model is first fitted."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys\n"
+        "import metainfer.agent.run, metainfer.core.engine.search, metainfer.core.control.trial_history\n"
+        "def heavy(): return sorted(m for m in sys.modules if m.split('.')[0] in ('skopt', 'sklearn', 'scipy'))\n"
+        "print(bool(heavy()))\n"
+        "from metainfer.core.engine.search import Dimension, Space, make_searcher\n"
+        "make_searcher('random', Space([Dimension('a', (1, 2))]), seed=0, budget=2).ask(1)\n"
+        "print(bool(heavy()))\n"
+        "make_searcher('hybrid', Space([Dimension('a', (1, 2))]), seed=0, budget=2)\n"
+        "print('skopt' in sys.modules, 'sklearn' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "False", "False", "True"], out
+
+
 def engine_space() -> Space:
     """Knobs named as the engine names them, so the built-in prior has opinions on them."""
     dims = [

@@ -21,17 +21,19 @@ trees beat a Hamming-kernel GP in our synthetic benchmark and fit faster.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from skopt import Optimizer
-from skopt.acquisition import _gaussian_acquisition
-from skopt.learning import ExtraTreesRegressor
-from skopt.space import Categorical
 
 from metainfer.core.engine.search.base import Searcher
 from metainfer.core.engine.search.design import diverse_keys
 from metainfer.core.engine.search.space import Key, Space
+
+# skopt is imported where a searcher first fits, not here: importing it (scikit-learn, scipy.stats and scipy.optimize
+# behind it) costs 1.5-2.5 s of CPU, and everything that imports the search package (the agent, trial history, the
+# CLI) paid that in every process, a random or grid search included.
+if TYPE_CHECKING:
+    from skopt import Optimizer
 
 _MAX_CANDIDATES = 2048
 
@@ -96,7 +98,7 @@ class BayesSearcher(Searcher):
         for _ in range(min(n, len(cands))):
             opt.tell(x, y)  # one batched tell = one fit
             xt = opt.space.transform([list(k) for k in cands])
-            acq = -_gaussian_acquisition(
+            acq = -_acquisition(
                 xt,
                 opt.models[-1],
                 y_opt=float(np.min(y)),
@@ -110,6 +112,10 @@ class BayesSearcher(Searcher):
         return out
 
     def _optimizer(self, random_state: int) -> Optimizer:
+        from skopt import Optimizer
+        from skopt.learning import ExtraTreesRegressor
+        from skopt.space import Categorical
+
         dims = [Categorical(list(range(len(d.choices))), name=d.name) for d in self.space.dimensions]
         estimator: Any = self.base_estimator
         if estimator == "ET":  # skopt's default forest (100 trees) costs ~0.3 s per ask; 32 suffice here
@@ -136,7 +142,7 @@ class BayesSearcher(Searcher):
         opt = self._optimizer(int(rng.integers(2**31)))
         opt.tell([list(k) for k in keys], list(-scores))
         xt = opt.space.transform([list(k) for k in cands])
-        acq = -_gaussian_acquisition(
+        acq = -_acquisition(
             xt,
             opt.models[-1],
             y_opt=float(np.min(-scores)),
@@ -145,3 +151,10 @@ class BayesSearcher(Searcher):
         )
         order = np.argsort(-acq, kind="stable")[:m]
         return [(cands[int(i)], float(acq[i])) for i in order]
+
+
+def _acquisition(*args: Any, **kwargs: Any) -> np.ndarray:
+    """skopt's acquisition (EI, PI or LCB) of transformed candidates under a fitted model."""
+    from skopt.acquisition import _gaussian_acquisition
+
+    return np.asarray(_gaussian_acquisition(*args, **kwargs))

@@ -22,12 +22,15 @@ engine's built-in defaults, steer the first evaluations.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression, RidgeCV
-from sklearn.preprocessing import StandardScaler
 
 from metainfer.core.engine.search.space import Key, Point, Space
+
+# scikit-learn is imported where a surrogate is built (a hybrid search), not here: for the reason skopt is (bayes.py).
+if TYPE_CHECKING:
+    from sklearn.linear_model import LogisticRegression
 
 Featurizer = Callable[[Point], np.ndarray]
 PriorMean = Callable[[Sequence[Key]], np.ndarray]
@@ -54,6 +57,9 @@ class Surrogate:
         self._fitted_on = -1
         self._log = prior is not None  # the prior is in log-score units; the first scores may say otherwise
         self._penalty = 0.0
+        from sklearn.linear_model import RidgeCV
+        from sklearn.preprocessing import StandardScaler
+
         self._scaler = StandardScaler()
         self._ridge = RidgeCV(alphas=_ALPHAS)
         self._clf: LogisticRegression | None = None
@@ -93,6 +99,8 @@ class Surrogate:
         spread = float(t.max() - t.min()) or 1.0
         self._penalty = float(t.min()) - 0.5 * spread
         if int((~ok).sum()) > 0:
+            from sklearn.linear_model import LogisticRegression
+
             self._clf = LogisticRegression(C=1.0, solver="liblinear").fit(x, ok.astype(int))
         return self
 
