@@ -163,6 +163,7 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
 
 
 @pytest.fixture(scope="module")
-def digits(example: ExampleModel) -> tuple[Path, str]:
-    """The digits example as a policy names it: its model file (``file://`` URI) and that file's sha256."""
+def digits_file(example: ExampleModel) -> tuple[Path, str]:
+    """The digits example as a policy names it: its model file (``file://`` URI) and that file's sha256. (``digits``,
+    tests/conftest.py's, is the same model loaded: bytes, ModelInfo and data.)"""
     return example.model_path, example.sha256

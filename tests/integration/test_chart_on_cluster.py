@@ -228,13 +228,13 @@ def test_rbac_grants_what_the_code_needs_and_no_more(control_plane: Any, namespa
 
 
 def test_operator_loop_runs_with_the_charts_service_accounts(
-    control_plane: Any, namespace: str, nodes: Nodes, installed: dict, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, installed: dict, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """Two classes -> two runs -> two Jobs -> agent results -> two Deployments, Ready; nothing as admin."""
     api = control_plane.api_client  # admin: only to set the scene (nodes, policy) and to observe
     nodes.add(("AVX2",))
     nodes.add(("AVX2", "AVX512VNNI"))
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file))
     with operator_process(installed["operator"], namespace, tmp_path) as op:
         wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2, timeout=90)
         for run in runs(api, namespace):
@@ -429,13 +429,13 @@ def test_platform_settings_render_objects_and_pods_that_restricted_pod_security_
 
 
 def test_the_platform_allow_lists_hold_under_the_charts_operator_account(
-    control_plane: Any, namespace: str, nodes: Nodes, installed: dict, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, installed: dict, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """A policy asking for a node directory and a foreign image gets a refusal naming both fields and nothing
     else, with the operator acting under the chart's own ServiceAccount (chart defaults: nothing allowed)."""
     api = control_plane.api_client
     nodes.add(("AVX2",))
-    body = make_policy(namespace, "digits", *digits, serving={"image": "attacker.example/miner:latest"})
+    body = make_policy(namespace, "digits", *digits_file, serving={"image": "attacker.example/miner:latest"})
     body["spec"]["model"]["volume"] = {"hostPath": "/", "mountPath": "/models"}
     apply_policy(api, body)
     with operator_process(installed["operator"], namespace, tmp_path) as op:

@@ -69,7 +69,7 @@ def test_sustained_breach_readapts_once_spike_and_missing_metrics_never(
     control_plane: Any,
     namespace: str,
     nodes: Nodes,
-    digits: tuple[Path, str],
+    digits_file: tuple[Path, str],
     serving: FakeServing,
     prometheus: Callable[[list[str]], PrometheusServer],
     tmp_path: Path,
@@ -77,7 +77,7 @@ def test_sustained_breach_readapts_once_spike_and_missing_metrics_never(
     api = control_plane.api_client
     prom = prometheus([serving.target])
     nodes.add(("AVX2",))
-    apply_policy(api, drift_policy(namespace, *digits))
+    apply_policy(api, drift_policy(namespace, *digits_file))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
         # A Ready policy: the first run, played by the agent.
         wait_for("first run", lambda: runs(api, namespace))

@@ -35,12 +35,12 @@ from metainfer.core.api.names import LABEL_POLICY
 
 
 def test_sigkill_between_steps_never_duplicates(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
     nodes.add(("AVX2",))
     nodes.add(("AVX2", "AVX512VNNI"))
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
         # Killed as soon as the first run exists: possibly before its Job, possibly before the second run.
         wait_for("a run", lambda: runs(api, namespace), interval=0.02)
@@ -62,11 +62,11 @@ def test_sigkill_between_steps_never_duplicates(
 
 
 def test_bad_model_fails_only_its_run_and_deletion_removes_children(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
     nodes.add(("AVX2",))
-    model, sha = digits
+    model, sha = digits_file
     apply_policy(api, make_policy(namespace, "good", model, sha))
     apply_policy(api, make_policy(namespace, "wrongsha", model, "0" * 64))
     corrupt = tmp_path / "corrupt.onnx"
@@ -114,7 +114,7 @@ def test_bad_model_fails_only_its_run_and_deletion_removes_children(
 
 
 def test_two_replicas_never_both_act(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
     nodes.add(("AVX2",))
@@ -126,7 +126,7 @@ def test_two_replicas_never_both_act(
         with operator_process(control_plane.kubeconfig, namespace, tmp_path / "new", peering) as new:
             # The newest replica wins; the older one pauses (its daemons stop).
             wait_for("older replica to pause", lambda: "Pausing operations" in old.output(), timeout=30)
-            apply_policy(api, make_policy(namespace, "digits", *digits))
+            apply_policy(api, make_policy(namespace, "digits", *digits_file))
             wait_for("one Job", lambda: len(jobs(api, namespace)) == 1)
             assert "created run" in new.output()
             assert "created run" not in old.output()
@@ -144,14 +144,14 @@ def test_two_replicas_never_both_act(
 
 
 def test_a_policy_with_a_name_longer_than_a_label_value_gets_ready_and_cleans_up(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """Children label their policy with a hashed value past 63 characters; the operator used to look its
     Deployments up by the raw name, so the class never got Ready and its Deployment was orphaned."""
     api = control_plane.api_client
     node = nodes.add(("AVX2",))
     name = "digits-" + "long-" * 14 + "name"  # 81 characters
-    apply_policy(api, make_policy(namespace, name, *digits))
+    apply_policy(api, make_policy(namespace, name, *digits_file))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
         wait_for("its Job", lambda: len(jobs(api, namespace)) == 1)
         run_all_pending(control_plane, namespace)
@@ -162,13 +162,13 @@ def test_a_policy_with_a_name_longer_than_a_label_value_gets_ready_and_cleans_up
 
 
 def test_a_policy_asking_for_a_host_path_or_image_the_platform_does_not_allow_gets_nothing(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """A user who may only create policies must not get, through the operator's rights, pods mounting any node
     directory or running any image: refused with a condition naming the field, and no run, Job or Deployment."""
     api = control_plane.api_client
     nodes.add(("AVX2",))
-    body = make_policy(namespace, "digits", *digits, serving={"image": "attacker.example/miner:latest"})
+    body = make_policy(namespace, "digits", *digits_file, serving={"image": "attacker.example/miner:latest"})
     body["spec"]["model"]["volume"] = {"hostPath": "/", "mountPath": "/models"}
     apply_policy(api, body)
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
@@ -187,14 +187,14 @@ def test_a_policy_asking_for_a_host_path_or_image_the_platform_does_not_allow_ge
 
 
 def test_a_namespace_deleted_while_the_operator_is_down_is_released_after_restart(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """Namespaced mode: kopf does not watch a namespace that is already Terminating when it starts, so the
     finalizer on the policy in it was never removed and the namespace stayed Terminating for good."""
     api = control_plane.api_client
     core = client.CoreV1Api(api)
     nodes.add(("AVX2",))
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
         wait_for("the policy's finalizer", lambda: policy(api, namespace, "digits")["metadata"].get("finalizers"))
         wait_for("a Job", lambda: jobs(api, namespace))
@@ -232,14 +232,14 @@ def _service(core: client.CoreV1Api, namespace: str, name: str) -> Any:
 
 
 def test_a_deleted_policy_service_comes_back_at_once_not_at_the_next_resync(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """The operator watches its Services: the policy's address, deleted by hand, is back within seconds, not at
     the next resync (5 minutes here), the only reconcile that would have recreated it before."""
     api = control_plane.api_client
     core = client.CoreV1Api(api)
     nodes.add(("AVX2",))
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file))
     env = {"METAINFER_RESYNC_SECONDS": "300"}
     with operator_process(control_plane.kubeconfig, namespace, tmp_path, env=env) as op:
         first = wait_for("the policy's Service", lambda: _service(core, namespace, "digits"), timeout=60)
@@ -256,7 +256,7 @@ def test_a_deleted_policy_service_comes_back_at_once_not_at_the_next_resync(
 
 
 def test_a_finished_run_frees_its_slot_in_a_long_running_operator(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """The in-flight index kept a run after it finished (kopf keeps an entry whose handler returns None), so a
     long-running operator counted every finished run as in flight: after the namespace's limit of runs had
@@ -264,7 +264,7 @@ def test_a_finished_run_frees_its_slot_in_a_long_running_operator(
     Found reading kopf's indexer; the e2e suite's restarts had hidden it."""
     api = control_plane.api_client
     nodes.add(("AVX2",))
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file))
     env = {"METAINFER_MAX_CONCURRENT_RUNS_PER_NAMESPACE": "1"}
     with operator_process(control_plane.kubeconfig, namespace, tmp_path, env=env):
         for batch in (4, 8, 16):  # make_policy's batch, then two changes: three runs, one at a time

@@ -36,12 +36,12 @@ from metainfer.core.api.names import LABEL_CLASS
 
 
 def test_two_classes_are_adapted_and_rolled_out(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
     avx2 = nodes.add(("AVX2",))
     vnni = nodes.add(("AVX2", "AVX512VNNI"))
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
         js = wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2 and jobs(api, namespace), timeout=60)
         assert len(runs(api, namespace)) == 2
@@ -70,13 +70,13 @@ def test_two_classes_are_adapted_and_rolled_out(
 
 
 def test_driver_label_change_makes_exactly_one_new_run(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """...and (issue 17) the new class's run starts from the trials the old class's run measured."""
     api = control_plane.api_client
     node = nodes.add(("AVX2",))
     search = {"trialBudget": 12, "algorithm": "hybrid", "timeBudgetSeconds": 120}
-    apply_policy(api, make_policy(namespace, "digits", *digits, search=search))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file, search=search))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path):
         wait_for("first Job", lambda: len(jobs(api, namespace)) == 1)
         run_all_pending(control_plane, namespace)
@@ -131,12 +131,12 @@ def _selects(api: client.ApiClient, selector: dict[str, str] | None, affinity: A
 
 
 def test_batch_change_job_failure_and_class_removal(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     api = control_plane.api_client
     nodes.add(("AVX2",))
     vnni = nodes.add(("AVX2", "AVX512VNNI"))
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path):
         wait_for("two Jobs", lambda: len(jobs(api, namespace)) == 2)
         run_all_pending(control_plane, namespace)
@@ -183,7 +183,7 @@ def test_batch_change_job_failure_and_class_removal(
 
 
 def test_nodes_whose_labels_form_no_class_never_stop_a_policy(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """Node labels are untrusted: an over-long arch value and a GPU memory label beyond int64, on nodes the policy
     does not select, used to make every policy InvalidSpec (or leave it without status). Now the policy adapts
@@ -199,7 +199,7 @@ def test_nodes_whose_labels_form_no_class_never_stop_a_policy(
     for name, labels in (strangers | mine).items():
         create_node(api, name, labels)
         nodes.names.append(name)
-    apply_policy(api, make_policy(namespace, "digits", *digits))
+    apply_policy(api, make_policy(namespace, "digits", *digits_file))
     with operator_process(control_plane.kubeconfig, namespace, tmp_path) as op:
         wait_for("one Job", lambda: len(jobs(api, namespace)) == 1, timeout=60)
         status = wait_for(
@@ -215,7 +215,7 @@ def test_nodes_whose_labels_form_no_class_never_stop_a_policy(
 
 
 def test_flapping_driver_labels_make_one_run_for_the_version_that_stays(
-    control_plane: Any, namespace: str, nodes: Nodes, digits: tuple[Path, str], tmp_path: Path
+    control_plane: Any, namespace: str, nodes: Nodes, digits_file: tuple[Path, str], tmp_path: Path
 ) -> None:
     """20 driver versions in 10 s on 5 GPU nodes made a run per passing version; now a class new to the policy
     gets its run only once its labels held still for METAINFER_CLASS_SETTLE_SECONDS."""
@@ -226,7 +226,7 @@ def test_flapping_driver_labels_make_one_run_for_the_version_that_stays(
     for name in names:
         create_node(api, name, {**gpu, "nvidia.com/cuda.driver-version.full": "535.0.0"})
     try:
-        apply_policy(api, make_policy(namespace, "digits", *digits))
+        apply_policy(api, make_policy(namespace, "digits", *digits_file))
         with operator_process(control_plane.kubeconfig, namespace, tmp_path,
                               env={"METAINFER_CLASS_SETTLE_SECONDS": "5"}) as op:  # fmt: skip
             wait_for("the first run", lambda: len(runs(api, namespace)) == 1)
