@@ -12,10 +12,13 @@ calling process, so their Popen is all it takes to stop them.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -42,11 +45,78 @@ def launch(name: str, argv: list[str], log_dir: Path, *, die_with_parent: bool =
         )
 
 
+# Kubernetes' default NodePort range: a Service of the test cluster may claim these on the host.
+NODE_PORT_RANGE = range(30000, 32768)
+# Registered services cluster below this; nothing of ours needs a port there.
+LOWEST_PORT = 10000
+# How long a port handed out stays promised to its caller before another process may take it:
+# long enough for the slowest daemon to bind, after which the listening socket itself keeps others off.
+RESERVATION_S = 600.0
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on and no other caller was just given.
+
+    A port the kernel hands out for ``bind(0)`` lies in the ephemeral range, which every
+    outgoing connection also draws its source port from: between our pick and the daemon's
+    bind, a client connection could take it (etcd then dies with "address already in use").
+    So ports come from outside that range and outside the NodePort range, at random, and each
+    is claimed by a file in the temp directory so that parallel test lanes never share one.
+    """
+    candidates = port_candidates(ephemeral_port_range())
+    rng = random.SystemRandom()
+    for _ in range(256):
+        port = rng.choice(candidates)
+        if _reserve(port) and _bindable(port):
+            return port
+    raise OSError(f"no free TCP port on 127.0.0.1 among {len(candidates)} candidates outside the ephemeral range")
+
+
+def ephemeral_port_range(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> range:
+    """The source ports the kernel gives outgoing connections (Linux's default when unreadable)."""
+    try:
+        low, high = (int(part) for part in path.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def port_candidates(ephemeral: range) -> list[int]:
+    """Ports from LOWEST_PORT up that neither the ephemeral nor the NodePort range holds."""
+    taken = (ephemeral, NODE_PORT_RANGE)
+    ports = [port for port in range(LOWEST_PORT, 65536) if not any(port in r for r in taken)]
+    if len(ports) < 1000:
+        raise OSError(
+            f"net.ipv4.ip_local_port_range {ephemeral.start} {ephemeral.stop - 1} leaves only {len(ports)} "
+            "ports for listeners; narrow it so that at least 1000 ports from 10000 up stay outside it"
+        )
+    return ports
+
+
+def _reserve(port: int, directory: Path | None = None) -> bool:
+    """Claim ``port`` for this caller unless another claimed it less than RESERVATION_S ago."""
+    directory = directory or Path(tempfile.gettempdir()) / "metainfer-ports"
+    directory.mkdir(exist_ok=True)
+    claim = directory / str(port)
+    # One lock over check-and-claim: two processes must not both find a claim stale and both renew it.
+    with (directory / ".lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if time.time() - claim.stat().st_mtime < RESERVATION_S:
+                return False
+        except FileNotFoundError:
+            pass
+        claim.touch()
+        return True
+
+
+def _bindable(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def stop_child(popen: subprocess.Popen[bytes] | None, grace_s: float = 15.0) -> None:
