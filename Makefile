@@ -140,10 +140,10 @@ demo-cluster: cluster-up
 	$(BIN)/python hack/demo_cluster.py
 
 # `make test` is what CI runs: lint and every tier of tests/ (tests/conftest.py says what each may use), in three
-# phases. First `assets`, every Go-built tool (about 26 min of Go builds on a cold cache, seconds on a warm one;
-# running lint, image, unit and exports beside them was tried and measured: the builds took 43 min instead, since
-# they already fill both cores, and the whole cold run 85 min instead of 72).
-# Then e2e on the node, the longest tier (21-23 min warm, mostly waiting on rollouts, Jobs and canary windows), beside
+# phases. First `assets`, every Go-built tool (16 to 44 min of Go builds on a cold cache, as the machine's speed
+# varies; seconds on a warm one; running lint, image, unit and exports beside them was tried and measured: the builds
+# took 43 min instead of about 26, since they already fill both cores, and the whole cold run 85 min instead of 72).
+# Then e2e on the node, the longest tier (17-23 min warm, mostly waiting on rollouts, Jobs and canary windows), beside
 # one lane that runs the others one after the other: lint, image (every image the e2e tier pushes, built and
 # checked, so it finds them made), unit, exports (a cold first run downloads their peer environments), then
 # integration's tests that wait on processes. Neither side asserts a latency that the other's
