@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import peer_env
+from hack.controlplane.assets import lock
 from metainfer.agent.zoo.minilm import SEQUENCE, build_texts
 
 BENCH = Path(__file__).resolve().parent
@@ -160,6 +161,22 @@ def build_exports(flavours: tuple[Flavour, ...] = FLAVOURS, root: Path = EXPORTS
     manifest = directory / "manifest.json"
     if manifest.exists():
         return _read(directory, flavours, json.loads(manifest.read_text()))
+    root.mkdir(parents=True, exist_ok=True)
+    # One builder at a time: `make test` builds them beside the Go builds (hack/prefetch.py) while the exports tier
+    # may already want them; the second caller waits and reads what the first wrote.
+    with lock(root / ".build.lock"):
+        if manifest.exists():
+            return _read(directory, flavours, json.loads(manifest.read_text()))
+        results = _export_all(flavours, texts, directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        written = manifest.with_name(manifest.name + ".partial")  # renamed whole: the check above reads it unlocked
+        written.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+        written.replace(manifest)
+    return _read(directory, flavours, results)
+
+
+def _export_all(flavours: tuple[Flavour, ...], texts: list[str], directory: Path) -> dict[str, dict[str, Any]]:
+    """Each environment's driver run over its flavours: flavour name -> what the driver said of it."""
     pythons = {name: ensure_environment(name) for name in ENVIRONMENTS if any(f.environment == name for f in flavours)}
     model_dir = checkpoint_dir(ensure_environment(TRANSFORMERS_4))
     results: dict[str, dict[str, Any]] = {}
@@ -197,8 +214,7 @@ def build_exports(flavours: tuple[Flavour, ...] = FLAVOURS, root: Path = EXPORTS
             tail = " | ".join(run.stderr.strip().splitlines()[-3:])
             for f in chosen:
                 results.setdefault(f.name, {"ok": False, "seconds": 0.0, "error": f"driver failed: {tail}"})
-    manifest.write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    return _read(directory, flavours, results)
+    return results
 
 
 def _read(directory: Path, flavours: tuple[Flavour, ...], results: dict[str, Any]) -> ExportSet:

@@ -108,7 +108,7 @@ def require_host() -> None:
             f"a metainfer node already runs on this machine (kubelet pid {', '.join(map(str, running))}): one node "
             "per machine (one bridge, one set of host paths); stop it first (`make cluster-down`)"
         )
-    missing = [pkg for pkg in DEBIAN_PACKAGES if not _deb_installed(pkg)]
+    missing = [pkg for pkg in DEBIAN_PACKAGES if not deb_installed(pkg)]
     apt.install(missing)
     for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ipset", "ip"):
         if shutil.which(tool) is None:
@@ -137,7 +137,7 @@ def _processes(program: bytes, argument: bytes) -> list[int]:
     return found
 
 
-def _deb_installed(package: str) -> bool:
+def deb_installed(package: str) -> bool:
     result = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True, check=False)
     return result.returncode == 0 and result.stdout.strip().endswith("installed")
 

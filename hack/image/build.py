@@ -187,6 +187,26 @@ def build(
 
     One build at a time on a machine (`make test` builds flavours in the image tier beside the e2e tier, and both
     share the wheel and lock folders): a second caller waits, then usually finds its image up to date."""
+    started = time.monotonic()
+    with _one_at_a_time(log):
+        return _build(log, out_dir, dict(build_args or {}), onnxruntime, started)
+
+
+def download_inputs(log: Log = print) -> list[Path]:
+    """What a build on a cold cache downloads, fetched ahead of it into the same caches: the base root filesystem,
+    and the wheelhouse of every lock under locks/ and of the cpu lock on ``OTHER_ONNXRUNTIME``. `make test` runs
+    this beside the Go builds (hack/prefetch.py); the builds then find them. Returns the wheelhouses."""
+    with _one_at_a_time(log):
+        base_rootfs(log)
+        work = cache_root() / "image" / "work"
+        lock_dir = locks(work)
+        _add_onnxruntime_lock(lock_dir, OTHER_ONNXRUNTIME, log)
+        return [lock_wheelhouse(lock, work, log) for lock in sorted(lock_dir.glob("*.txt"))]
+
+
+@contextlib.contextmanager
+def _one_at_a_time(log: Log) -> Iterator[None]:
+    """Root, and this machine's one image build (or download) at a time: they share the wheel and lock folders."""
     if os.geteuid() != 0:
         raise ImageError("make image needs root (chroot and bind mounts over the root filesystem)")
     started = time.monotonic()
@@ -196,7 +216,7 @@ def build(
         waited = time.monotonic() - started
         if waited > 1:
             log(f"waited {waited:.0f}s for another image build on this machine")
-        return _build(log, out_dir, dict(build_args or {}), onnxruntime, started)
+        yield
 
 
 def _build(
