@@ -686,6 +686,13 @@ def _quiet(platform: Platform) -> bool:
 def test_deleting_the_operator_pod_restarts_it_without_duplicating_runs_jobs_or_deployments(
     platform: Platform,
 ) -> None:
+    # What this test judges is what a restarted operator redoes. A latency drift confirmed in its window starts a
+    # run and a canary by design, new objects that are no duplicates: on a busy CI machine (2026-12-07: p95
+    # 0.738 ms against a 0.611 ms baseline, three checks in a row) one did. Drift has its own test; here the policy
+    # stops watching for it (the next test deletes the policy).
+    patch = {"spec": {"readaptation": {"enabled": False}}}
+    platform.kubectl("patch", "adaptationpolicy", POLICY, "-n", WORKLOAD_NAMESPACE, "--type=merge",
+                     "-p", json.dumps(patch))  # fmt: skip
     platform.wait("no run in flight and no canary under analysis", lambda: _quiet(platform), 420, 3)
     before = _owned_objects(platform)
     (old,) = platform.get("pods", "-n", RELEASE_NAMESPACE, "-l", "app.kubernetes.io/component=operator")["items"]
