@@ -201,6 +201,13 @@ def _tags_args(tags: tuple[str, ...]) -> list[str]:
     return ["-tags", ",".join(tags)] if tags else []
 
 
+# The compiler and linker are Go programs: at Go's default GOGC=100 they spend a fifth of a cold build collecting
+# garbage. 400 trades memory the builds have (one or two compiles at a time on 2 cores, 24 GiB) for time: the
+# registry from an empty build cache took 130-137 s at 100 and 99-107 s at 400 (off: 104 s), measured alternately
+# on one machine. A GOGC in the caller's environment wins.
+GO_BUILD_GOGC = "400"
+
+
 def go_env() -> dict[str, str]:
     """A hermetic-enough Go environment whose caches survive between builds."""
     root = cache_root() / "go"
@@ -213,6 +220,7 @@ def go_env() -> dict[str, str]:
         GOTOOLCHAIN="local",
         GOWORK="off",
     )
+    env.setdefault("GOGC", GO_BUILD_GOGC)
     return env
 
 

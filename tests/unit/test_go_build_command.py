@@ -37,3 +37,10 @@ def test_prometheus_is_built_with_kubernetes_discovery_alone(tmp_path: Path, mon
 def test_a_binary_without_tags_gets_no_tags_flag(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     binary = assets.GoBinary("etcd", "go.etcd.io/etcd/server/v3", "v3.7.3", "go.etcd.io/etcd/server/v3")
     assert "-tags" not in _recorded_compile(binary, tmp_path, monkeypatch)
+
+
+def test_builds_collect_garbage_less_unless_the_caller_says_otherwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("GOGC", raising=False)
+    assert assets.go_env()["GOGC"] == assets.GO_BUILD_GOGC == "400"
+    monkeypatch.setenv("GOGC", "off")
+    assert assets.go_env()["GOGC"] == "off"
