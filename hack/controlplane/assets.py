@@ -201,10 +201,12 @@ def _tags_args(tags: tuple[str, ...]) -> list[str]:
     return ["-tags", ",".join(tags)] if tags else []
 
 
-# The compiler and linker are Go programs: at Go's default GOGC=100 they spend a fifth of a cold build collecting
-# garbage. 400 trades memory the builds have (one or two compiles at a time on 2 cores, 24 GiB) for time: the
-# registry from an empty build cache took 130-137 s at 100 and 99-107 s at 400 (off: 104 s), measured alternately
-# on one machine. A GOGC in the caller's environment wins.
+# The compiler and linker are Go programs that collect garbage as they go. 400 trades memory the builds have (one or
+# two compiles at a time on 2 cores; kube-apiserver's link peaked at 2.5 GB) for time: the registry alone, from an
+# empty build cache with its modules downloaded, took 130-137 s at Go's default 100 and 99-107 s at 400 (off:
+# 104 s), measured alternately on one machine. In a whole cold `make test`, whose builds also download their
+# modules and share one build cache, the eleven builds took 26:36 against 27:15 the run before: within the machine's
+# own drift. A GOGC in the caller's environment wins.
 GO_BUILD_GOGC = "400"
 
 
