@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from hack.controlplane import apt
 from hack.controlplane import node as node_mod
 from hack.image import build as image_build
 
@@ -40,8 +39,7 @@ def log(message: str) -> None:
 
 
 def node_packages() -> str:
-    missing = [pkg for pkg in node_mod.DEBIAN_PACKAGES if not node_mod.deb_installed(pkg)]
-    apt.install(missing)
+    missing = node_mod.install_packages()
     return f"installed {', '.join(missing)}" if missing else "all installed already"
 
 
@@ -63,7 +61,7 @@ def exports() -> str:
 
 
 # In the order the tiers after the Go builds need them: e2e starts its node at once; the exports come before the
-# image's inputs because the image tier, first in its lane, would wait for them, while the exports tier comes third.
+# image's inputs, whose tier comes right after lint and would wait for them, while the exports tier comes fourth.
 STEPS = (
     Step("the node's Debian packages (e2e)", node_packages, needs_root=True),
     Step("the exporters' environments and the exports (exports)", exports, needs_root=False),

@@ -108,8 +108,7 @@ def require_host() -> None:
             f"a metainfer node already runs on this machine (kubelet pid {', '.join(map(str, running))}): one node "
             "per machine (one bridge, one set of host paths); stop it first (`make cluster-down`)"
         )
-    missing = [pkg for pkg in DEBIAN_PACKAGES if not deb_installed(pkg)]
-    apt.install(missing)
+    install_packages()
     for tool in ("containerd", "containerd-shim-runc-v2", "runc", "ctr", "iptables", "ipset", "ip"):
         if shutil.which(tool) is None:
             raise ControlPlaneError(f"{tool} is not on PATH after installing {', '.join(DEBIAN_PACKAGES)}")
@@ -137,7 +136,14 @@ def _processes(program: bytes, argument: bytes) -> list[int]:
     return found
 
 
-def deb_installed(package: str) -> bool:
+def install_packages() -> list[str]:
+    """Install the Debian packages a node needs that are missing (apt-get, root); returns those it installed."""
+    missing = [pkg for pkg in DEBIAN_PACKAGES if not _deb_installed(pkg)]
+    apt.install(missing)
+    return missing
+
+
+def _deb_installed(package: str) -> bool:
     result = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package], capture_output=True, text=True, check=False)
     return result.returncode == 0 and result.stdout.strip().endswith("installed")
 
