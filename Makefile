@@ -106,8 +106,8 @@ helm: venv
 # Control-plane binaries (KUBEBUILDER_ASSETS if set, else built with Go and cached), helm,
 # Prometheus (on PATH, else Debian's package) for the drift and canary tests and the one with Kubernetes discovery
 # the e2e suite's serving pods are found by (built with Go and cached), the container registry (CNCF
-# Distribution), the S3-compatible object store (SeaweedFS) and kube-router (the node's NetworkPolicy firewall), built
-# with Go and cached; then Go's own build
+# Distribution) and kube-router (the node's NetworkPolicy firewall), built with Go and cached, and the S3-compatible
+# object store (S3Proxy, a jar Maven fetches, checked by its sha256); then Go's own build
 # and module caches are dropped (about 15 GiB on the disk the node's images share): every tool is a cached binary.
 assets: venv helm
 	$(BIN)/python hack/cluster.py assets

@@ -85,9 +85,6 @@ class GoBinary:
     package: str
     replace_staging: bool = False
     ldflags: str = "-s -w"
-    # The module's own replace directives (old path, "new path version"): Go ignores a dependency's, so a module
-    # that needs them to build (SeaweedFS) names them here and the wrapper module applies them.
-    module_replaces: tuple[tuple[str, str], ...] = ()
     # Go build tags (`go build -tags`): a module that can leave out what we never run (Prometheus' service
     # discoveries beside Kubernetes') compiles less.
     tags: tuple[str, ...] = ()
@@ -295,10 +292,9 @@ def _staging_modules(
 def _write_go_mod(work: Path, binary: GoBinary, replaces: list[tuple[str, str]]) -> None:
     lines = [f"module metainfer.local/assets/{binary.name}", "", "go 1.26.0", ""]
     lines.append(f"require {binary.module} {binary.version}")
-    if replaces or binary.module_replaces:
+    if replaces:
         lines += ["", "replace ("]
         lines += [f"\t{module} => {module} {version}" for module, version in replaces]
-        lines += [f"\t{old} => {new}" for old, new in binary.module_replaces]
         lines.append(")")
     content = "\n".join(lines) + "\n"
     go_mod = work / "go.mod"

@@ -437,18 +437,19 @@ def _start_object_store(
     deadline: float,
     log: Log,
 ) -> objectstore_mod.ClusterObjectStore:
-    """SeaweedFS's S3 gateway on the node's bridge address, where pods reach it (policies' s3:// models), with
-    TLS from the cluster's CA and one fresh access key; every bucket private. Its other servers stay on loopback."""
-    binary = objectstore_mod.provide(log)
+    """S3Proxy on the node's bridge address, where pods reach it (policies' s3:// models), with TLS from the
+    cluster's CA and one fresh access key; every bucket private."""
+    runtime = objectstore_mod.provide(log)
     directory = root / "objectstore"
     cert, key = pki_mod.issue_serving(
         certs.ca_cert, certs.ca_key, directory / "tls", "metainfer-objectstore", ips=(node_mod.NODE_IP,)
     )
-    server = objectstore_mod.ObjectStore(binary, directory, tls=(cert, key), gateway_host=node_mod.NODE_IP)
+    server = objectstore_mod.ObjectStore(runtime, directory, tls=(cert, key), host=node_mod.NODE_IP)
     directory.mkdir(parents=True, exist_ok=True)
-    launch(OBJECT_STORE_PROCESS, binary, server.command()[1:])
+    java, *arguments = server.command()
+    launch(OBJECT_STORE_PROCESS, Path(java), arguments)
     _wait(lambda: server.answers(certs.ca_cert), "the object store", popens, logs, deadline)
-    found = objectstore_mod.ClusterObjectStore(server.endpoint, certs.ca_cert, server.credentials)
+    found = objectstore_mod.ClusterObjectStore(server.endpoint, certs.ca_cert, server.credentials, server.buckets)
     found.save(directory)
     log(f"object store at {found.endpoint} (S3; TLS from the cluster CA; {directory / 'objectstore.json'})")
     return found

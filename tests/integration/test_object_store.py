@@ -1,4 +1,4 @@
-"""The tests' S3-compatible object store (hack/controlplane/objectstore.py): a real SeaweedFS whose buckets are
+"""The tests' S3-compatible object store (hack/controlplane/objectstore.py): a real S3Proxy whose buckets are
 private, read and written through obstore, the S3 client the agent will use (issue 28 item 3).
 
 obstore (Rust's object_store behind a Python API) rather than s3fs: s3fs needs botocore, which pins
@@ -30,16 +30,17 @@ def _log(message: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def weed() -> Path:
+def s3proxy() -> objectstore.S3Proxy:
     try:
         return objectstore.provide(_log)
     except AssetError as exc:
-        pytest.fail(f"cannot provide SeaweedFS {objectstore.SEAWEEDFS_VERSION}: {exc}", pytrace=False)
+        pytest.fail(f"cannot provide S3Proxy {objectstore.S3PROXY_VERSION}: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
-def store(weed: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.ObjectStore]:
-    started = objectstore.ObjectStore(weed, tmp_path_factory.mktemp("seaweedfs")).start()
+def store(s3proxy: objectstore.S3Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.ObjectStore]:
+    started = objectstore.ObjectStore(s3proxy, tmp_path_factory.mktemp("s3proxy")).start()
+    started.create_bucket(BUCKET)
     try:
         yield started
     finally:
@@ -69,11 +70,13 @@ def test_an_object_is_read_back_with_the_key_and_refused_without_it(store: objec
         obstore.get(_client(store, secret_key="not-the-secret"), "digits/model.onnx").bytes()
 
 
-def test_the_gateway_serves_https_with_a_certificate_from_a_private_ca(weed: Path, tmp_path: Path) -> None:
+def test_the_store_serves_https_with_a_certificate_from_a_private_ca(
+    s3proxy: objectstore.S3Proxy, tmp_path: Path
+) -> None:
     """A store behind a CA only the platform trusts: the default trust store refuses it, the CA accepts it."""
     keys = pki.generate(tmp_path / "pki")
     cert, key = pki.issue_serving(keys.ca_cert, keys.ca_key, tmp_path / "tls" / "s3", "s3", ips=("127.0.0.1",))
-    secured = objectstore.ObjectStore(weed, tmp_path / "store", tls=(cert, key))
+    secured = objectstore.ObjectStore(s3proxy, tmp_path / "store", tls=(cert, key))
     secured.start(ca=keys.ca_cert)
     try:
         assert secured.endpoint.startswith("https://")
@@ -159,13 +162,14 @@ def test_a_store_on_loopback_is_refused_unless_the_platform_allows_it(
 
 
 def test_the_secrets_ca_bundle_verifies_a_private_store(
-    weed: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
+    s3proxy: objectstore.S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
 ) -> None:
     from metainfer.agent.fetch import FetchError, fetch
 
     keys = pki.generate(tmp_path / "pki")
     cert, key = pki.issue_serving(keys.ca_cert, keys.ca_key, tmp_path / "tls" / "s3", "s3", ips=("127.0.0.1",))
-    secured = objectstore.ObjectStore(weed, tmp_path / "store", tls=(cert, key)).start(ca=keys.ca_cert)
+    secured = objectstore.ObjectStore(s3proxy, tmp_path / "store", tls=(cert, key)).start(ca=keys.ca_cert)
+    secured.create_bucket(BUCKET)
     try:
         client = S3Store(
             BUCKET, endpoint=secured.endpoint, access_key_id=secured.credentials.access_key,
