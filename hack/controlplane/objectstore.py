@@ -62,14 +62,6 @@ class S3Proxy:
         return [str(self.java), *JVM_FLAGS, "-jar", str(self.jar), "--properties", str(properties)]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _tool(name: str, package: str, override_env: str) -> Path:
     """``name`` from ``override_env``, PATH, or Debian's ``package`` installed now (root only)."""
     override = os.environ.get(override_env)
@@ -117,7 +109,8 @@ def _fetch(directory: Path, target: Path, log: assets.Log) -> None:
         if result.returncode != 0 or not fetched.is_file():
             tail = (result.stdout + result.stderr).strip()[-1500:]
             raise AssetError(f"fetching {S3PROXY_ARTIFACT} with Maven failed (exit {result.returncode}): {tail}")
-        got = _sha256(fetched)
+        with fetched.open("rb") as handle:
+            got = hashlib.file_digest(handle, "sha256").hexdigest()
         if got != S3PROXY_SHA256:
             raise AssetError(f"{S3PROXY_ARTIFACT} has sha256 {got}, not the pinned {S3PROXY_SHA256}: not used")
         fetched.replace(target)
