@@ -56,9 +56,14 @@ def test_two_classes_are_adapted_and_rolled_out(
             matching = [n for n in (avx2, vnni) if _selects(api, pod.node_selector, pod.affinity, n)]
             assert len(matching) == 1, f"Job {job.metadata.name} would schedule on {matching}"
         assert sorted(run_all_pending(control_plane, namespace))
-        deps = wait_for(
-            "two Deployments", lambda: len(deployments(api, namespace)) == 2 and deployments(api, namespace)
-        )
+
+        def class_deployments() -> list[Any]:
+            # The provisional Deployment serves until both classes roll out: wait for it to go, not just for two.
+            found = deployments(api, namespace)
+            recipes = ["--recipe-json" in " ".join(d.spec.template.spec.containers[0].args or []) for d in found]
+            return found if len(found) == 2 and all(recipes) else []
+
+        deps = wait_for("the two classes' Deployments, the provisional one gone", class_deployments)
         for dep in deps:
             args = " ".join(dep.spec.template.spec.containers[0].args or [])
             assert "serve" in " ".join(dep.spec.template.spec.containers[0].command or []) + args
