@@ -29,6 +29,7 @@ from metainfer.agent.serve.deadlines import DeadlineExceeded, Watchdog
 from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
 from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.errors import DataError, ModelError
+from metainfer.core.engine.index_inputs import IndexBound, index_bounds
 from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo, inspect_model
 from metainfer.core.engine.recipe import Recipe, TransformSpec
 from metainfer.core.engine.runtime import Session, create_session
@@ -92,7 +93,7 @@ def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> Load
         info, base = fetch_base(source, workdir)
         variant = variant_bytes(source, recipe, info, base, workdir)
     session = _session(variant, recipe, source)
-    signature = _signature(session, info, recipe, max_batch)
+    signature = _signature(session, info, recipe, max_batch, _index_bounds(base))
     loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
     length = _warm_up(loaded, recipe)
     loaded.batch_major = _batch_major(loaded, length)
@@ -209,7 +210,18 @@ def _checked_variant_bytes(data: bytes, where: str, base_sha256: str, transform:
     return data
 
 
-def _signature(session: Session, info: ModelInfo, recipe: Recipe, max_batch: int | None) -> Signature:
+def _index_bounds(base: bytes) -> dict[str, IndexBound]:
+    """The inputs that index a constant table of the base model (the variant keeps its inputs and tables)."""
+    bounds = index_bounds(onnx.load_from_string(base))
+    for bound in bounds.values():
+        log.info("input %r indexes %r: ids outside [%d, %d] are refused", bound.input, bound.table, -bound.rows,
+                 bound.rows - 1)  # fmt: skip
+    return bounds
+
+
+def _signature(
+    session: Session, info: ModelInfo, recipe: Recipe, max_batch: int | None, bounds: dict[str, IndexBound]
+) -> Signature:
     # Datatypes come from the session (what the variant really takes), shapes from the base model's dims.
     def specs(args: Sequence[Any], tensors: tuple[TensorInfo, ...]) -> tuple[TensorSpec, ...]:
         dims = {t.name: t.shape for t in tensors}
@@ -224,7 +236,14 @@ def _signature(session: Session, info: ModelInfo, recipe: Recipe, max_batch: int
     fixed_batches = {spec.shape[0] for spec in inputs if spec.shape and spec.shape[0] >= 0}
     allowed = max_batch if max_batch is not None else max(recipe.batch, *fixed_batches, DEFAULT_MAX_BATCH)
     outputs = specs(session.get_outputs(), info.outputs)
-    return Signature(inputs=inputs, outputs=outputs, max_batch=allowed, platform=recipe.session.runtime)
+    names = {spec.name for spec in inputs}
+    return Signature(
+        inputs=inputs,
+        outputs=outputs,
+        max_batch=allowed,
+        platform=recipe.session.runtime,
+        index_bounds={name: bound for name, bound in bounds.items() if name in names},
+    )
 
 
 DEFAULT_MAX_BATCH = 64

@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 import orjson
 
+from metainfer.core.engine.index_inputs import IndexBound
+
 # v2 datatype names <-> numpy. BYTES/BF16 are left out: load_model refuses models that take or give them
 # (core.engine.modelinfo.NUMERIC_ELEMENTS, the same types; a unit test keeps the two lists equal).
 DATATYPES: dict[str, np.dtype[Any]] = {
@@ -91,6 +93,8 @@ class Signature:
     max_batch: int
     # The runtime that runs the variant (the recipe's session.runtime), as model metadata's "platform".
     platform: str = "onnxruntime"
+    # Inputs that index a constant table (token, position, type ids), checked against it: core.engine.index_inputs.
+    index_bounds: Mapping[str, IndexBound] = field(default_factory=dict)
 
     def input(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.inputs if spec.name == name), None)
@@ -190,7 +194,26 @@ def check_inputs(arrays: Sequence[tuple[str, np.ndarray]], signature: Signature)
             raise ProtocolError(f"input {name!r}: batch {batch} is larger than the allowed {signature.max_batch}")
         if batch == 0:
             raise ProtocolError(f"input {name!r}: batch size is 0")
+    for name, bound in signature.index_bounds.items():
+        check_indices(inputs[name], bound)
     return inputs
+
+
+def check_indices(array: np.ndarray, bound: IndexBound) -> None:
+    """An index input's values, each within the table it indexes: runtimes disagree on an id past the table (one
+    refuses the run, another answers with numbers), so the server refuses it before any runtime sees it."""
+    if array.dtype.kind not in "iu" or not array.size:
+        return  # a float index is cast by the graph itself; what it becomes is the runtime's to say
+    low, high = int(array.min()), int(array.max())
+    rows = bound.rows
+    if low >= -rows and high < rows:
+        return
+    bad = high if high >= rows else low
+    at = [int(i) for i in np.argwhere(array == bad)[0]]
+    raise ProtocolError(
+        f"input {bound.input!r}: value {bad} at {at} is outside [{-rows}, {rows - 1}]: it indexes the {rows} rows of"
+        f" {bound.table[:80]!r} (a token id past the vocabulary, or a position past the longest sequence?)"
+    )
 
 
 def check_output(name: str, signature: Signature) -> str:

@@ -16,6 +16,7 @@ from metainfer.agent.serve.protocol import (
     model_metadata,
     parse_infer_request,
 )
+from metainfer.core.engine.index_inputs import IndexBound
 
 SIG = Signature(
     inputs=(TensorSpec("x", "FP32", (-1, 4)), TensorSpec("ids", "INT64", (-1, 2))),
@@ -190,3 +191,40 @@ def test_the_element_types_a_model_may_use_are_the_ones_serving_carries() -> Non
     from metainfer.core.engine.modelinfo import NUMERIC_ELEMENTS
 
     assert {tensor_dtype_to_np_dtype(element) for element in NUMERIC_ELEMENTS} == set(DATATYPES.values())
+
+
+BOUNDED = Signature(
+    inputs=(TensorSpec("input_ids", "INT64", (-1, -1)), TensorSpec("mask", "INT64", (-1, -1))),
+    outputs=(TensorSpec("y", "FP32", (-1, -1, 4)),),
+    max_batch=8,
+    index_bounds={"input_ids": IndexBound("input_ids", 100, "embeddings.word_embeddings.weight")},
+)
+
+
+def _ids(values: list[list[int]]) -> bytes:
+    shape = [len(values), len(values[0])]
+    return _body([
+        {"name": "input_ids", "shape": shape, "datatype": "INT64", "data": values},
+        {"name": "mask", "shape": shape, "datatype": "INT64", "data": [[1] * shape[1]] * shape[0]},
+    ])  # fmt: skip
+
+
+def test_an_id_past_the_table_it_indexes_is_refused_naming_the_input_and_the_table() -> None:
+    with pytest.raises(ProtocolError) as refused:
+        parse_infer_request(_ids([[1, 2, 3], [4, 100, 6]]), None, BOUNDED)
+    assert refused.value.status == 400
+    message = str(refused.value)
+    assert "'input_ids'" in message and "value 100 at [1, 1]" in message and "[-100, 99]" in message
+    assert "embeddings.word_embeddings.weight" in message
+    with pytest.raises(ProtocolError, match="value -101 at"):
+        parse_infer_request(_ids([[-101, 2]]), None, BOUNDED)
+
+
+def test_ids_within_the_table_pass_including_onnx_negative_ones_and_other_inputs_are_not_checked() -> None:
+    request = parse_infer_request(_ids([[0, 99, -100], [5, 6, 7]]), None, BOUNDED)
+    assert request.inputs["input_ids"].tolist() == [[0, 99, -100], [5, 6, 7]]
+    body = _body([
+        {"name": "input_ids", "shape": [1, 2], "datatype": "INT64", "data": [1, 2]},
+        {"name": "mask", "shape": [1, 2], "datatype": "INT64", "data": [100000, -5]},
+    ])  # fmt: skip
+    assert parse_infer_request(body, None, BOUNDED).inputs["mask"].tolist() == [[100000, -5]]
