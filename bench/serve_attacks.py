@@ -64,7 +64,10 @@ class Watch:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_mib = max(self.peak_mib, rss_mib(self.pid))
+            try:
+                self.peak_mib = max(self.peak_mib, rss_mib(self.pid))
+            except (OSError, RuntimeError):  # the process is gone (the attack ended it): nothing more to watch
+                return
             started = time.perf_counter()
             try:
                 with urllib.request.urlopen(self.url + "/v2/health/live", timeout=5) as response:
@@ -389,6 +392,40 @@ def unread_answers_rest(
         for conn in conns:
             conn.close()
         result.rss_after_mib = round(watch.settled_mib(settle_s, 64), 1)
+    return _finish(result, watch, started)
+
+
+def unread_answers_held(
+    port: int, pid: int, path: str, body: bytes, count: int, hold_s: float, after_s: float
+) -> AttackResult:
+    """``count`` clients POST ``body`` to ``path`` (a request whose answer is large) and read nothing for
+    ``hold_s`` (the server's write timeout not yet reached), then close: the peak while they hold, and RSS
+    ``after_s`` after they closed. The baseline is read after one such request has been answered, so the runtime's
+    buffers for it exist, and past serve's trim interval."""
+    url = f"http://127.0.0.1:{port}"
+    request = urllib.request.Request(url + path, data=body, method="POST")
+    with urllib.request.urlopen(request, timeout=60) as response:
+        response.read()
+    time.sleep(6)
+    watch, result = Watch(url, pid), AttackResult(f"{count} REST clients hold unread answers {hold_s:g} s")
+    started = time.perf_counter()
+    raw = http_head(path, len(body), "Content-Type: application/json") + body
+    before = counters(url)
+    with watch.running():
+        conns = []
+        for _ in range(count):
+            conn = socket.create_connection(("127.0.0.1", port))
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            conn.sendall(raw)
+            conns.append(conn)
+        time.sleep(hold_s)
+        for conn in conns:
+            conn.close()
+        time.sleep(after_s)
+        result.rss_after_mib = round(rss_mib(pid), 1)
+    delta = {key: value - before.get(key, 0) for key, value in counters(url).items()}
+    result.refused, result.answered = int(delta.get("error:503", 0)), int(delta.get("answered", 0))
+    result.cut = int(delta.get("aborted:client_disconnect", 0) + delta.get("aborted:slow_reader", 0))
     return _finish(result, watch, started)
 
 

@@ -57,7 +57,9 @@ is still arriving would starve until the timeout instead of being answered.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import faulthandler
 import logging
 import math
 import os
@@ -92,7 +94,7 @@ from metainfer.agent.serve.protocol import (
     model_metadata,
     parse_infer_request,
 )
-from metainfer.agent.serve.unsent import UnsentBudget
+from metainfer.agent.serve.unsent import DEFAULT_MAX_UNSENT_MIB, UnsentBudget
 from metainfer.core.engine.errors import InputError
 from metainfer.core.engine.recipe import Recipe
 
@@ -107,6 +109,7 @@ INLINE_JSON_ELEMENTS = 2048
 EXIT_INPUT = 2
 EXIT_DRAIN_CUT = 3  # the drain timed out with requests still in flight
 UNSENT_CONNECTIONS = 4  # one connection may hold at most this share of --max-unsent-mib
+SEND_CHUNK_BYTES = 64 << 10  # an answer is written this much at a time, each once the socket has taken the last
 TRIM_INTERVAL_S = 5.0  # how often an idle server that answered something hands freed memory back
 SCRATCH_REMOVAL_S = 1.0  # for a load thread that still writes into the scratch directory
 STOP_RUNS_GRACE_S = 1.0  # for runs told to stop at the end of the drain to reach their next kernel boundary
@@ -140,7 +143,7 @@ class ServeConfig:
     idle_timeout_s: float = 15.0
     grpc_max_connection_age_s: float = 300.0  # 0: none
     write_timeout_s: float = 30.0  # for an answer to leave: a reader that does not take it is cut
-    max_unsent_bytes: int = 256 << 20  # answers computed but not yet taken by their clients, in total
+    max_unsent_bytes: int = DEFAULT_MAX_UNSENT_MIB << 20  # answers computed but not yet taken by their clients
     max_dynamic_dim: int = 4096
     batch_size: int | None = None  # rows one run combines; None: the recipe's batch (what the adaptation measured)
     max_queue_delay_s: float = 0.001
@@ -162,6 +165,7 @@ class Server:
         self.codec = ThreadPoolExecutor(max_workers=2, thread_name_prefix="codec")
         self.in_flight = 0
         self.admitted = 0  # inference requests between admission and answer (queued or running)
+        self._admission_waiters: collections.deque[asyncio.Future[Callable[[], None]]] = collections.deque()
         self.batcher: Batcher | None = None
         self.idle = asyncio.Event()
         self.idle.set()
@@ -357,32 +361,47 @@ class Server:
                 else:
                     payload, header_length = await loop.run_in_executor(self.codec, encode_infer_response, *encode_args)
                 del results, encode_args
-                if header_length is None:
-                    response = web.Response(body=payload, content_type="application/json")
-                else:
-                    headers = {"Inference-Header-Content-Length": str(header_length)}
-                    response = web.Response(body=payload, headers=headers, content_type="application/octet-stream")
-                del payload
-                await self._send(request, response)
+                response = await self._send(request, payload, header_length)
         except _SlowReader:
             return web.Response(status=499)  # counted as an error by status, as every other answer
         except CLIENT_GONE:
             self.metrics.aborted("client_disconnect")
             log.debug("client went away during %s", request.path)
             return web.Response(status=499)  # never delivered; keeps the error count and the log at one line
+        except asyncio.CancelledError:
+            # aiohttp cancels the handler of a connection its client closed (handler_cancellation): a queued request
+            # leaves the batcher's queue, an answer is neither encoded nor kept (the drain's cut is counted there).
+            if not self.draining:
+                self.metrics.aborted("client_disconnect")
+                self.metrics.error(499)
+            raise
         self.metrics.latency.observe(time.perf_counter() - received)
         return response
 
-    async def _send(self, request: web.Request, response: web.Response) -> None:
-        """Write the answer and wait until the socket has taken it (aiohttp's writer waits while the transport's
-        buffer is over its high-water mark); a reader that does not take it within --write-timeout is cut."""
-        size = len(response.body) if isinstance(response.body, bytes | bytearray) else 0
+    async def _send(self, request: web.Request, payload: bytes, header_length: int | None) -> web.StreamResponse:
+        """Write the answer and wait until the socket has taken it; a reader that does not take it within
+        --write-timeout is cut. It is written in chunks, each once the transport's buffer has drained below its
+        high-water mark, so an answer waiting for a slow reader is held once (``payload``), not twice: handed to
+        the transport whole, the transport copied it into its own buffer (50 readers that never read: RSS +365 MiB
+        at a 256 MiB budget, measured)."""
+        size = len(payload)
         connection = id(request.transport)
         self.unsent_reserve(connection, size)
+        response = web.StreamResponse()
+        if header_length is None:
+            response.content_type = "application/json"
+        else:
+            response.content_type = "application/octet-stream"
+            response.headers["Inference-Header-Content-Length"] = str(header_length)
+        response.content_length = size
+        view = memoryview(payload)
         try:
             async with asyncio.timeout(self.config.write_timeout_s):
                 await response.prepare(request)
+                for start in range(0, size, SEND_CHUNK_BYTES):
+                    await response.write(view[start : start + SEND_CHUNK_BYTES])
                 await response.write_eof()
+            return response
         except TimeoutError:
             self.metrics.aborted("slow_reader")
             if request.transport is not None:
@@ -420,19 +439,72 @@ class Server:
 
     @contextlib.contextmanager
     def admission(self) -> Iterator[None]:
-        """One complete inference request admitted (REST or another front end): refused with 503 when ``max_queue``
-        requests are already queued, running or being sent. Whether the server drains is checked when a request
-        arrives (``refuse_if_draining``), not here: one that arrived before the drain began is served."""
+        """One complete inference request admitted for the block (``admit``)."""
+        release = self.admit()
+        try:
+            yield
+        finally:
+            release()
+
+    def admit(self) -> Callable[[], None]:
+        """Admit one complete inference request (REST or another front end) and return what releases its slot (once,
+        however often it is called): refused with 503 when ``max_queue`` requests are already queued, running or
+        being sent. Whether the server drains is checked when a request arrives (``refuse_if_draining``), not here:
+        one that arrived before the drain began is served."""
         if self.admitted >= self.config.max_queue:
             raise ProtocolError(
                 f"the server is busy ({self.admitted} requests queued or running); retry later",
                 503, headers={"Retry-After": "1"},
             )  # fmt: skip
         self.admitted += 1
+        return self._releaser()
+
+    async def admit_waiting(self, received: float, client_deadline: float | None) -> Callable[[], None]:
+        """``admit``, but a request that finds every slot taken waits for one, first come first served, until its
+        deadline (``run_model``'s); then it is refused 503 with Retry-After. For front ends whose clients send a
+        burst at once (gRPC: HTTP/2 made such a burst wait at the client before)."""
+        if self.admitted < self.config.max_queue and not self._admission_waiters:
+            return self.admit()
+        deadline = received + self.config.request_timeout_s
+        if client_deadline is not None:
+            deadline = min(deadline, client_deadline)
+        waiter: asyncio.Future[Callable[[], None]] = asyncio.get_running_loop().create_future()
+        self._admission_waiters.append(waiter)
+        handed: Callable[[], None] | None = None
         try:
-            yield
+            handed = await asyncio.wait_for(asyncio.shield(waiter), max(0.0, deadline - time.perf_counter()))
+            return handed
+        except TimeoutError:
+            raise ProtocolError(
+                f"the request waited {time.perf_counter() - received:.1f} s for one of the {self.config.max_queue}"
+                " admission slots, past its deadline; retry later", 503, headers={"Retry-After": "1"},
+            ) from None  # fmt: skip
         finally:
+            if handed is None:  # timed out or cancelled: leave the line, and free a slot handed over meanwhile
+                if waiter.done() and not waiter.cancelled():
+                    waiter.result()()
+                waiter.cancel()
+                with contextlib.suppress(ValueError):
+                    self._admission_waiters.remove(waiter)
+
+    def _releaser(self) -> Callable[[], None]:
+        """What frees one admission slot, once however often it is called: handed to the first request waiting for
+        one (``admit_waiting``), else returned."""
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if released:
+                return
+            released = True
+            while self._admission_waiters:
+                waiter = self._admission_waiters.popleft()
+                if not waiter.done():
+                    waiter.set_result(self._releaser())  # the slot changes hands: ``admitted`` stays
+                    return
             self.admitted -= 1
+
+        return release
 
     def body_limit(self, signature: Signature) -> tuple[int, str]:
         """The most bytes a legal request's (decoded) body or gRPC message needs, and the 413 message that names it."""
@@ -465,11 +537,21 @@ class Server:
             chunks.append(chunk)
 
     async def run_model(
-        self, model: model_loader.LoadedModel, inputs: dict[str, Any], outputs: list[str], received: float
+        self,
+        model: model_loader.LoadedModel,
+        inputs: dict[str, Any],
+        outputs: list[str],
+        received: float,
+        client_deadline: float | None = None,
     ) -> dict[str, Any]:
         """The model on an inference worker (``received``: perf_counter() when the request arrived, its deadline
-        counts from there); queue wait and compute time are recorded apart. Raises ProtocolError."""
+        counts from there; ``client_deadline``: an earlier one the client set, past which nobody waits for the
+        answer); queue wait and compute time are recorded apart. Raises ProtocolError."""
         deadline = received + self.config.request_timeout_s
+        clients = client_deadline is not None and client_deadline < deadline
+        if clients:
+            assert client_deadline is not None
+            deadline = client_deadline
         try:
             outcome = await self._batcher(model).submit(inputs, outputs, deadline)
         except InvalidArgument as exc:
@@ -480,6 +562,8 @@ class Server:
             raise ProtocolError(f"{exc}; the server answers without it", 504, headers={"Retry-After": "1"}) from None
         except DeadlineExceeded as exc:
             self.metrics.aborted("deadline")
+            if clients:
+                raise _client_deadline_passed("while it ran") from None
             log.warning("request stopped at its %g s deadline: %s", self.config.request_timeout_s, exc)
             raise ProtocolError(
                 f"{exc}: the request took longer than its {self.config.request_timeout_s:g} s deadline"
@@ -489,6 +573,8 @@ class Server:
             log.exception("inference failed")
             raise ProtocolError(f"inference failed ({type(exc).__name__}); see the server log", status=500) from exc
         self.metrics.queue_wait.observe(outcome.waited_s)
+        if outcome.results is None and clients:
+            raise _client_deadline_passed(f"after {outcome.waited_s:.3f} s in the queue, before it ran")
         if outcome.results is None:
             raise ProtocolError(
                 f"the request waited {outcome.waited_s:.1f} s for a worker, past its"
@@ -537,6 +623,12 @@ class Server:
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _client_deadline_passed(when: str) -> ProtocolError:
+    """The answer for a request whose client's own deadline (shorter than the server's) passed: the client's
+    runtime reports DEADLINE_EXCEEDED at that moment anyway, and this answer, racing it, must say the same."""
+    return ProtocolError(f"the call's deadline passed {when}", 504)
 
 
 class _SlowReader(ConnectionError):
@@ -593,6 +685,9 @@ def _public(message: str) -> str:
 
 def serve(config: ServeConfig) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or until the model fails to load (exit 2 bad input, 1 otherwise)."""
+    # A fatal signal (a fault in a native library: gRPC, ONNX Runtime, OpenVINO) prints every thread's Python stack
+    # to stderr, the pod's log, before the process dies: the next crash is diagnosable from there.
+    faulthandler.enable(all_threads=True)
     # Every temporary file of this process (the fetched model, the quantizer's work) goes under one directory that
     # serve owns, so that the exits which cannot run the context managers' clean-up still leave nothing behind:
     # each stop during a load left a copy of the model in the temporary directory.
@@ -656,6 +751,7 @@ async def _serve(config: ServeConfig) -> int:
         access_log=None,
         keepalive_timeout=config.idle_timeout_s,  # also closes connections that never complete a request
         auto_decompress=False,  # aiohttp would inflate on the event loop; encoding.inflate does it on a thread
+        handler_cancellation=True,  # a client that closes its connection takes its request's work with it
     )
     await runner.setup()
     await web.TCPSite(runner, config.host, config.port).start()

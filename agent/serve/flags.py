@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from metainfer.agent.serve.unsent import DEFAULT_MAX_UNSENT_MIB
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The flags of ``metainfer serve`` (core/control/manifests.py build_deployment writes them)."""
@@ -82,9 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         " a client that does not read its answer in time is cut (default 30)",
     )  # fmt: skip
     parser.add_argument(
-        "--max-unsent-mib", type=float, default=256.0,
+        "--max-unsent-mib", type=float, default=float(DEFAULT_MAX_UNSENT_MIB),
         help="MiB of answers computed but not yet taken by their clients, in total (a connection gets a quarter);"
-        " an answer that does not fit is refused 503 with Retry-After (default 256)",
+        f" an answer that does not fit is refused 503 with Retry-After (default {DEFAULT_MAX_UNSENT_MIB})",
     )  # fmt: skip
     parser.add_argument(
         "--idle-timeout", type=float, default=15.0,

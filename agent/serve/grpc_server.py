@@ -1,10 +1,11 @@
 """The KServe v2 gRPC front end: inference.GRPCInferenceService on grpc.aio, in the REST server's process and loop.
 
 It is a second door to the same ``Server``, never a second server: a ModelInfer call is refused (UNAVAILABLE)
-while draining, and once its message has arrived and been decoded goes through ``Server.admission()``
-(UNAVAILABLE with ``--max-queue`` requests admitted, REST and gRPC together, held until the answer has left),
-``Server.run_model()`` (the inference workers, the queue deadline, the queue and compute histograms) and
-``protocol``'s checks, and it is counted in the same series as a REST request: ``metainfer_inference_requests_total``,
+while draining, and once its message has arrived and been decoded goes through ``Server.admit_waiting()`` (the
+``--max-queue`` slots REST and gRPC share, held until the answer has left; a call that finds them taken waits for
+one until its deadline, as HTTP/2 flow control once made a burst wait at the client), ``Server.run_model()`` (the
+inference workers, the queue deadline, the queue and compute histograms) and ``protocol``'s checks, and it is
+counted in the same series as a REST request: ``metainfer_inference_requests_total``,
 ``metainfer_inference_errors_total`` labelled with the HTTP code REST would have answered (one error ratio covers
 both protocols), ``metainfer_inference_latency_seconds``.
 
@@ -17,9 +18,18 @@ message came, which looks exactly like a client that left; the headroom keeps th
 batch too big, a long id) counted as REST counts it, and only a message of more than twice the limit counted as a
 client that left. Until the port opens liveness is answered on the REST port, which is what the kubelet probes.
 
-A client that cancels, or whose deadline passes, gets its call ended at once, but the request keeps its admission
-slot until the work it started (decode, inference) is over: otherwise cancelling would free slots while the workers
-are still busy, and ``--max-queue`` would no longer bound the work.
+A client that cancels, or whose deadline passes, gets its call ended at once, but an admitted request keeps its
+slot until the work it started (inference, encoding) is over: otherwise cancelling would free slots while the
+workers are still busy, and ``--max-queue`` would no longer bound the work. That work never touches the call: grpcio
+releases a call's core object when its handler ends, and reading its peer (or writing to it) afterwards was a
+SIGSEGV that any client with a short deadline could cause. The client's deadline is also the request's: work still
+queued when it passes is dropped and the call answered DEADLINE_EXCEEDED.
+
+Calls in progress are bounded by a cap of our own (``CALLS_PER_SLOT`` x ``--max-queue``) and by the bytes of the
+messages waiting for a slot (``WAITING_BYTES``); past them a call is refused UNAVAILABLE with ``retry-after`` and
+``grpc-retry-pushback-ms`` (the hint gRPC clients with a retry policy obey), counted as a 503. There is no HTTP/2
+stream limit: a client opens the streams of a burst before it has read the server's SETTINGS, and gRPC reset every
+one over the limit (REFUSED_STREAM, which clients report as UNAVAILABLE with no hint).
 
 An answer the client does not take within --write-timeout ends its call (counted as a slow reader), but grpc.aio
 cannot reset the stream: gRPC keeps the answer queued until the connection closes. It stays counted in the unsent
@@ -39,7 +49,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn
 
 import grpc
@@ -54,16 +64,36 @@ from metainfer.agent.serve.grpc_protocol import (
     parse_model_infer,
     parse_request,
 )
-from metainfer.agent.serve.protocol import ProtocolError, Signature, check_model, model_metadata
+from metainfer.agent.serve.protocol import InferRequest, ProtocolError, Signature, check_model, model_metadata
 
 log = logging.getLogger("metainfer.serve")
 # The grace of gRPC's own stop: past the drain timeout, so that the drain, which counts the calls it cuts, cuts them.
 STOP_BACKSTOP_S = 5.0
-# Calls in progress (receiving, queued, running, sending) per --max-queue slot: room for the messages still arriving
-# beside the admitted ones, and a bound on all of them.
-CALLS_PER_SLOT = 4
+PUSHBACK = "grpc-retry-pushback-ms"
+# Calls in progress (receiving, waiting for admission, queued, running, sending) per --max-queue slot: room for a
+# burst to wait for admission (500 calls at once at the default --max-queue 64), and a bound on all of them.
+CALLS_PER_SLOT = 16
+# The bytes of request messages that may wait for admission at once: what a burst of calls holds before it runs.
+WAITING_BYTES = 64 << 20
 # gRPC's own message limit, in multiples of the model's: see the module's docstring.
 GRPC_LIMIT_FACTOR = 2
+# Room in gRPC's own cap on calls for the health and metadata calls beside a full house of ModelInfer calls.
+HEALTH_CALLS = 64
+
+
+class _EndedCallFilter(logging.Filter):
+    """grpc.aio logs an ERROR with a traceback when the status of a call that had just ended (its deadline passed,
+    its client cancelled) could not be sent after the handler returned: an ordinary client event, not a server
+    fault, said in one debug line instead."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.getMessage().startswith("ExecuteBatchError raised in core by servicer method"):
+            log.debug("a call ended before its status was sent (its deadline passed or its client cancelled)")
+            return False
+        return True
+
+
+logging.getLogger("grpc._cython.cygrpc").addFilter(_EndedCallFilter())
 
 
 class GrpcFrontEnd:
@@ -75,6 +105,9 @@ class GrpcFrontEnd:
         self.cutting = False  # set when the drain times out: the calls cancelled from then on were cut, not left
         self._grpc: grpc.aio.Server | None = None
         self._limit, self._too_large = 0, ""
+        # ModelInfer calls in progress at once (receiving, queued, running, sending); one more is refused UNAVAILABLE.
+        self._max_calls = server.config.max_queue * CALLS_PER_SLOT
+        self._waiting_bytes = 0  # messages of calls read but not yet admitted
 
     async def start(self, host: str, port: int, signature: Signature) -> int:
         """Listen on ``host:port`` for requests to a model of ``signature``; returns the port (the one chosen when
@@ -93,11 +126,15 @@ class GrpcFrontEnd:
                 # (GOAWAY, then the calls in flight get a request's whole time before the connection is closed),
                 # freeing what it held. Clients reconnect on GOAWAY by themselves.
                 *_age_options(config.grpc_max_connection_age_s, config.request_timeout_s + config.write_timeout_s),
-                # One connection cannot open more calls than the server admits; together with the cap on calls
-                # below, streams that send headers and then nothing are bounded without touching admission.
-                ("grpc.max_concurrent_streams", config.max_queue),
+                # No HTTP/2 MAX_CONCURRENT_STREAMS: a client opens the streams of a burst before it has read the
+                # server's SETTINGS, and gRPC resets every stream over the limit (RST_STREAM REFUSED_STREAM), which
+                # clients report as UNAVAILABLE with no hint to retry: 354 of a burst of 500 calls on one channel,
+                # at --max-queue 64 (measured). Calls are bounded by the cap model_infer applies instead, answered
+                # with a status a client can act on.
             ],
-            maximum_concurrent_rpcs=config.max_queue * CALLS_PER_SLOT,  # beyond: RESOURCE_EXHAUSTED at once
+            # gRPC's own cap, for every method: a backstop past the ModelInfer cap (``_max_calls``), whose refusal
+            # is counted and carries a retry hint, where gRPC's RESOURCE_EXHAUSTED is neither.
+            maximum_concurrent_rpcs=2 * self._max_calls + HEALTH_CALLS,
         )
         self._grpc.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(pb.SERVICE, self._handlers()),))
         bound = self._grpc.add_insecure_port(_address(host, port))
@@ -172,79 +209,148 @@ class GrpcFrontEnd:
 
     # -- inference ----------------------------------------------------------
     async def model_infer(self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        # Everything that touches ``context`` (its peer, the message, the answer, the status) happens in this
+        # handler, never in work that outlives it: once the handler has ended, grpcio releases the call's core object
+        # and leaves a NULL pointer that ``peer()``, ``read()`` and ``write()`` dereference (a SIGSEGV: clients
+        # whose deadlines passed or who cancelled took the server down that way). The work that goes on after a
+        # cancelled call (decode, inference, encoding) sees only bytes.
         metrics = self.server.metrics
         metrics.requests.inc()
         received = time.perf_counter()
+        connection = context.peer()
+        deadline = _client_deadline(context.time_remaining(), received)
         self.in_flight += 1
         try:
-            work = asyncio.ensure_future(self._infer(requests, context, received))
+            payload, release = await self._answer(requests, received, deadline)
             try:
-                await asyncio.shield(work)  # a cancelled call leaves its work running, admission held
-            except asyncio.CancelledError:
-                work.add_done_callback(_forget)
-                if not self.cutting:
-                    metrics.aborted("client_disconnect")
-                    metrics.error(499)
-                raise
-            except _NoMessage as exc:  # the same outcome as the cancellation above, when the end of input won the race
+                await self._write(context, connection, payload)
+            finally:
+                release()
+        except asyncio.CancelledError:
+            if not self.cutting:
                 metrics.aborted("client_disconnect")
-                error = ProtocolError(str(exc), 499)
-            except _SlowReader:
-                # No status can follow a message flow control holds back (grpc refuses the batch): the call ends
-                # without one, and gRPC cancels it (RST_STREAM), dropping the unsent answer, once the handler is gone.
-                metrics.aborted("slow_reader")
                 metrics.error(499)
-                raise asyncio.CancelledError from None
-            except ProtocolError as exc:
-                error = exc
-            except Exception as exc:  # the server never dies on a request
-                log.exception("unhandled error in gRPC ModelInfer")
-                error = ProtocolError(f"internal error ({type(exc).__name__}); see the server log", 500)
-            else:
-                metrics.latency.observe(time.perf_counter() - received)
-                return
-            metrics.error(error.status)
-            await _abort(context, error)
+            raise
+        except _NoMessage as exc:  # the same outcome as a cancellation, when the end of input won the race
+            metrics.aborted("client_disconnect")
+            await self._refuse(context, ProtocolError(str(exc), 499))
+        except _CallGone:  # its deadline passed or it was cancelled in gRPC's core, before the handler heard of it
+            metrics.aborted("client_disconnect")
+            metrics.error(499)
+            raise asyncio.CancelledError from None
+        except _SlowReader:
+            # No status can follow a message flow control holds back (grpc refuses the batch): the call ends
+            # without one, and gRPC cancels it (RST_STREAM), dropping the unsent answer, once the handler is gone.
+            metrics.aborted("slow_reader")
+            metrics.error(499)
+            raise asyncio.CancelledError from None
+        except ProtocolError as exc:
+            await self._refuse(context, exc)
+        except Exception as exc:  # the server never dies on a request
+            log.exception("unhandled error in gRPC ModelInfer")
+            error = ProtocolError(f"internal error ({type(exc).__name__}); see the server log", 500)
+            await self._refuse(context, error)
+        else:
+            metrics.latency.observe(time.perf_counter() - received)
         finally:
             self.in_flight -= 1
 
-    async def _infer(
-        self, requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext[Any, Any], received: float
-    ) -> None:
-        loop = asyncio.get_running_loop()
-        codec = self.server.codec
+    async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], error: ProtocolError) -> NoReturn:
+        """End the call with ``error`` (counted); a call gRPC's core has ended meanwhile just ends."""
+        self.server.metrics.error(error.status)
+        try:
+            await _abort(context, error)
+        except grpc.aio.AbortError:  # what a successful abort raises, to end the handler
+            raise
+        except grpc.aio.BaseError:  # ExecuteBatchError: its deadline passed or it was cancelled in the meantime
+            raise asyncio.CancelledError from None
+
+    async def _answer(
+        self, requests: AsyncIterator[bytes], received: float, deadline: float | None
+    ) -> tuple[bytes, Callable[[], None]]:
+        """The encoded answer and the release of its admission slot, which the caller holds until the answer has
+        left.
+
+        The message is read, decoded and admitted here, in the handler: a call cancelled meanwhile holds nothing.
+        A call that finds every --max-queue slot taken waits for one, in arrival order, until its deadline (HTTP/2
+        flow control made a burst wait at the client before; see ``start``), bounded by ``_max_calls`` and by the
+        bytes of the messages waiting (``WAITING_BYTES``); past those it is refused UNAVAILABLE with a retry hint.
+        Once admitted, the run and the encoding are shielded: a cancelled call leaves them running and its slot
+        taken until they are over (otherwise cancelling would free slots while the workers are still busy, and
+        ``--max-queue`` would no longer bound the work)."""
+        if self.in_flight > self._max_calls:
+            raise _busy(f"{self.in_flight - 1} calls in progress")
         self.server.refuse_if_draining()
-        # The message is read and decoded before admission, as REST's body is: a call that sends headers and then
-        # nothing holds a stream (bounded per connection and by --body-timeout), never a --max-queue slot.
+        # A call that sends headers and then nothing holds a call (bounded by the cap above and by --body-timeout),
+        # never a --max-queue slot.
         data = await self._read_message(requests)
         if len(data) > self._limit:
             raise ProtocolError(self._too_large + f" (message of {len(data)} bytes)", 413)
-        request = await loop.run_in_executor(codec, parse_request, data)
-        del data
-        model = self._loaded(request.model_name, request.model_version)
-        parsed = await loop.run_in_executor(codec, parse_model_infer, request, model.signature)
-        del request
-        with self.server.admission():  # held until the answer has left, so the slots bound unsent answers too
-            results = await self.server.run_model(model, parsed.inputs, parsed.outputs, received)
+        if self._waiting_bytes + len(data) > WAITING_BYTES:
+            raise _busy(f"{self._waiting_bytes} bytes of calls wait for admission")
+        loop = asyncio.get_running_loop()
+        held = len(data)
+        self._waiting_bytes += held
+        try:
+            request = await loop.run_in_executor(self.server.codec, parse_request, data)
+            del data
+            model = self._loaded(request.model_name, request.model_version)
+            parsed = await loop.run_in_executor(self.server.codec, parse_model_infer, request, model.signature)
+            del request
+            release = await self.server.admit_waiting(received, deadline)
+        finally:
+            self._waiting_bytes -= held
+        work = asyncio.ensure_future(self._compute(model, parsed, received, deadline, release))
+        del parsed
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            work.add_done_callback(_release_abandoned)
+            raise
+
+    async def _compute(
+        self,
+        model: model_loader.LoadedModel,
+        parsed: InferRequest,
+        received: float,
+        deadline: float | None,
+        release: Callable[[], None],
+    ) -> tuple[bytes, Callable[[], None]]:
+        """Run and encode, holding the admission slot ``release`` frees: arrays in, bytes out, and nothing of the
+        call's (see ``model_infer``)."""
+        loop = asyncio.get_running_loop()
+        try:
+            results = await self.server.run_model(model, parsed.inputs, parsed.outputs, received, deadline)
             name = self.server.config.model_name
-            payload = await loop.run_in_executor(codec, encode_model_infer, name, MODEL_VERSION, parsed, results)
-            del results, parsed
-            timeout = self.server.config.write_timeout_s
-            connection, size = context.peer(), len(payload)
-            self.server.unsent_reserve(connection, size)
-            # The write completes once HTTP/2 flow control has let the message out, or fails once its stream or
-            # connection is gone: until then gRPC holds the message, whatever becomes of this handler, and so
-            # does the reservation. (grpc.aio cannot reset one stream from the server: a status waits behind the
-            # message. The connection's age limit closes it; see start.)
-            write = asyncio.ensure_future(context.write(payload))
-            del payload
-            write.add_done_callback(lambda done: self._sent(connection, size))
-            try:
-                await asyncio.wait_for(asyncio.shield(write), timeout)
-            except TimeoutError:
-                write.add_done_callback(_forget)
-                log.warning("cut a gRPC client that did not read its answer within %g s", timeout)
-                raise _SlowReader(f"the answer was not read within {timeout:g} s") from None
+            payload = await loop.run_in_executor(
+                self.server.codec, encode_model_infer, name, MODEL_VERSION, parsed, results
+            )
+        except BaseException:
+            release()
+            raise
+        return payload, release
+
+    async def _write(self, context: grpc.aio.ServicerContext[Any, Any], connection: str, payload: bytes) -> None:
+        """Send the answer; a client that does not take it within --write-timeout is cut (``_SlowReader``)."""
+        timeout = self.server.config.write_timeout_s
+        size = len(payload)
+        self.server.unsent_reserve(connection, size)
+        # The write completes once HTTP/2 flow control has let the message out, or fails once its stream or
+        # connection is gone: until then gRPC holds the message, whatever becomes of this handler, and so does the
+        # reservation. (grpc.aio cannot reset one stream from the server: a status waits behind the message. The
+        # connection's age limit closes it; see start.) The write starts before this handler can end: its batch
+        # is in gRPC's core before the call's object is released.
+        write = asyncio.ensure_future(context.write(payload))
+        del payload
+        write.add_done_callback(lambda done: self._sent(connection, size))
+        write.add_done_callback(_forget)  # its failure is read here even when this handler was cancelled first
+        try:
+            await asyncio.wait_for(asyncio.shield(write), timeout)
+        except grpc.aio.BaseError:  # grpc's core refused the message: the call has ended (ExecuteBatchError)
+            raise _CallGone from None
+        except TimeoutError:
+            log.warning("cut a gRPC client that did not read its answer within %g s", timeout)
+            raise _SlowReader(f"the answer was not read within {timeout:g} s") from None
 
     def _sent(self, connection: str, size: int) -> None:
         self.server.unsent.release(connection, size)
@@ -271,6 +377,10 @@ class _SlowReader(Exception):
     """The client did not take its answer within --write-timeout (flow control held it back)."""
 
 
+class _CallGone(Exception):
+    """gRPC's core ended the call (its deadline, a cancel) before the handler was told: nothing can be sent."""
+
+
 class _NoMessage(Exception):
     """The call's input ended without a message: the client left, or gRPC refused a message of more than
     ``GRPC_LIMIT_FACTOR`` times the limit. gRPC tells the handler no more than that either way, so both are counted
@@ -278,9 +388,37 @@ class _NoMessage(Exception):
 
 
 async def _abort(context: grpc.aio.ServicerContext[Any, Any], error: ProtocolError) -> NoReturn:
-    """End the call with ``error``'s status; Retry-After travels as trailing metadata."""
-    trailers = tuple((key.lower(), value) for key, value in error.headers.items() if key == "Retry-After")
-    await context.abort(grpc_code(error.status), str(error), trailing_metadata=trailers)
+    """End the call with ``error``'s status; Retry-After travels as trailing metadata, beside gRPC's own retry
+    hint (``grpc-retry-pushback-ms``, which gRPC clients with a retry policy obey)."""
+    await context.abort(grpc_code(error.status), str(error), trailing_metadata=retry_trailers(error.headers))
+
+
+def retry_trailers(headers: dict[str, str]) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata that says when to retry: REST's Retry-After (seconds) and its pushback in ms."""
+    after = headers.get("Retry-After")
+    if after is None:
+        return ()
+    return (("retry-after", after), (PUSHBACK, str(int(float(after) * 1000))))
+
+
+def _busy(why: str) -> ProtocolError:
+    return ProtocolError(f"the server is busy ({why}); retry later", 503, headers={"Retry-After": "1"})
+
+
+def _client_deadline(remaining_s: float | None, received: float) -> float | None:
+    """The client's deadline on the perf_counter clock (None: it set none): work still queued then is dropped."""
+    return None if remaining_s is None else received + remaining_s
+
+
+def _release_abandoned(work: asyncio.Future[tuple[bytes, Callable[[], None]]]) -> None:
+    """The end of work whose call was cancelled: its answer goes nowhere, and its admission slot is freed."""
+    if work.cancelled():
+        return
+    if work.exception() is not None:  # its slot was released where it failed
+        log.debug("abandoned gRPC request ended with %r", work.exception())
+        return
+    _, release = work.result()
+    release()
 
 
 def _forget(task: asyncio.Future[Any]) -> None:

@@ -12,6 +12,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable
 
+# The default total (--max-unsent-mib). It is memory a pod holds for readers that do not read, which its memory
+# limit must leave room for: at 256, 50 clients that never read a 10 MB answer kept RSS 331 MiB above idle.
+DEFAULT_MAX_UNSENT_MIB = 64
+
 
 class UnsentBudget:
     """Reservations of answer bytes, at most ``total`` in all and ``per_connection`` per connection; one answer on
