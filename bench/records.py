@@ -268,6 +268,7 @@ class ServingResult(Record):
     ratio_unbatched: float | None = None
     probes: dict[str, ProbeStats] | None = None
     attacks: list[AttackStats] | None = None
+    chaos: list[dict[str, Any]] | None = None  # bench/serve_chaos.ChaosResult rows, with calls_per_s and passed
 
 
 class LandscapeSummary(Strict):

@@ -1,6 +1,6 @@
 """Serving: metainfer serve side by side with in-process ONNX Runtime and kserve's ModelServer; dynamic batching.
 
-One run, on one machine, the bert_mini example (sequence 128, hidden 256, FP32 recipe at batch 32), three parts:
+One run, on one machine, the bert_mini example (sequence 128, hidden 256, FP32 recipe at batch 32), in parts:
 
 ``matrix`` — throughput (items/s) and client-measured p50/p99 latency at request batch 1 and 8, with 8 and 32
 concurrent clients, binary tensors (tritonclient's HTTP binary extension) and JSON, for three servers of the same
@@ -42,6 +42,11 @@ one zero-window gRPC connection that never read their 2 MiB answers. Per attack:
 refused and cut, liveness (every 50 ms), and RSS before, at its peak and after. Targets: every complete request
 answered, no liveness failure, RSS after within 64 MiB of before.
 
+``chaos`` — bench/serve_chaos.py for a minute per runtime (ONNX Runtime, OpenVINO) against bert_mini at batch 8:
+every client at once, REST and gRPC (tests/integration/test_serve_chaos.py asserts on the same driver). Targets:
+no crash, every answer equal to the variant in process, every refusal one a client can act on, every follow-up
+answered, RSS at the end within 64 MiB of the start.
+
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py            # everything, 15 s per case: about 10 minutes
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py --quick    # 5 s per case: about 4 minutes
     PYTHONSAFEPATH=1 .venv/bin/python bench/serving.py --matrix --seconds 2 --servers in-process kserve
@@ -78,12 +83,15 @@ BATCH = 32
 TARGET_RATIO = 0.9
 MODEL_NAME = "bert"
 OUTPUT = "last_hidden_state"
+VOCAB = 8192  # bert_mini's: the chaos part sends ids past it
 
 BENCH = Path(__file__).resolve().parent
 KSERVE_SERVER = BENCH / "kserve_peer_server.py"
 DEFAULT_KSERVE_VENV = peer_env.KSERVE.venv
 
-PARTS = ("ratio", "matrix", "probes", "attacks")
+PARTS = ("ratio", "matrix", "probes", "attacks", "chaos")
+CHAOS_SECONDS = 60.0
+CHAOS_RUNTIMES = ("onnxruntime", "openvino")
 RSS_TARGET_MIB = 64.0
 SERVERS = ("in-process", "metainfer", "kserve")
 PROTOCOLS = ("binary", "json")
@@ -125,12 +133,19 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 
 def start_server(
-    model: Path, sha256: str, port: int, log: Path, *extra: str, batch: int = BATCH, name: str = MODEL_NAME
+    model: Path,
+    sha256: str,
+    port: int,
+    log: Path,
+    *extra: str,
+    batch: int = BATCH,
+    name: str = MODEL_NAME,
+    runtime: str = "onnxruntime",
 ) -> subprocess.Popen[bytes]:
     """``metainfer serve`` on 127.0.0.1:port, ready (its model loaded and warmed up)."""
     from metainfer.core.engine.recipe import Recipe
 
-    recipe = Recipe(batch=batch).model_dump_json()
+    recipe = Recipe.model_validate({"batch": batch, "session": {"runtime": runtime}}).model_dump_json()
     # No shutdown delay: nothing routes to a benchmark's server once it is stopped.
     cmd = [sys.executable, "-m", "metainfer.agent.cli", "serve", "--model-uri", model.as_uri(), "--model-sha256",
            sha256, "--recipe-json", recipe, "--model-name", name, "--host", "127.0.0.1", "--port", str(port),
@@ -583,6 +598,41 @@ def run_attacks(work: Path) -> list[dict[str, Any]]:
     return results
 
 
+def run_chaos_part(ex: Example, work: Path) -> list[dict[str, Any]]:
+    """bench/serve_chaos.py for ``CHAOS_SECONDS`` against bert_mini (FP32, batch 8) on each runtime, gRPC on."""
+    import json
+
+    from bench.serve_chaos import in_process, make_pool, process_alive, run_chaos
+    from hack.controlplane.processes import free_port
+
+    rows = []
+    for runtime in CHAOS_RUNTIMES:
+        port, grpc_port = free_port(), free_port()
+        proc = start_server(ex.model_path, ex.sha256, port, work / f"chaos-{runtime}.log", "--grpc-port",
+                            str(grpc_port), batch=8, runtime=runtime)  # fmt: skip
+        try:
+            recipe = json.dumps({"batch": 8, "session": {"runtime": runtime}})
+            pool = make_pool(in_process(ex.model_path.read_bytes(), recipe), VOCAB, seed=0)
+            result = run_chaos(port, grpc_port, proc.pid, MODEL_NAME, pool, VOCAB, runtime=runtime,
+                               seconds=CHAOS_SECONDS, seed=0)  # fmt: skip
+            result.alive = process_alive(proc.pid)
+        finally:
+            stop(proc)
+        row = {**asdict_chaos(result), "calls_per_s": round(result.calls_per_s, 1), "passed": result.passed}
+        print(f"[serving] chaos: {row}", flush=True)
+        rows.append(row)
+    return rows
+
+
+def asdict_chaos(result: Any) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    row = asdict(result)
+    for key in ("seconds", "rss_start_mib", "rss_peak_mib", "rss_end_mib"):
+        row[key] = round(row[key], 1)
+    return row
+
+
 # ---------------------------------------------------------------- markdown
 
 
@@ -611,6 +661,8 @@ def render(saved: dict[str, Any]) -> str:
         bodies.append(render_probes(saved["probes"]))
     if saved.get("attacks"):
         bodies.append(render_attacks(saved["attacks"]))
+    if saved.get("chaos"):
+        bodies.append(render_chaos(saved["chaos"]))
     bodies.append(
         f"Load average (1, 5, 15 min) at the start {_loads(saved['load_start'])}, at the end"
         f" {_loads(saved['load_end'])} on {saved['machine'].get('logical_cores', '?')} cores: other processes ran"
@@ -773,6 +825,41 @@ def render_attacks(attacks: list[dict[str, Any]]) -> str:
     )
 
 
+def render_chaos(rows: list[dict[str, Any]]) -> str:
+    lines = [
+        f"Chaos (bench/serve_chaos.py, seed 0): {rows[0]['seconds']:.0f} s of a seeded mix of clients against"
+        " bert_mini (FP32, batch 8, gRPC on, serve's defaults otherwise) on each runtime: gRPC calls with deadlines"
+        " from 1 ms up, cancelled at random points, bursts of 500 streams on one connection, REST requests (some"
+        " with client timeouts), connections cut mid-body and mid-answer, token ids past the vocabulary, batch"
+        " sizes 1-8 and lengths 8-32, six client loops at once. Every answer is compared with the variant run in"
+        " the benchmark's process; a refusal is right when a client can act on it (400 / INVALID_ARGUMENT for a"
+        " bad id and nothing else, 503 / UNAVAILABLE with a retry hint, a deadline); then each of the 24 requests"
+        " of the pool is sent again over both protocols.\n",
+        "| runtime | calls | calls/s survived | answered | differing answers | wrong refusals | follow-ups failed |"
+        " crashes | RSS start MiB | RSS peak MiB | RSS end MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        lines.append(
+            f"| {row['runtime']} | {row['calls']} | {row['calls_per_s']:.0f} | {row['answered']} |"
+            f" {row['mismatched']} | {row['wrong']} | {row['followup_failures']} of {row['followups']} |"
+            f" {0 if row['alive'] else 1} | {row['rss_start_mib']:.0f} | {row['rss_peak_mib']:.0f} |"
+            f" {row['rss_end_mib']:.0f} |"
+        )
+    met = all(row["passed"] for row in rows)
+    worst = max(row["rss_end_mib"] - row["rss_start_mib"] for row in rows)
+    lines.append(
+        f"\n- **{'met' if met else 'missed'}**. {sum(not row['alive'] for row in rows)} crash(es), "
+        f"{sum(row['mismatched'] for row in rows)} differing answer(s), {sum(row['wrong'] for row in rows)} wrong"
+        f" refusal(s), {sum(row['followup_failures'] for row in rows)} failed follow-up(s); RSS at the end within"
+        f" {worst:.0f} MiB of the start (target 64 MiB)."
+    )
+    outcomes = {row["runtime"]: row["outcomes"] for row in rows}
+    for runtime, counts in outcomes.items():
+        lines.append(f"- {runtime}: " + ", ".join(f"{key} {value}" for key, value in counts.items()) + ".")
+    return "\n".join(lines)
+
+
 def write_elsewhere(directory: Path, payload: dict[str, Any]) -> None:
     """serving.json, and its section as bench/render.py renders it, in ``directory``; BENCHMARKS.md untouched."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -834,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     estimate = (args.seconds + args.warmup) * (cells * ("matrix" in args.only) + 3 * ("ratio" in args.only))
     estimate += (3 * args.seconds + 10) * ("probes" in args.only) + 150 * ("attacks" in args.only)
+    estimate += (CHAOS_SECONDS + 30) * len(CHAOS_RUNTIMES) * ("chaos" in args.only)
     print(f"[serving] parts {args.only}; about {estimate / 60:.1f} min of measurement plus server starts;"
           f" work dir {work}", flush=True)  # fmt: skip
     ex = Example(work)
@@ -848,6 +936,8 @@ def main(argv: list[str] | None = None) -> int:
         data["probes"] = run_probes(args, ex, work)
     if "attacks" in args.only:
         data["attacks"] = run_attacks(work)
+    if "chaos" in args.only:
+        data["chaos"] = run_chaos_part(ex, work)
     data["load_end"] = os.getloadavg()
     payload = {"benchmark": "serving", "command": benchlib.command_line(), "machine": facts, **data}
     if results_dir is None:
@@ -858,6 +948,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = [c for c in data.get("matrix", {}).get("cells", []) if c["error_count"] or not c["requests"]]
     failed += [c for c in data.get("cases", {}).values() if c["error_count"] or not c["requests"]]
     failed += [a for a in data.get("attacks", []) if a["failed"] or a["liveness_failures"]]
+    failed += [c for c in data.get("chaos", []) if not c["passed"]]
     return 1 if failed or data.get("matrix", {}).get("kserve_unavailable") else 0
 
 
