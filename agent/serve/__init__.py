@@ -18,6 +18,10 @@ Compatibility is checked the way it matters: tritonclient's HTTP client, with
 its defaults (binary tensor extension), runs against the real server in tests.
 
 Modules: ``protocol`` (pure v2 JSON/binary <-> numpy, unit-tested), ``model``
-(fetch, rebuild or check, warm up), ``metrics`` (Prometheus series), ``app``
-(routes, errors, shutdown), ``command`` (CLI arguments -> ServeConfig).
+(fetch, rebuild or check, warm up), ``metrics`` (Prometheus series),
+``dataplane`` (what every front end shares: admission, batching, deadlines,
+budgets, model calls), ``app`` (the REST front end and the process: routes,
+errors, signals, drain), ``grpc_server`` (the gRPC front end; app and
+grpc_server import dataplane, never each other), ``command`` (CLI arguments ->
+ServeConfig, and the composition of the front ends).
 """

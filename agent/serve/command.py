@@ -15,7 +15,8 @@ from urllib.parse import unquote, urlsplit
 
 from pydantic import ValidationError
 
-from metainfer.agent.serve.app import ServeConfig, serve
+from metainfer.agent.serve.app import serve
+from metainfer.agent.serve.dataplane import FrontEndFactory, ServeConfig
 from metainfer.agent.serve.model import ModelSourceArgs
 from metainfer.core.control.settings import SHUTDOWN_DELAY_MAX_ENV
 from metainfer.core.engine.errors import InputError
@@ -27,7 +28,15 @@ log = logging.getLogger("metainfer.serve")
 
 def serve_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    return serve(config_from_args(args))
+    config = config_from_args(args)
+    return serve(config, _grpc_front_end() if config.grpc_port else None)
+
+
+def _grpc_front_end() -> FrontEndFactory:
+    """The gRPC front end's factory, imported only when a gRPC port is asked for (grpcio is not loaded otherwise)."""
+    from metainfer.agent.serve.grpc_server import GrpcFrontEnd
+
+    return GrpcFrontEnd
 
 
 def variant_sha256_from_args(args: argparse.Namespace) -> str | None:

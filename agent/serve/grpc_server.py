@@ -1,16 +1,16 @@
 """The KServe v2 gRPC front end: inference.GRPCInferenceService on grpc.aio, in the REST server's process and loop.
 
-It is a second door to the same ``Server``, never a second server: a ModelInfer call is refused (UNAVAILABLE)
-while draining, and once its message has arrived and been decoded goes through ``Server.admit_waiting()`` (the
-``--max-queue`` slots REST and gRPC share, held until the answer has left; a call that finds them taken waits for
-one until its deadline, as HTTP/2 flow control once made a burst wait at the client), ``Server.run_model()`` (the
-inference workers, the queue deadline, the queue and compute histograms) and ``protocol``'s checks, and it is
-counted in the same series as a REST request: ``metainfer_inference_requests_total``,
-``metainfer_inference_errors_total`` labelled with the HTTP code REST would have answered (one error ratio covers
-both protocols), ``metainfer_inference_latency_seconds``.
+It is a second door to the same ``DataPlane`` (dataplane.py) as REST's (app.py), never a second server: a
+ModelInfer call is refused (UNAVAILABLE) while draining, and once its message has arrived and been decoded goes
+through ``DataPlane.admit_waiting()`` (the ``--max-queue`` slots REST and gRPC share, held until the answer has
+left; a call that finds them taken waits for one until its deadline, as HTTP/2 flow control once made a burst wait
+at the client), ``DataPlane.run_model()`` (the inference workers, the queue deadline, the queue and compute
+histograms) and ``protocol``'s checks, and it is counted in the same series as a REST request:
+``metainfer_inference_requests_total``, ``metainfer_inference_errors_total`` labelled with the HTTP code REST would
+have answered (one error ratio covers both protocols), ``metainfer_inference_latency_seconds``.
 
 The port opens once the variant is loaded, because the message size limit is the REST body limit
-(``Server.body_limit``: the largest legal request of this model, ``--max-batch`` and ``--max-dynamic-dim``), which
+(``DataPlane.body_limit``: the largest legal request of this model, ``--max-batch`` and ``--max-dynamic-dim``), which
 the model's inputs decide. A message over it is refused here as REST refuses such a body: 413 in the metrics,
 RESOURCE_EXHAUSTED with REST's message on the wire. gRPC's own limit sits at twice that (``GRPC_LIMIT_FACTOR``):
 gRPC refuses a message past it from its length prefix, before reading it, but tells the handler only that no
@@ -35,7 +35,7 @@ An answer the client does not take within --write-timeout ends its call (counted
 cannot reset the stream: gRPC keeps the answer queued until the connection closes. It stays counted in the unsent
 budget until then, and ``--grpc-max-connection-age`` is what closes such a connection.
 
-On SIGTERM new calls are still answered for the shutdown delay (``Server.linger``), as REST's requests are, and
+On SIGTERM new calls are still answered for the shutdown delay (``DataPlane.linger``), as REST's requests are, and
 ServerReady and ModelReady say ready until the drain, as REST's readiness does; grpc.aio has no way to end an HTTP/2
 connection short of stopping, so gRPC clients move when the drain starts (and their calls do not lengthen the
 delay). Then ``drain`` refuses new calls (GOAWAY, and UNAVAILABLE for a call that still arrives; clients retry on
@@ -56,7 +56,7 @@ import grpc
 
 from metainfer.agent.serve import grpc_messages as pb
 from metainfer.agent.serve import model as model_loader
-from metainfer.agent.serve.app import MODEL_VERSION, Server, _version
+from metainfer.agent.serve.dataplane import MODEL_VERSION, DataPlane, server_version
 from metainfer.agent.serve.grpc_protocol import (
     encode_model_infer,
     grpc_code,
@@ -97,23 +97,23 @@ logging.getLogger("grpc._cython.cygrpc").addFilter(_EndedCallFilter())
 
 
 class GrpcFrontEnd:
-    """inference.GRPCInferenceService over a ``Server``; ``start`` once the model is loaded, ``drain`` on SIGTERM."""
+    """inference.GRPCInferenceService over a ``DataPlane``; ``start`` once the model is loaded, ``drain`` on SIGTERM."""
 
-    def __init__(self, server: Server) -> None:
-        self.server = server
+    def __init__(self, plane: DataPlane) -> None:
+        self.plane = plane
         self.in_flight = 0  # ModelInfer calls being answered
         self.cutting = False  # set when the drain times out: the calls cancelled from then on were cut, not left
         self._grpc: grpc.aio.Server | None = None
         self._limit, self._too_large = 0, ""
         # ModelInfer calls in progress at once (receiving, queued, running, sending); one more is refused UNAVAILABLE.
-        self._max_calls = server.config.max_queue * CALLS_PER_SLOT
+        self._max_calls = plane.config.max_queue * CALLS_PER_SLOT
         self._waiting_bytes = 0  # messages of calls read but not yet admitted
 
     async def start(self, host: str, port: int, signature: Signature) -> int:
         """Listen on ``host:port`` for requests to a model of ``signature``; returns the port (the one chosen when
         ``port`` is 0). Raises RuntimeError when the port cannot be bound."""
-        config = self.server.config
-        self._limit, self._too_large = self.server.body_limit(signature)
+        config = self.plane.config
+        self._limit, self._too_large = self.plane.body_limit(signature)
         self._grpc = grpc.aio.server(
             options=[
                 ("grpc.max_receive_message_length", self._limit * GRPC_LIMIT_FACTOR),
@@ -175,7 +175,7 @@ class GrpcFrontEnd:
             pass
         # gRPC's stop waits for answers still being sent too; their handlers are done, yet one call at least is cut.
         cut, self.cutting = max(self.in_flight, 1), True
-        self.server.metrics.aborted("drain_timeout", cut)
+        self.plane.metrics.aborted("drain_timeout", cut)
         log.warning("gRPC drain timeout after %.0f s: %d call(s) still in flight are cut", timeout, cut)
         await self._grpc.stop(None)
         await stopped
@@ -183,28 +183,28 @@ class GrpcFrontEnd:
 
     # -- health and metadata ------------------------------------------------
     async def server_live(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return pb.ServerLiveResponse(live=self.server.health().live)
+        return pb.ServerLiveResponse(live=self.plane.health().live)
 
     async def server_ready(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
-        return pb.ServerReadyResponse(ready=self.server.ready)
+        return pb.ServerReadyResponse(ready=self.plane.ready)
 
     async def model_ready(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
-            check_model(request.name, request.version, self.server.config.model_name, MODEL_VERSION)
+            check_model(request.name, request.version, self.plane.config.model_name, MODEL_VERSION)
         except ProtocolError as exc:
             await _abort(context, exc)
-        return pb.ModelReadyResponse(ready=self.server.ready)
+        return pb.ModelReadyResponse(ready=self.plane.ready)
 
     async def server_metadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         # REST's binary_tensor_data is an HTTP extension; over gRPC tensors are binary anyway.
-        return pb.ServerMetadataResponse(name="metainfer", version=_version(), extensions=[])
+        return pb.ServerMetadataResponse(name="metainfer", version=server_version(), extensions=[])
 
     async def model_metadata(self, request: Any, context: grpc.aio.ServicerContext[Any, Any]) -> Any:
         try:
-            model = self._loaded(request.name, request.version)
+            model = self.plane.loaded(request.name, request.version)
         except ProtocolError as exc:
             await _abort(context, exc)
-        doc = model_metadata(self.server.config.model_name, [MODEL_VERSION], model.signature)
+        doc = model_metadata(self.plane.config.model_name, [MODEL_VERSION], model.signature)
         return model_metadata_response(doc)
 
     # -- inference ----------------------------------------------------------
@@ -214,7 +214,7 @@ class GrpcFrontEnd:
         # and leaves a NULL pointer that ``peer()``, ``read()`` and ``write()`` dereference (a SIGSEGV: clients
         # whose deadlines passed or who cancelled took the server down that way). The work that goes on after a
         # cancelled call (decode, inference, encoding) sees only bytes.
-        metrics = self.server.metrics
+        metrics = self.plane.metrics
         metrics.requests.inc()
         received = time.perf_counter()
         connection = context.peer()
@@ -257,7 +257,7 @@ class GrpcFrontEnd:
 
     async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], error: ProtocolError) -> NoReturn:
         """End the call with ``error`` (counted); a call gRPC's core has ended meanwhile just ends."""
-        self.server.metrics.error(error.status)
+        self.plane.metrics.error(error.status)
         try:
             await _abort(context, error)
         except grpc.aio.AbortError:  # what a successful abort raises, to end the handler
@@ -280,7 +280,7 @@ class GrpcFrontEnd:
         ``--max-queue`` would no longer bound the work)."""
         if self.in_flight > self._max_calls:
             raise _busy(f"{self.in_flight - 1} calls in progress")
-        self.server.refuse_if_draining()
+        self.plane.refuse_if_draining()
         # A call that sends headers and then nothing holds a call (bounded by the cap above and by --body-timeout),
         # never a --max-queue slot.
         data = await self._read_message(requests)
@@ -292,12 +292,12 @@ class GrpcFrontEnd:
         held = len(data)
         self._waiting_bytes += held
         try:
-            request = await loop.run_in_executor(self.server.codec, parse_request, data)
+            request = await loop.run_in_executor(self.plane.codec, parse_request, data)
             del data
-            model = self._loaded(request.model_name, request.model_version)
-            parsed = await loop.run_in_executor(self.server.codec, parse_model_infer, request, model.signature)
+            model = self.plane.loaded(request.model_name, request.model_version)
+            parsed = await loop.run_in_executor(self.plane.codec, parse_model_infer, request, model.signature)
             del request
-            release = await self.server.admit_waiting(received, deadline)
+            release = await self.plane.admit_waiting(received, deadline)
         finally:
             self._waiting_bytes -= held
         work = asyncio.ensure_future(self._compute(model, parsed, received, deadline, release))
@@ -320,10 +320,10 @@ class GrpcFrontEnd:
         call's (see ``model_infer``)."""
         loop = asyncio.get_running_loop()
         try:
-            results = await self.server.run_model(model, parsed.inputs, parsed.outputs, received, deadline)
-            name = self.server.config.model_name
+            results = await self.plane.run_model(model, parsed.inputs, parsed.outputs, received, deadline)
+            name = self.plane.config.model_name
             payload = await loop.run_in_executor(
-                self.server.codec, encode_model_infer, name, MODEL_VERSION, parsed, results
+                self.plane.codec, encode_model_infer, name, MODEL_VERSION, parsed, results
             )
         except BaseException:
             release()
@@ -332,9 +332,9 @@ class GrpcFrontEnd:
 
     async def _write(self, context: grpc.aio.ServicerContext[Any, Any], connection: str, payload: bytes) -> None:
         """Send the answer; a client that does not take it within --write-timeout is cut (``_SlowReader``)."""
-        timeout = self.server.config.write_timeout_s
+        timeout = self.plane.config.write_timeout_s
         size = len(payload)
-        self.server.unsent_reserve(connection, size)
+        self.plane.unsent_reserve(connection, size)
         # The write completes once HTTP/2 flow control has let the message out, or fails once its stream or
         # connection is gone: until then gRPC holds the message, whatever becomes of this handler, and so does the
         # reservation. (grpc.aio cannot reset one stream from the server: a status waits behind the message. The
@@ -353,24 +353,18 @@ class GrpcFrontEnd:
             raise _SlowReader(f"the answer was not read within {timeout:g} s") from None
 
     def _sent(self, connection: str, size: int) -> None:
-        self.server.unsent.release(connection, size)
-        self.server.answered_since_trim += 1
+        self.plane.unsent.release(connection, size)
+        self.plane.answered_since_trim += 1
 
     async def _read_message(self, requests: AsyncIterator[bytes]) -> bytes:
         """The call's one request message, refused (408) when it does not arrive within the body timeout."""
-        timeout = self.server.config.body_timeout_s
+        timeout = self.plane.config.body_timeout_s
         try:
             return await asyncio.wait_for(anext(aiter(requests)), timeout)
         except StopAsyncIteration:
             raise _NoMessage("the call ended before its request message arrived") from None
         except TimeoutError:
             raise ProtocolError(f"request message not received within {timeout:g} s", 408) from None
-
-    def _loaded(self, name: str, version: str) -> model_loader.LoadedModel:
-        check_model(name, version, self.server.config.model_name, MODEL_VERSION)
-        if self.server.model is None:
-            raise ProtocolError(f"model {name!r} is still loading", 503)
-        return self.server.model
 
 
 class _SlowReader(Exception):

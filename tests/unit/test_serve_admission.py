@@ -8,14 +8,14 @@ import time
 
 import pytest
 
-from metainfer.agent.serve.app import ServeConfig, Server
+from metainfer.agent.serve.dataplane import DataPlane, ServeConfig
 from metainfer.agent.serve.grpc_server import PUSHBACK, retry_trailers
 from metainfer.agent.serve.model import ModelSourceArgs
 from metainfer.agent.serve.protocol import ProtocolError
 from metainfer.core.engine.recipe import Recipe
 
 
-def _server(max_queue: int, request_timeout_s: float = 30.0) -> Server:
+def _server(max_queue: int, request_timeout_s: float = 30.0) -> DataPlane:
     config = ServeConfig(
         source=ModelSourceArgs(model_uri="file:///nowhere.onnx", model_sha256=None),
         recipe=Recipe(),
@@ -23,7 +23,7 @@ def _server(max_queue: int, request_timeout_s: float = 30.0) -> Server:
         max_queue=max_queue,
         request_timeout_s=request_timeout_s,
     )
-    return Server(config)
+    return DataPlane(config)
 
 
 def test_rest_admission_refuses_at_once_and_a_release_counts_once() -> None:
