@@ -115,7 +115,7 @@ def test_long_messages_fit_the_status() -> None:
 
 def test_confirmed_drift_makes_exactly_one_latency_drift_run() -> None:
     """The drift epoch in the class status salts the run key: a new run for the same spec, then none again."""
-    from test_reconcile import CPU, Cluster  # the in-memory API of the reconcile scenarios
+    from reconcile_cluster import CPU, Cluster  # the in-memory API of the reconcile scenarios
 
     c = Cluster()
     nodes = {"n1": CPU}

@@ -1,5 +1,5 @@
 """Why a run's Job has no pod at work, from its pods and events as the API server returns them
-(core.control.job_waits); test_reconcile shows the class's status and events saying it."""
+(core.control.job_waits); test_runs shows the class's status and events saying it."""
 
 from __future__ import annotations
 

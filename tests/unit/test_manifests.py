@@ -1,4 +1,8 @@
-"""Names and manifests: deterministic, within Kubernetes limits, hardened, owned, valid against core.api."""
+"""The manifests the operator writes (core.control.manifests): runs, Jobs, Deployments, Services and disruption
+budgets that are deterministic, owned, hardened, pinned to their class and valid against core.api, carrying the
+platform's settings into every Job and serving pod; and the image that serves a variant, which stays the one that
+validated it until a re-adaptation under a new runtime is served. The names they carry are tested in test_naming,
+the run key in test_runkey, the settings themselves in test_settings."""
 
 from __future__ import annotations
 
@@ -9,13 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from manifest_inputs import CPU, GPU, _pods, gpu_group, policy, succeeded
 from pydantic import ValidationError
+from reconcile_cluster import Cluster
 
+from metainfer.core.api.conditions import Reason
 from metainfer.core.api.names import LABEL_CLASS, LABEL_POLICY, LABEL_RUN_KEY
-from metainfer.core.api.policy import AdaptationPolicy, ResourceRequirements
+from metainfer.core.api.policy import AdaptationPolicy
 from metainfer.core.api.run import AdaptationRun, AdaptationRunSpec
 from metainfer.core.api.security import ContainerSecurityContext, PodSecurityContext
-from metainfer.core.control.hardware import classify_node, group_nodes
+from metainfer.core.control.hardware import group_nodes
 from metainfer.core.control.manifests import (
     build_deployment,
     build_disruption_budget,
@@ -25,107 +32,12 @@ from metainfer.core.control.manifests import (
     build_service,
     policy_endpoint,
 )
-from metainfer.core.control.naming import JOB_MAX, canary_name, job_name, label_value, run_name, workload_name
+from metainfer.core.control.naming import JOB_MAX, workload_name
 from metainfer.core.control.runkey import run_key
-from metainfer.core.control.settings import (
-    DEFAULT_JOB_RESOURCES,
-    SHUTDOWN_DELAY_MAX_ENV,
-    TERMINATION_MARGIN_S,
-    AgentJobSettings,
-    ServingDefaults,
-    merged_resources,
-)
-from metainfer.core.engine.recipe import QuantizationSpec, Recipe, TransformSpec
-
-DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-GPU = {
-    "kubernetes.io/arch": "amd64",
-    "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB",
-    "nvidia.com/cuda.driver-version.full": "550.54.15",
-}
-CPU = {"kubernetes.io/arch": "amd64", "feature.node.kubernetes.io/cpu-cpuid.AVX2": "true"}
-
-
-def policy(name: str = "digits", **spec: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "model": {"uri": "https://models.example.com/digits.onnx", "sha256": "a" * 64, "version": "1"},
-        "slo": {"latencyP95Ms": 10, "batchSize": 1},
-        "hardware": {"tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]},
-        "search": {"timeBudgetSeconds": 600, "backoffLimit": 3},
-    }
-    return {
-        "apiVersion": "metainfer.io/v1alpha1",
-        "kind": "AdaptationPolicy",
-        "metadata": {"name": name, "namespace": "team-a", "uid": "uid-policy", "generation": 3},
-        "spec": {**base, **spec},
-    }
-
-
-def gpu_group():  # type: ignore[no-untyped-def]
-    return next(iter(group_nodes([("gpu-1", GPU), ("gpu-2", GPU)]).values()))
-
-
-def succeeded(run: dict[str, Any]) -> dict[str, Any]:
-    recipe = Recipe(transform=TransformSpec(quantization=QuantizationSpec(mode="int8_dynamic")))
-    return {
-        **run,
-        "metadata": {**run["metadata"], "uid": "uid-run"},
-        "status": {
-            "phase": "Succeeded",
-            "bestRecipe": recipe.model_dump(mode="json"),
-            "bestRecipeKey": recipe.key(),
-            "bestMetrics": {"p95Ms": 3.5, "qualityDrop": 0.001},
-            "completionTime": "2026-01-01T00:10:00Z",
-        },
-    }
-
-
-# --- naming ---------------------------------------------------------------------------------------------------------
-
-
-def test_names_are_deterministic_valid_and_bounded() -> None:
-    cls = classify_node(GPU).hardware_class.name()
-    assert run_name("digits", cls, "0123456789abcdef") == run_name("digits", cls, "0123456789abcdef")
-    assert run_name("digits", cls, "0123456789abcdef") != run_name("digits", cls, "fedcba9876543210")
-    long_policy = "p" * 253
-    for name in (
-        run_name(long_policy, cls, "k" * 16),
-        job_name("j" * 100),
-        workload_name(long_policy, cls),
-        canary_name(long_policy, cls),
-        label_value("v" * 200),
-    ):
-        assert DNS_LABEL.match(name) and len(name) <= 63, name
-    assert len(run_name(long_policy, cls, "k" * 16)) <= JOB_MAX and len(job_name("j" * 100)) <= JOB_MAX
-    assert canary_name("digits", cls).endswith("-canary")
-    assert workload_name("9lives", cls)[0].isalpha()  # Service names are DNS-1035 labels
-
-
-def test_long_names_sharing_a_prefix_do_not_collide() -> None:
-    prefix = "a-very-long-policy-name-" * 5
-    names = {workload_name(prefix + str(i), "cpu-generic-0123abcd") for i in range(200)}
-    assert len(names) == 200
-    assert workload_name("a-b", "c") != workload_name("a", "b-c")
-    runs = {run_name(prefix, "cpu-generic-0123abcd", f"{i:016x}") for i in range(200)}
-    assert len(runs) == 200
-
+from metainfer.core.control.settings import AgentJobSettings, ServingDefaults
+from metainfer.core.engine.recipe import Recipe
 
 # --- run ------------------------------------------------------------------------------------------------------------
-
-
-def test_run_key_changes_with_model_batch_class_and_search_but_not_serving() -> None:
-    p = policy()
-    key = run_key(p["spec"], 3, "0" * 16)
-    assert run_key(p["spec"], 4, "0" * 16) == key  # generation alone (e.g. replicas edited) re-adapts nothing
-    assert run_key(policy(serving={"replicas": 5})["spec"], 3, "0" * 16) == key
-    assert run_key(p["spec"], 3, "1" * 16) != key
-    assert run_key({**p["spec"], "model": {**p["spec"]["model"], "sha256": "b" * 64}}, 3, "0" * 16) != key
-    assert run_key({**p["spec"], "slo": {"latencyP95Ms": 10, "batchSize": 8}}, 3, "0" * 16) != key
-    assert run_key({**p["spec"], "search": {"trialBudget": 99}}, 3, "0" * 16) != key
-    # The runtime the platform's image runs salts it: another ONNX Runtime re-adapts, the same one changes nothing.
-    with_runtime = run_key(p["spec"], 3, "0" * 16, runtime="onnxruntime 1.20.0")
-    assert with_runtime != key and with_runtime == run_key(p["spec"], 3, "0" * 16, runtime="onnxruntime 1.20.0")
-    assert run_key(p["spec"], 3, "0" * 16, runtime="onnxruntime-gpu 1.20.0") != with_runtime
 
 
 def test_build_run_validates_and_is_owned() -> None:
@@ -209,61 +121,6 @@ def test_a_mig_mixed_class_s_job_and_pods_request_one_instance_of_its_profile_an
         assert pod["nodeSelector"]["nvidia.com/mig-1g.5gb.memory"] == "4864"
 
 
-def _pods(settings: tuple[AgentJobSettings, ServingDefaults], **spec: Any) -> list[dict[str, Any]]:
-    """The Job's and the Deployment's pod specs for one GPU class, built with ``settings``."""
-    group, p = gpu_group(), policy(**spec)
-    run = succeeded(build_run(p, group, "NewHardwareClass"))
-    job, dep = build_job(run, group, settings[0]), build_deployment(p, group, run, settings[1])
-    return [job["spec"]["template"]["spec"], dep["spec"]["template"]["spec"]]
-
-
-def test_jobs_are_guaranteed_qos_by_default() -> None:
-    """requests == limits for every resource (cpu and memory from the platform, the class's GPU): the kubelet gives
-    the pod Guaranteed QoS, so its latency measurements do not depend on what else runs on the node."""
-    assert DEFAULT_JOB_RESOURCES.requests == DEFAULT_JOB_RESOURCES.limits
-    cpu_group = next(iter(group_nodes([("c", CPU)]).values()))
-    for group in (gpu_group(), cpu_group):
-        run = build_run(policy(), group, "NewHardwareClass")
-        run["metadata"]["uid"] = "u"
-        (c,) = build_job(run, group)["spec"]["template"]["spec"]["containers"]
-        requests, limits = c["resources"]["requests"], c["resources"]["limits"]
-        assert requests == limits and {"cpu", "memory"} <= requests.keys()
-        assert all(isinstance(q, str) for q in requests.values()), "the Kubernetes client refuses int quantities"
-    platform = AgentJobSettings(resources=ResourceRequirements(requests={"cpu": 4}, limits={"cpu": 4}))
-    (job_pod, _) = _pods((platform, ServingDefaults()))
-    assert job_pod["containers"][0]["resources"] == {
-        "requests": {"cpu": "4", "nvidia.com/gpu": "1"},
-        "limits": {"cpu": "4", "nvidia.com/gpu": "1"},
-    }
-
-
-def test_serving_resources_the_policy_names_win_the_rest_are_the_platforms() -> None:
-    platform = ResourceRequirements(requests={"cpu": "1", "memory": "1Gi"}, limits={"cpu": "1", "memory": "2Gi"})
-    assert merged_resources(None, platform) == {
-        "requests": {"cpu": "1", "memory": "1Gi"},
-        "limits": {"cpu": "1", "memory": "2Gi"},
-    }
-    # A memory request above the platform's memory limit: the platform's limit must not come with it (the API
-    # server would refuse requests > limits), so memory is the policy's alone.
-    own = ResourceRequirements(requests={"memory": "8Gi"})
-    assert merged_resources(own, platform) == {"requests": {"cpu": "1", "memory": "8Gi"}, "limits": {"cpu": "1"}}
-    own = ResourceRequirements(limits={"cpu": "3", "ephemeral-storage": "1Gi"})
-    assert merged_resources(own, platform) == {
-        "requests": {"memory": "1Gi"},
-        "limits": {"memory": "2Gi", "cpu": "3", "ephemeral-storage": "1Gi"},
-    }
-    assert merged_resources(own, None) == {"limits": {"cpu": "3", "ephemeral-storage": "1Gi"}}
-    assert merged_resources(None, None) == {}
-    settings = (AgentJobSettings(), ServingDefaults(resources=platform))
-    (_, silent) = _pods(settings)
-    assert silent["containers"][0]["resources"]["limits"] == {"cpu": "1", "memory": "2Gi", "nvidia.com/gpu": "1"}
-    (_, named) = _pods(settings, serving={"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": "2"}}})
-    assert named["containers"][0]["resources"] == {
-        "requests": {"memory": "1Gi", "cpu": "2", "nvidia.com/gpu": "1"},
-        "limits": {"memory": "2Gi", "cpu": "2", "nvidia.com/gpu": "1"},
-    }
-
-
 def test_platform_security_contexts_and_pull_secrets_reach_jobs_and_serving_pods() -> None:
     """OpenShift's restricted SCC assigns UIDs and refuses pinned ones: without runAsUser/runAsGroup/fsGroup in the
     platform's pod securityContext, no UID is pinned anywhere in the Job or the serving pod."""
@@ -285,22 +142,6 @@ def test_platform_security_contexts_and_pull_secrets_reach_jobs_and_serving_pods
             "runAsNonRoot": True,
         }
         assert not {"runAsUser", "runAsGroup", "fsGroup"} & set(re.findall(r'"(\w+)":', json.dumps(pod)))
-
-
-@pytest.mark.parametrize(
-    ("model", "value", "why"),
-    [
-        (PodSecurityContext, {"runAsUsr": 1000}, "runAsUsr"),  # a typo is an error, not a silent default
-        (PodSecurityContext, {"runAsUser": -1}, "runAsUser"),
-        (PodSecurityContext, {"runAsNonRoot": True, "runAsUser": 0}, "can never start"),
-        (PodSecurityContext, {"seccompProfile": {"type": "Default"}}, "seccompProfile"),
-        (ContainerSecurityContext, {"privileged": True, "allowPrivilegeEscalation": False}, "allowPrivilegeEscalation"),
-        (ContainerSecurityContext, {"capabilities": {"drop": "ALL"}}, "drop"),
-    ],
-)
-def test_security_contexts_refuse_what_kubernetes_would(model: type, value: dict[str, Any], why: str) -> None:
-    with pytest.raises(ValidationError, match=why):
-        model.model_validate(value)
 
 
 def test_job_deadline_from_spec_and_model_volume() -> None:
@@ -399,14 +240,6 @@ def test_a_provisional_pod_checks_the_variant_in_an_init_container_and_serves_wh
     assert "initContainers" not in plain["spec"] and "metainfer.io/provisional" not in plain["metadata"]["labels"]
 
 
-def test_a_model_volume_cannot_hide_the_variant_store() -> None:
-    with pytest.raises(ValidationError, match="must not be"):
-        AdaptationPolicy.model_validate(
-            policy(model={"uri": "file:///x/m.onnx", "sha256": "a" * 64,
-                          "volume": {"claimName": "m", "mountPath": "/var/lib/metainfer/variants"}})
-        )  # fmt: skip
-
-
 # --- serving --------------------------------------------------------------------------------------------------------
 
 
@@ -471,51 +304,6 @@ def test_the_serving_container_listens_where_its_ports_say() -> None:
     assert ports == {"http": args.port, "grpc": args.grpc_port} and args.grpc_port != args.port
     service_ports = {port["name"]: port["targetPort"] for port in build_service(p, group)["spec"]["ports"]}
     assert service_ports == {"http": "http", "grpc": "grpc"}
-
-
-def test_a_terminating_serving_pod_answers_then_drains_within_its_grace_period() -> None:
-    """Make-before-break on pod replacement: serve gets the platform's shutdown delay and drain timeout, and the
-    kubelet's SIGKILL comes only after the longest delay, the drain and a margin (55 s with the defaults). The
-    longest delay is an environment variable, not a flag: an older serving image ignores it."""
-    from metainfer.agent.serve.flags import add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    group = gpu_group()
-    p = policy()
-    run = succeeded(build_run(p, group, "NewHardwareClass"))
-    cases = (
-        (ServingDefaults(), 55),
-        (ServingDefaults(shutdown_delay_seconds=0), 25),  # no delay: its maximum lengthens nothing
-        (ServingDefaults(shutdown_delay_seconds=2.5, drain_timeout_seconds=60), 95),
-        (ServingDefaults(shutdown_delay_seconds=2.5, shutdown_delay_max_seconds=0.5), 28),  # never under the delay
-        (ServingDefaults(shutdown_delay_max_seconds=90, drain_timeout_seconds=10), 105),
-    )
-    for settings, grace in cases:
-        pod = build_deployment(p, group, run, settings)["spec"]["template"]["spec"]
-        (container,) = pod["containers"]
-        args = parser.parse_args(container["args"][1:])
-        assert args.shutdown_delay_max is None, "a flag an older serving image would refuse"
-        env = {e["name"]: e["value"] for e in container["env"]}
-        longest = float(env[SHUTDOWN_DELAY_MAX_ENV])
-        assert (args.shutdown_delay, longest, args.drain_timeout) == (
-            settings.shutdown_delay_seconds,
-            settings.shutdown_delay_max_seconds,
-            settings.drain_timeout_seconds,
-        )
-        assert pod["terminationGracePeriodSeconds"] == grace == settings.termination_grace_seconds()
-        longest_delay = max(args.shutdown_delay, longest) if args.shutdown_delay else 0
-        assert grace >= longest_delay + args.drain_timeout + TERMINATION_MARGIN_S
-    assert ServingDefaults().shutdown_delay_seconds > 0, "by default a terminating pod keeps answering a while"
-    for bad in (
-        {"shutdown_delay_seconds": -1},
-        {"drain_timeout_seconds": 0},
-        {"shutdown_delay_seconds": "inf"},
-        {"shutdown_delay_max_seconds": -1},
-        {"shutdown_delay_max_seconds": "inf"},
-    ):
-        with pytest.raises(ValidationError):
-            ServingDefaults.model_validate(bad)
 
 
 def test_serving_replicas_spread_over_the_classs_nodes_without_ever_blocking_scheduling() -> None:
@@ -631,25 +419,6 @@ def test_the_platforms_fetch_exceptions_reach_job_and_serving_pods_only_when_set
         OperatorConfig(workload_fetch_allow_cidrs='["nope"]')
 
 
-def test_the_platforms_vendor_images_reach_job_and_serving_settings_and_cpu_is_not_a_vendor_image() -> None:
-    from metainfer.operator.config import ConfigError, OperatorConfig
-
-    images = {"nvidia": {"image": "r/metainfer:1-cuda", "runtime": "onnxruntime-gpu 1.31.1"}}
-    config = OperatorConfig(agent_image="r/metainfer:1", agent_images=json.dumps(images))
-    for settings in (config.job_settings(), config.serving_defaults()):
-        nvidia = settings.for_vendor("nvidia")
-        assert nvidia is not None and (nvidia.image, nvidia.runtime) == ("r/metainfer:1-cuda", "onnxruntime-gpu 1.31.1")
-        assert settings.for_vendor("amd") is None and settings.for_vendor("cpu") is settings
-    # Unset: no accelerator vendor has an image, so none is run on the CPU image.
-    assert OperatorConfig().job_settings().for_vendor("nvidia") is None
-    with pytest.raises(ConfigError, match=r"METAINFER_AGENT_IMAGES: .*cpu classes run agent_image"):
-        OperatorConfig(agent_images='{"cpu": {"image": "x"}}')
-    with pytest.raises(ConfigError, match="METAINFER_AGENT_IMAGES"):
-        OperatorConfig(agent_images='{"nvida": {"image": "x"}}')
-    with pytest.raises(ConfigError, match="METAINFER_AGENT_IMAGES: not valid JSON"):
-        OperatorConfig(agent_images="{nvidia")
-
-
 def test_the_platforms_tolerations_reach_job_and_serving_pods_after_the_policys() -> None:
     from metainfer.operator.config import ConfigError, OperatorConfig
 
@@ -660,20 +429,6 @@ def test_the_platforms_tolerations_reach_job_and_serving_pods_after_the_policys(
         assert gpu in pod["tolerations"]
     with pytest.raises(ConfigError, match="METAINFER_WORKLOAD_TOLERATIONS"):
         OperatorConfig(workload_tolerations='[{"operator": "Equal"}]')  # no key needs Exists
-
-
-def test_the_runtime_is_read_from_the_installed_distribution_without_importing_onnxruntime() -> None:
-    import subprocess
-    import sys
-
-    code = (
-        "import sys; from metainfer.core.engine.runtime_identity import runtime_identity as r; "
-        "print(r()); print('onnxruntime' in sys.modules)"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
-    import onnxruntime
-
-    assert out[-1] == "False" and f"onnxruntime {onnxruntime.__version__}" in " ".join(out[:-1])
 
 
 def test_the_platforms_placement_reaches_job_and_serving_pods_and_a_bad_affinity_is_named() -> None:
@@ -725,19 +480,6 @@ def test_a_policys_scheduling_replaces_the_platforms_classes_in_its_job_and_serv
     )
 
 
-def test_a_spec_field_added_later_moves_no_run_key_until_it_is_set() -> None:
-    p = policy()
-    key = run_key(p["spec"], 3, "0" * 16)
-    assert key == "f4160a6f0d8a5045"  # pinned: what the release before slo.qualityMetric and quantizers gave it
-    assert run_key({**p["spec"], "slo": {**p["spec"]["slo"], "qualityMetric": "auto"}}, 3, "0" * 16) == key
-    chosen = {**p["spec"], "slo": {**p["spec"]["slo"], "qualityMetric": "argmax_agreement"}}
-    assert run_key(chosen, 3, "0" * 16) != key
-    nncf = {**p["spec"], "searchSpace": {**p["spec"].get("searchSpace", {}), "quantizers": ["nncf"]}}
-    assert run_key(nncf, 3, "0" * 16) != key
-    tf32 = {**p["spec"], "searchSpace": {**p["spec"].get("searchSpace", {}), "cudaTf32": [False]}}
-    assert run_key(tf32, 3, "0" * 16) != key
-
-
 def test_a_credentials_secret_is_mounted_read_only_into_the_job_and_every_serving_container() -> None:
     """The Secret the policy names reaches the agent, the serving container and a provisional check alike, at the
     path agent/object_store.py reads; the run carries it, so serving a run's model uses the run's credentials."""
@@ -779,8 +521,55 @@ def test_the_platforms_proxy_and_workload_identity_reach_the_pods_only_when_set(
         OperatorConfig(workload_fetch_proxy="proxy.corp:3128")
 
 
-def test_naming_or_rotating_a_credentials_secret_re_adapts_nothing() -> None:
-    model = {"uri": "s3://models/m.onnx", "sha256": "a" * 64}
-    keys = {run_key(policy(model={**model, **extra})["spec"], 1, "fp") for extra in
-            ({}, {"credentials": {"secretName": "keys"}}, {"credentials": {"secretName": "rotated"}})}  # fmt: skip
-    assert len(keys) == 1
+# --- the image that serves a variant --------------------------------------------------------------------------------
+
+
+def _image_of(c: Cluster) -> str:
+    (deployment,) = c.deployments.values()
+    image: str = deployment["spec"]["template"]["spec"]["containers"][0]["image"]
+    return image
+
+
+def _platform(c: Cluster, image: str, runtime: str) -> None:
+    c.job_settings = AgentJobSettings(image=image, runtime=runtime)
+    c.serving = ServingDefaults(image=image, runtime=runtime)
+
+
+def test_a_new_runtime_re_adapts_while_the_image_that_validated_the_variant_keeps_serving_it() -> None:
+    """A chart upgrade: a pod of another ONNX Runtime rebuilds a variant into other bytes and refuses it (exit 2),
+    so the class keeps the run's own image until its re-adaptation under the new runtime is served. An upgrade
+    that keeps the runtime re-adapts nothing and rolls the serving pods to the new image."""
+    c = Cluster()
+    _platform(c, "metainfer:1", "onnxruntime 1.20.0")
+    c.reconcile({"c1": CPU})
+    (first,) = c.runs
+    assert c.runs[first]["spec"]["runtime"] == "onnxruntime 1.20.0" and c.runs[first]["spec"]["image"] == "metainfer:1"
+    c.finish(first)
+    c.reconcile({"c1": CPU})
+    assert _image_of(c) == "metainfer:1"
+
+    _platform(c, "metainfer:1.1", "onnxruntime 1.20.0")  # a re-tag: same runtime
+    retag = c.reconcile({"c1": CPU})
+    assert retag.runs_to_create == [] and _image_of(c) == "metainfer:1.1"
+
+    _platform(c, "metainfer:2", "onnxruntime 1.22.0")
+    upgrade = c.reconcile({"c1": CPU})
+    assert [p.reason for p in upgrade.runs_to_create] == [Reason.RUNTIME_CHANGE]
+    assert _image_of(c) == "metainfer:1", "the image that validated the variant serves it meanwhile"
+    (second,) = (name for name in c.runs if name != first)
+    assert c.runs[second]["spec"]["runtime"] == "onnxruntime 1.22.0"
+    c.finish(second)
+    c.reconcile({"c1": CPU})
+    assert _image_of(c) == "metainfer:2"
+    assert c.reconcile({"c1": CPU}).runs_to_create == []
+
+
+def test_runs_recorded_before_runtimes_were_get_the_platforms_image() -> None:
+    c = Cluster()
+    c.reconcile({"c1": CPU})
+    (run,) = c.runs
+    assert c.runs[run]["spec"].get("runtime") is None  # no settings: tests, the demo
+    c.finish(run)
+    _platform(c, "metainfer:2", "onnxruntime 1.22.0")
+    c.reconcile({"c1": CPU})
+    assert _image_of(c) == "metainfer:2"

@@ -1,5 +1,5 @@
 """Why a serving Deployment's new pods do not become Ready, from the Deployment and its pods as the API server
-returns them (core.control.rollout_waits); test_reconcile shows the class's status and events saying it."""
+returns them (core.control.rollout_waits); test_serving_plan shows the class's status and events saying it."""
 
 from __future__ import annotations
 
