@@ -18,6 +18,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from metainfer.core.api.pod_contract import (
+    AGENT_COMMAND,
+    AGENT_RUN_COMMAND,
+    CHECK_PROVISIONAL_COMMAND,
+    PROGRAM,
+    SERVE_COMMAND,
+)
 from metainfer.core.engine.algorithms import ALGORITHM_NAMES, DEFAULT_ALGORITHM, MAX_TRIAL_BUDGET, Algorithm
 from metainfer.core.engine.errors import DataError, InputError, MetainferError, ModelError, NoFeasibleCandidate
 from metainfer.core.engine.scoring import (
@@ -79,7 +86,7 @@ class _Version(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="metainfer", description=__doc__.splitlines()[0])
+    parser = _Parser(prog=PROGRAM, description=__doc__.splitlines()[0])
     parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=_Parser)
 
@@ -215,13 +222,15 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--standalone", action="store_true", help="no peering: for a single local operator only")
     o.add_argument("--verbose", action="store_true")
 
-    s = sub.add_parser("serve", help="serve an adapted variant over the KServe v2 / Open Inference Protocol REST API")
+    s = sub.add_parser(
+        SERVE_COMMAND, help="serve an adapted variant over the KServe v2 / Open Inference Protocol REST API"
+    )
     from metainfer.agent.serve.flags import add_arguments as add_serve_arguments
 
     add_serve_arguments(s)
 
     c = sub.add_parser(
-        "check-provisional",
+        CHECK_PROVISIONAL_COMMAND,
         help="check another class's variant on this node before serving it; leave it, or FP32, for serve",
     )
     from metainfer.agent.serve.flags import add_check_arguments
@@ -243,9 +252,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     k.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
 
-    g = sub.add_parser("agent", help="node-side roles run by the operator's Jobs")
+    g = sub.add_parser(AGENT_COMMAND, help="node-side roles run by the operator's Jobs")
     gsub = g.add_subparsers(dest="agent_command", required=True, metavar="ROLE", parser_class=_Parser)
-    gr = gsub.add_parser("run", help="execute one AdaptationRun and write its status (the adaptation Job)")
+    gr = gsub.add_parser(AGENT_RUN_COMMAND, help="execute one AdaptationRun and write its status (the adaptation Job)")
     gr.add_argument("run", metavar="NAMESPACE/RUN", help="the AdaptationRun to execute")
     gr.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster config, else $KUBECONFIG)")
     return parser
@@ -282,11 +291,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.operator.main import run as run_operator
 
             return run_operator(args.namespaces, args.liveness or None, args.standalone, args.verbose)
-        if args.command == "serve":
+        if args.command == SERVE_COMMAND:
             from metainfer.agent.serve.command import serve_command
 
             return serve_command(args)
-        if args.command == "check-provisional":
+        if args.command == CHECK_PROVISIONAL_COMMAND:
             from metainfer.agent.serve.check import check_provisional_command
 
             return check_provisional_command(args)
@@ -294,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.agent.install_check import check_install_command
 
             return check_install_command(args.deployment, args.policy_namespaces, args.kubeconfig)
-        if args.command == "agent":
+        if args.command == AGENT_COMMAND:
             from metainfer.agent.run import run_command
 
             return run_command(args.run, args.kubeconfig)

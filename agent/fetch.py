@@ -30,6 +30,7 @@ from urllib.parse import unquote, urlsplit
 from metainfer.agent import object_store
 from metainfer.agent.fetch_guard import RefusedAddress, opener
 from metainfer.core.api.conditions import Reason
+from metainfer.core.api.pod_contract import ENV_MAX_FETCH_BYTES
 
 DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB: larger than any model the engine can load in memory on a node
 HTTP_TIMEOUT_S = 60.0
@@ -53,7 +54,7 @@ class ConfigMapReader(Protocol):
 
 def max_bytes() -> int:
     """Size cap; ``METAINFER_MAX_FETCH_BYTES`` overrides it (operators with larger models)."""
-    return int(os.environ.get("METAINFER_MAX_FETCH_BYTES", DEFAULT_MAX_BYTES))
+    return int(os.environ.get(ENV_MAX_FETCH_BYTES, DEFAULT_MAX_BYTES))
 
 
 def fetch(
@@ -109,7 +110,7 @@ def _write_chunks(chunks: Iterable[bytes], dest: Path, uri: str, what: str) -> s
                 dest.unlink(missing_ok=True)
                 raise FetchError(
                     Reason.MODEL_FETCH_FAILED,
-                    f"{what} {uri}: larger than the {limit} byte cap (METAINFER_MAX_FETCH_BYTES)",
+                    f"{what} {uri}: larger than the {limit} byte cap ({ENV_MAX_FETCH_BYTES})",
                 )
             digest.update(chunk)
             out.write(chunk)
@@ -169,7 +170,7 @@ def _fetch_http(
             if length is not None and length.isdigit() and int(length) > max_bytes():
                 raise FetchError(
                     Reason.MODEL_FETCH_FAILED,
-                    f"{what} {uri}: {length} bytes exceed the {max_bytes()} byte cap (METAINFER_MAX_FETCH_BYTES)",
+                    f"{what} {uri}: {length} bytes exceed the {max_bytes()} byte cap ({ENV_MAX_FETCH_BYTES})",
                 )
             return _copy(response, dest, uri, what)
     except urllib.error.HTTPError as exc:
@@ -198,7 +199,7 @@ def _fetch_file(uri: str, dest: Path, what: str) -> str:
     if size > limit:  # refused before a byte is copied
         raise FetchError(
             Reason.MODEL_FETCH_FAILED,
-            f"{what} {uri}: {size} bytes exceed the {limit} byte cap (METAINFER_MAX_FETCH_BYTES)",
+            f"{what} {uri}: {size} bytes exceed the {limit} byte cap ({ENV_MAX_FETCH_BYTES})",
         )
     try:
         with path.open("rb") as source:

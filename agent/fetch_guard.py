@@ -20,9 +20,11 @@ import os
 import socket
 import ssl
 import urllib.request
-from typing import Any
+from typing import Any, Final
 
-ALLOW_ENV = "METAINFER_FETCH_ALLOW_CIDRS"
+from metainfer.core.api.pod_contract import ENV_FETCH_ALLOW_CIDRS
+
+ALLOW_ENV: Final = ENV_FETCH_ALLOW_CIDRS
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 Network = ipaddress.IPv4Network | ipaddress.IPv6Network
 # fd00:ec2::254 is AWS's IPv6 metadata endpoint; it sits in fc00::/7 (private), so it is named on its own.

@@ -25,16 +25,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 from urllib.parse import quote, unquote, urlsplit
 
 from metainfer.agent.fetch_guard import RefusedAddress, check_host
+from metainfer.core.api.pod_contract import ENV_STORE_AMBIENT_CREDENTIALS, ENV_STORE_CREDENTIALS
 
 if TYPE_CHECKING:  # typing-only names of obstore's stubs
     from obstore.store import ClientConfig, RetryConfig
 
-CREDENTIALS_ENV = "METAINFER_STORE_CREDENTIALS"  # the directory the Secret is mounted at
-AMBIENT_ENV = "METAINFER_STORE_AMBIENT_CREDENTIALS"
+CREDENTIALS_ENV: Final = ENV_STORE_CREDENTIALS  # the directory the Secret is mounted at
+AMBIENT_ENV: Final = ENV_STORE_AMBIENT_CREDENTIALS
 PROXY_ENV = ("HTTPS_PROXY", "https_proxy")
 NO_PROXY_ENV = ("NO_PROXY", "no_proxy")
 CA_KEY = "ca.crt"

@@ -35,6 +35,7 @@ from metainfer.core.api.hardwareprofile import (
     profile_name,
 )
 from metainfer.core.api.names import LABEL_CLASS_FINGERPRINT, LABEL_NAMESPACE
+from metainfer.core.api.pod_contract import ENV_FAST_MEASURE
 from metainfer.core.api.run import AdaptationRunSpec
 from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.profile import BenchConfig, HardwareProfile, detect_machine, fingerprint, measure_profile
@@ -47,7 +48,7 @@ FAST_MEASURE = MeasureSettings(warmup_runs=1, round_runs=5, min_runs=10, max_run
 
 
 def fast_measure() -> bool:
-    return os.environ.get("METAINFER_FAST_MEASURE", "") not in ("", "0", "false")
+    return os.environ.get(ENV_FAST_MEASURE, "") not in ("", "0", "false")
 
 
 def bench_config() -> BenchConfig:

@@ -50,6 +50,7 @@ from metainfer.agent.inputs import load_data
 from metainfer.agent.kube import Kube, KubeError, api_client
 from metainfer.agent.profiles import ensure_profile, measure_settings
 from metainfer.agent.status import RunStatusWriter, StatusObserver
+from metainfer.core.api.pod_contract import ENV_NODE_NAME
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
 from metainfer.core.api.vocabulary import Reason, RunStage
 from metainfer.core.control import checkpoint, runstatus, trial_history
@@ -141,7 +142,7 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         notes = [note] if note else []
         log(f"model ok: {info.size_bytes} bytes, {len(info.op_counts)} op types; {data.n_samples} samples")
         writer.stage(RunStage.PROFILING, Reason.PROFILING, f"hardware profile of class {spec.class_fingerprint}")
-        outcome = ensure_profile(kube, spec, namespace, os.environ.get("NODE_NAME"), log)
+        outcome = ensure_profile(kube, spec, namespace, os.environ.get(ENV_NODE_NAME), log)
         log(f"hardware profile {outcome.name} {'reused' if outcome.reused else 'measured and published'}")
         writer.status = writer.status.model_copy(update={"hardware_profile_name": outcome.name})
         # Here, not in the profile: a profile another node of the class published says nothing of this pod's device.

@@ -20,9 +20,12 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Final
+
+from metainfer.core.api.pod_contract import ENV_VARIANT_STORE
 
 log = logging.getLogger("metainfer.variants")
-ENV = "METAINFER_VARIANT_STORE"  # set in adaptation Jobs whose policy has serving.variantStore
+ENV: Final = ENV_VARIANT_STORE  # set in adaptation Jobs whose policy has serving.variantStore
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 COMPILED_DIR = "openvino-cache"
 MANIFEST = "MANIFEST.json"  # each file of a compiled cache and its sha256: what a reader checks before importing

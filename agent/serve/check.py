@@ -26,6 +26,12 @@ from metainfer.agent.fetch import FetchError, fetch
 from metainfer.agent.inputs import synthetic_dataset
 from metainfer.agent.serve.command import variant_sha256_from_args
 from metainfer.agent.serve.model import ModelSourceArgs, fetch_base, variant_bytes
+from metainfer.core.api.pod_contract import (
+    ENV_NAMESPACE,
+    FLAG_RECIPE_JSON,
+    PROVISIONAL_RECIPE_FILE,
+    PROVISIONAL_VARIANT_FILE,
+)
 from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.errors import InputError, MetainferError
 from metainfer.core.engine.modelinfo import ModelInfo
@@ -54,7 +60,7 @@ def check_provisional_command(args: argparse.Namespace) -> int:
         calibration_samples=args.calibration_samples,
         variant_sha256=sha256,
         variant_store=args.variant_store,
-        namespace=os.environ.get("METAINFER_NAMESPACE") or "default",
+        namespace=os.environ.get(ENV_NAMESPACE) or "default",
     )
     with tempfile.TemporaryDirectory(prefix="metainfer-check-") as tmp:
         try:
@@ -63,8 +69,8 @@ def check_provisional_command(args: argparse.Namespace) -> int:
             log.error("the base model cannot be fetched: %s", exc)
             return 1 if exc.transient else EXIT_INPUT
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "variant.onnx").write_bytes(served)
-    (args.out / "recipe.json").write_text(served_recipe.model_dump_json())
+    (args.out / PROVISIONAL_VARIANT_FILE).write_bytes(served)
+    (args.out / PROVISIONAL_RECIPE_FILE).write_text(served_recipe.model_dump_json())
     log.info("%s", result.describe())
     try:
         args.message_file.write_text(result.model_dump_json(exclude_none=True)[:MESSAGE_LIMIT])
@@ -130,7 +136,7 @@ def _recipe_and_budget(args: argparse.Namespace) -> tuple[Recipe, CheckBudget]:
         recipe = Recipe.model_validate_json(args.recipe_json)
     except ValidationError as exc:
         first = exc.errors()[0]
-        raise InputError("--recipe-json", f"not a valid recipe: {first['msg']}") from exc
+        raise InputError(FLAG_RECIPE_JSON, f"not a valid recipe: {first['msg']}") from exc
     try:
         budget = CheckBudget(
             max_quality_drop=args.max_quality_drop,

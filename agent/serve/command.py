@@ -18,7 +18,19 @@ from pydantic import ValidationError
 from metainfer.agent.serve.app import serve
 from metainfer.agent.serve.dataplane import FrontEndFactory, ServeConfig
 from metainfer.agent.serve.model import ModelSourceArgs
-from metainfer.core.control.settings import SHUTDOWN_DELAY_MAX_ENV
+from metainfer.core.api.pod_contract import (
+    ENV_NAMESPACE,
+    ENV_POLICY,
+    ENV_SHUTDOWN_DELAY_MAX,
+    FLAG_GRPC_PORT,
+    FLAG_MAX_QUEUE_DELAY_MS,
+    FLAG_PORT,
+    FLAG_RECIPE,
+    FLAG_RECIPE_JSON,
+    FLAG_SHUTDOWN_DELAY,
+    FLAG_VARIANT_SHA256,
+    FLAG_VARIANT_STORE,
+)
 from metainfer.core.engine.errors import InputError
 from metainfer.core.engine.profile.fingerprint import usable_cores
 from metainfer.core.engine.recipe import Recipe
@@ -43,7 +55,7 @@ def variant_sha256_from_args(args: argparse.Namespace) -> str | None:
     """--variant-sha256, checked: 64 lower-case hex digits, or absent."""
     sha256: str | None = args.variant_sha256
     if sha256 is not None and not re.fullmatch(r"[0-9a-f]{64}", sha256):
-        raise InputError("--variant-sha256", f"must be 64 lower-case hex digits, got {sha256[:80]!r}")
+        raise InputError(FLAG_VARIANT_SHA256, f"must be 64 lower-case hex digits, got {sha256[:80]!r}")
     return sha256
 
 
@@ -51,9 +63,9 @@ def grpc_port_from_args(args: argparse.Namespace) -> int:
     """--grpc-port, checked: a port number, or 0 for no gRPC API, and never the REST port."""
     port = args.grpc_port
     if not 0 <= port <= 65535:
-        raise InputError("--grpc-port", f"must be a port number (1-65535), or 0 for no gRPC API; got {port}")
+        raise InputError(FLAG_GRPC_PORT, f"must be a port number (1-65535), or 0 for no gRPC API; got {port}")
     if port and port == args.port:
-        raise InputError("--grpc-port", f"is also --port ({port}): REST and gRPC need a port each")
+        raise InputError(FLAG_GRPC_PORT, f"is also {FLAG_PORT} ({port}): REST and gRPC need a port each")
     return int(port)
 
 
@@ -72,7 +84,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         raise InputError("--max-unsent-mib", f"must be > 0 MiB, got {args.max_unsent_mib}")
     sha256 = variant_sha256_from_args(args)
     if args.variant_store is not None and sha256 is None:
-        raise InputError("--variant-store", "needs --variant-sha256: the store is addressed by the variant's sha256")
+        raise InputError(
+            FLAG_VARIANT_STORE, f"needs {FLAG_VARIANT_SHA256}: the store is addressed by the variant's sha256"
+        )
     if args.variant_store is not None and not args.variant_store.is_dir():
         # Not fatal: a store that is not mounted yet (or at all) means rebuilding, which serve can always do.
         log.warning("--variant-store %s is not a directory: the variant will be rebuilt", args.variant_store)
@@ -85,7 +99,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         variant_path=args.variant,
         variant_sha256=sha256,
         variant_store=args.variant_store,
-        namespace=os.environ.get("METAINFER_NAMESPACE") or "default",
+        namespace=os.environ.get(ENV_NAMESPACE) or "default",
     )
     return ServeConfig(
         source=source,
@@ -95,7 +109,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         port=args.port,
         max_batch=args.max_batch,
         drain_timeout_s=args.drain_timeout,
-        shutdown_delay_s=_non_negative(args.shutdown_delay, "--shutdown-delay"),
+        shutdown_delay_s=_non_negative(args.shutdown_delay, FLAG_SHUTDOWN_DELAY),
         shutdown_delay_max_s=_shutdown_delay_max(args.shutdown_delay_max),
         workers=args.workers or default_workers(recipe, usable_cores()),
         max_queue=args.max_queue,
@@ -108,7 +122,7 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         max_unsent_bytes=int(args.max_unsent_mib * (1 << 20)),
         max_dynamic_dim=args.max_dynamic_dim,
         batch_size=args.batch_size,
-        max_queue_delay_s=_non_negative(args.max_queue_delay_ms, "--max-queue-delay-ms") / 1000,
+        max_queue_delay_s=_non_negative(args.max_queue_delay_ms, FLAG_MAX_QUEUE_DELAY_MS) / 1000,
         isolate_batch_dependent=args.batch_dependent == "isolate",
     )
 
@@ -125,14 +139,14 @@ def _shutdown_delay_max(flag: float | None) -> float:
     image ignores an unknown variable, not an unknown flag), else 0: the shutdown delay is never lengthened."""
     if flag is not None:
         return _non_negative(flag, "--shutdown-delay-max")
-    text = os.environ.get(SHUTDOWN_DELAY_MAX_ENV, "").strip()
+    text = os.environ.get(ENV_SHUTDOWN_DELAY_MAX, "").strip()
     if not text:
         return 0.0
     try:
         value = float(text)
     except ValueError:
-        raise InputError(SHUTDOWN_DELAY_MAX_ENV, f"must be a number of seconds >= 0, got {text[:40]!r}") from None
-    return _non_negative(value, SHUTDOWN_DELAY_MAX_ENV)
+        raise InputError(ENV_SHUTDOWN_DELAY_MAX, f"must be a number of seconds >= 0, got {text[:40]!r}") from None
+    return _non_negative(value, ENV_SHUTDOWN_DELAY_MAX)
 
 
 def _non_negative(value: float, flag: str) -> float:
@@ -143,7 +157,7 @@ def _non_negative(value: float, flag: str) -> float:
 
 def default_model_name(model_uri: str) -> str:
     """The policy's name in a cluster; locally the model file's stem (``model.onnx`` -> ``model``)."""
-    policy = os.environ.get("METAINFER_POLICY")
+    policy = os.environ.get(ENV_POLICY)
     if policy:
         return policy
     parts = urlsplit(model_uri)
@@ -156,10 +170,10 @@ def _recipe(args: argparse.Namespace) -> Recipe:
         try:
             text = args.recipe.read_text()
         except OSError as exc:
-            raise InputError("--recipe", f"{args.recipe}: {exc.strerror or exc}") from exc
-        flag = "--recipe"
+            raise InputError(FLAG_RECIPE, f"{args.recipe}: {exc.strerror or exc}") from exc
+        flag = FLAG_RECIPE
     else:
-        text, flag = args.recipe_json, "--recipe-json"
+        text, flag = args.recipe_json, FLAG_RECIPE_JSON
     try:
         return Recipe.model_validate_json(text)
     except ValidationError as exc:

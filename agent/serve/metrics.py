@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 
+from metainfer.core.api.pod_contract import ENV_CLASS, ENV_NAMESPACE, ENV_POLICY, ENV_RECIPE_KEY, ENV_VARIANT
+
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # ms-scale inference: 0.5 ms .. 10 s, about three buckets per decade, so p95 interpolation stays within ~40%.
 LATENCY_BUCKETS = (
@@ -42,10 +44,10 @@ class Identity:
     def from_env(cls, recipe_key: str) -> Identity:
         env = os.environ
         return cls(
-            policy=env.get("METAINFER_POLICY") or "local",
-            hardware_class=env.get("METAINFER_CLASS") or "local",
-            variant=env.get("METAINFER_VARIANT") or env.get("METAINFER_RECIPE_KEY") or recipe_key,
-            namespace=env.get("METAINFER_NAMESPACE") or "local",
+            policy=env.get(ENV_POLICY) or "local",
+            hardware_class=env.get(ENV_CLASS) or "local",
+            variant=env.get(ENV_VARIANT) or env.get(ENV_RECIPE_KEY) or recipe_key,
+            namespace=env.get(ENV_NAMESPACE) or "local",
         )
 
     def labels(self) -> dict[str, str]:

@@ -27,6 +27,7 @@ from metainfer.agent import variant_store
 from metainfer.agent.fetch import ConfigMapReader, fetch
 from metainfer.agent.serve.deadlines import DeadlineExceeded, Watchdog
 from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
+from metainfer.core.api.pod_contract import FLAG_DATA_URI
 from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.errors import DataError, ModelError
 from metainfer.core.engine.index_inputs import IndexBound, index_bounds
@@ -165,7 +166,7 @@ def _calibration(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, workd
     if recipe.transform.quantization.mode != "int8_static":
         return None
     if source.data_uri is None:
-        raise DataError("--data-uri", "the recipe is int8_static: its calibration data is needed to rebuild it")
+        raise DataError(FLAG_DATA_URI, "the recipe is int8_static: its calibration data is needed to rebuild it")
     path = fetch(
         source.data_uri, workdir / "data.npz", expected_sha256=source.data_sha256,
         namespace=source.namespace, configmaps=_configmaps(source.data_uri), what="data",

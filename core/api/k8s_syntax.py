@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from decimal import Decimal, InvalidOperation
 
+from metainfer.core.api.pod_contract import CACHE_DIR, VARIANT_STORE_MOUNT
+
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 DNS1123_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # A qualified name: an optional DNS subdomain prefix and '/', then a name of at most 63 characters.
@@ -22,9 +24,9 @@ LABEL_KEY = (
 LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"
 QUANTITY = r"^[+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?$"
 IMAGE = r"^[^\s]+$"
-# Mount paths the pod itself uses: a second volume there is rejected (or would hide the service account token).
-VARIANT_STORE_MOUNT = "/var/lib/metainfer/variants"  # where a policy's serving.variantStore is mounted
-RESERVED_MOUNT_PATHS = ("/tmp", "/var/cache/metainfer", VARIANT_STORE_MOUNT)
+# Mount paths the pod itself uses (core.api.pod_contract): a second volume there is rejected (or would hide the
+# service account token).
+RESERVED_MOUNT_PATHS = ("/tmp", CACHE_DIR, VARIANT_STORE_MOUNT)
 RESERVED_MOUNT_PREFIX = "/var/run/secrets"
 
 _SUFFIX = {

@@ -19,7 +19,6 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from metainfer.core.api.k8s_syntax import VARIANT_STORE_MOUNT
 from metainfer.core.api.names import (
     ANNOTATION_CLASS_NAME,
     ANNOTATION_DRIFT_EPOCH,
@@ -27,7 +26,6 @@ from metainfer.core.api.names import (
     ANNOTATION_TOLERATIONS,
     API_VERSION,
     COMPONENT,
-    GROUP,
     LABEL_CLASS,
     LABEL_POLICY,
     LABEL_PROVISIONAL,
@@ -38,6 +36,55 @@ from metainfer.core.api.names import (
     MANAGED_BY,
     PRODUCT,
     RUN_KIND,
+)
+from metainfer.core.api.pod_contract import (
+    AGENT_COMMAND,
+    AGENT_RUN_COMMAND,
+    CACHE_DIR,
+    CHECK_PROVISIONAL_COMMAND,
+    CONFIGMAP_MOUNT,
+    ENV_CLASS,
+    ENV_FETCH_ALLOW_CIDRS,
+    ENV_NAMESPACE,
+    ENV_NODE_NAME,
+    ENV_POD_NAME,
+    ENV_POLICY,
+    ENV_RECIPE_KEY,
+    ENV_RUN,
+    ENV_SHUTDOWN_DELAY_MAX,
+    ENV_STORE_AMBIENT_CREDENTIALS,
+    ENV_STORE_CREDENTIALS,
+    ENV_VARIANT,
+    ENV_VARIANT_STORE,
+    FLAG_BATCH_DEPENDENT,
+    FLAG_CALIBRATION_SAMPLES,
+    FLAG_DATA_SHA256,
+    FLAG_DATA_URI,
+    FLAG_DRAIN_TIMEOUT,
+    FLAG_GRPC_PORT,
+    FLAG_LATENCY_P95_MS,
+    FLAG_MAX_QUALITY_DROP,
+    FLAG_MAX_QUEUE_DELAY_MS,
+    FLAG_MODEL_SHA256,
+    FLAG_MODEL_URI,
+    FLAG_OUT,
+    FLAG_PORT,
+    FLAG_QUALITY_METRIC,
+    FLAG_RECIPE,
+    FLAG_RECIPE_JSON,
+    FLAG_SHUTDOWN_DELAY,
+    FLAG_VARIANT,
+    FLAG_VARIANT_SHA256,
+    FLAG_VARIANT_STORE,
+    GRPC_PORT,
+    HTTP_PORT,
+    PROGRAM,
+    PROVISIONAL_MOUNT,
+    PROVISIONAL_RECIPE_FILE,
+    PROVISIONAL_VARIANT_FILE,
+    SERVE_COMMAND,
+    STORE_CREDENTIALS_MOUNT,
+    VARIANT_STORE_MOUNT,
 )
 from metainfer.core.api.policy import (
     AdaptationPolicy,
@@ -75,7 +122,6 @@ from metainfer.core.control.pod_checks import CHECK_CONTAINER
 from metainfer.core.control.runkey import run_key
 from metainfer.core.control.schedulability import merged_affinity
 from metainfer.core.control.settings import (
-    SHUTDOWN_DELAY_MAX_ENV,
     AgentJobSettings,
     ServingDefaults,
     WorkloadSettings,
@@ -85,9 +131,9 @@ from metainfer.core.engine.recipe import COMPUTED_FIELDS
 
 # Kubernetes' own node label (not one of ours, so not in core/api/names.py): serving replicas spread over it.
 LABEL_HOSTNAME = "kubernetes.io/hostname"
-HTTP_PORT = 8080
-GRPC_PORT = 8081  # metainfer serve's KServe v2 gRPC API
-CACHE_DIR = "/var/cache/metainfer"
+# The command lines, environment variables, mount paths and ports of the pods are the pod contract
+# (core.api.pod_contract), imported above; HTTP_PORT, GRPC_PORT, CACHE_DIR and the *_MOUNT paths stay importable
+# from here.
 DEADLINE_MARGIN_S = 600
 
 
@@ -182,9 +228,9 @@ def build_job(
     tolerations = json.loads(annotation_of(run, ANNOTATION_TOLERATIONS) or "[]")
     deadline = spec.search.active_deadline_seconds or spec.search.time_budget_seconds + DEADLINE_MARGIN_S
     env: list[dict[str, Any]] = [
-        {"name": "METAINFER_RUN", "value": f"{namespace}/{name}"},
-        {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": ENV_RUN, "value": f"{namespace}/{name}"},
+        {"name": ENV_NODE_NAME, "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+        {"name": ENV_POD_NAME, "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
     ]
     container = _container(
         "agent",
@@ -192,7 +238,7 @@ def build_job(
         group,
         image=settings.image,
         resources=merged_resources(None, settings.resources),  # the policy has no field for the Job's resources
-        command=["metainfer", "agent", "run", f"{namespace}/{name}"],
+        command=[PROGRAM, AGENT_COMMAND, AGENT_RUN_COMMAND, f"{namespace}/{name}"],
         env=env,
     )
     tolerations = [*tolerations, *settings.tolerations]
@@ -204,7 +250,7 @@ def build_job(
         _mount_store_credentials(pod, container, spec.model.credentials)
     if spec.variant_store is not None:
         _mount_variant_store(pod, container, spec.variant_store, read_only=False)
-        container["env"].append({"name": "METAINFER_VARIANT_STORE", "value": VARIANT_STORE_MOUNT})
+        container["env"].append({"name": ENV_VARIANT_STORE, "value": VARIANT_STORE_MOUNT})
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
@@ -282,46 +328,47 @@ def build_deployment(
         labels[LABEL_PROVISIONAL] = "true"
     cm_volumes: list[tuple[dict[str, Any], dict[str, Any]]] = []
     model_uri = _served_uri(model.uri, cm_volumes)
-    source = ["--model-uri", model_uri, "--model-sha256", model.sha256]
-    variant_args = ["--recipe-json", recipe.model_dump_json(exclude=set(COMPUTED_FIELDS))]
+    source = [FLAG_MODEL_URI, model_uri, FLAG_MODEL_SHA256, model.sha256]
+    variant_args = [FLAG_RECIPE_JSON, recipe.model_dump_json(exclude=set(COMPUTED_FIELDS))]
     variant_sha256 = run.status.best_variant_sha256 if run.status else None
     store = run.spec.variant_store if variant_sha256 else None  # the store is addressed by the sha256
     if variant_sha256:  # serve loads these bytes from the store, or rebuilds and checks it got them
-        variant_args += ["--variant-sha256", variant_sha256]
+        variant_args += [FLAG_VARIANT_SHA256, variant_sha256]
     if store is not None:
-        variant_args += ["--variant-store", VARIANT_STORE_MOUNT]
+        variant_args += [FLAG_VARIANT_STORE, VARIANT_STORE_MOUNT]
     if model.data is not None and (provisional or recipe.transform.quantization.mode == "int8_static"):
         # A static int8 variant is a function of its calibration samples too: serve rebuilds it from the same head.
         # The on-node check measures quality on them.
         data_uri = _served_uri(model.data.uri, cm_volumes)
-        variant_args += ["--data-uri", data_uri, "--calibration-samples", str(model.data.calibration_samples)]
-        variant_args += ["--data-sha256", model.data.sha256] if model.data.sha256 else []
-    served = (
-        ["--recipe", f"{PROVISIONAL_MOUNT}/recipe.json", "--variant", f"{PROVISIONAL_MOUNT}/variant.onnx"]
-        if provisional
-        else variant_args
+        variant_args += [FLAG_DATA_URI, data_uri, FLAG_CALIBRATION_SAMPLES, str(model.data.calibration_samples)]
+        variant_args += [FLAG_DATA_SHA256, model.data.sha256] if model.data.sha256 else []
+    # A provisional pod serves what its check left (FLAG_OUT) in PROVISIONAL_MOUNT: the variant, or the FP32 model.
+    recipe_file, variant_file = (
+        f"{PROVISIONAL_MOUNT}/{PROVISIONAL_RECIPE_FILE}",
+        f"{PROVISIONAL_MOUNT}/{PROVISIONAL_VARIANT_FILE}",
     )
+    served = [FLAG_RECIPE, recipe_file, FLAG_VARIANT, variant_file] if provisional else variant_args
     args = [
-        "serve",
+        SERVE_COMMAND,
         *source,
         *served,
-        "--port", str(HTTP_PORT),
-        "--grpc-port", str(GRPC_PORT),
+        FLAG_PORT, str(HTTP_PORT),
+        FLAG_GRPC_PORT, str(GRPC_PORT),
         # A terminating pod answers while the endpoints drop it, then drains, within its grace period (below).
-        "--shutdown-delay", f"{settings.shutdown_delay_seconds:g}",
-        "--drain-timeout", f"{settings.drain_timeout_seconds:g}",
+        FLAG_SHUTDOWN_DELAY, f"{settings.shutdown_delay_seconds:g}",
+        FLAG_DRAIN_TIMEOUT, f"{settings.drain_timeout_seconds:g}",
     ]  # fmt: skip
     if spec.serving.max_queue_delay_ms is not None:
-        args += ["--max-queue-delay-ms", f"{spec.serving.max_queue_delay_ms:g}"]
+        args += [FLAG_MAX_QUEUE_DELAY_MS, f"{spec.serving.max_queue_delay_ms:g}"]
     if spec.serving.batch_dependent is not None:
-        args += ["--batch-dependent", spec.serving.batch_dependent]
+        args += [FLAG_BATCH_DEPENDENT, spec.serving.batch_dependent]
     env = [
-        {"name": "METAINFER_POLICY", "value": policy_name},
-        {"name": "METAINFER_NAMESPACE", "value": namespace},
-        {"name": "METAINFER_CLASS", "value": group.fingerprint},
-        {"name": "METAINFER_RECIPE_KEY", "value": key},
-        {"name": "METAINFER_VARIANT", "value": variant_key(run)},
-        {"name": SHUTDOWN_DELAY_MAX_ENV, "value": f"{settings.shutdown_delay_max_seconds:g}"},
+        {"name": ENV_POLICY, "value": policy_name},
+        {"name": ENV_NAMESPACE, "value": namespace},
+        {"name": ENV_CLASS, "value": group.fingerprint},
+        {"name": ENV_RECIPE_KEY, "value": key},
+        {"name": ENV_VARIANT, "value": variant_key(run)},
+        {"name": ENV_SHUTDOWN_DELAY_MAX, "value": f"{settings.shutdown_delay_max_seconds:g}"},
     ]
     container = _container(
         "server",
@@ -332,7 +379,7 @@ def build_deployment(
         env=env,
     )
     container |= {
-        "command": ["metainfer"],
+        "command": [PROGRAM],
         "args": args,
         "ports": [
             {"name": "http", "containerPort": HTTP_PORT, "protocol": "TCP"},
@@ -390,24 +437,18 @@ def build_deployment(
     }  # fmt: skip
 
 
-CONFIGMAP_MOUNT = "/var/lib/metainfer/configmaps"
-# Under /var/run/secrets, which a policy's own volume may not use (core.api.k8s_syntax.RESERVED_MOUNT_PREFIX).
-STORE_CREDENTIALS_MOUNT = f"/var/run/secrets/{GROUP}/model-store"
-PROVISIONAL_MOUNT = "/var/lib/metainfer/provisional"
-
-
 def _provisional_check(
     pod: dict[str, Any], container: dict[str, Any], variant_args: list[str], slo: Slo
 ) -> dict[str, Any]:
     """Add the init container that checks another class's variant on the node (``metainfer check-provisional``)
     and the emptyDir where it leaves what the serving ``container`` serves; returns the init container."""
-    budget = ["--max-quality-drop", repr(slo.max_quality_drop), "--latency-p95-ms", repr(slo.latency_p95_ms)]
+    budget = [FLAG_MAX_QUALITY_DROP, repr(slo.max_quality_drop), FLAG_LATENCY_P95_MS, repr(slo.latency_p95_ms)]
     if slo.quality_metric != "auto":  # only then: pods of policies that never chose one keep their template
-        budget += ["--quality-metric", slo.quality_metric]
+        budget += [FLAG_QUALITY_METRIC, slo.quality_metric]
     check = {
         **container,
         "name": CHECK_CONTAINER,
-        "args": ["check-provisional", *variant_args, *budget, "--out", PROVISIONAL_MOUNT],
+        "args": [CHECK_PROVISIONAL_COMMAND, *variant_args, *budget, FLAG_OUT, PROVISIONAL_MOUNT],
         "volumeMounts": [*container["volumeMounts"], {"name": "provisional", "mountPath": PROVISIONAL_MOUNT}],
         # The operator reads what the check found from here (core.control.provisional.read_checks).
         "terminationMessagePolicy": "File",
@@ -606,13 +647,13 @@ def _fetch_env(settings: WorkloadSettings) -> list[dict[str, str]]:
     the proxy, workload identity for object stores (agent/object_store.py)."""
     env = []
     if settings.fetch_allow_cidrs:
-        env.append({"name": "METAINFER_FETCH_ALLOW_CIDRS", "value": ",".join(settings.fetch_allow_cidrs)})
+        env.append({"name": ENV_FETCH_ALLOW_CIDRS, "value": ",".join(settings.fetch_allow_cidrs)})
     if settings.fetch_proxy:
         env += [{"name": name, "value": settings.fetch_proxy} for name in ("HTTPS_PROXY", "HTTP_PROXY")]
     if settings.fetch_no_proxy:
         env.append({"name": "NO_PROXY", "value": settings.fetch_no_proxy})
     if settings.store_workload_identity:
-        env.append({"name": "METAINFER_STORE_AMBIENT_CREDENTIALS", "value": "true"})
+        env.append({"name": ENV_STORE_AMBIENT_CREDENTIALS, "value": "true"})
     return env
 
 
@@ -622,7 +663,7 @@ def _mount_store_credentials(pod: dict[str, Any], container: dict[str, Any], cre
     container["volumeMounts"].append(
         {"name": "store-credentials", "mountPath": STORE_CREDENTIALS_MOUNT, "readOnly": True}
     )
-    container["env"].append({"name": "METAINFER_STORE_CREDENTIALS", "value": STORE_CREDENTIALS_MOUNT})
+    container["env"].append({"name": ENV_STORE_CREDENTIALS, "value": STORE_CREDENTIALS_MOUNT})
 
 
 def _probe(path: str, *, period: int, failures: int = 3) -> dict[str, Any]:

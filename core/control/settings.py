@@ -13,11 +13,12 @@ spec.serving.resources does not name.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal, Self
+from typing import Any, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.api.hardwareclass import AcceleratorVendor
+from metainfer.core.api.pod_contract import ENV_FETCH_ALLOW_CIDRS, ENV_SHUTDOWN_DELAY_MAX, ENV_STORE_AMBIENT_CREDENTIALS
 from metainfer.core.api.policy import ResourceRequirements
 from metainfer.core.api.security import (
     DEFAULT_CONTAINER_SECURITY_CONTEXT,
@@ -42,9 +43,8 @@ DEFAULT_SERVING_RESOURCES = ResourceRequirements(
 # long its requests in flight get.
 DEFAULT_SHUTDOWN_DELAY_S = 5.0
 DEFAULT_SHUTDOWN_DELAY_MAX_S = 30.0
-# How serving pods get the longest delay: a variable, not a flag, because a class may be served by an older image
-# (the run's, after a chart upgrade that changed the runtime) whose serve would refuse an unknown flag.
-SHUTDOWN_DELAY_MAX_ENV = "METAINFER_SHUTDOWN_DELAY_MAX_SECONDS"
+# How serving pods get the longest delay: a variable, not a flag (core.api.pod_contract says why).
+SHUTDOWN_DELAY_MAX_ENV: Final = ENV_SHUTDOWN_DELAY_MAX
 DEFAULT_DRAIN_TIMEOUT_S = 20.0
 # Between the drain's end and the kubelet's SIGKILL: the process closes its sockets and thread pools and exits.
 TERMINATION_MARGIN_S = 5
@@ -110,7 +110,7 @@ class WorkloadSettings(BaseModel):
     fetch_allow_cidrs: tuple[str, ...] = Field(
         (),
         description="CIDRs model and data URIs may reach although they are loopback, link-local or otherwise "
-        "non-routable (METAINFER_FETCH_ALLOW_CIDRS in the pods); none by default.",
+        f"non-routable ({ENV_FETCH_ALLOW_CIDRS} in the pods); none by default.",
     )
     fetch_proxy: str | None = Field(
         None,
@@ -123,7 +123,7 @@ class WorkloadSettings(BaseModel):
     store_workload_identity: bool = Field(
         False,
         description="Object stores without a credentials Secret are read with the pods' ambient identity (the "
-        "ServiceAccount's cloud role) instead of anonymously (METAINFER_STORE_AMBIENT_CREDENTIALS).",
+        f"ServiceAccount's cloud role) instead of anonymously ({ENV_STORE_AMBIENT_CREDENTIALS}).",
     )
 
     def for_vendor(self, vendor: AcceleratorVendor) -> Self | None:
