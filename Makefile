@@ -17,7 +17,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image image-check test-image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e beside-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean
+.PHONY: venv helm image image-check test-image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e beside-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean help
 
 # hack/ and bench/ are development packages (`hack`, `bench`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel.
@@ -213,3 +213,54 @@ e2e: test-e2e
 
 clean:
 	rm -rf build dist .pytest_cache
+
+# Every target with its usual time (2 cores; the figures come from the comments above and docs/testing.md).
+# Not the first target: plain `make` still builds the venv.
+help:
+	@echo 'metainfer: make targets. Times: 2 cores, warm caches unless said (docs/testing.md). Plain make builds .venv.'
+	@echo
+	@echo 'The two commands'
+	@echo '  demo                            build the example models, adapt the digits classifier here (about 15 s once .venv exists)'
+	@echo '  test                            lint and every tier below, as CI runs it (21-29 min warm, 44-63 min cold)'
+	@echo
+	@echo 'Test tiers, one at a time'
+	@echo '  unit, test-unit                 tests/unit: in-process, no network, no Go (about 2.5 min)'
+	@echo '  integration, test-integration   both integration passes below (12-16 min)'
+	@echo '  test-integration-shared         tests/integration not marked alone: real processes, 3 workers (8-12 min)'
+	@echo '  test-integration-alone          tests/integration marked alone: latencies under their own load, one by one (about 4 min)'
+	@echo '  e2e, test-e2e                   tests/e2e: the product on a real one-node cluster, needs root (17-23 min, up to 26 cold)'
+	@echo '  image-check, test-image         tests/image: the image of every runtime flavour, built and checked, root (1.5-2 min, 5.5-7.5 cold)'
+	@echo '  exports, test-exports           tests/exports: models as torch, dynamo and optimum export them (3-6 min, 5-7 cold)'
+	@echo '  lint                            ruff, import-linter, mypy --strict'
+	@echo '  beside-e2e                      the lane make test runs beside e2e: lint, image, unit, exports, integration shared'
+	@echo
+	@echo 'Build and cluster'
+	@echo '  venv                            .venv with the project, hack and bench (uv: 11-16 s)'
+	@echo '  assets                          every Go-built tool and the object store (16-44 min cold, seconds warm)'
+	@echo '  helm                            print the path of a pinned helm, built once'
+	@echo '  cluster-up [NODE=0]             a one-node cluster, root; NODE=0: control plane only (first build about 15 min, then about 5 s)'
+	@echo '  cluster-down                    stop the cluster, undo every host change'
+	@echo '  demo-cluster                    the operator loop on the local control plane, Jobs as local processes'
+	@echo '  image [RUNTIME=cuda|openvino]   the image without a container engine, pushed to the cluster registry'
+	@echo '  crds                            regenerate crds/ and the copies in the chart from core/api'
+	@echo '  lock                            the dependency locks of the image, one per runtime flavour'
+	@echo '  device-check                    the accelerator check: providers, GEMM peaks, recipe, speedups'
+	@echo '  clean                           remove build/, dist/ and .pytest_cache'
+	@echo '  help                            this list'
+	@echo
+	@echo 'Benchmarks (results in BENCHMARKS.md; run them alone)'
+	@echo '  bench                           every benchmark in its quick mode'
+	@echo '  bench-deps                      the extra dependencies of the benchmarks and the MiniLM encoder'
+	@echo '  bench-adaptation                adaptation speed and quality against FP32 (about 40 min)'
+	@echo '  bench-export-matrix             15 exports of all-MiniLM-L6-v2 against their peers'
+	@echo '  bench-cnn-matrix                conv nets at batch 1 against their peers'
+	@echo '  bench-runtime-choice            both runtimes, five contenders per model (about 3 min a model)'
+	@echo '  bench-ocr-matrix                PP-OCRv4 against every peer, with task quality (about 10 min)'
+	@echo '  bench-graph-levers              spelled-out activations against one operator (about 2 min a model)'
+	@echo '  bench-search                    search efficiency against random, grid, evolution, Bayes and TPE'
+	@echo '  bench-warm-start                warm start from history'
+	@echo '  bench-serving                   metainfer serve against the kserve ModelServer'
+	@echo '  bench-olive                     Microsoft Olive on the same models and budget'
+	@echo '  bench-scale                     the operator at 1,000 nodes x 100 policies'
+	@echo '  bench-real-node                 the timings of the e2e suite on the real node, root'
+	@echo '  bench-continuity                what a client sees while the cluster changes'
