@@ -19,15 +19,16 @@ PYTEST := $(BIN)/python -m pytest
 
 .PHONY: venv helm image image-check test-image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e beside-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean help
 
-# hack/ and bench/ are development packages (`hack`, `bench`) with their own
-# pyproject.toml: installed editable here, never part of the metainfer wheel.
+# hack/, bench/ and testkit/ are development packages (`hack`, `bench`, `testkit`) with their own
+# pyproject.toml: installed editable here, never part of the metainfer wheel. testkit holds what tests and
+# benchmarks both drive (serving clients, conv nets, the exports), so neither is the other's fixture library.
 # uv (a dev dependency already, for the image locks) installs them: 11-16 s where pip took 77 s on 2 cores, on the
 # critical path of every `make test` on a fresh clone; pip does it if uv cannot.
-$(BIN)/.installed: pyproject.toml hack/pyproject.toml bench/pyproject.toml
+$(BIN)/.installed: pyproject.toml hack/pyproject.toml bench/pyproject.toml testkit/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet uv
-	$(BIN)/uv pip install --quiet --python $(BIN)/python --upgrade pip -e '.[dev]' -e ./hack -e ./bench \
-		|| $(BIN)/pip install --quiet --upgrade pip -e '.[dev]' -e ./hack -e ./bench
+	$(BIN)/uv pip install --quiet --python $(BIN)/python --upgrade pip -e '.[dev]' -e ./hack -e ./bench -e ./testkit \
+		|| $(BIN)/pip install --quiet --upgrade pip -e '.[dev]' -e ./hack -e ./bench -e ./testkit
 	touch $@
 
 venv: $(BIN)/.installed
@@ -51,7 +52,7 @@ bench: bench-deps assets
 bench-adaptation: bench-deps
 	$(BIN)/python bench/adaptation.py
 # The export matrix builds its exporters' and OpenVINO's venvs under ~/.cache/metainfer (torch: about 3 GiB,
-# installed once in a layer both exporter venvs share) and the exports once; see bench/peer_env.py and bench/exports.py.
+# installed once in a layer both exporter venvs share) and the exports once; see testkit/peer_env.py and testkit/exports.py.
 bench-export-matrix: bench-deps
 	$(BIN)/python bench/export_matrix.py
 bench-cnn-matrix: bench-deps
@@ -113,7 +114,7 @@ assets: venv helm
 	$(BIN)/python hack/cluster.py assets
 	$(BIN)/python hack/prometheus.py --kubernetes-sd
 	$(BIN)/python -m hack.controlplane.registry
-	$(BIN)/python -m hack.controlplane.objectstore
+	$(BIN)/python -m hack.controlplane.s3proxy
 	$(BIN)/python -m hack.controlplane.gocache
 
 # CRDs are generated from core's pydantic types; the chart carries byte copies.
@@ -235,7 +236,7 @@ help:
 	@echo '  beside-e2e                      the lane make test runs beside e2e: lint, image, unit, exports, integration shared'
 	@echo
 	@echo 'Build and cluster'
-	@echo '  venv                            .venv with the project, hack and bench (uv: 11-16 s)'
+	@echo '  venv                            .venv with the project, hack, bench and testkit (uv: 11-16 s)'
 	@echo '  assets                          every Go-built tool and the object store (16-44 min cold, seconds warm)'
 	@echo '  helm                            print the path of a pinned helm, built once'
 	@echo '  cluster-up [NODE=0]             a one-node cluster, root; NODE=0: control plane only (first build about 15 min, then about 5 s)'

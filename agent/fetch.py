@@ -47,7 +47,7 @@ class FetchError(Exception):
 
 
 class ConfigMapReader(Protocol):
-    """What fetching a configmap:// URI needs from the API (agent.kube.Kube implements it)."""
+    """What fetching a configmap:// URI needs from the API (agent.job_api.Kube implements it)."""
 
     def read_config_map(self, namespace: str, name: str) -> Any: ...
 
@@ -215,7 +215,7 @@ def _fetch_configmap(uri: str, dest: Path, namespace: str, configmaps: ConfigMap
         raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {uri}: expected configmap://NAME/KEY")
     if configmaps is None:
         raise FetchError(Reason.MODEL_FETCH_FAILED, f"{what} {uri}: no API access to read ConfigMaps")
-    from metainfer.agent.kube import KubeError
+    from metainfer.agent.job_api import KubeError
 
     try:
         cm = configmaps.read_config_map(namespace, name)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from metainfer.agent.kube import REQUEST_TIMEOUT_S, KubeError, api_client
+from metainfer.agent.job_api import REQUEST_TIMEOUT_S, KubeError, api_client
 from metainfer.core.api.names import GROUP, POLICY_PLURAL, VERSION
 from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, ModelSource, Slo
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from metainfer.agent.kube import Kube, KubeError
+from metainfer.agent.job_api import Kube, KubeError
 from metainfer.core.api.conditions import ConditionType, Reason, set_condition
 from metainfer.core.api.hardwareprofile import (
     HardwareProfileResource,

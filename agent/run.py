@@ -47,7 +47,7 @@ from pydantic import ValidationError
 from metainfer.agent import variant_store
 from metainfer.agent.fetch import FetchError, fetch
 from metainfer.agent.inputs import load_data
-from metainfer.agent.kube import Kube, KubeError, api_client
+from metainfer.agent.job_api import Kube, KubeError, api_client
 from metainfer.agent.profiles import ensure_profile, measure_settings
 from metainfer.agent.status import RunStatusWriter, StatusObserver
 from metainfer.core.api.pod_contract import ENV_NODE_NAME

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from metainfer.agent.kube import Kube, KubeError
+from metainfer.agent.job_api import Kube, KubeError
 from metainfer.core.api.run import AdaptationRunStatus
 from metainfer.core.api.vocabulary import Reason, RunStage, TrialState
 from metainfer.core.control import checkpoint, runstatus

@@ -1,6 +1,6 @@
 """Conv nets at batch 1: metainfer against the naive static one-liner and OpenVINO + NNCF, side by side.
 
-For each net of bench/cnn_models.py (two trained detectors shipped as ONNX in
+For each net of testkit/cnn_models.py (two trained detectors shipped as ONNX in
 package wheels, two trained TensorFlow Lite nets from the mediapipe wheel converted
 by tf2onnx, and ResNet-50 / Inception v1 / Inception v2 from the onnx package) at
 batch 1, on 48 seeded crops of scikit-learn's two photographs:
@@ -37,7 +37,6 @@ from typing import Any
 import numpy as np
 
 from bench import benchlib, peer_table
-from bench.cnn_models import NETS, ConvNet, feed_for
 from bench.export_matrix import run_peers
 from bench.olive_search import olive_contender
 from metainfer.core.engine.data import Dataset
@@ -48,6 +47,7 @@ from metainfer.core.engine.profile import load_or_measure
 from metainfer.core.engine.reference import Reference
 from metainfer.core.engine.report import AdaptSettings
 from metainfer.core.engine.scoring import Constraints
+from testkit.cnn_models import NETS, ConvNet, feed_for
 
 WORK = benchlib.ROOT / "build" / "bench" / "cnn_matrix"
 BATCH, SAMPLES, TRIALS, QUICK_TRIALS, SEED, MAX_DROP = 1, 48, 24, 8, 1, 0.01

@@ -1,6 +1,6 @@
 """Adaptation on encoders as users export them, side by side with the naive one-liner and OpenVINO + NNCF.
 
-For each flavour of bench/exports.py (all-MiniLM-L6-v2 written by torch's TorchScript
+For each flavour of testkit/exports.py (all-MiniLM-L6-v2 written by torch's TorchScript
 and dynamo exporters and by optimum, from transformers 4.57 and 5.24) at batch 8,
 sequence 128, on the 64 padded texts:
 
@@ -35,8 +35,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from bench import benchlib, peer_env, peer_table
-from bench.exports import FLAVOURS, ExportSet, Flavour, build_exports
+from bench import benchlib, peer_table
 from bench.olive_search import olive_contender
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.modelinfo import inspect_model
@@ -46,6 +45,8 @@ from metainfer.core.engine.profile import load_or_measure
 from metainfer.core.engine.reference import Reference
 from metainfer.core.engine.report import AdaptSettings
 from metainfer.core.engine.scoring import Constraints
+from testkit import peer_env
+from testkit.exports import FLAVOURS, ExportSet, Flavour, build_exports
 
 BENCH = Path(__file__).resolve().parent
 DRIVER = BENCH / "peers_driver.py"

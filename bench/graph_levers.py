@@ -87,7 +87,7 @@ def _models() -> dict[str, tuple[bytes, Dataset]]:
     feed = rng.standard_normal((16, CHANNELS, SIZE, SIZE)).astype(np.float32)
     models = {f"synthetic {k}": (synthetic(k), Dataset(inputs={"input": feed})) for k in ("gelu", "hardswish", "silu")}
     try:
-        from bench.cnn_models import NETS, feed_for
+        from testkit.cnn_models import NETS, feed_for
 
         for net in NETS:
             if net.name in ("yolox_ddddocr_det", "yolov8n_nudenet"):

@@ -4,7 +4,7 @@ The ``rapidocr-onnxruntime`` wheel (pinned) carries PaddleOCR's PP-OCRv4 text
 detector and text recogniser as paddle2onnx wrote them (opset 12, every spatial
 dimension dynamic, HardSwish spelled out as Clip/Div/Mul, HardSigmoid, the
 recogniser's SVTR neck with MatMul attention and a 6625-character CTC head).
-Both are fetched once with the other trained nets (bench/cnn_models.py) and held
+Both are fetched once with the other trained nets (testkit/cnn_models.py) and held
 to their sha256.
 
 The ``ddddocr`` wheel (pinned) carries a captcha and short-text recogniser that
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bench.cnn_models import IMAGENET_MEAN, IMAGENET_STD, fetch_wheel_member
+from testkit.cnn_models import IMAGENET_MEAN, IMAGENET_STD, fetch_wheel_member
 
 WHEEL = "rapidocr-onnxruntime==1.4.4"
 DDDDOCR_WHEEL = "ddddocr==1.6.1"

@@ -8,7 +8,7 @@ better quality, and how long each search takes.
 How:
 
 1. Olive runs in its own virtual environment (``--olive-venv``, built from
-   bench/requirements-olive.txt when missing by bench/peer_env.py), so its
+   bench/requirements-olive.txt when missing by testkit/peer_env.py), so its
    pins (torch, transformers, ...) never touch the project's environment.
 2. Both searches get the same FP32 model, the same NPZ samples, the same
    accuracy budget (quality drop <= 0.01 against FP32) and the same number of
@@ -37,7 +37,7 @@ example QOperator with int8 activations) against ``max_samples`` without
 evaluating it, so Olive may evaluate fewer than K candidates; the table says
 how many it did.
 
-This script only drives the run; each concern has its module: bench/peer_env.py
+This script only drives the run; each concern has its module: testkit/peer_env.py
 (Olive's venv), bench/olive_workflow.py (Olive's run config),
 bench/olive_search.py (running both searches), bench/olive_output.py (reading
 Olive's output), bench/olive_measure.py (the independent measurement) and

@@ -2,7 +2,7 @@
 
 One job: run each search as a user would (the whole command, timed start to
 exit) and return what it produced (bench/olive_output.py's SearchOutcome).
-Olive's venv comes from bench/peer_env.py (``peer_env.OLIVE``). Olive is also
+Olive's venv comes from testkit/peer_env.py (``peer_env.OLIVE``). Olive is also
 one contender of the peer matrices (bench/export_matrix.py, bench/cnn_matrix.py):
 ``olive_contender`` runs the same workflow on any ONNX model and turns its
 output into a contender for bench/peers_driver.py.
@@ -23,7 +23,6 @@ from typing import Any
 
 import numpy as np
 
-from bench import peer_env
 from bench.olive_measure import load_dataset, write_olive_reference
 from bench.olive_output import (
     SearchOutcome,
@@ -36,6 +35,7 @@ from bench.olive_workflow import MAX_DROP, SEED, olive_workflow, thread_choices
 from metainfer.agent.zoo.build import ExampleModel
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.report import Report
+from testkit import peer_env
 
 DRIVER = Path(__file__).resolve().parent / "olive_peer_driver.py"
 DEFAULT_VENV = peer_env.OLIVE.venv
@@ -60,7 +60,7 @@ def olive_version(venv: Path) -> str | None:
 
 
 def ensure_olive(venv: Path = DEFAULT_VENV) -> dict[str, Any]:
-    """Reuse or build Olive's venv from its lock (bench/peer_env.py); raises OliveUnavailable with the cause."""
+    """Reuse or build Olive's venv from its lock (testkit/peer_env.py); raises OliveUnavailable with the cause."""
     try:
         ready = peer_env.ensure(replace(peer_env.OLIVE, venv=venv))
     except peer_env.PeerEnvUnavailable as exc:

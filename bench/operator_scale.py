@@ -47,7 +47,7 @@ from kubernetes import client, config, watch
 
 from bench import benchlib, scale_profile
 from bench import scale_lib as sl
-from hack.controlplane import assets, cluster, crds
+from hack.controlplane import assets, crds, launch
 from metainfer.core.api import GROUP, VERSION
 from metainfer.core.control.hardware import classify_node
 
@@ -253,7 +253,7 @@ def measure(
     if workaround:
         mapping = root / "label-mapping.json"
         mapping.write_text(json.dumps(sl.mapping_without_gpu_resource()))
-    plane = cluster.start(
+    plane = launch.start(
         root, found, log=log, controller_manager=False, die_with_parent=True, crd_documents=documents, audit=True
     )
     assert plane.audit_log is not None

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import benchlib
-from hack.controlplane import assets, cluster
+from hack.controlplane import assets, launch
 from hack.image import build as image_build
 
 TITLE = "Real node: cluster-up, image, apply to Ready, drift to canary"
@@ -43,7 +43,7 @@ def cluster_cycles(repeats: int) -> list[dict[str, float]]:
     for _ in range(repeats):
         with tempfile.TemporaryDirectory(prefix="metainfer-bench-node-") as tmp:
             started = time.monotonic()
-            plane = cluster.start(Path(tmp) / "c", found, log=lambda _: None, node=True, die_with_parent=True)
+            plane = launch.start(Path(tmp) / "c", found, log=lambda _: None, node=True, die_with_parent=True)
             up = time.monotonic() - started
             started = time.monotonic()
             plane.stop()

@@ -227,7 +227,7 @@ class ProbeStats(Strict):
 
 
 class AttackStats(Strict):
-    """bench/serve_attacks.AttackResult, as saved."""
+    """testkit/serve_attacks.AttackResult, as saved."""
 
     name: str
     answered: int
@@ -268,7 +268,7 @@ class ServingResult(Record):
     ratio_unbatched: float | None = None
     probes: dict[str, ProbeStats] | None = None
     attacks: list[AttackStats] | None = None
-    chaos: list[dict[str, Any]] | None = None  # bench/serve_chaos.ChaosResult rows, with calls_per_s and passed
+    chaos: list[dict[str, Any]] | None = None  # testkit/serve_chaos.ChaosResult rows, with calls_per_s and passed
 
 
 class LandscapeSummary(Strict):

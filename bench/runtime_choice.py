@@ -77,7 +77,7 @@ def _models(work: Path, only: list[str] | None) -> dict[str, tuple[Path, Dataset
     digits = build_examples(work, ["digits"])["digits"]
     models["digits"] = (digits.model_path, load_npz(digits.data_path, inspect_model(digits.model_path)))
     try:
-        from bench.cnn_models import NETS, feed_for
+        from testkit.cnn_models import NETS, feed_for
 
         detector = next(n for n in NETS if n.name == "yolox_ddddocr_det")
         path = detector.path()

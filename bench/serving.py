@@ -34,7 +34,7 @@ Target (issue 14): batch1-32clients >= 0.9 x the items/s of batch32-1client.
 200 KiB gzip bodies that inflate to 200 MiB each arrive at once, and while 500 idle connections and 20 stalled
 uploads are held open. Target: liveness under 100 ms throughout.
 
-``attacks`` — the clients that used to take the server out (bench/serve_attacks.py, the drivers
+``attacks`` — the clients that used to take the server out (testkit/serve_attacks.py, the drivers
 tests/integration/test_serve_never_wedges.py asserts on), against a one-MatMul identity model ([n, 512] in and
 out: cheap to run, large to answer) served with gRPC on and ``serve_attacks.SERVE_FLAGS``: requests of 40, 40 and
 10 rows against a batch of 64, 64 REST connections or 64 gRPC streams that send headers only, 50 REST clients and
@@ -42,7 +42,7 @@ one zero-window gRPC connection that never read their 2 MiB answers. Per attack:
 refused and cut, liveness (every 50 ms), and RSS before, at its peak and after. Targets: every complete request
 answered, no liveness failure, RSS after within 64 MiB of before.
 
-``chaos`` — bench/serve_chaos.py for a minute per runtime (ONNX Runtime, OpenVINO) against bert_mini at batch 8:
+``chaos`` — testkit/serve_chaos.py for a minute per runtime (ONNX Runtime, OpenVINO) against bert_mini at batch 8:
 every client at once, REST and gRPC (tests/integration/test_serve_chaos.py asserts on the same driver). Targets:
 no crash, every answer equal to the variant in process, every refusal one a client can act on, every follow-up
 answered, RSS at the end within 64 MiB of the start.
@@ -75,7 +75,8 @@ from typing import Any
 
 import numpy as np
 
-from bench import benchlib, peer_env
+from bench import benchlib
+from testkit import peer_env
 
 TITLE = "Serving: side by side with ONNX Runtime and kserve, dynamic batching, liveness"
 CLIENTS = 32
@@ -180,7 +181,7 @@ def kserve_version(venv: Path) -> str | None:
 
 
 def ensure_kserve(venv: Path) -> dict[str, Any]:
-    """Reuse or build kserve's venv from its lock (bench/peer_env.py), and say which kserve it holds."""
+    """Reuse or build kserve's venv from its lock (testkit/peer_env.py), and say which kserve it holds."""
     try:
         ready = peer_env.ensure(replace(peer_env.KSERVE, venv=venv))
     except peer_env.PeerEnvUnavailable as exc:
@@ -580,8 +581,8 @@ def run_attacks(work: Path) -> list[dict[str, Any]]:
     import hashlib
     from dataclasses import asdict
 
-    from bench.serve_attacks import MODEL, SERVE_FLAGS, every_attack, matmul_chain
     from hack.controlplane.processes import free_port
+    from testkit.serve_attacks import MODEL, SERVE_FLAGS, every_attack, matmul_chain
 
     model = work / "identity.onnx"
     model.write_bytes(matmul_chain())
@@ -599,11 +600,11 @@ def run_attacks(work: Path) -> list[dict[str, Any]]:
 
 
 def run_chaos_part(ex: Example, work: Path) -> list[dict[str, Any]]:
-    """bench/serve_chaos.py for ``CHAOS_SECONDS`` against bert_mini (FP32, batch 8) on each runtime, gRPC on."""
+    """testkit/serve_chaos.py for ``CHAOS_SECONDS`` against bert_mini (FP32, batch 8) on each runtime, gRPC on."""
     import json
 
-    from bench.serve_chaos import in_process, make_pool, process_alive, run_chaos
     from hack.controlplane.processes import free_port
+    from testkit.serve_chaos import in_process, make_pool, process_alive, run_chaos
 
     rows = []
     for runtime in CHAOS_RUNTIMES:
@@ -808,7 +809,7 @@ def render_attacks(attacks: list[dict[str, Any]]) -> str:
     worst_live = max(a["liveness_max_ms"] for a in attacks)
     met = failed == 0 and dead == 0 and worst_rss <= RSS_TARGET_MIB
     return (
-        "Attacks (bench/serve_attacks.py) on a one-MatMul identity model, [n, 512] in and out, batch 64, gRPC on,"
+        "Attacks (testkit/serve_attacks.py) on a one-MatMul identity model, [n, 512] in and out, batch 64, gRPC on,"
         " `--max-batch 1024 --max-queue-delay-ms 20 --write-timeout 3 --body-timeout 20`, one after another on one"
         " server; liveness timed every 50 ms, RSS sampled meanwhile and read again once settled:\n\n"
         "| attack | answered | failed | refused | cut | liveness max ms | liveness failures | RSS before MiB"
@@ -827,7 +828,7 @@ def render_attacks(attacks: list[dict[str, Any]]) -> str:
 
 def render_chaos(rows: list[dict[str, Any]]) -> str:
     lines = [
-        f"Chaos (bench/serve_chaos.py, seed 0): {rows[0]['seconds']:.0f} s of a seeded mix of clients against"
+        f"Chaos (testkit/serve_chaos.py, seed 0): {rows[0]['seconds']:.0f} s of a seeded mix of clients against"
         " bert_mini (FP32, batch 8, gRPC on, serve's defaults otherwise) on each runtime: gRPC calls with deadlines"
         " from 1 ms up, cancelled at random points, bursts of 500 streams on one connection, REST requests (some"
         " with client timeouts), connections cut mid-body and mid-answer, token ids past the vocabulary, batch"

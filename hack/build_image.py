@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from hack import helm
-from hack.controlplane import cluster
+from hack.controlplane import launch
 from hack.controlplane import registry as registry_mod
 from hack.controlplane.errors import ControlPlaneError
 from hack.image import build
@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             loaded = build.import_into_node(image, args.cluster_root, log)
             print(f"loaded into the development node with ctr: {'yes' if loaded else 'no (no node running)'}")
             return 0 if loaded else 1
-        registry = None if args.no_push else cluster.load(args.cluster_root) and registry_mod.ClusterRegistry.load(
+        registry = None if args.no_push else launch.load(args.cluster_root) and registry_mod.ClusterRegistry.load(
             args.cluster_root / "registry")  # fmt: skip
         if registry is None:
             print("pushed: no (no development cluster with a registry runs; `make cluster-up` starts one)")

@@ -17,8 +17,9 @@ import sys
 import time
 from pathlib import Path
 
+# The command line only: starting, stopping and finding a control plane is hack/controlplane/launch.py's.
 from hack.controlplane import assets as assets_mod
-from hack.controlplane import cluster, crds, netpol
+from hack.controlplane import crds, launch, netpol
 from hack.controlplane.errors import ControlPlaneError
 from hack.controlplane.versions import ETCD_VERSION, KUBERNETES_VERSION
 
@@ -49,21 +50,21 @@ def cmd_assets(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     root: Path = args.root
-    running = cluster.load(root)
+    running = launch.load(root)
     if running is not None:
         log(f"already running at {running.server}")
         _print_usage(running.kubeconfig)
         return 0
-    if (root / cluster.STATE_FILE).exists():
+    if (root / launch.STATE_FILE).exists():
         log(f"cleaning up a dead control plane in {root}")
-        cluster.stop(root)
+        launch.stop(root)
     started = time.monotonic()
     found = assets_mod.provide(log, with_controller_manager=not args.no_controller_manager, with_node=args.node)
     assets_mod.find_kubectl(log)
     documents = [] if args.no_crds else crds.load_crds(args.crds.glob("*.yaml"))
     if not args.no_crds and not documents:
         raise ControlPlaneError(f"no CustomResourceDefinitions found in {args.crds}; run `make crds` or pass --no-crds")
-    plane = cluster.start(
+    plane = launch.start(
         root,
         found,
         log=log,
@@ -78,13 +79,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    stopped = cluster.stop(args.root)
+    stopped = launch.stop(args.root)
     log(f"stopped {', '.join(stopped) if stopped else 'nothing (no running control plane)'}; cleaned {args.root}")
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    plane = cluster.load(args.root)
+    plane = launch.load(args.root)
     if plane is None:
         print("not running")
         return 1

@@ -49,9 +49,9 @@ def image_inputs() -> str:
 
 
 def exports() -> str:
-    # bench is the development package beside hack; imported here so a checkout without torch's peers still
+    # testkit is the development package beside hack; imported here so a checkout without torch's peers still
     # prefetches the rest.
-    from bench.exports import build_exports
+    from testkit.exports import build_exports
 
     built = build_exports()
     failed = sorted(name for name, export in built.exports.items() if export.path is None)

@@ -35,7 +35,7 @@ from metainfer.core.control.pod_checks import read_pod_checks
 from metainfer.core.control.pod_endings import pod_ending, with_ending
 from metainfer.core.control.reconcile import Plan, RunLimits, plan_policy
 from metainfer.core.control.settling import settled_groups
-from metainfer.operator import kube
+from metainfer.operator import api_calls
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.metrics import CLASSES, RUNS_FINISHED, RUNS_STARTED, SERIES, publish_policy
 from metainfer.operator.view import ClusterView, Indexes
@@ -114,42 +114,44 @@ async def apply_plan(body: kopf.Body, inputs: Inputs, logger: logging.Logger) ->
     plan, policy = inputs.plan, inputs.body
     namespace, name = policy["metadata"]["namespace"], policy["metadata"]["name"]
     for planned in plan.runs_to_create:
-        if await kube.create_if_absent(planned.manifest):
+        if await api_calls.create_if_absent(planned.manifest):
             fingerprint = planned.manifest["metadata"]["labels"].get(LABEL_CLASS, "")
             SERIES.child(RUNS_STARTED, namespace, name, fingerprint, planned.reason).inc()
             logger.info("created run %s (%s)", planned.manifest["metadata"]["name"], planned.reason)
     for run_name in plan.runs_to_delete:
-        await kube.delete(RUN_KIND, namespace, run_name)
+        await api_calls.delete(RUN_KIND, namespace, run_name)
     warned: set[str] = set()  # one lookup and one Warning per missing account per reconcile, not one per Job
     for job in plan.jobs_to_create:  # the Job first, its name in the run's status after: see plan_job
         account = job.manifest["spec"]["template"]["spec"].get("serviceAccountName")
-        if account and account not in warned and await kube.service_account_missing(namespace, account):
+        if account and account not in warned and await api_calls.service_account_missing(namespace, account):
             warned.add(account)
             # Found on a real node: the Job is accepted, but its pods never are, and nothing else says why.
             kopf.event(body, type="Warning", reason=Reason.AGENT_SERVICE_ACCOUNT_MISSING.value,
                        message=missing_agent_account(namespace, account, job.run_name))  # fmt: skip
-        await kube.create_if_absent(job.manifest)
-        await kube.patch_status(RUN_PLURAL, namespace, job.run_name, {"jobName": job.manifest["metadata"]["name"]})
+        await api_calls.create_if_absent(job.manifest)
+        await api_calls.patch_status(RUN_PLURAL, namespace, job.run_name, {"jobName": job.manifest["metadata"]["name"]})
     for failed in plan.runs_to_fail:
         # The Job's pods go with its TTL, and an OOM kill or a deadline leaves no message of the agent's own.
-        tail = await kube.job_log(namespace, job_name(failed.run_name), LOG_TAIL_LINES)
+        tail = await api_calls.job_log(namespace, job_name(failed.run_name), LOG_TAIL_LINES)
         status = {**failed.status, "logTail": log_tail(tail)} if tail else failed.status
-        if ending := pod_ending(await kube.job_pods(namespace, job_name(failed.run_name))):
+        if ending := pod_ending(await api_calls.job_pods(namespace, job_name(failed.run_name))):
             status = with_ending(status, ending)
-        await kube.patch_status(RUN_PLURAL, namespace, failed.run_name, status)
+        await api_calls.patch_status(RUN_PLURAL, namespace, failed.run_name, status)
     for action in plan.deployments_to_apply:
-        await kube.apply(action.manifest)
+        await api_calls.apply(action.manifest)
     for obj in plan.objects_to_create:
-        await kube.create_if_absent(obj)
+        await api_calls.create_if_absent(obj)
     for workload in plan.deployments_to_delete:
-        await kube.delete("Deployment", namespace, workload)
-        await kube.delete("Service", namespace, workload)
-        await kube.delete("PodDisruptionBudget", namespace, workload)
+        await api_calls.delete("Deployment", namespace, workload)
+        await api_calls.delete("Service", namespace, workload)
+        await api_calls.delete("PodDisruptionBudget", namespace, workload)
     SERIES.child(CLASSES, namespace, name).set(len(inputs.groups))
     new_status = plan.status.to_api()
     publish_policy(namespace, name, policy.get("spec") or {}, new_status)
     if _changed(policy.get("status") or {}, new_status):
-        stored = await kube.patch_status(POLICY_PLURAL, namespace, name, new_status, read_at=kube.read_at(policy))
+        stored = await api_calls.patch_status(
+            POLICY_PLURAL, namespace, name, new_status, read_at=api_calls.read_at(policy)
+        )
         _count_finished(namespace, name, policy.get("status") or {}, new_status)  # once written: see StaleRead
         for event in coalesce(plan.events):
             kopf.event(body, type=event.type, reason=event.reason, message=event.message)
@@ -181,7 +183,7 @@ _PART = {"AdaptationPolicySpec": "spec.", "AdaptationPolicyStatus": "status."}
 
 
 # What a retry cannot fix: the policy says so (Ready=False, a warning event) and the next resync tries again.
-Refusal = ValidationError | ForbiddenByPlatform | kube.ChildRejected
+Refusal = ValidationError | ForbiddenByPlatform | api_calls.ChildRejected
 
 
 def refusal(exc: Refusal) -> tuple[Reason, str]:
@@ -202,5 +204,7 @@ async def refused_status(body: kopf.Body, policy: Mapping[str, Any], reason: Rea
         previous, ConditionType.READY, "False", reason, message, observed_generation=meta.get("generation")
     )
     status = {"observedGeneration": meta.get("generation"), "conditions": [c.to_api() for c in conditions]}
-    await kube.patch_status(POLICY_PLURAL, meta["namespace"], meta["name"], status, read_at=kube.read_at(policy))
+    await api_calls.patch_status(
+        POLICY_PLURAL, meta["namespace"], meta["name"], status, read_at=api_calls.read_at(policy)
+    )
     kopf.event(body, type="Warning", reason=reason, message=message[:1024])

@@ -33,7 +33,7 @@ from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStat
 from metainfer.core.api.vocabulary import ClassState
 from metainfer.core.control import drift, promql
 from metainfer.core.control.endpoints import PrometheusEndpoint
-from metainfer.operator import kube
+from metainfer.operator import api_calls
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.metrics import DRIFT_DECISIONS, SERIES
 from metainfer.operator.prometheus import MetricsUnavailable, query
@@ -53,7 +53,7 @@ class DriftStep:
 
 async def fetch_policy(namespace: str, name: str) -> dict[str, Any] | None:
     """The policy as the API server has it now (None once deleted)."""
-    return await kube.get_custom(POLICY_PLURAL, namespace, name)
+    return await api_calls.get_custom(POLICY_PLURAL, namespace, name)
 
 
 def eligible(cls: ClassStatus) -> bool:
@@ -110,9 +110,9 @@ async def drift_step(
         status = status.model_copy(update={"conditions": _metrics_condition(status, now)})
         status = status.model_copy(update={"conditions": _saturation_condition(status, now)})
         patch = status.to_api()
-        stored = await kube.patch_status(
+        stored = await api_calls.patch_status(
             POLICY_PLURAL, namespace, name, {"classes": patch["classes"], "conditions": patch["conditions"]},
-            read_at=kube.read_at(policy),
+            read_at=api_calls.read_at(policy),
         )  # fmt: skip
         for cls, verdict in verdicts:  # once written: a StaleRead checks again, and this verdict never held
             _events(body, cls, verdict, logger)

@@ -24,10 +24,10 @@ from metainfer.core.control.objects import run_phase_from_body
 from metainfer.core.control.platform import ForbiddenByPlatform
 from metainfer.core.control.schedulability import NodeScheduling
 from metainfer.core.control.slim import slim_deployment, slim_job, slim_run
-from metainfer.operator import kube, namespaces, startup  # noqa: F401  (startup handlers; startup's runs first)
+from metainfer.operator import api_calls, namespaces, startup  # noqa: F401  (startup handlers; startup's runs first)
+from metainfer.operator.api_calls import ChildRejected, StaleRead
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refusal, refused_status
 from metainfer.operator.drift import drift_step, fetch_policy
-from metainfer.operator.kube import ChildRejected, StaleRead
 from metainfer.operator.metrics import RECONCILE_ERRORS, RECONCILE_SECONDS, SERIES
 from metainfer.operator.rollout import rollout_step
 from metainfer.operator.view import ClusterView, Indexes, Wakeups
@@ -265,7 +265,7 @@ async def provisional_pods(namespace: str, name: str, indexes: Indexes) -> list[
     Deployments is provisional (most reconciles have none, and need no call)."""
     if not indexes.has_provisional(namespace, name):
         return []
-    return await kube.provisional_pods(namespace, name)
+    return await api_calls.provisional_pods(namespace, name)
 
 
 def _plain(body: Any) -> dict[str, Any]:

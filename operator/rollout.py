@@ -29,7 +29,7 @@ from metainfer.core.api.policy import AdaptationPolicySpec, AdaptationPolicyStat
 from metainfer.core.api.vocabulary import RolloutPhase
 from metainfer.core.control import canary
 from metainfer.core.control.endpoints import PrometheusEndpoint
-from metainfer.operator import kube
+from metainfer.operator import api_calls
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.drift import QUERY_TIMEOUT_S
 from metainfer.operator.metrics import CANARY_DECISIONS, SERIES
@@ -85,8 +85,8 @@ async def rollout_step(
             updated[cls.fingerprint] = ClassStatus.model_validate({**cls.model_dump(), "rollout": rollout.model_dump()})
     if changed:
         patch = status.model_copy(update={"classes": list(updated.values())}).to_api()
-        await kube.patch_status(
-            POLICY_PLURAL, namespace, name, {"classes": patch["classes"]}, read_at=kube.read_at(policy)
+        await api_calls.patch_status(
+            POLICY_PLURAL, namespace, name, {"classes": patch["classes"]}, read_at=api_calls.read_at(policy)
         )
     # Announced once written: a write refused as planned from an old read (StaleRead) decides again, and the
     # decision was never taken.

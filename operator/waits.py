@@ -1,6 +1,6 @@
 """Why a policy's Jobs and serving rollouts wait, as its reconcile reads it: the Jobs core.control.job_waits and the
 Deployments core.control.rollout_waits name, their pods (and a Job's FailedCreate events) read through
-operator.kube, and each answer cached per object, because a reconcile can be woken many times a second and a
+operator.api_calls, and each answer cached per object, because a reconcile can be woken many times a second and a
 reason changes slowly."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from metainfer.core.control.job_waits import waiting_jobs, why_job_waits
 from metainfer.core.control.rollout_waits import waiting_deployments, why_rollout_waits
 from metainfer.core.control.workloads import DeploymentState, job_end
-from metainfer.operator import kube
+from metainfer.operator import api_calls
 from metainfer.operator.view import Indexes
 
 # A waiting object's pods and events are read again at most this often: a reconcile can be woken many times a second.
@@ -31,7 +31,7 @@ async def job_waits(namespace: str, name: str, indexes: Indexes) -> dict[str, st
     for job in waiting_jobs(indexes.jobs_of(namespace, runs), dt.datetime.now(dt.UTC)):
 
         async def read(job: str = job) -> tuple[bool, str | None]:
-            evidence = await kube.job_wait_evidence(namespace, job)
+            evidence = await api_calls.job_wait_evidence(namespace, job)
             return (False, None) if evidence is None else (True, why_job_waits(*evidence))
 
         if (why := await _cached(("Job", namespace, job), read)) is not None:
@@ -47,7 +47,7 @@ async def rollout_waits(namespace: str, name: str, indexes: Indexes) -> dict[str
     for waiting in waiting_deployments(indexes.deployments_of(namespace, name), dt.datetime.now(dt.UTC)):
 
         async def read(selector: dict[str, str] = waiting.selector) -> tuple[bool, str | None]:
-            pods = await kube.pods_selected(namespace, selector)
+            pods = await api_calls.pods_selected(namespace, selector)
             return (False, None) if pods is None else (True, why_rollout_waits(pods))
 
         if (why := await _cached(("Deployment", namespace, waiting.name), read)) is not None:

@@ -345,7 +345,7 @@ def _configmaps(uri: str) -> ConfigMapReader | None:
     """API access only for configmap:// URIs: a serving pod normally has no token, and needs none."""
     if not uri.startswith("configmap://"):
         return None
-    from metainfer.agent.kube import Kube, api_client  # lazily: kubernetes is heavy and rarely needed here
+    from metainfer.agent.job_api import Kube, api_client  # lazily: kubernetes is heavy and rarely needed here
 
     return Kube(api_client(None))
 

@@ -34,7 +34,7 @@ from client_loop import ClientLoop
 from kubernetes import client, config
 
 from hack import helm
-from hack.controlplane import assets, cluster
+from hack.controlplane import assets, launch
 from hack.controlplane import node as node_mod
 from hack.image import build as image_build
 from hack.prometheus import PrometheusServer, find_binary_with_kubernetes_sd
@@ -83,7 +83,7 @@ def serving_scrape_config(kubeconfig: Path, namespaces: list[str]) -> dict[str, 
 
 @dataclass
 class Platform:
-    plane: cluster.ControlPlane
+    plane: launch.ControlPlane
     api_client: client.ApiClient
     kubectl_path: Path
     helm_path: Path
@@ -215,7 +215,7 @@ def running_platform(root: Path, log: Callable[[str], None], first_chart: Path |
     kubectl_path = assets.find_kubectl(log)
     helm_path = helm.provide(log)
     started = time.monotonic()
-    plane = cluster.start(root, found, log=log, die_with_parent=True, node=True, timeout_s=300)
+    plane = launch.start(root, found, log=log, die_with_parent=True, node=True, timeout_s=300)
     timings["cluster_up_s"] = time.monotonic() - started
     prometheus: PrometheusServer | None = None
     try:

@@ -17,7 +17,7 @@ import pytest
 from cluster_cli import cluster_cli
 from platform_harness import require_root
 
-from hack.controlplane import assets, cluster, hostchanges
+from hack.controlplane import assets, hostchanges, launch
 from hack.controlplane import node as node_mod
 from hack.controlplane.errors import ControlPlaneError
 
@@ -90,7 +90,7 @@ def test_a_node_runs_a_pod_and_cluster_down_undoes_every_host_change(tmp_path: P
     try:
         assert up.returncode == 0, up.stderr
         assert f"kubeconfig: {root / 'kubeconfig'}" in up.stdout
-        plane = cluster.load(root)
+        plane = launch.load(root)
         assert plane is not None, up.stderr
         executables = list(plane.executables.values())
         assert {"etcd", "kube-apiserver", "kubelet", "containerd", "kube-proxy", "kube-scheduler"} <= plane.pids.keys()
@@ -142,7 +142,7 @@ def test_control_plane_only_mode_still_needs_no_root_nor_node_binaries(tmp_path:
     """KUBEBUILDER_ASSETS users: etcd + kube-apiserver, nothing of the node, nothing on the host."""
     found = assets.provide(with_controller_manager=False)
     before = hostchanges.snapshot()
-    plane = cluster.start(tmp_path / "plane", found, die_with_parent=True, controller_manager=False)
+    plane = launch.start(tmp_path / "plane", found, die_with_parent=True, controller_manager=False)
     try:
         assert plane.server.startswith("https://127.0.0.1:")
         assert "kubelet" not in plane.pids and "containerd" not in plane.pids

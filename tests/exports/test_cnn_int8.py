@@ -1,4 +1,4 @@
-"""Static int8 on conv nets as packages ship them (bench/cnn_models.py): quality on trained weights.
+"""Static int8 on conv nets as packages ship them (testkit/cnn_models.py): quality on trained weights.
 
 The trained detectors (YOLOv8n from the nudenet wheel, a YOLOX-style text detector
 from the ddddocr wheel) run on crops of real photographs; every static int8 form
@@ -16,12 +16,12 @@ import numpy as np
 import onnx
 import pytest
 
-from bench.cnn_models import NETS, ConvNet, feed_for
 from metainfer.core.engine.data import Dataset
 from metainfer.core.engine.profile.fingerprint import detect_machine
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms import build_variant
+from testkit.cnn_models import NETS, ConvNet, feed_for
 
 pytestmark = pytest.mark.timeout(900)
 # The nets shipped as ONNX: the TensorFlow Lite ones need TensorFlow's exporter (a 600 MB venv) first, which

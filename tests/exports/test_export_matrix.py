@@ -1,4 +1,4 @@
-"""Transformer fusion and padding removal on encoders as users export them (bench/exports.py).
+"""Transformer fusion and padding removal on encoders as users export them (testkit/exports.py).
 
 Each flavour is all-MiniLM-L6-v2 with its real weights, written by a real exporter
 (torch TorchScript at opsets 12-17, eager and SDPA attention, with and without
@@ -17,12 +17,12 @@ import numpy as np
 import onnx
 import pytest
 
-from bench.exports import FLAVOURS, ExportSet, Flavour, build_exports
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
 from metainfer.core.engine.reference import mean_cosine, mean_pooled
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms import build_variant, check_padding_removable
 from metainfer.core.engine.transforms.fusion import fuse_transformer
+from testkit.exports import FLAVOURS, ExportSet, Flavour, build_exports
 
 LAYERS = 6
 BATCH = 8

@@ -24,7 +24,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from operator_harness import Nodes
 
-from hack.controlplane import assets, cluster, crds
+from hack.controlplane import assets, crds, launch
 from hack.controlplane.errors import ControlPlaneError
 from hack.prometheus import PrometheusServer, PrometheusUnavailable, find_binary
 from metainfer.agent.zoo import ExampleModel, build_examples
@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 class ControlPlaneHandle:
     """What a test needs to talk to the session's control plane."""
 
-    plane: cluster.ControlPlane
+    plane: launch.ControlPlane
     api_client: client.ApiClient
     kubectl_path: Path
 
@@ -86,7 +86,7 @@ def control_plane(
     if not documents:
         pytest.fail(f"no CRDs in {REPO / 'crds'}: run `python -m metainfer.core.api.crdgen crds/`", pytrace=False)
     # die_with_parent: even a SIGKILLed pytest leaves no daemon behind.
-    plane = cluster.start(
+    plane = launch.start(
         tmp_path_factory.mktemp("controlplane"), found, log=log, die_with_parent=True, crd_documents=documents
     )
     api_client: client.ApiClient | None = None

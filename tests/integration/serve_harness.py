@@ -15,10 +15,10 @@ from typing import Self
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, start_http_server
 
-from bench.serve_attacks import matmul_chain
 from hack.controlplane.processes import free_port, stop_child
 from metainfer.agent.zoo.build import ExampleModel
 from metainfer.core.engine.recipe import Recipe
+from testkit.serve_attacks import matmul_chain
 
 LABELS = ["policy", "hardware_class", "variant"]  # serve's series labels, in its order
 BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)

@@ -24,7 +24,7 @@ from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from hack import helm as hack_helm
-from hack.controlplane import assets, cluster
+from hack.controlplane import assets, launch
 from hack.controlplane.errors import AssetError, ControlPlaneError
 from hack.helm import HELM_VERSION, provide
 from metainfer.core.api import GROUP, VERSION
@@ -42,12 +42,12 @@ def _log(message: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[cluster.ControlPlane]:
+def plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[launch.ControlPlane]:
     try:
         found = assets.provide(_log)
     except ControlPlaneError as exc:
         pytest.fail(f"cannot provide kube-apiserver/etcd: {exc}", pytrace=False)
-    started = cluster.start(tmp_path_factory.mktemp("lifecycle-plane"), found, log=_log, die_with_parent=True)
+    started = launch.start(tmp_path_factory.mktemp("lifecycle-plane"), found, log=_log, die_with_parent=True)
     try:
         yield started
     finally:
@@ -70,7 +70,7 @@ def previous_chart(tmp_path_factory: pytest.TempPathFactory) -> Path:
         pytest.fail(str(exc), pytrace=False)
 
 
-def _helm(helm: str, plane: cluster.ControlPlane, *args: str) -> str:
+def _helm(helm: str, plane: launch.ControlPlane, *args: str) -> str:
     result = subprocess.run(
         [helm, "--kubeconfig", str(plane.kubeconfig), *args], capture_output=True, text=True, timeout=180, check=False
     )
@@ -78,7 +78,7 @@ def _helm(helm: str, plane: cluster.ControlPlane, *args: str) -> str:
     return result.stdout
 
 
-def _kubectl(plane: cluster.ControlPlane, *args: str) -> str:
+def _kubectl(plane: launch.ControlPlane, *args: str) -> str:
     env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
     kubectl = assets.find_kubectl(_log)
     result = subprocess.run([str(kubectl), *args], capture_output=True, text=True, env=env, timeout=60, check=False)
@@ -103,7 +103,7 @@ def _policy(api: client.ApiClient) -> dict[str, Any] | None:
         raise
 
 
-def _wait_until_crds_are_gone(api: client.ApiClient, plane: cluster.ControlPlane, timeout_s: float) -> None:
+def _wait_until_crds_are_gone(api: client.ApiClient, plane: launch.ControlPlane, timeout_s: float) -> None:
     """Wait for the deleted CRDs to go, nudging any whose cleanup failed as docs/helm.md#uninstall tells users to.
 
     kube-apiserver (1.37) deletes a CRD's objects before the CRD; when the deletion lands while it re-initialises
@@ -121,7 +121,7 @@ def _wait_until_crds_are_gone(api: client.ApiClient, plane: cluster.ControlPlane
     assert _crds(api) == {}, f"CRDs left {timeout_s:.0f}s after uninstall: {sorted(_crds(api))}"
 
 
-def _release_objects(plane: cluster.ControlPlane) -> list[str]:
+def _release_objects(plane: launch.ControlPlane) -> list[str]:
     """Every namespaced or cluster object the release labels as its own, CRDs aside."""
     selector = f"app.kubernetes.io/instance={RELEASE}"
     kinds = "deployments,services,serviceaccounts,configmaps,roles,rolebindings,clusterroles,clusterrolebindings"
@@ -131,7 +131,7 @@ def _release_objects(plane: cluster.ControlPlane) -> list[str]:
 
 
 def test_upgrade_from_the_crds_folder_chart_then_uninstall_keeps_or_deletes_the_crds_as_asked(
-    plane: cluster.ControlPlane, helm: str, previous_chart: Path
+    plane: launch.ControlPlane, helm: str, previous_chart: Path
 ) -> None:
     api = config.new_client_from_config(config_file=str(plane.kubeconfig))
     try:

@@ -333,7 +333,7 @@ def test_operator_writes_workloads_only_in_the_namespaces_it_watches() -> None:
     namespaced = {
         ("batch", "jobs", "create"),
         ("apps", "deployments", "create"),
-        ("apps", "deployments", "get"),  # kube.apply reads a serving Deployment, then replaces it
+        ("apps", "deployments", "get"),  # api_calls.apply reads a serving Deployment, then replaces it
         ("apps", "deployments", "update"),
         ("", "services", "create"),
         ("", "services", "watch"),  # one that exists is not created again on every reconcile

@@ -1,4 +1,4 @@
-"""The tests' S3-compatible object store (hack/controlplane/objectstore.py): a real S3Proxy whose buckets are
+"""The tests' S3-compatible object store (hack/controlplane/s3proxy.py): a real S3Proxy whose buckets are
 private, read and written through obstore, the S3 client the agent will use (issue 28 item 3).
 
 obstore (Rust's object_store behind a Python API) rather than s3fs: s3fs needs botocore, which pins
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.controlplane import objectstore, pki
+from hack.controlplane import pki, s3proxy
 from hack.controlplane.errors import AssetError
 
 obstore = pytest.importorskip("obstore")  # the dev extra's
@@ -30,16 +30,16 @@ def _log(message: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def s3proxy() -> objectstore.S3Proxy:
+def runtime() -> s3proxy.S3Proxy:
     try:
-        return objectstore.provide(_log)
+        return s3proxy.provide(_log)
     except AssetError as exc:
-        pytest.fail(f"cannot provide S3Proxy {objectstore.S3PROXY_VERSION}: {exc}", pytrace=False)
+        pytest.fail(f"cannot provide S3Proxy {s3proxy.S3PROXY_VERSION}: {exc}", pytrace=False)
 
 
 @pytest.fixture(scope="module")
-def store(s3proxy: objectstore.S3Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[objectstore.ObjectStore]:
-    started = objectstore.ObjectStore(s3proxy, tmp_path_factory.mktemp("s3proxy")).start()
+def store(runtime: s3proxy.S3Proxy, tmp_path_factory: pytest.TempPathFactory) -> Iterator[s3proxy.ObjectStore]:
+    started = s3proxy.ObjectStore(runtime, tmp_path_factory.mktemp("s3proxy")).start()
     started.create_bucket(BUCKET)
     try:
         yield started
@@ -47,7 +47,7 @@ def store(s3proxy: objectstore.S3Proxy, tmp_path_factory: pytest.TempPathFactory
         started.stop()
 
 
-def _client(store: objectstore.ObjectStore, secret_key: str | None = None) -> S3Store:
+def _client(store: s3proxy.ObjectStore, secret_key: str | None = None) -> S3Store:
     return S3Store(
         BUCKET,
         endpoint=store.endpoint,
@@ -58,7 +58,7 @@ def _client(store: objectstore.ObjectStore, secret_key: str | None = None) -> S3
     )
 
 
-def test_an_object_is_read_back_with_the_key_and_refused_without_it(store: objectstore.ObjectStore) -> None:
+def test_an_object_is_read_back_with_the_key_and_refused_without_it(store: s3proxy.ObjectStore) -> None:
     payload = bytes(range(256)) * 4096  # 1 MiB
     obstore.put(_client(store), "digits/model.onnx", payload)
     assert obstore.get(_client(store), "digits/model.onnx").bytes().to_bytes() == payload
@@ -70,13 +70,11 @@ def test_an_object_is_read_back_with_the_key_and_refused_without_it(store: objec
         obstore.get(_client(store, secret_key="not-the-secret"), "digits/model.onnx").bytes()
 
 
-def test_the_store_serves_https_with_a_certificate_from_a_private_ca(
-    s3proxy: objectstore.S3Proxy, tmp_path: Path
-) -> None:
+def test_the_store_serves_https_with_a_certificate_from_a_private_ca(runtime: s3proxy.S3Proxy, tmp_path: Path) -> None:
     """A store behind a CA only the platform trusts: the default trust store refuses it, the CA accepts it."""
     keys = pki.generate(tmp_path / "pki")
     cert, key = pki.issue_serving(keys.ca_cert, keys.ca_key, tmp_path / "tls" / "s3", "s3", ips=("127.0.0.1",))
-    secured = objectstore.ObjectStore(s3proxy, tmp_path / "store", tls=(cert, key))
+    secured = s3proxy.ObjectStore(runtime, tmp_path / "store", tls=(cert, key))
     secured.start(ca=keys.ca_cert)
     try:
         assert secured.endpoint.startswith("https://")
@@ -91,7 +89,7 @@ def test_the_store_serves_https_with_a_certificate_from_a_private_ca(
 # with a policy whose model lives in a private bucket and whose credentials come from a mounted Secret.
 
 
-def _secret_dir(path: Path, store: objectstore.ObjectStore, **extra: str) -> Path:
+def _secret_dir(path: Path, store: s3proxy.ObjectStore, **extra: str) -> Path:
     """A directory laid out as the kubelet mounts a Secret: one file per key."""
     path.mkdir(parents=True, exist_ok=True)
     keys = {
@@ -112,7 +110,7 @@ def loopback_allowed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_agent_fetches_a_private_object_with_the_secrets_keys(
-    store: objectstore.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
+    store: s3proxy.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
 ) -> None:
     import hashlib
 
@@ -149,7 +147,7 @@ def test_the_agent_fetches_a_private_object_with_the_secrets_keys(
 
 
 def test_a_store_on_loopback_is_refused_unless_the_platform_allows_it(
-    store: objectstore.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    store: s3proxy.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from metainfer.agent.fetch import FetchError, fetch
 
@@ -162,13 +160,13 @@ def test_a_store_on_loopback_is_refused_unless_the_platform_allows_it(
 
 
 def test_the_secrets_ca_bundle_verifies_a_private_store(
-    s3proxy: objectstore.S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
+    runtime: s3proxy.S3Proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
 ) -> None:
     from metainfer.agent.fetch import FetchError, fetch
 
     keys = pki.generate(tmp_path / "pki")
     cert, key = pki.issue_serving(keys.ca_cert, keys.ca_key, tmp_path / "tls" / "s3", "s3", ips=("127.0.0.1",))
-    secured = objectstore.ObjectStore(s3proxy, tmp_path / "store", tls=(cert, key)).start(ca=keys.ca_cert)
+    secured = s3proxy.ObjectStore(runtime, tmp_path / "store", tls=(cert, key)).start(ca=keys.ca_cert)
     secured.create_bucket(BUCKET)
     try:
         client = S3Store(
@@ -192,7 +190,7 @@ def test_the_secrets_ca_bundle_verifies_a_private_store(
 
 
 def test_metainfer_adapt_reads_model_and_data_from_a_bucket_with_the_environments_keys(
-    store: objectstore.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
+    store: s3proxy.ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, loopback_allowed: None
 ) -> None:
     """`metainfer adapt s3://...` on one's own machine: the keys from the usual environment variables, the sha256
     pins checked, a wrong pin an input error (exit 2) before any search."""

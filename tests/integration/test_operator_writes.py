@@ -1,5 +1,5 @@
 """The operator's writes against a real API server: an updated serving Deployment is exactly what the reconcile
-built, with nothing left over from the version it replaces (operator/kube.py ``apply``), and a policy's status is
+built, with nothing left over from the version it replaces (operator/api_calls.py ``apply``), and a policy's status is
 written only over the version it was planned from (``patch_status``'s ``read_at``)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from metainfer.core.control.hardware import group_nodes
 from metainfer.core.control.job_waits import why_job_waits
 from metainfer.core.control.manifests import build_deployment, build_run
 from metainfer.core.control.pod_endings import pod_ending
-from metainfer.operator import kube
+from metainfer.operator import api_calls
 from metainfer.operator.apply import apply_plan, reconcile_inputs, refused_status
 from metainfer.operator.config import OperatorConfig
 from metainfer.operator.view import ClusterView, Indexes
@@ -28,7 +28,7 @@ from metainfer.operator.view import ClusterView, Indexes
 
 @pytest.fixture
 def operator_client(control_plane: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[client.ApiClient]:
-    monkeypatch.setattr(kube, "_SHARED", control_plane.api_client)
+    monkeypatch.setattr(api_calls, "_SHARED", control_plane.api_client)
     yield control_plane.api_client
 
 
@@ -60,7 +60,7 @@ def test_a_provisional_deployment_updated_to_the_classs_own_variant_keeps_nothin
     lent = build_deployment(policy, group, donor, provisional=True)
     del lent["metadata"]["ownerReferences"]  # no such policy here: the garbage collector would delete it
     lent["metadata"]["labels"]["team.example/owner"] = "ml"  # someone else's label: it stays
-    asyncio.run(kube.apply(lent))
+    asyncio.run(api_calls.apply(lent))
     apps = client.AppsV1Api(operator_client)
     stored = apps.read_namespaced_deployment(lent["metadata"]["name"], namespace)
     assert stored.spec.template.spec.init_containers and stored.metadata.labels["metainfer.io/provisional"] == "true"
@@ -71,7 +71,7 @@ def test_a_provisional_deployment_updated_to_the_classs_own_variant_keeps_nothin
     own = build_deployment(policy, group, donor)  # the same run, now served as the class's own
     del own["metadata"]["ownerReferences"]
     own["metadata"]["labels"].pop("team.example/owner", None)
-    asyncio.run(kube.apply(own))
+    asyncio.run(api_calls.apply(own))
     stored = apps.read_namespaced_deployment(own["metadata"]["name"], namespace)
     pod = stored.spec.template.spec
     assert not pod.init_containers, "the init container of the on-node check is gone"
@@ -114,9 +114,9 @@ def test_a_status_planned_from_an_older_read_is_refused_and_the_newer_one_stays(
     config = OperatorConfig()
     inputs = reconcile_inputs(stale, ClusterView(), Indexes({}, {}, {}, {}, {}), config)
     assert inputs.plan.status.to_api().get("classes", []) == [], "the stale plan would have dropped the class"
-    with pytest.raises(kube.StaleRead, match="changed after it was read at resourceVersion"):
+    with pytest.raises(api_calls.StaleRead, match="changed after it was read at resourceVersion"):
         asyncio.run(apply_plan(kopf.Body(stale), inputs, logging.getLogger("test")))
-    with pytest.raises(kube.StaleRead):
+    with pytest.raises(api_calls.StaleRead):
         asyncio.run(refused_status(kopf.Body(stale), stale, Reason.INVALID_SPEC, "refused"))
     stored = api.get_namespaced_custom_object(GROUP, VERSION, namespace, POLICY_PLURAL, "digits")
     assert stored["status"]["classes"][0]["rollout"] == {"phase": "Stable"}, "the newer status stays"
@@ -150,7 +150,7 @@ def test_a_waiting_jobs_events_are_its_own_and_its_pod_goes_first(
     core.create_namespaced_event(namespace, _event_on_job(namespace, "digits-10", "another Job's refusal"))
     created = {**_event_on_job(namespace, "digits-1", "Created pod: x"), "reason": "SuccessfulCreate"}
     core.create_namespaced_event(namespace, created)  # the Job's, but not a refusal
-    evidence = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
+    evidence = asyncio.run(api_calls.job_wait_evidence(namespace, "digits-1"))
     assert evidence is not None
     pods, events = evidence
     assert pods == [] and [e["message"] for e in events] == [refused]
@@ -161,7 +161,7 @@ def test_a_waiting_jobs_events_are_its_own_and_its_pod_goes_first(
         "spec": {"containers": [{"name": "agent", "image": "metainfer:test"}]},
     }
     core.create_namespaced_pod(namespace, pod)  # no scheduler here: it stays Pending, with no reason yet
-    evidence = asyncio.run(kube.job_wait_evidence(namespace, "digits-1"))
+    evidence = asyncio.run(api_calls.job_wait_evidence(namespace, "digits-1"))
     assert evidence is not None
     pods, events = evidence
     assert [p["metadata"]["name"] for p in pods] == ["digits-1-fghij"] and events == []
@@ -184,6 +184,6 @@ def test_an_oom_killed_agents_pod_is_read_as_what_ended_its_run(
     core.patch_namespaced_pod_status("digits-2-abcde", namespace, {"status": {"phase": "Failed", "containerStatuses": [
         {"name": "agent", "image": "metainfer:test", "imageID": "", "ready": False, "restartCount": 0,
          "state": {"terminated": terminated}}]}})  # fmt: skip
-    ending = pod_ending(asyncio.run(kube.job_pods(namespace, "digits-2")))
+    ending = pod_ending(asyncio.run(api_calls.job_pods(namespace, "digits-2")))
     assert ending is not None and ending.reason == Reason.OOM_KILLED and "memory limit 2Gi" in ending.message
-    assert asyncio.run(kube.job_pods(namespace, "digits-3")) == []
+    assert asyncio.run(api_calls.job_pods(namespace, "digits-3")) == []

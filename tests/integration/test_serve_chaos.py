@@ -1,4 +1,4 @@
-"""A minute of every client at once against ``metainfer serve``, on each runtime (bench/serve_chaos.py): deadlines
+"""A minute of every client at once against ``metainfer serve``, on each runtime (testkit/serve_chaos.py): deadlines
 from 1 ms up, cancels at random points, connections cut mid-body and mid-answer, bursts of 500 streams, mixed batch
 sizes, ids past the vocabulary, REST and gRPC together. The process must live, every answer must equal the
 variant run in process, every refusal must be one a client can act on, every follow-up call must be answered, and
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from serve_harness import start_serving
 
-from bench.serve_chaos import in_process, make_pool, run_chaos
 from metainfer.agent.zoo import ExampleModel, build_examples
+from testkit.serve_chaos import in_process, make_pool, run_chaos
 
 # It makes its own load and judges memory: nothing beside it.
 pytestmark = pytest.mark.alone

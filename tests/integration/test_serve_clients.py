@@ -26,10 +26,10 @@ import numpy as np
 import pytest
 from serve_harness import ServeProcess, start_serving
 
-from bench.serve_attacks import INFER_PATH, counters, matmul_chain
-from bench.serve_chaos import grpc_output, grpc_request, in_process, make_pool, rest_body, rest_output, with_bad_id
 from metainfer.agent.zoo import ExampleModel, build_examples
 from metainfer.core.engine.recipe import Recipe
+from testkit.serve_attacks import INFER_PATH, counters, matmul_chain
+from testkit.serve_chaos import grpc_output, grpc_request, in_process, make_pool, rest_body, rest_output, with_bad_id
 
 MODEL = "digits"
 VOCAB = 8192  # bert_mini's

@@ -1,5 +1,5 @@
 """``metainfer serve`` under the clients that used to take it out for good (issue 27), measured by the drivers of
-bench/serve_attacks.py: each case failed before its fix (wedged, refused everything for the body timeout, or kept
+testkit/serve_attacks.py: each case failed before its fix (wedged, refused everything for the body timeout, or kept
 gigabytes) and must now leave the server answering, live and back near its baseline memory."""
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 from serve_harness import ServeProcess, start_serving
 
-from bench.serve_attacks import (
+from metainfer.agent.zoo import build_examples
+from metainfer.core.engine.recipe import Recipe
+from testkit.serve_attacks import (
     INPUT,
     MODEL,
     SERVE_FLAGS,
@@ -31,8 +33,6 @@ from bench.serve_attacks import (
     unread_answers_rest,
     zero_window_grpc,
 )
-from metainfer.agent.zoo import build_examples
-from metainfer.core.engine.recipe import Recipe
 
 # Alone (no neighbouring test): each case must find the server back near its baseline latency and memory.
 pytestmark = pytest.mark.alone

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from bench import peer_env as pe
+from testkit import peer_env as pe
 
 EXPORT = """# the exporters
 six==1.16.0

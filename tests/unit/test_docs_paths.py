@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-ROOTS = ("core", "agent", "operator", "hack", "bench", "tests", "charts", "crds", "docs", "examples")
+ROOTS = ("core", "agent", "operator", "hack", "bench", "testkit", "tests", "charts", "crds", "docs", "examples")
 # A path under one of the project's top folders, as prose writes it: `core/control/runs.py`, agent/serve/, ...
 PATH = re.compile(rf"(?<![\w./-])((?:{'|'.join(ROOTS)})/[\w./-]*[\w/])")
 # An import name of the distribution: metainfer.core.control.reconcile

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from hack.controlplane import cluster, hostchanges, node
+from hack.controlplane import hostchanges, launch, node
 from hack.controlplane.errors import ControlPlaneError
 
 
@@ -89,7 +89,7 @@ def test_a_failure_to_stop_the_containers_still_undoes_the_host_and_is_reported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """CI once lost a node's bridge, chains and mounts to one error in stop_workloads: nothing after it ran."""
-    (tmp_path / cluster.STATE_FILE).write_text(
+    (tmp_path / launch.STATE_FILE).write_text(
         json.dumps({"pids": {}, "executables": {}, "host": hostchanges.HostState().to_json()})
     )
     undone: list[hostchanges.HostState] = []
@@ -102,7 +102,7 @@ def test_a_failure_to_stop_the_containers_still_undoes_the_host_and_is_reported(
     monkeypatch.setattr(hostchanges, "diff", lambda before, watched=(): [])
     monkeypatch.setattr(node, "remove_short_dirs", lambda paths: None)
     with pytest.raises(ControlPlaneError, match=r"stopping the node's containers: OSError.*Input/output error"):
-        cluster.stop(tmp_path)
+        launch.stop(tmp_path)
     assert undone == [hostchanges.HostState()]
 
 

@@ -177,7 +177,7 @@ def test_a_jobs_wait_is_read_at_most_every_recheck_and_an_unreadable_read_keeps_
 ) -> None:
     """A refused read (a chart without the events rule, an API hiccup) must not drop the reason from the status,
     or the next good read would announce it again."""
-    from metainfer.operator import kube, waits
+    from metainfer.operator import api_calls, waits
 
     created = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)).isoformat()
     job = {"metadata": {"name": job_name("run-1"), "creationTimestamp": created}, "status": {"ready": 0}}
@@ -193,7 +193,7 @@ def test_a_jobs_wait_is_read_at_most_every_recheck_and_an_unreadable_read_keeps_
         reads.append(name)
         return answers.pop(0)
 
-    monkeypatch.setattr(kube, "job_wait_evidence", evidence)
+    monkeypatch.setattr(api_calls, "job_wait_evidence", evidence)
     monkeypatch.setattr(waits, "_WAITS_SEEN", {})
     clock = [1000.0]
     monkeypatch.setattr(waits.time, "monotonic", lambda: clock[0])
@@ -208,7 +208,7 @@ def test_a_jobs_wait_is_read_at_most_every_recheck_and_an_unreadable_read_keeps_
 def test_a_stalled_rollouts_pods_are_read_at_most_every_recheck_and_a_progressing_one_never(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from metainfer.operator import kube, waits
+    from metainfer.operator import api_calls, waits
 
     progressed = (dt.datetime.now(dt.UTC) - dt.timedelta(minutes=2)).isoformat()
     selector = {"metainfer.io/policy": "p", "metainfer.io/track": "stable"}
@@ -238,7 +238,7 @@ def test_a_stalled_rollouts_pods_are_read_at_most_every_recheck_and_a_progressin
         reads.append(labels)
         return answers.pop(0)
 
-    monkeypatch.setattr(kube, "pods_selected", pods_selected)
+    monkeypatch.setattr(api_calls, "pods_selected", pods_selected)
     monkeypatch.setattr(waits, "_WAITS_SEEN", {})
     clock = [1000.0]
     monkeypatch.setattr(waits.time, "monotonic", lambda: clock[0])

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from bench import exports as exports_mod
 from hack import prefetch
+from testkit import exports as exports_mod
 
 
 def _steps(calls: list[str]) -> tuple[prefetch.Step, ...]:

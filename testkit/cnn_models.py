@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from bench import peer_env
 from metainfer.agent.zoo.light import graph_inputs, light_model_path
+from testkit import peer_env
 
 CACHE = Path.home() / ".cache" / "metainfer" / "cnn-models"
 TF2ONNX_OPSET = 13

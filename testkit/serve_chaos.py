@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.serve_attacks import INFER_PATH, Watch, rss_mib
 from metainfer.agent.serve import grpc_messages as pb
+from testkit.serve_attacks import INFER_PATH, Watch, rss_mib
 
 RSS_TOLERANCE_MIB = 64
 SETTLE_S = 6.0  # past serve's trim interval: what the warm-up freed is handed back before the baseline

@@ -1,10 +1,12 @@
-"""The agent's few API calls, and which of their failures are worth a retry.
+"""The API calls an adaptation Job makes, and which of their failures are worth a retry.
 
 The agent Job talks to the API server for four things: read its run, patch
 the run's status subresource, read a ConfigMap holding a small model, and
 get/create/patch the cluster-scoped HardwareProfile of its class. Every call
 carries a timeout, so an unreachable API server ends the attempt (and the Job
-retries) instead of hanging until the Job's deadline.
+retries) instead of hanging until the Job's deadline. A serving pod reads a
+configmap:// model through the same ``Kube``, and `metainfer check-install`
+builds its client with ``api_client``.
 """
 
 from __future__ import annotations

@@ -1,5 +1,8 @@
 """Run etcd + kube-apiserver (+ kube-controller-manager) on loopback in one directory.
 
+The library that launches a control plane (``start``, ``stop``, ``load``, ``ControlPlane``): the command line
+hack/cluster.py (`make cluster-up`), the integration and e2e fixtures and the benchmarks call it.
+
 Everything a cluster owns lives under its root directory: certificates, etcd
 data, logs, the kubeconfig and ``state.json`` with the pids. The state file is
 written after every launch, so a crashed ``up`` can still be cleaned by ``down``;
@@ -32,9 +35,8 @@ from typing import Any
 
 import yaml
 
-from hack.controlplane import crds, hostchanges, netpol, processes
+from hack.controlplane import crds, hostchanges, netpol, processes, s3proxy
 from hack.controlplane import node as node_mod
-from hack.controlplane import objectstore as objectstore_mod
 from hack.controlplane import pki as pki_mod
 from hack.controlplane import registry as registry_mod
 from hack.controlplane.assets import Assets
@@ -87,9 +89,9 @@ class ControlPlane:
         return registry_mod.ClusterRegistry.load(self.root / "registry")
 
     @property
-    def object_store(self) -> objectstore_mod.ClusterObjectStore | None:
+    def object_store(self) -> s3proxy.ClusterObjectStore | None:
         """The S3 store pods read models from (started with the node), or None without a node."""
-        return objectstore_mod.ClusterObjectStore.load(self.root / "objectstore")
+        return s3proxy.ClusterObjectStore.load(self.root / "objectstore")
 
 
 def start(
@@ -436,20 +438,20 @@ def _start_object_store(
     logs: Path,
     deadline: float,
     log: Log,
-) -> objectstore_mod.ClusterObjectStore:
+) -> s3proxy.ClusterObjectStore:
     """S3Proxy on the node's bridge address, where pods reach it (policies' s3:// models), with TLS from the
     cluster's CA and one fresh access key; every bucket private."""
-    runtime = objectstore_mod.provide(log)
+    runtime = s3proxy.provide(log)
     directory = root / "objectstore"
     cert, key = pki_mod.issue_serving(
         certs.ca_cert, certs.ca_key, directory / "tls", "metainfer-objectstore", ips=(node_mod.NODE_IP,)
     )
-    server = objectstore_mod.ObjectStore(runtime, directory, tls=(cert, key), host=node_mod.NODE_IP)
+    server = s3proxy.ObjectStore(runtime, directory, tls=(cert, key), host=node_mod.NODE_IP)
     directory.mkdir(parents=True, exist_ok=True)
     java, *arguments = server.command()
     launch(OBJECT_STORE_PROCESS, Path(java), arguments)
     _wait(lambda: server.answers(certs.ca_cert), "the object store", popens, logs, deadline)
-    found = objectstore_mod.ClusterObjectStore(server.endpoint, certs.ca_cert, server.credentials, server.buckets)
+    found = s3proxy.ClusterObjectStore(server.endpoint, certs.ca_cert, server.credentials, server.buckets)
     found.save(directory)
     log(f"object store at {found.endpoint} (S3; TLS from the cluster CA; {directory / 'objectstore.json'})")
     return found
@@ -490,7 +492,7 @@ def stop(root: Path, *, popens: dict[str, subprocess.Popen[bytes]] | None = None
         popen = popens.get(name)
         pid = popen.pid if popen is not None else int(state["pids"][name])
         executable = state["executables"].get(name) or (str(popen.args[0]) if popen is not None else "")
-        grace = objectstore_mod.SHUTDOWN_GRACE_S if name == OBJECT_STORE_PROCESS else processes.TERMINATE_GRACE_S
+        grace = s3proxy.SHUTDOWN_GRACE_S if name == OBJECT_STORE_PROCESS else processes.TERMINATE_GRACE_S
         if processes.terminate(pid, str(executable), grace_s=grace, popen=popen):
             stopped.append(name)
     if state.get("host") is not None:

@@ -1,4 +1,4 @@
-"""The test object store's configuration and its jar's fetch (hack/controlplane/objectstore.py), without Java:
+"""The test object store's configuration and its jar's fetch (hack/controlplane/s3proxy.py), without Java:
 the store itself runs in tests/integration/test_object_store.py."""
 
 from __future__ import annotations
@@ -11,20 +11,20 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.serialization import pkcs12
 
-from hack.controlplane import objectstore, pki
+from hack.controlplane import pki, s3proxy
 from hack.controlplane.errors import AssetError
 
-RUNTIME = objectstore.S3Proxy(Path("/usr/bin/java"), Path("/cache/s3proxy.jar"))
+RUNTIME = s3proxy.S3Proxy(Path("/usr/bin/java"), Path("/cache/s3proxy.jar"))
 
 
-def _properties(store: objectstore.ObjectStore) -> dict[str, str]:
+def _properties(store: s3proxy.ObjectStore) -> dict[str, str]:
     path = store.properties()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600  # the secret key is in it
     return dict(line.split("=", 1) for line in path.read_text().splitlines())
 
 
 def test_the_store_takes_one_access_key_and_serves_plain_http_without_a_certificate(tmp_path: Path) -> None:
-    store = objectstore.ObjectStore(RUNTIME, tmp_path, port=18001)
+    store = s3proxy.ObjectStore(RUNTIME, tmp_path, port=18001)
     found = _properties(store)
     assert found["s3proxy.authorization"] == "aws-v2-or-v4"
     assert (found["s3proxy.identity"], found["s3proxy.credential"]) == (
@@ -42,7 +42,7 @@ def test_with_a_certificate_the_store_serves_https_only_from_a_keystore_holding_
 ) -> None:
     keys = pki.generate(tmp_path / "pki")
     cert, key = pki.issue_serving(keys.ca_cert, keys.ca_key, tmp_path / "tls", "s3", ips=("10.244.0.1",))
-    store = objectstore.ObjectStore(RUNTIME, tmp_path / "store", tls=(cert, key), host="10.244.0.1", port=18002)
+    store = s3proxy.ObjectStore(RUNTIME, tmp_path / "store", tls=(cert, key), host="10.244.0.1", port=18002)
     found = _properties(store)
     assert found["s3proxy.secure-endpoint"] == "https://10.244.0.1:18002" == store.endpoint
     assert "s3proxy.endpoint" not in found
@@ -61,7 +61,7 @@ def _fake_mvn(tmp_path: Path, payload: bytes) -> tuple[Path, Path]:
         "#!/bin/sh\n"
         f"echo call >> {calls}\n"
         'for a in "$@"; do case "$a" in -DoutputDirectory=*) out="${a#-DoutputDirectory=}";; esac; done\n'
-        f'cp {tmp_path / "payload"} "$out/{objectstore.S3PROXY_JAR}"\n'
+        f'cp {tmp_path / "payload"} "$out/{s3proxy.S3PROXY_JAR}"\n'
     )
     script.chmod(0o755)
     return script, calls
@@ -81,8 +81,8 @@ def test_a_jar_that_is_not_the_pinned_one_is_refused_and_not_cached(
     mvn, _ = _fake_mvn(tmp_path, b"not s3proxy")
     monkeypatch.setenv("METAINFER_MVN", str(mvn))
     with pytest.raises(AssetError, match="not the pinned"):
-        objectstore.provide(lambda _: None)
-    assert not list((cache / "s3proxy" / objectstore.S3PROXY_VERSION).glob("*.jar"))
+        s3proxy.provide(lambda _: None)
+    assert not list((cache / "s3proxy" / s3proxy.S3PROXY_VERSION).glob("*.jar"))
 
 
 def test_the_pinned_jar_is_fetched_once_then_found_in_the_cache(
@@ -91,9 +91,9 @@ def test_the_pinned_jar_is_fetched_once_then_found_in_the_cache(
     payload = b"a jar"
     mvn, calls = _fake_mvn(tmp_path, payload)
     monkeypatch.setenv("METAINFER_MVN", str(mvn))
-    monkeypatch.setattr(objectstore, "S3PROXY_SHA256", hashlib.sha256(payload).hexdigest())
-    first = objectstore.provide(lambda _: None)
-    second = objectstore.provide(lambda _: None)
+    monkeypatch.setattr(s3proxy, "S3PROXY_SHA256", hashlib.sha256(payload).hexdigest())
+    first = s3proxy.provide(lambda _: None)
+    second = s3proxy.provide(lambda _: None)
     assert first == second and first.jar.read_bytes() == payload
-    assert first.jar.parent == cache / "s3proxy" / objectstore.S3PROXY_VERSION
+    assert first.jar.parent == cache / "s3proxy" / s3proxy.S3PROXY_VERSION
     assert calls.read_text().count("call") == 1

@@ -6,11 +6,12 @@ checked against a pinned sha256 and cached; MinIO, the usual choice, is AGPL and
 before, took 5-6 minutes of Go build on a cold 2-core machine for a store the tests start three times. One access
 key has every right and nobody else any: an anonymous request gets 403, so every bucket is private, as a company's
 model bucket is. With a certificate it serves HTTPS only (a store behind a private CA, as users' often are).
+This is the server; the agent's client for it (and for GCS, Azure and the Hub) is agent/object_store.py.
 
 A bucket is a directory under the store's data directory: ``ObjectStore.create_bucket`` and
 ``ClusterObjectStore.put`` make one there (the platform team's step; the agent only reads).
 
-    .venv/bin/python -m hack.controlplane.objectstore   # fetch (or find) the jar and print its path
+    .venv/bin/python -m hack.controlplane.s3proxy   # fetch (or find) the jar and print its path
 """
 
 from __future__ import annotations

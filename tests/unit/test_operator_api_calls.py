@@ -15,7 +15,7 @@ import pytest
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from metainfer.operator import kube
+from metainfer.operator import api_calls
 
 JOB = {"kind": "Job", "metadata": {"name": "run-a", "namespace": "ns"}, "spec": {}}
 
@@ -26,18 +26,18 @@ def _answer(monkeypatch: pytest.MonkeyPatch, status: int, message: str = "") -> 
         exc.body = json.dumps({"kind": "Status", "message": message})
         raise exc
 
-    monkeypatch.setattr(kube, "_create", create)
+    monkeypatch.setattr(api_calls, "_create", create)
 
 
 def test_an_existing_child_is_success(monkeypatch: pytest.MonkeyPatch) -> None:
     _answer(monkeypatch, 409)
-    assert asyncio.run(kube.create_if_absent(JOB)) is False
+    assert asyncio.run(api_calls.create_if_absent(JOB)) is False
 
 
 def test_an_overloaded_server_is_retried(monkeypatch: pytest.MonkeyPatch) -> None:
     _answer(monkeypatch, 503)
     with pytest.raises(kopf.TemporaryError):
-        asyncio.run(kube.create_if_absent(JOB))
+        asyncio.run(api_calls.create_if_absent(JOB))
 
 
 @pytest.mark.parametrize("status", [400, 403, 422])
@@ -46,12 +46,12 @@ def test_a_refusal_no_retry_can_change_is_reported_with_the_servers_message(
 ) -> None:
     # Retried every 5 s forever, it left a stale status and no event.
     _answer(monkeypatch, status, 'Job.batch "run-a" is invalid: spec.template.spec.tolerations[0].operator: ...')
-    with pytest.raises(kube.ChildRejected) as err:
-        asyncio.run(kube.create_if_absent(JOB))
+    with pytest.raises(api_calls.ChildRejected) as err:
+        asyncio.run(api_calls.create_if_absent(JOB))
     assert "create Job run-a" in str(err.value) and "tolerations[0].operator" in str(err.value)
     _answer(monkeypatch, status, "x" * 10_000)
-    with pytest.raises(kube.ChildRejected) as err:
-        asyncio.run(kube.create_if_absent(JOB))
+    with pytest.raises(api_calls.ChildRejected) as err:
+        asyncio.run(api_calls.create_if_absent(JOB))
     assert len(str(err.value)) <= 2048
 
 
@@ -60,9 +60,9 @@ def test_no_answer_at_all_is_a_retry_not_an_unexpected_failure(monkeypatch: pyte
     def refused(manifest: dict[str, Any]) -> None:
         raise urllib3.exceptions.MaxRetryError(None, "/apis", ConnectionRefusedError(111, "Connection refused"))
 
-    monkeypatch.setattr(kube, "_create", refused)
+    monkeypatch.setattr(api_calls, "_create", refused)
     with pytest.raises(kopf.TemporaryError, match="API server unreachable"):
-        asyncio.run(kube.create_if_absent(JOB))
+        asyncio.run(api_calls.create_if_absent(JOB))
 
 
 def test_api_retry_backoffs_spend_the_budget_and_restart_for_every_request() -> None:
@@ -145,19 +145,19 @@ class _FakeCore:
 
 def test_a_failed_jobs_newest_pod_log_is_read_and_its_absence_is_no_error(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = _FakeCore([("run-a-job-first", 1), ("run-a-job-retry", 2)], b"loading\nKilled\xff\n")
-    monkeypatch.setattr(kube.client, "CoreV1Api", fake)
-    assert asyncio.run(kube.job_log("ns", "run-a-job", 20)) == "loading\nKilled\ufffd\n"
+    monkeypatch.setattr(api_calls.client, "CoreV1Api", fake)
+    assert asyncio.run(api_calls.job_log("ns", "run-a-job", 20)) == "loading\nKilled\ufffd\n"
     assert fake.read == [("run-a-job-retry", 20)], "the last attempt's pod"
-    monkeypatch.setattr(kube.client, "CoreV1Api", _FakeCore([], b""))
-    assert asyncio.run(kube.job_log("ns", "run-a-job", 20)) is None
+    monkeypatch.setattr(api_calls.client, "CoreV1Api", _FakeCore([], b""))
+    assert asyncio.run(api_calls.job_log("ns", "run-a-job", 20)) is None
 
     def forbidden(*_: Any, **__: Any) -> Any:
         raise ApiException(status=403, reason="Forbidden")
 
     refusing = _FakeCore([("p", 1)], b"")
     refusing.read_namespaced_pod_log = forbidden  # type: ignore[method-assign]
-    monkeypatch.setattr(kube.client, "CoreV1Api", refusing)
-    assert asyncio.run(kube.job_log("ns", "run-a-job", 20)) is None
+    monkeypatch.setattr(api_calls.client, "CoreV1Api", refusing)
+    assert asyncio.run(api_calls.job_log("ns", "run-a-job", 20)) is None
 
 
 def test_a_log_tail_is_the_last_lines_printable_and_bounded_from_the_end() -> None:

@@ -1,4 +1,5 @@
-"""Idempotent writes to the API server, for kopf handlers.
+"""The operator's calls to the API server, for kopf handlers: idempotent writes, and the reads that explain
+a run or a wait (a Job's log, pods and events, provisional pods, a ServiceAccount, a policy as stored now).
 
 Every child object has a deterministic name, so "create" means "create if
 absent": a 409 is success. That, and never keeping state in memory, is what

