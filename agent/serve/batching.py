@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Executor
@@ -90,6 +91,7 @@ class _Pending:
     deadline: float
     future: asyncio.Future[Outcome] = field(repr=False)
     running_since: float | None = None
+    start_by: float = math.inf  # not started by then: it leaves the queue (at the latest, its deadline)
 
 
 @dataclass(eq=False)
@@ -145,16 +147,20 @@ class Batcher:
     def queued(self) -> int:
         return len(self._queue)
 
-    async def submit(self, inputs: Arrays, outputs: list[str], deadline: float) -> Outcome:
-        """Queue one request (``deadline``: perf_counter() time after which it must not start) and wait for its
-        answer: its outputs, its own error, no result (``Outcome.results`` None: still queued at the deadline) or
+    async def submit(
+        self, inputs: Arrays, outputs: list[str], deadline: float, start_by: float | None = None
+    ) -> Outcome:
+        """Queue one request (``deadline``: perf_counter() time after which it must not start, and at which its
+        run is stopped; ``start_by``, earlier: after which it must not start, its run left alone) and wait for its
+        answer: its outputs, its own error, no result (``Outcome.results`` None: still queued at ``start_by``) or
         RunOverdue (its run outlasted the deadline by STUCK_GRACE_S)."""
         self._ensure_dispatcher()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         pending = _Pending(
-            inputs, outputs, rows_of(inputs), compatibility(inputs, outputs), time.perf_counter(), deadline, future
-        )
+            inputs, outputs, rows_of(inputs), compatibility(inputs, outputs), time.perf_counter(), deadline, future,
+            start_by=deadline if start_by is None else min(start_by, deadline),
+        )  # fmt: skip
         self._queue.append(pending)
         self._arrived.set()
         try:
@@ -165,7 +171,7 @@ class Batcher:
     async def _answer(self, pending: _Pending) -> Outcome:
         future = pending.future
         with contextlib.suppress(TimeoutError):
-            return await asyncio.wait_for(asyncio.shield(future), max(0.0, pending.deadline - time.perf_counter()))
+            return await asyncio.wait_for(asyncio.shield(future), max(0.0, pending.start_by - time.perf_counter()))
         now = time.perf_counter()
         if pending.running_since is None:  # never started: the deadline says it must not any more
             return Outcome(None, now - pending.submitted, 0.0)
@@ -273,7 +279,7 @@ class Batcher:
         for pending in self._queue:
             if pending.future.done():
                 continue  # answered already (cancelled by its client)
-            if pending.deadline < now:
+            if pending.start_by < now:
                 pending.future.set_result(Outcome(None, now - pending.submitted, 0.0))
                 continue
             live.append(pending)

@@ -352,3 +352,41 @@ def test_every_request_gets_its_own_answer_whatever_it_is_batched_with(requests:
             for name in outputs:
                 assert np.array_equal(answer.results[name], x * 2 if name == "y" else x + 1)
     assert queued == 0 and free_slots == 2 and failures == 0 and health.ready
+
+
+class SlowModel(Model):
+    """Takes ``seconds`` per run."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def __call__(
+        self, inputs: dict[str, np.ndarray], outputs: list[str], deadline: float | None = None
+    ) -> dict[str, np.ndarray]:
+        self.deadlines.append(deadline)
+        time.sleep(self.seconds)
+        return {"y": inputs["x"] * 2}
+
+
+def test_a_client_deadline_keeps_a_request_from_starting_late_but_never_stops_a_run() -> None:
+    """``start_by`` (a gRPC client's own deadline) drops a request still queued then; a run that started before it
+    goes on to its end, stopped only at the server's deadline (stopping OpenVINO runs often corrupted later ones)."""
+    model = SlowModel(0.2)
+
+    async def scenario() -> tuple[batching.Outcome, batching.Outcome]:
+        with ThreadPoolExecutor(1) as pool:
+            batcher = Batcher(model, pool, workers=1, batch_rows=1, max_delay_s=0.0, batchable=False)
+            now = time.perf_counter()
+            running = asyncio.ensure_future(batcher.submit({"x": np.ones((1, 2))}, ["y"], now + 10, now + 0.05))
+            await asyncio.sleep(0.02)  # it has started
+            queued = await batcher.submit({"x": np.ones((1, 2))}, ["y"], now + 10, now + 0.05)
+            outcome = await running
+            batcher.close()
+            return outcome, queued
+
+    ran, dropped = run(scenario)
+    assert ran.results is not None and np.array_equal(ran.results["y"], np.full((1, 2), 2.0))
+    assert dropped.results is None  # still queued at its start_by: it never ran
+    assert len(model.deadlines) == 1 and model.deadlines[0] is not None
+    assert model.deadlines[0] > time.perf_counter() + 5  # the run's stop deadline is the server's, not start_by
