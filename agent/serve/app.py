@@ -210,6 +210,8 @@ class RestFrontEnd:
 
     async def infer(self, request: web.Request) -> web.StreamResponse:
         self.plane.metrics.requests.inc()
+        # Whatever its end (answered, refused, cut, its client gone), it leaves memory for the idle trim to hand back.
+        self.plane.answered_since_trim += 1
         received = time.perf_counter()
         self.plane.routed_at = time.monotonic()
         model = self._loaded(request)

@@ -254,6 +254,9 @@ class GrpcFrontEnd:
             metrics.latency.observe(time.perf_counter() - received)
         finally:
             self.in_flight -= 1
+            # Whatever its end (a refusal, a cut, a cancel), a call leaves memory for the idle trim to hand back:
+            # counting only the answers that left missed the calls cut or refused (the trim never ran after them).
+            self.plane.answered_since_trim += 1
 
     async def _refuse(self, context: grpc.aio.ServicerContext[Any, Any], error: ProtocolError) -> NoReturn:
         """End the call with ``error`` (counted); a call gRPC's core has ended meanwhile just ends."""
