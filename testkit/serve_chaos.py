@@ -260,9 +260,9 @@ class Chaos:
 
         code = exc.code()
         trailers = dict(exc.trailing_metadata() or ())
-        if bad:
+        if bad and code != grpc.StatusCode.UNAVAILABLE:
             ok = code == grpc.StatusCode.INVALID_ARGUMENT and IDS in (exc.details() or "")
-        elif code == grpc.StatusCode.UNAVAILABLE:
+        elif code == grpc.StatusCode.UNAVAILABLE:  # also a bad id's call, refused busy before its message was read
             ok = "grpc-retry-pushback-ms" in trailers  # a reset stream (RST_STREAM) carries no hint
         elif code == grpc.StatusCode.DEADLINE_EXCEEDED:
             ok = deadline
