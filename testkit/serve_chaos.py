@@ -165,6 +165,9 @@ class Chaos:
         self.path = f"/v2/models/{model}/infer"
         self.outcomes: Counter[str] = Counter()
         self.session: Any = None  # the REST clients' aiohttp session, while ``run`` runs
+        # One burst at a time: two at once put 1,000 streams on this process's one event loop, which then did not
+        # read some answers within the server's --write-timeout (cut as slow readers: the client's doing).
+        self.bursting = asyncio.Lock()
 
     # Each action: (name, weight). A burst is rare: it sends 500 calls at once.
     ACTIONS = (
@@ -288,7 +291,7 @@ class Chaos:
         import grpc
 
         options = [("grpc.use_local_subchannel_pool", 1)]  # its own connection, not the shared one
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{self.grpc_port}", options=options) as channel:
+        async with self.bursting, grpc.aio.insecure_channel(f"127.0.0.1:{self.grpc_port}", options=options) as channel:
             own = channel.unary_unary(INFER_PATH)
             picks = [self.pool[rng.randrange(len(self.pool))] for _ in range(BURST_STREAMS)]
             await asyncio.gather(*(self._grpc_call("burst", own, pick, timeout=30.0) for pick in picks))
