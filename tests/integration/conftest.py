@@ -163,6 +163,12 @@ def example(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
 
 
 @pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
+    """The bert_mini example: an encoder that takes token ids (the serving tests' bad ids and chaos)."""
+    return build_examples(tmp_path_factory.mktemp("examples"), ["bert_mini"])["bert_mini"]
+
+
+@pytest.fixture(scope="module")
 def digits_file(example: ExampleModel) -> tuple[Path, str]:
     """The digits example as a policy names it: its model file (``file://`` URI) and that file's sha256. (``digits``,
     tests/conftest.py's, is the same model loaded: bytes, ModelInfo and data.)"""

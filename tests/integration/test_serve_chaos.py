@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from serve_harness import start_serving
 
-from metainfer.agent.zoo import ExampleModel, build_examples
+from metainfer.agent.zoo import ExampleModel
 from testkit.serve_chaos import in_process, make_pool, run_chaos
 
 # It makes its own load and judges memory: nothing beside it.
@@ -20,11 +20,6 @@ pytestmark = pytest.mark.alone
 
 SECONDS = 60.0
 VOCAB = 8192  # bert_mini's
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
-    return build_examples(tmp_path_factory.mktemp("examples"), ["bert_mini"])["bert_mini"]
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])

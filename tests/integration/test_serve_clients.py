@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 from serve_harness import ServeProcess, start_serving
 
-from metainfer.agent.zoo import ExampleModel, build_examples
+from metainfer.agent.zoo import ExampleModel
 from metainfer.core.engine.recipe import Recipe
 from testkit.serve_attacks import INFER_PATH, counters, matmul_chain
 from testkit.serve_chaos import grpc_output, grpc_request, in_process, make_pool, rest_body, rest_output, with_bad_id
@@ -198,11 +198,6 @@ def test_calls_beyond_admission_are_refused_with_a_retry_hint_and_counted(tmp_pa
         assert after.get("error:503", 0) - before.get("error:503", 0) == refused
     finally:
         served.stop()
-
-
-@pytest.fixture(scope="module")
-def bert(tmp_path_factory: pytest.TempPathFactory) -> ExampleModel:
-    return build_examples(tmp_path_factory.mktemp("examples"), ["bert_mini"])["bert_mini"]
 
 
 @pytest.mark.parametrize("runtime", ["onnxruntime", "openvino"])
