@@ -22,6 +22,7 @@ import hashlib
 import re
 import subprocess
 import sys
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -111,10 +112,18 @@ def resolve(flavour: Flavour, dependencies: list[str], uv: Path) -> str:
     if flavour.index_url:
         cmd += ["--extra-index-url", flavour.index_url]
     stdin = "\n".join(flavour_inputs(flavour, dependencies)) + "\n"
-    result = subprocess.run(cmd, input=stdin, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise LockError(f"uv could not resolve the {flavour.name} flavour:\n{result.stderr[-2000:]}")
-    return header(flavour, dependencies) + result.stdout
+    # The current lock is uv's output file, so uv keeps its pins where they still satisfy the inputs: adding one
+    # dependency changes that dependency's lines, not every package a newer release of which came out since.
+    with tempfile.TemporaryDirectory(prefix="metainfer-lock-") as tmp:
+        output = Path(tmp, f"{flavour.name}.txt")
+        current = LOCKS / f"{flavour.name}.txt"
+        if current.exists():
+            output.write_text(current.read_text())
+        result = subprocess.run([*cmd, "--output-file", str(output)], input=stdin, capture_output=True, text=True,
+                                check=False)  # fmt: skip
+        if result.returncode != 0:
+            raise LockError(f"uv could not resolve the {flavour.name} flavour:\n{result.stderr[-2000:]}")
+        return header(flavour, dependencies) + output.read_text()
 
 
 def _uv() -> Path:
