@@ -71,7 +71,7 @@ def build_space(
     def allowed(point: Point) -> bool:
         return all(check(point) for check in checks)
 
-    return Space(dims, constraint=allowed), context.notes
+    return Space(dims, constraint=allowed, rules=checks), context.notes
 
 
 def _override(dim: Dimension, overrides: dict[str, tuple[object, ...]]) -> Dimension:

@@ -4,6 +4,7 @@ resume, surrogate ranking, and the hybrid beating random on a realistic landscap
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import math
 import statistics
@@ -316,3 +317,29 @@ def test_a_prior_centres_the_surrogate_before_any_measurement() -> None:
     # measurements that contradict the prior move the ranking
     history = [(p, 5.0 if p["quantization"] == "fp32" else 1.0) for p in pts[:: max(1, len(pts) // 12)]]
     assert sur.fit(history).rank(pts)[0][0]["quantization"] == "fp32"
+
+
+# -- enumerating a large space ------------------------------------------------------------------------------
+
+
+def test_depth_first_enumeration_finds_exactly_the_allowed_points() -> None:
+    dims = [Dimension(f"d{i}", tuple(range(n))) for i, n in enumerate((3, 2, 4, 2, 3))]
+    rules = [
+        lambda p: p["d0"] != 1 or p["d3"] == 0,  # reads a late dimension
+        lambda p: p["d1"] == 0 or p["d2"] in (1, 3),
+        lambda p: p["d4"] <= p["d0"],
+    ]
+    space = Space(dims, constraint=lambda p: all(rule(p) for rule in rules), rules=rules)
+    brute = [k for k in itertools.product(*(range(len(d.choices)) for d in dims)) if space.is_allowed(space.point(k))]
+    assert space.allowed_keys() == brute and 0 < len(brute) < space.size
+
+
+def test_a_space_of_millions_of_combinations_enumerates_its_few_allowed_points() -> None:
+    dims = [Dimension("mode", ("fp32", "int8")), *(Dimension(f"int8_{i}", (0, 1, 2)) for i in range(8)),
+            *(Dimension(f"w_{i}", (0, 1, 2)) for i in range(8))]  # fmt: skip
+    int8_only = [lambda p, i=i: p["mode"] == "int8" or p[f"int8_{i}"] == 0 for i in range(8)]
+    fp32_only = [lambda p, i=i: p["mode"] == "fp32" or p[f"w_{i}"] == 0 for i in range(8)]
+    rules = [*int8_only, *fp32_only]
+    space = Space(dims, constraint=lambda p: all(rule(p) for rule in rules), rules=rules)
+    assert space.size > 10**7
+    assert len(space.allowed_keys()) == 2 * 3**8

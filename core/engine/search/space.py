@@ -8,6 +8,12 @@ which is hashable and independent of how JSON spelled the values.
 
 The caller's ``constraint`` prunes combinations that must never be evaluated
 (unsupported ops on an execution provider, per-channel scales on fp32...).
+When the caller also gives the constraint's ``rules`` one by one, the allowed
+points are enumerated depth first, a rule pruning every completion of a
+partial point as soon as the dimensions it reads are set: the product of the
+knobs runs to billions (most knobs only mean something for one numeric
+format), the allowed points to thousands. A rule reads a point by indexing
+(``p["name"]``), never with ``get``, so that an unset dimension is noticed.
 Every algorithm draws its candidates through this module, so none of them can
 propose a disallowed point.
 """
@@ -25,6 +31,16 @@ Scalar = str | int | float | bool | None
 Point = dict[str, Scalar]
 Key = tuple[int, ...]
 Constraint = Callable[[Point], bool]
+
+
+class _Unset(Exception):
+    """A rule read a dimension the partial point has not set yet: it cannot decide."""
+
+
+class _Partial(dict[str, Scalar]):
+    def __missing__(self, name: str) -> Scalar:
+        raise _Unset(name)
+
 
 _ENUMERATE_LIMIT = 2_000_000  # beyond this, exhaustive fallbacks would take too long
 _SMALL_SPACE = 100_000  # up to this, sampling enumerates the allowed points (cached)
@@ -68,13 +84,19 @@ class Dimension:
 class Space:
     """Product of dimensions, optionally restricted by an ``is_allowed`` predicate."""
 
-    def __init__(self, dimensions: Sequence[Dimension], constraint: Constraint | None = None) -> None:
+    def __init__(
+        self,
+        dimensions: Sequence[Dimension],
+        constraint: Constraint | None = None,
+        rules: Sequence[Constraint] = (),
+    ) -> None:
         names = [d.name for d in dimensions]
         if len(set(names)) != len(names):
             raise ValueError(f"duplicate dimension names in {names}")
         self.dimensions: tuple[Dimension, ...] = tuple(dimensions)
         self.names: tuple[str, ...] = tuple(names)
         self.constraint = constraint
+        self.rules = tuple(rules)
         self._allowed: list[Key] | None = None
 
     @property
@@ -112,11 +134,46 @@ class Space:
     def allowed_keys(self) -> list[Key]:
         """Keys of every allowed point, in product order; computed once."""
         if self._allowed is None:
+            if self.rules:
+                self._allowed = self._depth_first()
+                return self._allowed
             if self.size > _ENUMERATE_LIMIT:
                 raise ValueError(f"space of {self.size} points is too large to enumerate")
             ranges = [range(len(d.choices)) for d in self.dimensions]
             self._allowed = [k for k in itertools.product(*ranges) if self._key_allowed(k)]
         return self._allowed
+
+    def _depth_first(self) -> list[Key]:
+        """The allowed keys in product order, by extending partial points that no rule has ruled out yet; each
+        rule is asked again only until it has decided (a rule that passed a partial point passes its
+        completions: it read only dimensions that are set there)."""
+        allowed: list[Key] = []
+        point = _Partial()
+        dims = self.dimensions
+
+        def extend(depth: int, key: tuple[int, ...], undecided: tuple[Constraint, ...]) -> None:
+            if depth == len(dims):
+                if not undecided and self._key_allowed(key):  # the whole constraint has the last word
+                    allowed.append(key)
+                return
+            dim = dims[depth]
+            for index, choice in enumerate(dim.choices):
+                point[dim.name] = choice
+                still: list[Constraint] = []
+                ruled_out = False
+                for rule in undecided:
+                    try:
+                        if not rule(point):
+                            ruled_out = True
+                            break
+                    except _Unset:
+                        still.append(rule)
+                if not ruled_out:
+                    extend(depth + 1, (*key, index), tuple(still))
+            del point[dim.name]
+
+        extend(0, (), self.rules)
+        return allowed
 
     def allowed_points(self) -> list[Point]:
         return [self.point(k) for k in self.allowed_keys()]
