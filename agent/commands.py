@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from metainfer.agent.progress import progress_for
@@ -173,11 +174,21 @@ def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path | None) -
     _print_summary(report)
     out.print("wrote " + ", ".join(str(p) for p in written))
     if report.best is None:
-        raise NoFeasibleCandidate(
-            f"none of {len(report.trials)} candidates met every constraint (report: {args.out / 'report.json'})",
-            closest=report.closest_misses(),
-        )
+        raise NoFeasibleCandidate(_infeasible_message(report, args.out), closest=report.closest_misses())
     return 0
+
+
+def _infeasible_message(report: Report, out_dir: Path) -> str:
+    """Why ``adapt`` found nothing to ship, on one line: what validation rejected, and what FP32 measured against
+    the SLO when it is the fallback a cluster would keep serving (``adapt`` itself writes no model then)."""
+    from metainfer.core.control.runstatus import rejected_message
+
+    message = f"none of {len(report.trials)} candidates met every constraint (report: {out_dir / 'report.json'})"
+    if report.rejected_by_validation:
+        message += f"; {rejected_message(report)}"
+    if report.slo_unmet_fallback is not None:
+        message += f"; the fallback a cluster keeps serving, with the SLO unmet: {report.slo_unmet_fallback.describe()}"
+    return message
 
 
 def _warn_unusable_providers() -> None:
@@ -228,6 +239,9 @@ def _print_summary(report: Report) -> None:
     rows = [("FP32 baseline", report.baseline, final.baseline if final else report.baseline.metrics)]
     if report.best is not None:
         rows.append(("adapted", report.best, final.best if final else report.best.metrics))
+    elif report.slo_unmet_fallback is not None:
+        fallback = report.slo_unmet_fallback.trial
+        rows.append(("FP32 fallback (SLO unmet)", fallback, fallback.metrics))
     for label, trial, m in rows:
         assert m is not None
         table.add_row(
@@ -277,6 +291,10 @@ def _print_summary(report: Report) -> None:
         out.print(f"final race, p50 in the search -> back to back: {entrants}", highlight=False)
     if report.final is not None and report.final.note:
         out.print(f"[bold yellow]{report.final.note}[/]")
+    if report.fallback_note:  # no variant passed validation: FP32 ships
+        out.print(f"[bold yellow]{escape(report.fallback_note)}[/]", highlight=False)
+    if report.quality_granularity_note:
+        out.print(f"[yellow]warning:[/] {escape(report.quality_granularity_note)}", highlight=False)
     if report.history is not None:
         _print_history(report)
     for note in report.space.notes:  # what the search left out or changed, and why

@@ -16,10 +16,13 @@ Exit codes, chosen for a Job with a ``backoffLimit``:
   UnsupportedOperators, NoFeasibleCandidate, InvalidSpec, ModelFetchFailed
   for a permanent fetch error such as a 404 or a missing file). These
   failures are deterministic: a retry would only fail again, so the status
-  is the result and the Job completes. Also 0 when the run had already
-  finished (a retried Job pod does no work twice). A retried pod of a run
-  still searching resumes from the run's ``status.checkpoint``: the trials
-  measured so far are replayed, not measured again.
+  is the result and the Job completes. A run where nothing met every
+  constraint but FP32 (validated) misses only a latency bound succeeds with
+  FP32, its message starting "SLO unmet", so the class keeps serving. Also 0
+  when the run had already finished (a retried Job pod does no work twice).
+  A retried pod of a run still searching resumes from the run's
+  ``status.checkpoint``: the trials measured so far are replayed, not
+  measured again.
 * 2 -- usage: a malformed NAMESPACE/RUN, no Kubernetes configuration, or the
   run does not exist (deleting a run deletes its Job by owner reference).
 * 75 (EX_TEMPFAIL) -- a transient failure: API server unreachable or 5xx,
@@ -184,19 +187,26 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         writer.try_write(runstatus.mark_retrying(writer.status, writer.generation, Reason.RETRY, message[:2000]))
         return EXIT_FAILED_UNEXPECTEDLY
     label = trial_history.source_label(writer.name, spec.class_description or spec.class_fingerprint)
-    if report.best is None:
+    shipped = report.shipped()
+    if shipped is None:
         reason, message = runstatus.failure_reason(runstatus.infeasible_error(report))
         return _fail(writer, reason, message, report=report, label=label)
+    if report.best is None:
+        # Nothing met every constraint, but FP32 (validated) misses only a latency bound: the class keeps serving
+        # it, the status saying which bound is unmet, rather than serving nothing. Its bytes are the engine's
+        # (cached from its validation, else rebuilt the same way).
+        log(runstatus.slo_unmet_message(report))
+        variant = adaptation.variant(shipped.recipe)
     variant_sha256 = None
     if variant is not None:
         variant_sha256, stored = _store_variant(variant)
         notes += [stored] if stored else []
-        if report.best.recipe.session.runtime == "openvino":
-            compiled_note = _store_compiled(variant, variant_sha256, report.best.recipe)
+        if shipped.recipe.session.runtime == "openvino":
+            compiled_note = _store_compiled(variant, variant_sha256, shipped.recipe)
             notes += [compiled_note] if compiled_note else []
     done = runstatus.mark_succeeded(writer.status, writer.generation, report, notes, variant_sha256=variant_sha256)
     writer.write(_keep_history(done, report, label), final=True)
-    log(f"succeeded: {report.best.recipe.describe()} (recipe {report.best.recipe.key()})")
+    log(f"succeeded: {shipped.recipe.describe()} (recipe {shipped.recipe.key()})")
     return EXIT_OK
 
 

@@ -44,6 +44,7 @@ from metainfer.core.engine.trial import Trial, TrialMetrics
 
 FINISHED = "finished"  # the Progressing message once a run is over
 MAX_KEEP_FAILED = 5  # failed trials kept in the summary even when better ones would fill it
+REJECTED_SHOWN = 5  # candidates validation rejected, named in a run's message
 
 # SearchSpaceOverrides field -> the engine's search-space dimension name, from the knob declarations.
 OVERRIDE_DIMENSIONS: dict[str, str] = {override.field: knob.name for knob, override in overridable(KNOBS)}
@@ -136,11 +137,12 @@ def run_metrics(metrics: TrialMetrics) -> RunMetrics:
 
 
 def best_metrics(report: Report) -> RunMetrics | None:
-    """The winner's metrics: from the back-to-back final comparison when there is one (less noisy)."""
+    """The shipped model's metrics: from the back-to-back final comparison when there is one (less noisy)."""
     if report.final is not None and not report.final.kept_baseline:
         return run_metrics(report.final.best)
-    if report.best is not None and report.best.metrics is not None:
-        return run_metrics(report.best.metrics)
+    shipped = report.shipped()
+    if shipped is not None and shipped.metrics is not None:
+        return run_metrics(shipped.metrics)
     return None
 
 
@@ -189,10 +191,29 @@ def infeasible_error(report: Report) -> NoFeasibleCandidate:
         f"none of {len(trials)} candidates (FP32 baseline included) met every constraint"
         f" ({counts['feasible']} feasible, {counts['infeasible']} infeasible, {counts['failed']} failed)"
     )
-    if counts["feasible"] and report.validation is not None and not report.validation.passed:
+    if report.rejected_by_validation:
+        message += "; " + rejected_message(report)
+    elif counts["feasible"] and report.validation is not None and not report.validation.passed:
         failed_checks = [f"{c.name}: {c.detail}" for c in report.validation.checks if not c.passed]
         message += "; the best feasible ones failed validation on all samples: " + "; ".join(failed_checks)
+    if report.quality_granularity_note:
+        message += f"; {report.quality_granularity_note}"
     return NoFeasibleCandidate(message, report.closest_misses())
+
+
+def rejected_message(report: Report, shown: int = REJECTED_SHOWN) -> str:
+    """The candidates validation rejected and why, the first ``shown`` of them."""
+    rejected = report.rejected_by_validation
+    named = "; ".join(r.describe() for r in rejected[:shown])
+    more = f"; and {len(rejected) - shown} more" if len(rejected) > shown else ""
+    return f"validation on all samples rejected {named}{more}"
+
+
+def slo_unmet_message(report: Report) -> str:
+    """What a run serving the SLO-unmet FP32 fallback says first: which bound is unmet, measured vs limit."""
+    fallback = report.slo_unmet_fallback
+    assert fallback is not None, "slo_unmet_message needs a report with an SLO-unmet fallback"
+    return f"SLO unmet: no candidate met every constraint, so the class keeps serving FP32: {fallback.describe()}"
 
 
 # -- errors -> reasons ---------------------------------------------------------------------
@@ -309,14 +330,19 @@ def mark_succeeded(
     variant_sha256: str | None = None,
 ) -> AdaptationRunStatus:
     """The run found and validated a variant: the recipe, its metrics, the bounded trial summary, and the sha256 of
-    the variant's bytes (what serving pods must load or rebuild)."""
-    assert report.best is not None, "mark_succeeded needs a report with a best trial"
+    the variant's bytes (what serving pods must load or rebuild). With no feasible candidate but an SLO-unmet FP32
+    fallback (``Report.slo_unmet_fallback``), the run succeeds with FP32, its message saying first which latency
+    bound is unmet, so the class keeps serving rather than serving nothing."""
+    best = report.shipped()
+    assert best is not None, "mark_succeeded needs a report with a best trial or an SLO-unmet fallback"
     now = now or _now()
-    best = report.best
     metrics = best_metrics(report)
     trials = report.candidates()
     counts = trial_counts(report.trials)
-    parts = [f"best {best.recipe.describe()} (key {best.recipe.key()})"]
+    parts = [slo_unmet_message(report)] if report.best is None else []
+    parts.append(f"best {best.recipe.describe()} (key {best.recipe.key()})")
+    if report.fallback_note:
+        parts.append(report.fallback_note)
     if metrics is not None:
         parts.append(f"p95 {metrics.p95_ms:.3f} ms, {metrics.quality_metric} drop {metrics.quality_drop:.4f}")
     if report.final is not None and report.final.kept_baseline:
@@ -332,6 +358,8 @@ def mark_succeeded(
         f"{len(report.trials)} trials ({counts['feasible']} feasible, {counts['infeasible']} infeasible,"
         f" {counts['failed']} failed); {report.stop_reason}"
     )
+    if report.quality_granularity_note:
+        parts.append(report.quality_granularity_note)
     message = "; ".join(parts + notes)
     out = _run_conditions(
         status,

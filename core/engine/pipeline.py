@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import numpy as np
 import onnx
 
-from metainfer.core.engine import runoff, scan_gate
+from metainfer.core.engine import quality_metrics, runoff, scan_gate
 from metainfer.core.engine.anchors import anchor_points
 from metainfer.core.engine.candidates import SpaceOptions, build_space, recipe_for
 from metainfer.core.engine.data import Dataset
@@ -41,10 +42,17 @@ from metainfer.core.engine.measurer import Measurer, OnnxRuntimeMeasurer
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.phases import Observer, PipelinePhase, SilentObserver
 from metainfer.core.engine.profile.types import HardwareProfile
-from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.recipe import Recipe, TransformSpec
 from metainfer.core.engine.reference import Reference, refuse_batch_mixing
-from metainfer.core.engine.report import AdaptSettings, FinalComparison, Report, SpaceSummary
-from metainfer.core.engine.scoring import noise_band, rank, score, violations, within_noise
+from metainfer.core.engine.report import (
+    AdaptSettings,
+    FinalComparison,
+    RejectedCandidate,
+    Report,
+    SloUnmetFallback,
+    SpaceSummary,
+)
+from metainfer.core.engine.scoring import by_closeness, noise_band, rank, score, violations, within_noise
 from metainfer.core.engine.search import Prior, SearchContext, Searcher, builtin_prior, context_features, make_searcher
 from metainfer.core.engine.search.space import Key, Point, Scalar, Space
 from metainfer.core.engine.sensitivity import SensitivityReport, accuracy_control, analyse
@@ -56,7 +64,7 @@ from metainfer.core.engine.transforms import (
 )
 from metainfer.core.engine.transforms.fusion import fuse_transformer
 from metainfer.core.engine.transforms.quantize_nncf import nncf_available
-from metainfer.core.engine.trial import Trial, TrialMetrics, TrialStatus
+from metainfer.core.engine.trial import Quality, Trial, TrialMetrics, TrialStatus
 from metainfer.core.engine.validate import ValidationReport, validate_variant
 
 VARIANT_CACHE_SIZE = 4
@@ -66,6 +74,9 @@ CONVERGED_SHARE = 0.25
 CONVERGED_MIN = 4
 MIN_STATIC_SAMPLES = 8
 MAX_VALIDATION_ATTEMPTS = 3
+# FP32 with tuned session settings validated once every ranked candidate failed, before the FP32 baseline; not
+# counted in MAX_VALIDATION_ATTEMPTS: FP32 always gets its chance.
+FP32_FALLBACK_ATTEMPTS = 3
 SENSITIVITY_SAMPLES = 32
 # Mixed-precision points passed over without measuring (scan_gate) before the search stops, per trial of budget.
 PASS_OVER_LIMIT = 4
@@ -333,33 +344,28 @@ class Adaptation:
             )
         if history_use is not None:
             history_use = self._account(history_use, trials, stop_reason)
-        best, validation, variant = self._choose_and_validate(baseline, trials)
+        choice = self._choose_and_validate(baseline, trials)
+        best, validation, variant, failed = choice.best, choice.validation, choice.variant, choice.failed
         final = None
         if best is not None and validation is not None and variant:
-            best, validation, variant, final = self._final_comparison(baseline, trials, best, validation, variant)
+            best, validation, variant, final = self._final_comparison(
+                baseline, trials, best, validation, variant, {t.index for t, _ in failed}
+            )
         if final is not None and best is not None and best is not baseline and self._fp32_wins(baseline, best, final):
             # The search's measurements can be off (a noisy neighbour); the back-to-back re-measurement
             # decides, with the same objective and noise band, whether the winner beats what the user has.
-            within = within_noise(final.baseline.latency, final.best.latency, self.band)
-            tail = self._slower_at_the_slo_percentile(final)
-            percentile = final.slo_percentile
-            speedup = getattr(final.baseline.latency, f"{percentile}_ms") / getattr(
-                final.best.latency, f"{percentile}_ms"
-            )
-            note = (
-                f"the search's winner ({best.recipe.describe()}) re-measured at {final.speedup_p50:.2f}x of FP32"
-                " back to back"
-                + (
-                    f" at p50 but {speedup:.2f}x at {percentile}, the percentile the SLO is written in"
-                    if tail
-                    else f" (within the {self.band:.1%} timing noise, where quality and memory decide)"
-                    if within
-                    else ""
-                )
-                + "; the FP32 model with default session options is kept"
-            )
-            best, validation, variant = self._choose_and_validate(baseline, [])
-            final = final.model_copy(update={"kept_baseline": True, "note": note})
+            note = self._lost_to_fp32_note(best, final)
+            failed_before = any(t is baseline for t, _ in failed)  # validated once, rejected: not again
+            kept = None if failed_before else self._choose_and_validate(baseline, [])
+            if kept is not None and kept.best is not None:
+                best, validation, variant = kept.best, kept.validation, kept.variant
+                note += "; the FP32 model with default session options is kept"
+                final = final.model_copy(update={"kept_baseline": True, "note": note})
+            else:  # FP32 itself fails validation: the validated winner is still the answer
+                failed += kept.failed if kept is not None else []
+                final = final.model_copy(update={"note": note + "; FP32 failed validation, so the winner is shipped"})
+        slo_unmet = self._slo_unmet_fallback(baseline, trials, failed) if best is None else None
+        rejected = [_rejected(t, v) for t, v in failed]
         report = Report(
             started_at=started_at,
             model=self.model,
@@ -382,6 +388,10 @@ class Adaptation:
             sensitivity_wall_s=self.sensitivity_s,
             total_wall_s=time.perf_counter() - t0,
             stop_reason=stop_reason,
+            rejected_by_validation=rejected,
+            fallback_note=_fallback_note(rejected, best) if choice.fell_back and best is not None else "",
+            slo_unmet_fallback=slo_unmet,
+            quality_granularity_note=self._granularity_note(baseline.metrics.quality),
         )
         return report, variant
 
@@ -528,22 +538,85 @@ class Adaptation:
         saved = self.settings.budget_trials - len(trials) if stop_reason.startswith("converged") else 0
         return use.model_copy(update={"best_found_at": found, "trials_saved": saved})
 
-    def _choose_and_validate(
-        self, baseline: Trial, trials: list[Trial]
-    ) -> tuple[Trial | None, ValidationReport | None, bytes | None]:
+    def _choose_and_validate(self, baseline: Trial, trials: list[Trial]) -> _Choice:
+        """The best-ranked feasible candidate that passes validation (at most MAX_VALIDATION_ATTEMPTS tried); when
+        every one of them fails, FP32 (``_fp32_fallbacks``), so that a feasible FP32 is always an answer."""
         assert self.reference is not None and baseline.metrics is not None
         ranked = rank(
             [baseline, *trials], baseline.metrics, self.settings.objective, self.band, limit=MAX_VALIDATION_ATTEMPTS
         )
-        validation: ValidationReport | None = None
+        failed: list[Rejection] = []
         self.observer.phase(PipelinePhase.VALIDATION, min(len(ranked), MAX_VALIDATION_ATTEMPTS))
-        for candidate in ranked:
+        found = self._first_valid(ranked, failed)
+        if found is not None:
+            return _Choice(*found, failed=failed)
+        if not failed:  # nothing feasible to validate
+            return _Choice(None, None, None, failed=failed)
+        fallbacks = self._fp32_fallbacks(baseline, trials, {t.index for t in ranked})
+        if fallbacks:
+            self.observer.phase(PipelinePhase.VALIDATION, len(fallbacks), detail="FP32 fallback")
+            found = self._first_valid(fallbacks, failed)
+        if found is None:  # the last report says why, as before the fallback existed
+            return _Choice(None, failed[-1][1], None, failed=failed)
+        return _Choice(*found, failed=failed, fell_back=True)
+
+    def _first_valid(
+        self, candidates: Sequence[Trial], failed: list[Rejection]
+    ) -> tuple[Trial, ValidationReport, bytes] | None:
+        """The first of ``candidates`` that passes validation, with its report and bytes; each one that fails is
+        added to ``failed``."""
+        for candidate in candidates:
             variant = self.variant(candidate.recipe)
             validation = self._validate(variant, candidate.recipe)
             self.observer.advance(candidate.recipe.describe())
             if validation.passed:
                 return candidate, validation, variant
-        return None, validation, None
+            failed.append((candidate, validation))
+        return None
+
+    def _fp32_fallbacks(self, baseline: Trial, trials: list[Trial], tried: Collection[int]) -> list[Trial]:
+        """What to validate once every ranked candidate failed: the best-ranked feasible trials of the unchanged
+        model (other session settings or batch; at most FP32_FALLBACK_ATTEMPTS), then the baseline when it is
+        feasible itself; none tried already."""
+        assert baseline.metrics is not None
+        ranked = rank(trials, baseline.metrics, self.settings.objective, self.band)
+        tuned = [t for t in ranked if _is_fp32(t.recipe) and t.index not in tried][:FP32_FALLBACK_ATTEMPTS]
+        return tuned + ([baseline] if baseline.score is not None and baseline.index not in tried else [])
+
+    def _slo_unmet_fallback(
+        self, baseline: Trial, trials: list[Trial], failed: list[Rejection]
+    ) -> SloUnmetFallback | None:
+        """With no feasible candidate shipped: FP32 that misses only latency bounds, validated, for a cluster to keep
+        serving with the SLO unmet. Tried nearest to the bounds first (at most FP32_FALLBACK_ATTEMPTS with tuned
+        session settings, and the baseline); one over the memory limit or the quality budget never qualifies."""
+        tried = {t.index for t, _ in failed}
+        eligible = [
+            t for t in by_closeness([baseline, *trials], self.settings.constraints)
+            if _is_fp32(t.recipe) and self._misses_only_latency(t) and t.index not in tried
+        ]  # fmt: skip
+        tuned = [t for t in eligible if t is not baseline][:FP32_FALLBACK_ATTEMPTS]
+        candidates = [t for t in eligible if t is baseline or t in tuned]
+        if not candidates:
+            return None
+        self.observer.phase(PipelinePhase.VALIDATION, len(candidates), detail="FP32 fallback, SLO unmet")
+        found = self._first_valid(candidates, failed)
+        return SloUnmetFallback(trial=found[0], validation=found[1]) if found is not None else None
+
+    def _misses_only_latency(self, trial: Trial) -> bool:
+        """Whether ``trial`` was measured in full and misses latency bounds (p95, p99) and nothing else."""
+        if trial.metrics is None or trial.metrics.early_stop is not None or not trial.violations:
+            return False
+        without_latency = self.settings.constraints.model_copy(update={"slo_p95_ms": None, "slo_p99_ms": None})
+        return not violations(trial.metrics, without_latency)
+
+    def _granularity_note(self, quality: Quality) -> str:
+        """The report's note when the quality metric moves in steps coarser than the budget, else empty."""
+        outputs = 1
+        if quality.metric == "argmax_agreement" and self.reference is not None:  # averaged over its score outputs
+            compared = [self.reference.outputs[i] for i in self.reference.compared()]
+            outputs = max(1, len(quality_metrics.class_scores(compared)))
+        budget = self.settings.constraints.max_quality_drop
+        return quality_metrics.coarse_budget_note(quality.metric, quality.samples, budget, outputs) or ""
 
     def _validate(self, variant: bytes, recipe: Recipe) -> ValidationReport:
         """Validation of ``variant`` on the full data, against FP32's outputs on it (computed once)."""
@@ -592,6 +665,25 @@ class Adaptation:
             return True  # a variant faster at the median but slower in the tail the SLO is written in: not shipped
         return rank([winner, fp32], final.baseline, objective, self.band, limit=1)[0] is fp32
 
+    def _lost_to_fp32_note(self, best: Trial, final: FinalComparison) -> str:
+        """Why the search's winner lost to FP32 back to back: slower at the SLO's percentile, within the timing
+        noise (where quality and memory decide), or plainly slower."""
+        within = within_noise(final.baseline.latency, final.best.latency, self.band)
+        tail = self._slower_at_the_slo_percentile(final)
+        percentile = final.slo_percentile
+        speedup = getattr(final.baseline.latency, f"{percentile}_ms") / getattr(final.best.latency, f"{percentile}_ms")
+        return (
+            f"the search's winner ({best.recipe.describe()}) re-measured at {final.speedup_p50:.2f}x of FP32"
+            " back to back"
+            + (
+                f" at p50 but {speedup:.2f}x at {percentile}, the percentile the SLO is written in"
+                if tail
+                else f" (within the {self.band:.1%} timing noise, where quality and memory decide)"
+                if within
+                else ""
+            )
+        )
+
     def _slo_percentile(self) -> str:
         return "p99" if self.settings.constraints.slo_p99_ms is not None else "p95"
 
@@ -601,15 +693,23 @@ class Adaptation:
         return bool(winner > fp32 * (1 + self.band))
 
     def _final_comparison(
-        self, baseline: Trial, trials: list[Trial], best: Trial, validation: ValidationReport, variant: bytes
+        self,
+        baseline: Trial,
+        trials: list[Trial],
+        best: Trial,
+        validation: ValidationReport,
+        variant: bytes,
+        rejected: Collection[int] = (),
     ) -> tuple[Trial, ValidationReport, bytes, FinalComparison]:
         """FP32, the validated winner and its closest rivals of other kinds (``core.engine.runoff``), timed
-        interleaved; the race's best that passes validation is the winner, compared with FP32 on those timings."""
+        interleaved; the race's best that passes validation is the winner, compared with FP32 on those timings.
+        The trials of ``rejected`` (indices) failed validation already: they do not race."""
         assert baseline.metrics is not None and best.metrics is not None
         s = self.settings
         entrants: list[tuple[Trial, bytes]] = [(best, variant)]
+        contenders = [t for t in trials if t.index not in rejected]
         for rival in runoff.rivals(
-            rank(trials, baseline.metrics, s.objective, self.band), best, baseline.metrics, s.objective
+            rank(contenders, baseline.metrics, s.objective, self.band), best, baseline.metrics, s.objective
         ):
             try:
                 entrants.append((rival, self.variant(rival.recipe)))
@@ -677,6 +777,58 @@ def _check_batch(model: ModelInfo, settings: AdaptSettings, data: Dataset) -> No
             f"the model's batch dimension is fixed at {sorted(fixed)}; use --batch {min(fixed)}"
             " (and do not search the batch)",
         )
+
+
+# A rejected candidate in a note: at most this many failed checks, each cut to this many characters; at most
+# REJECTED_NOTED candidates named.
+CHECKS_NOTED = 3
+CHECK_CHARS = 200
+REJECTED_NOTED = 5
+
+Rejection = tuple[Trial, ValidationReport]  # a candidate validation rejected, and its report
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """What validation chose: the trial, its report and bytes (None: nothing passed; the report is then the last
+    failure's), the candidates rejected on the way, and whether the FP32 fallback is what passed."""
+
+    best: Trial | None
+    validation: ValidationReport | None
+    variant: bytes | None
+    failed: list[Rejection]
+    fell_back: bool = False
+
+
+def _is_fp32(recipe: Recipe) -> bool:
+    """The unchanged model's bytes (session settings and batch may differ from the baseline's)."""
+    return recipe.transform == TransformSpec()
+
+
+def _rejected(trial: Trial, validation: ValidationReport) -> RejectedCandidate:
+    checks = [f"{c.name}: {c.detail}"[:CHECK_CHARS] for c in validation.checks if not c.passed]
+    if not checks:  # failed without a failed check: the full-data quality says why
+        checks = [f"{validation.full_data_quality.metric} drop {validation.full_data_quality.drop:.4f}"]
+    more = [f"{len(checks) - CHECKS_NOTED} more"] if len(checks) > CHECKS_NOTED else []
+    return RejectedCandidate(
+        trial=trial.index, recipe=trial.recipe.describe(), failed_checks=checks[:CHECKS_NOTED] + more
+    )
+
+
+def _fallback_note(rejected: Sequence[RejectedCandidate], shipped: Trial) -> str:
+    """The report's note when every ranked candidate failed validation: which ones and why, and what shipped."""
+    named = "; ".join(r.describe() for r in rejected[:REJECTED_NOTED])
+    if len(rejected) > REJECTED_NOTED:
+        named += f"; and {len(rejected) - REJECTED_NOTED} more"
+    if _is_fp32(shipped.recipe):
+        return (
+            f"no variant passed validation on all the data: {named}; so the FP32 model is shipped, with the session"
+            f" settings that passed it: {shipped.recipe.describe()}"
+        )
+    return (
+        f"the best-ranked candidates failed validation on all the data: {named}; {shipped.recipe.describe()}"
+        " passed it and is shipped"
+    )
 
 
 def _first_line(exc: Exception) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import math
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -23,6 +24,12 @@ from metainfer.core.engine.quality_choice import BUILTIN, ENTRY_POINT_GROUP, PLU
 UserMetric = Callable[[Sequence[np.ndarray], Sequence[np.ndarray]], float]
 _DISTRIBUTION_TOLERANCE = 1e-3
 FIELD = "slo.qualityMetric"
+# Metrics whose value is a share of samples (classified right, or read as FP32 reads them): they move in whole
+# samples, so a budget finer than one sample's share allows no change at all.
+SAMPLE_COUNTING = ("top1_accuracy", "argmax_agreement")
+# The budget a coarse-budget note suggests is rounded up to this many decimals (a budget rounded down would still
+# reject one sample's change).
+_SUGGESTED_DECIMALS = 4
 
 
 def resolve(choice: str, outputs: Sequence[np.ndarray], labels: np.ndarray | None, samples: int) -> str:
@@ -130,6 +137,33 @@ def argmax_agreement(
             same = same | (mask == 0)
         values.append(float(np.mean(same.reshape(same.shape[0], -1).all(axis=1))))
     return float(np.mean(values))
+
+
+def quality_step(metric: str, samples: int, outputs: int = 1) -> float | None:
+    """The smallest change ``metric`` can show on ``samples`` samples: one sample's share (in one of ``outputs``
+    outputs, for a metric averaged over several); None for a metric that moves continuously (cosine, L2, a
+    plugin, whose granularity is unknown)."""
+    if metric not in SAMPLE_COUNTING or samples < 1:
+        return None
+    return 1.0 / (samples * max(outputs, 1))
+
+
+def coarse_budget_note(metric: str, samples: int, budget: float, outputs: int = 1) -> str | None:
+    """What to tell a person whose quality budget is finer than ``metric``'s step over ``samples`` samples (the
+    argmax agreement of 64 samples moves by 1/64 = 0.0156, so a budget of 0.01 lets no sample change): None when
+    the budget allows at least one sample's change, or is zero (no change was asked for)."""
+    step = quality_step(metric, samples, outputs)
+    # The same hair of tolerance the quality constraint has (scoring.violations).
+    if step is None or budget <= 0 or budget + 1e-9 >= step:
+        return None
+    scale = 10**_SUGGESTED_DECIMALS
+    suggested = math.ceil(step * scale - 1e-6) / scale
+    over = f"{samples} samples" + (f" and {outputs} outputs" if outputs > 1 else "")
+    return (
+        f"quality budget {budget:g} is finer than {metric}'s step over {over} ({step:.4f}: one sample counted"
+        " differently): only variants that change no sample's result pass; measure quality on more samples, or"
+        f" allow a drop of at least {suggested:g}"
+    )
 
 
 def user_value(name: str, outputs: Sequence[np.ndarray], reference: Sequence[np.ndarray]) -> float:

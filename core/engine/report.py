@@ -78,6 +78,38 @@ class FinalComparison(BaseModel):
     )
 
 
+class RejectedCandidate(BaseModel):
+    """A candidate that validation on all the data rejected, and why."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: int = Field(description="Its trial index (0: the FP32 baseline).")
+    recipe: str = Field(description="Its recipe in words.")
+    failed_checks: list[str] = Field(description="The checks it failed, 'name: detail', each cut short.")
+
+    def describe(self) -> str:
+        return f"{self.recipe} failed {', '.join(self.failed_checks)}"
+
+
+class SloUnmetFallback(BaseModel):
+    """FP32, validated, for a cluster to keep serving when no candidate met every constraint and FP32's only misses
+    are latency bounds (p95 SLO, p99 bound): never one over the memory limit (it could be OOM-killed) or the
+    quality budget. ``metainfer adapt`` still reports no feasible candidate; the agent Job succeeds with it, its
+    status saying which bound is unmet."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    trial: Trial = Field(description="The FP32 candidate (the baseline, or FP32 with other session settings).")
+    validation: ValidationReport
+
+    def missed(self) -> list[str]:
+        """The latency bounds it misses, measured vs limit (scoring.violations)."""
+        return list(self.trial.violations)
+
+    def describe(self) -> str:
+        return f"{self.trial.recipe.describe()} (validated) misses only latency bounds: {'; '.join(self.missed())}"
+
+
 class Report(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -115,6 +147,32 @@ class Report(BaseModel):
     )
     total_wall_s: float
     stop_reason: str
+    rejected_by_validation: list[RejectedCandidate] = Field(
+        default_factory=list,
+        description="The candidates validation on all the data rejected, in the order they were tried: the"
+        " best-ranked feasible ones, then FP32 fallbacks.",
+    )
+    fallback_note: str = Field(
+        "",
+        description="Set when no variant passed validation and FP32 shipped instead: which variants failed"
+        " validation and why, and the FP32 session settings shipped. Empty otherwise.",
+    )
+    slo_unmet_fallback: SloUnmetFallback | None = Field(
+        None,
+        description="With no feasible candidate (best None): FP32, validated, that misses only latency bounds, for a"
+        " cluster to keep serving with the SLO unmet. None when FP32 misses memory or quality, or fails validation.",
+    )
+    quality_granularity_note: str = Field(
+        "",
+        description="Set when the quality metric moves in steps coarser than the budget (a share of N samples moves"
+        " by 1/N): only variants that change no sample's result could pass. Empty otherwise.",
+    )
+
+    def shipped(self) -> Trial | None:
+        """What a cluster serves: the validated best, else the SLO-unmet FP32 fallback, else nothing."""
+        if self.best is not None:
+            return self.best
+        return self.slo_unmet_fallback.trial if self.slo_unmet_fallback is not None else None
 
     def candidates(self) -> list[Trial]:
         """Every measured candidate, the FP32 baseline first."""

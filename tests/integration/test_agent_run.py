@@ -71,6 +71,7 @@ def make_run(
     data: DataReference | None = None,
     budget: int = 3,
     slo_p95_ms: float = 1000,
+    max_memory_mib: int | None = None,
 ) -> dict[str, Any]:
     spec = AdaptationRunSpec(
         policy_name="digits",
@@ -82,7 +83,7 @@ def make_run(
         batch_size=1,
         reason="NewHardwareClass",
         model=ModelSource(uri=uri, sha256=sha, data=data),
-        slo=Slo(latency_p95_ms=slo_p95_ms, max_quality_drop=0.05, batch_size=1),
+        slo=Slo(latency_p95_ms=slo_p95_ms, max_quality_drop=0.05, batch_size=1, max_memory_mib=max_memory_mib),
         search=SearchSettings(trial_budget=budget, time_budget_seconds=60, algorithm="random", seed=1),
     )
     return AdaptationRun(metadata={"name": name}, spec=spec).to_api()
@@ -252,9 +253,13 @@ def test_bad_data_fails_invalid_data(control_plane: Any, namespace: str, tmp_pat
     assert failed["reason"] == "InvalidData" and "pixels" in failed["message"] and bad.as_uri() in failed["message"]
 
 
-def test_unreachable_slo_fails_listing_the_closest(control_plane: Any, namespace: str, digits, hw_class) -> None:
+def test_unreachable_slo_and_memory_fail_listing_the_closest(
+    control_plane: Any, namespace: str, digits, hw_class
+) -> None:
+    """Nothing meets the p95 SLO and nothing fits 1 MiB: no FP32 fallback either (serving it could be OOM-killed)."""
     model, _ = digits
-    body = make_run("fast", hw_class, model.as_uri(), sha256_file(model), budget=2, slo_p95_ms=0.0001)
+    body = make_run("fast", hw_class, model.as_uri(), sha256_file(model), budget=2, slo_p95_ms=0.0001,
+                    max_memory_mib=1)  # fmt: skip
     create_run(control_plane.api_client, namespace, body)
     result = agent(control_plane.kubeconfig, namespace, "fast")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -264,6 +269,24 @@ def test_unreachable_slo_fails_listing_the_closest(control_plane: Any, namespace
     assert "closest candidates" in failed["message"] and "> SLO 0.0001 ms" in failed["message"]
     assert status["trials"] and all(t["status"] != "feasible" for t in status["trials"])
     assert "bestRecipe" not in status
+
+
+def test_a_latency_slo_nothing_meets_keeps_fp32_served_and_says_the_slo_is_unmet(
+    control_plane: Any, namespace: str, digits, hw_class
+) -> None:
+    """Issue 65: FP32 missing only a latency SLO is still served (the class keeps serving), and the status says
+    which SLO it misses, measured against its limit."""
+    model, _ = digits
+    body = make_run("slow", hw_class, model.as_uri(), sha256_file(model), budget=2, slo_p95_ms=0.0001)
+    create_run(control_plane.api_client, namespace, body)
+    result = agent(control_plane.kubeconfig, namespace, "slow")
+    assert result.returncode == 0, result.stdout + result.stderr
+    status = get(control_plane.api_client, namespace, "slow")["status"]
+    done = condition(status, "Succeeded")
+    assert status["phase"] == "Succeeded" and done["status"] == "True", status
+    assert done["message"].startswith("SLO unmet") and "> SLO 0.0001 ms" in done["message"]
+    assert status["bestRecipe"]["transform"]["quantization"]["mode"] == "fp32"
+    assert status["bestVariantSha256"] and status["bestMetrics"]
 
 
 def test_missing_file_fails_fetch(control_plane: Any, namespace: str, tmp_path: Path, hw_class) -> None:

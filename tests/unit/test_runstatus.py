@@ -16,9 +16,17 @@ from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo
 from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo, OpSupport
 from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
-from metainfer.core.engine.report import AdaptSettings, FinalComparison, Report, SpaceSummary
+from metainfer.core.engine.report import (
+    AdaptSettings,
+    FinalComparison,
+    RejectedCandidate,
+    Report,
+    SloUnmetFallback,
+    SpaceSummary,
+)
 from metainfer.core.engine.scoring import Constraints
 from metainfer.core.engine.trial import LatencyStats, Quality, Trial, TrialMetrics
+from metainfer.core.engine.validate import ValidationReport
 
 SHA = "a" * 64
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
@@ -420,3 +428,57 @@ def test_a_policys_p99_bound_reaches_the_search() -> None:
     bounded = spec(slo=Slo(latency_p95_ms=12.5, latency_p99_ms=20, batch_size=4))
     assert runstatus.settings_from_spec(bounded).constraints.slo_p99_ms == 20
     assert runstatus.settings_from_spec(spec()).constraints.slo_p99_ms is None
+
+
+# -- FP32 as the answer when nothing else is (issue 65) ------------------------------------------------------
+
+
+def _passed_validation() -> ValidationReport:
+    quality = Quality(metric="top1_accuracy", value=0.9, reference=0.9, drop=0.0, samples=100)
+    return ValidationReport(passed=True, full_data_quality=quality)
+
+
+def test_a_run_with_only_an_slo_unmet_fp32_fallback_succeeds_serving_fp32_and_says_the_slo_is_unmet() -> None:
+    fp32 = Trial(
+        index=0, point={}, recipe=Recipe(), status="infeasible", metrics=metrics(9.0),
+        violations=["latency: p95 9.00 ms > SLO 8 ms"],
+    )  # fmt: skip
+    r = report([trial(1, "infeasible", p95=9.5, violations=["latency: p95 9.50 ms > SLO 8 ms"])], None)
+    r = r.model_copy(
+        update={"baseline": fp32, "slo_unmet_fallback": SloUnmetFallback(trial=fp32, validation=_passed_validation())}
+    )
+    assert r.shipped() is fp32
+    done = runstatus.mark_succeeded(AdaptationRunStatus(), 2, r, [], now=T1, variant_sha256="c" * 64)
+    assert done.phase == "Succeeded" and done.best_recipe == Recipe() and done.best_variant_sha256 == "c" * 64
+    assert done.best_metrics is not None and done.best_metrics.p95_ms == 9.0
+    for type_ in ("Succeeded", "Ready"):
+        cond = get_condition(done.conditions, type_)
+        assert cond is not None and cond.status == "True"
+        assert cond.message.startswith("SLO unmet: ") and "latency: p95 9.00 ms > SLO 8 ms" in cond.message
+    # Without the fallback the same report is a failure, as before.
+    assert r.model_copy(update={"slo_unmet_fallback": None}).shipped() is None
+
+
+def test_no_feasible_names_what_validation_rejected_and_a_too_fine_quality_budget() -> None:
+    best = trial(1, "feasible", score=2.0)
+    rejected = RejectedCandidate(
+        trial=1, recipe=best.recipe.describe(), failed_checks=["quality at batch 64 (largest): drop 0.03 > budget 0.01"]
+    )
+    granularity = "quality budget 0.01 is finer than argmax_agreement's step over 64 samples (0.0156: ...)"
+    r = report([best], None).model_copy(
+        update={"rejected_by_validation": [rejected] * 7, "quality_granularity_note": granularity}
+    )
+    message = str(runstatus.infeasible_error(r))
+    assert f"validation on all samples rejected {best.recipe.describe()} failed quality at batch 64" in message
+    assert message.count("failed quality at batch 64") == runstatus.REJECTED_SHOWN and "and 2 more" in message
+    assert granularity in message
+
+
+def test_a_fallback_note_reaches_the_succeeded_message() -> None:
+    best = trial(1, "feasible", score=2.0)
+    note = "no variant passed validation on all the data: ...; so the FP32 model is shipped"
+    done = runstatus.mark_succeeded(
+        AdaptationRunStatus(), 1, report([best], best).model_copy(update={"fallback_note": note}), []
+    )
+    succeeded = get_condition(done.conditions, "Succeeded")
+    assert succeeded is not None and note in succeeded.message
