@@ -33,6 +33,14 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
             "tensorrtBuilderOptimizationLevels",
             "openvinoEpPrecisions",
             "openvinoEpStreams",
+            # Weight-only quantization (core.engine.knobs.weights).
+            "weightBits",
+            "weightMethods",
+            "weightBlockSizes",
+            "weightSymmetric",
+            "weightAccuracyLevels",
+            "weightEmbeddings",
+            "maxWeightKeepFloatLayers",
         )
     },
 }

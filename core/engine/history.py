@@ -70,7 +70,7 @@ class HistoryTrial(Plain):
     """One measured candidate: enough to replay it into a searcher."""
 
     point: dict[Short, Annotated[str, StringConstraints(max_length=64)] | int | float | bool | None] = Field(
-        max_length=32, description="The search-space point (knob name -> choice)."
+        max_length=64, description="The search-space point (knob name -> choice)."
     )
     status: TrialStatus
     score: float | None = Field(None, description="The run's objective; None when infeasible or failed.")

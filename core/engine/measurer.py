@@ -65,6 +65,12 @@ class OnnxRuntimeMeasurer:
     def __init__(self) -> None:
         self._floor_mib: float | None = None
 
+    @property
+    def floor_mib(self) -> float | None:
+        """The process's resident memory before the first candidate (None before it): what every candidate's
+        peak_memory_mib starts from, so a memory budget for the variant alone is this plus its share."""
+        return self._floor_mib
+
     def reference(self, model: bytes, recipe: Recipe, data: Dataset, metric: str = "auto") -> Reference:
         return make_reference(create_session(model, recipe), data, recipe.batch, metric)
 

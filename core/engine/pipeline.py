@@ -64,6 +64,7 @@ from metainfer.core.engine.transforms import (
 )
 from metainfer.core.engine.transforms.fusion import fuse_transformer
 from metainfer.core.engine.transforms.quantize_nncf import nncf_available
+from metainfer.core.engine.transforms.weights import available_weight_methods, embedding_tables, weight_matmuls
 from metainfer.core.engine.trial import Quality, Trial, TrialMetrics, TrialStatus
 from metainfer.core.engine.validate import ValidationReport, validate_variant
 
@@ -435,15 +436,20 @@ class Adaptation:
         openvino_gap = self._openvino_gap(overrides)
         if openvino_gap:  # the knob offers runtimes by the profile; this model's ops decide for this model
             overrides["runtime"] = ("onnxruntime",)
+        graph = onnx.load_from_string(self.base)
+        allow_static = self.calibration.n_samples >= MIN_STATIC_SAMPLES
         options = SpaceOptions(
             batch=self.settings.batch,
             search_batch=self.settings.search_batch,
-            allow_static=self.calibration.n_samples >= MIN_STATIC_SAMPLES,
+            allow_static=allow_static,
             padding_removable=padding_reason is None,
             nncf=nncf_available(),
+            weight_layers=len(weight_matmuls(graph)),
+            embedding_tables=len(embedding_tables(graph)),
+            weight_methods=available_weight_methods(nncf=nncf_available(), calibration=allow_static),
             overrides=overrides,
         )
-        layers = len(quantizable_nodes(onnx.load_from_string(self.base), "int8_static"))
+        layers = len(quantizable_nodes(graph, "int8_static"))
         space, notes = build_space(self.model, self.profile, options, min(layers, self.settings.sensitivity_layers))
         self._kept_counts = next((d.choices for d in space.dimensions if d.name == scan_gate.KEEP_FLOAT), (0,))
         self._most_kept_in_float = max(as_int(c) for c in self._kept_counts)

@@ -46,6 +46,17 @@ Quantizer = Literal["onnxruntime", "nncf"]
 # Spelled-out activations (Erf GELU, x * HardSigmoid(x), x * Sigmoid(x)) kept as exported, or written as one
 # operator each (core.engine.transforms.activations).
 Activations = Literal["keep", "fused"]
+# Weight-only quantization (activations stay float): 0 keeps float weights. Methods: ONNX Runtime's MatMulNBits
+# quantizer, round-to-nearest ("rtn", its default), half-quadratic ("hqq", needs torch) or data-aware ("gptq", its
+# vendored implementation); NNCF's compress_weights, data-free ("nncf") or with AWQ and scale estimation on the
+# calibration samples ("nncf_awq").
+WeightBits = Literal[0, 4, 8]
+WeightMethod = Literal["rtn", "hqq", "gptq", "nncf", "nncf_awq"]
+WEIGHT_METHODS: tuple[str, ...] = get_args(WeightMethod)
+ORT_WEIGHT_METHODS: tuple[str, ...] = ("rtn", "hqq", "gptq")
+WeightBlock = Literal[32, 64, 128]
+# The sensitivity ranking of MatMuls under 4-bit weights, whose top a mixed point keeps in float.
+WEIGHT_RANKING = "int4_weights"
 
 ORT_GRAPH_OPTIMIZATION_LEVELS: dict[str, str] = {
     "disable": "ORT_DISABLE_ALL",
@@ -110,10 +121,47 @@ class QuantizationSpec(_Frozen):
         return data
 
 
+class WeightSpec(_Frozen):
+    """Weight-only quantization: MatMul weights (and optionally embedding tables) stored in 4 or 8 bits, blockwise,
+    while activations stay float. What makes a model fit a small node's memory, and what speeds up memory-bound
+    runs (batch 1, large tables) where the kernels dequantize on the fly."""
+
+    bits: WeightBits = Field(0, description="Bits per weight; 0 keeps float weights.")
+    method: WeightMethod = Field("rtn", description="Who quantizes and how (see WeightMethod).")
+    block_size: WeightBlock = Field(128, description="Weights sharing one scale (and zero point), along K.")
+    symmetric: bool = Field(False, description="Symmetric blocks (no zero points).")
+    accuracy_level: Literal[0, 4] = Field(
+        0, description="ONNX Runtime's MatMulNBits accuracy_level: 4 computes in int8 where the CPU has it."
+    )
+    embeddings: bool = Field(False, description="Embedding tables (Gather) to 4-bit GatherBlockQuantized too.")
+    keep_float: tuple[str, ...] = Field((), description="MatMul nodes left in float (the most sensitive).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> WeightSpec:
+        if self.bits == 0:
+            defaults = (self.method, self.block_size, self.symmetric, self.accuracy_level, self.embeddings)
+            if defaults != ("rtn", 128, False, 0, False) or self.keep_float:
+                raise ValueError("weights: bits 0 keeps float weights; leave the other weight fields at their defaults")
+            return self
+        ort = self.method in ORT_WEIGHT_METHODS
+        if self.method in ("hqq", "gptq", "nncf_awq") and self.bits != 4:
+            raise ValueError(f"weights: method {self.method} writes 4-bit weights only")
+        if self.accuracy_level and not ort:
+            raise ValueError("weights: accuracy_level is ONNX Runtime's MatMulNBits attribute; NNCF writes DQ nodes")
+        if self.embeddings and (self.method != "rtn" or self.bits != 4):
+            raise ValueError("weights: embedding tables are quantized by method rtn at 4 bits (GatherBlockQuantized)")
+        if self.method == "gptq" and not self.symmetric:
+            raise ValueError("weights: ONNX Runtime's gptq writes symmetric blocks; set symmetric")
+        return self
+
+
 class TransformSpec(_Frozen):
     """Everything that changes the variant's bytes."""
 
     quantization: QuantizationSpec = QuantizationSpec()
+    weights: WeightSpec = Field(
+        WeightSpec(), description="Weight-only quantization, applied after every other transform (fp32 mode only)."
+    )
     fusion: GraphFusion = Field(
         "none",
         description=(
@@ -139,15 +187,22 @@ class TransformSpec(_Frozen):
     def _padding_needs_fusion(self) -> TransformSpec:
         if self.padding == "remove" and self.fusion != "transformer":
             raise ValueError("padding 'remove' works on the fused graph: set fusion to 'transformer'")
+        if self.weights.bits and self.quantization.mode != "fp32":
+            raise ValueError("weight-only quantization keeps activations float: quantization mode must be fp32")
         return self
 
     @model_serializer(mode="wrap")
     def _omit_default_activations(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # Left out at its default, as QuantizationSpec.quantizer is: existing variants keep their bytes.
+        # Left out at their defaults, as QuantizationSpec.quantizer is: existing variants keep their bytes.
         data: dict[str, Any] = handler(self)
         if data.get("activations") == "keep":
             del data["activations"]
+        if data.get("weights") == _FLOAT_WEIGHTS:
+            del data["weights"]
         return data
+
+
+_FLOAT_WEIGHTS = WeightSpec().model_dump(mode="json")
 
 
 class OpenVinoSpec(_Frozen):
@@ -326,6 +381,9 @@ class Recipe(_Frozen):
                     parts.append(f"{q.calibration} calibration")
                 if q.format != "qdq":
                     parts.append("integer operators (QOperator)")
+        w = self.transform.weights
+        if w.bits:
+            head += f" with int{w.bits} weights ({_describe_weights(w)})"
         if q.mode in INT8_MODES and q.keep_float:
             n = len(q.keep_float)
             parts.append(f"{n} sensitive layer{'s' if n > 1 else ''} kept in float")
@@ -353,6 +411,18 @@ class Recipe(_Frozen):
         if self.batch > 1:
             parts.append(f"batch {self.batch}")
         return ", ".join([head, *parts])
+
+
+def _describe_weights(w: WeightSpec) -> str:
+    method = {"rtn": "RTN", "hqq": "HQQ", "gptq": "GPTQ", "nncf": "NNCF", "nncf_awq": "NNCF AWQ"}[w.method]
+    details = [method, f"block {w.block_size}", "symmetric" if w.symmetric else "asymmetric"]
+    if w.accuracy_level:
+        details.append(f"accuracy level {w.accuracy_level}")
+    if w.embeddings:
+        details.append("embeddings too")
+    if w.keep_float:
+        details.append(f"{len(w.keep_float)} kept in float")
+    return ", ".join(details)
 
 
 def _describe_openvino(ov: OpenVinoSpec) -> str:

@@ -17,7 +17,7 @@ import onnx
 from pydantic import BaseModel, ConfigDict, Field
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.recipe import QuantizationSpec, Quantizer, Recipe, TransformSpec
+from metainfer.core.engine.recipe import WEIGHT_RANKING, QuantizationSpec, Quantizer, Recipe, TransformSpec, WeightSpec
 from metainfer.core.engine.reference import Reference, batch_major, quality_of, run_all
 from metainfer.core.engine.runtime import create_session
 from metainfer.core.engine.transforms import build_variant, quantizable_nodes
@@ -80,9 +80,7 @@ def analyse(
         if on_step:
             on_step(i, len(probed), node)
         others = tuple(n for n in nodes if n != node)
-        # ``mode`` arrives as the search point's string; validating it is what narrows it to a QuantizationMode.
-        quantization = QuantizationSpec.model_validate({"mode": mode, "per_channel": True, "keep_float": others})
-        spec = TransformSpec(quantization=quantization)
+        spec = _alone(mode, others)
         variant = build_variant(base, spec, calibration)
         outputs = run_all(create_session(variant, probe_recipe), quality_data, batch)
         drop = quality_of(outputs, reference).drop
@@ -146,6 +144,15 @@ def accuracy_control(
     return SensitivityReport(
         mode="int8_static", samples=quality_data.n_samples, layers=layers, quantizer="nncf", kept_to_meet_budget=first
     )
+
+
+def _alone(mode: str, others: tuple[str, ...]) -> TransformSpec:
+    """The variant that quantizes one layer alone: every other layer of ``mode`` kept in float."""
+    if mode == WEIGHT_RANKING:  # the most aggressive weight-only setting the search offers: 4 bits, blocks of 128
+        return TransformSpec(weights=WeightSpec(bits=4, keep_float=others))
+    # ``mode`` arrives as the search point's string; validating it is what narrows it to a QuantizationMode.
+    quantization = QuantizationSpec.model_validate({"mode": mode, "per_channel": True, "keep_float": others})
+    return TransformSpec(quantization=quantization)
 
 
 def _weight_counts(model: onnx.ModelProto) -> dict[str, int]:

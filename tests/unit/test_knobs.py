@@ -191,6 +191,13 @@ def test_the_policy_model_and_run_mapping_are_derived_from_the_knobs() -> None:
         "tensorrt_builder_optimization_levels": "tensorrt_builder_optimization_level",
         "openvino_ep_precisions": "openvino_ep_precision",
         "openvino_ep_streams": "openvino_ep_streams",
+        "weight_bits": "weight_bits",
+        "weight_methods": "weight_method",
+        "weight_block_sizes": "weight_block",
+        "weight_symmetric": "weight_symmetric",
+        "weight_accuracy_levels": "weight_accuracy_level",
+        "weight_embeddings": "weight_embeddings",
+        "max_weight_keep_float_layers": "weight_keep_float",
     }
     assert list(pinned.items()) == list(runstatus.OVERRIDE_DIMENSIONS.items())
     assert list(pinned) == fields

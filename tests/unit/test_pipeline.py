@@ -50,6 +50,7 @@ SMALL_SPACE: dict[str, list[str | int | float | bool]] = {
     "keep_float": [0],
     "graph_optimization_level": ["all"],
     "execution_mode": ["sequential"],
+    "weight_bits": [0],  # weight-only quantization has tests of its own (test_weight_quantization.py)
 }
 
 

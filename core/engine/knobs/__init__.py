@@ -18,7 +18,8 @@ Recipe field its value lands in, and how a policy may restrict it
 
 Adding a knob is one declaration in the module of its area (quantization,
 graph, session), appended to that module's ``KNOBS``, plus its test; a new
-area (a runtime's own options, as knobs/openvino.py) is one new module added to the tuple below. The
+area (a runtime's own options, as knobs/openvino.py; weight-only quantization, knobs/weights.py) is one new module
+added to the tuple below. The
 order of ``KNOBS`` is the order of the space's dimensions, which seeded searches
 depend on.
 
@@ -28,7 +29,16 @@ space, so nothing here loads onnx, onnxruntime, numpy or the searchers.
 
 from __future__ import annotations
 
-from metainfer.core.engine.knobs import activations, graph, openvino, providers, quantization, quantizer, session
+from metainfer.core.engine.knobs import (
+    activations,
+    graph,
+    openvino,
+    providers,
+    quantization,
+    quantizer,
+    session,
+    weights,
+)
 from metainfer.core.engine.knobs.base import (
     COMPUTE_OPS,
     DEFAULT_SPREAD,
@@ -77,6 +87,7 @@ KNOBS: tuple[Knob, ...] = (
     *quantizer.KNOBS,
     *activations.KNOBS,
     *providers.KNOBS,
+    *weights.KNOBS,
 )
 check_knobs(KNOBS)
 

@@ -66,6 +66,11 @@ class SpaceOptions:
     padding_removable: bool = False
     # Whether this image has NNCF (core.engine.transforms.quantize_nncf.nncf_available); the engine checks it.
     nncf: bool = False
+    # MatMuls over constant weights and embedding tables in the model, and the weight methods this image and
+    # data allow (core.engine.transforms.weights); the engine counts and checks them.
+    weight_layers: int = 0
+    embedding_tables: int = 0
+    weight_methods: tuple[str, ...] = ("rtn",)
     overrides: dict[str, tuple[object, ...]] = field(default_factory=dict)
 
 

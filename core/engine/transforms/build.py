@@ -1,5 +1,6 @@
 """Build a variant: fuse, remove padding, re-layout, quantize, then stamp provenance.
 
+Weight-only quantization comes last (it is only for fp32 activations), so it sees the fused graph's MatMuls.
 The order matters: fusion first, so quantization sees fused Attention and emits
 QAttention, and padding removal finds whole attention blocks; padding removal
 before quantization, so the packed QKV projections become int8 MatMuls;
@@ -16,13 +17,14 @@ import hashlib
 import onnx
 
 from metainfer.core.engine.data import Dataset
-from metainfer.core.engine.recipe import INT8_MODES, TransformSpec
+from metainfer.core.engine.recipe import INT8_MODES, WEIGHT_RANKING, TransformSpec
 from metainfer.core.engine.transforms.activations import fuse_activations
 from metainfer.core.engine.transforms.conv import fuse_conv
 from metainfer.core.engine.transforms.fusion import fuse_transformer
 from metainfer.core.engine.transforms.layout import to_nhwc
 from metainfer.core.engine.transforms.padding import remove_padding
 from metainfer.core.engine.transforms.quantize import DYNAMIC_OP_TYPES, to_fp16, to_int8
+from metainfer.core.engine.transforms.weights import compress_weights, weight_matmuls
 
 PROVENANCE_PREFIX = "metainfer."
 
@@ -47,17 +49,21 @@ def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None 
         model = to_fp16(model, q.keep_float)
     elif q.mode in INT8_MODES:
         model = to_int8(model, q, calibration)
+    if spec.weights.bits:
+        model = compress_weights(model, spec.weights, calibration)
     _stamp(model, base, spec)
     serialized: bytes = model.SerializeToString(deterministic=True)
     return serialized
 
 
 def quantizable_nodes(model: onnx.ModelProto, mode: str) -> list[str]:
-    """Names of the nodes a quantization mode would touch: the layers sensitivity ranks."""
+    """Names of the nodes a quantization mode (or ``WEIGHT_RANKING``) would touch: the layers sensitivity ranks."""
     ops = set(DYNAMIC_OP_TYPES) if mode == "int8_dynamic" else {"Conv", "MatMul", "Gemm", "Attention"}
     named = onnx.ModelProto()
     named.CopyFrom(model)
     ensure_node_names(named)
+    if mode == WEIGHT_RANKING:
+        return weight_matmuls(named)
     return [n.name for n in named.graph.node if n.op_type in ops]
 
 

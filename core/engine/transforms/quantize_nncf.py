@@ -109,6 +109,11 @@ def quantized_operations(model: onnx.ModelProto) -> set[str]:
 def _nncf(feeds: list[dict[str, np.ndarray]]) -> Any:
     if not feeds:
         raise InputError("data", "static int8 quantization needs at least one full calibration batch")
+    return nncf_module()
+
+
+def nncf_module() -> Any:
+    """NNCF, imported quietly and without telemetry."""
     # NNCF reports usage to a web analytics service unless it believes it runs in CI; metainfer's pods talk to
     # nothing outside their cluster, and neither does a local adaptation.
     os.environ["NNCF_CI"] = "1"
