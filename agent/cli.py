@@ -159,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--max-memory-mib", type=_positive_float, help="peak memory limit of the process, MiB")
     a.add_argument(
+        "--serving-memory-limit-mib",
+        type=_positive_float,
+        help="memory limit of the container that will serve the variant, MiB: less serve's own floor (measured in"
+        " this environment) and its 128 MiB of buffers, it bounds what a variant itself may take",
+    )
+    a.add_argument(
         "--budget-trials",
         type=_budget,
         default=24,

@@ -146,6 +146,7 @@ def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path | None) -
             max_quality_drop=args.max_accuracy_drop,
             quality_metric=args.quality_metric,
             max_memory_mib=args.max_memory_mib,
+            max_variant_memory_mib=_variant_memory_bound(args.serving_memory_limit_mib),
         ),
         objective=Objective(
             latency_weight=args.latency_weight,
@@ -189,6 +190,17 @@ def _infeasible_message(report: Report, out_dir: Path) -> str:
     if report.slo_unmet_fallback is not None:
         message += f"; the fallback a cluster keeps serving, with the SLO unmet: {report.slo_unmet_fallback.describe()}"
     return message
+
+
+def _variant_memory_bound(limit_mib: float | None) -> float | None:
+    """What a serving container of ``limit_mib`` leaves a variant, serve's floor measured here
+    (core.control.memory_bound, as the cluster's Job does)."""
+    if limit_mib is None:
+        return None
+    from metainfer.agent.serve.floor import serve_floor_mib
+    from metainfer.core.control.memory_bound import variant_memory_bound_mib
+
+    return variant_memory_bound_mib(int(limit_mib), serve_floor_mib())
 
 
 def _warn_unusable_providers() -> None:
@@ -295,6 +307,8 @@ def _print_summary(report: Report) -> None:
         out.print(f"[bold yellow]{escape(report.fallback_note)}[/]", highlight=False)
     if report.quality_granularity_note:
         out.print(f"[yellow]warning:[/] {escape(report.quality_granularity_note)}", highlight=False)
+    if memory := report.memory_note():
+        out.print(f"memory: {escape(memory)}", highlight=False)
     if report.history is not None:
         _print_history(report)
     for note in report.space.notes:  # what the search left out or changed, and why

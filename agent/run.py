@@ -57,6 +57,7 @@ from metainfer.core.api.pod_contract import ENV_NODE_NAME
 from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
 from metainfer.core.api.vocabulary import Reason, RunStage
 from metainfer.core.control import checkpoint, runstatus, trial_history
+from metainfer.core.control.memory_bound import DATA_PLANE_BUFFERS_MIB
 from metainfer.core.engine.errors import MetainferError, ModelError
 from metainfer.core.engine.history import TrialHistory, source_from_report
 from metainfer.core.engine.history_use import MAX_SOURCES
@@ -155,7 +156,17 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
         unsupported = runstatus.unsupported_operators(info, outcome.profile)
         if unsupported is not None:
             raise unsupported
-        settings = runstatus.settings_from_spec(spec, measure_settings())
+        floor = 0.0
+        if spec.serving_memory_limit_mib is not None:  # what the serving container's limit leaves a variant
+            from metainfer.agent.serve.floor import serve_floor_mib
+
+            floor = serve_floor_mib()
+        settings = runstatus.settings_from_spec(spec, measure_settings(), serve_floor_mib=floor)
+        if (bound := settings.constraints.max_variant_memory_mib) is not None:
+            notes.append(
+                f"a variant may take {bound:.0f} MiB: the serving container's {spec.serving_memory_limit_mib} MiB less"
+                f" serve's own {floor:.0f} MiB in this image and {DATA_PLANE_BUFFERS_MIB} MiB of data-plane buffers"
+            )
         resumed, resumed_s = _checkpointed(writer.status)
         message = f"searching up to {settings.budget_trials} candidates ({settings.algorithm})"
         if resumed:

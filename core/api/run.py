@@ -94,6 +94,15 @@ class AdaptationRunSpec(ApiModel):
     scheduling: PolicyScheduling | None = Field(
         None, description="The policy's spec.scheduling when the run was made: how its Job is scheduled."
     )
+    serving_memory_limit_mib: int | None = Field(
+        None,
+        ge=1,
+        alias="servingMemoryLimitMiB",
+        description="The memory limit of the class's serving container when the run was made (the policy's "
+        "serving.resources, else the platform's serving defaults), MiB: the search keeps every candidate "
+        "below what it leaves a variant (less serve's own floor and its data plane's buffers), beside"
+        " slo.maxMemoryMiB. The policy's own limit is part of the run key.",
+    )
     history_from: list[Annotated[str, StringConstraints(min_length=1, max_length=253)]] = Field(
         default_factory=list,
         max_length=MAX_HISTORY_SOURCES,

@@ -21,6 +21,7 @@ from metainfer.core.api.policy import AdaptationPolicy, AdaptationPolicySpec, Cl
 from metainfer.core.api.run import AdaptationRun
 from metainfer.core.control.events import Event
 from metainfer.core.control.hardware import ClassGroup
+from metainfer.core.control.memory_bound import serving_memory_limit_mib
 from metainfer.core.control.objects import InvalidRun, annotation_of, generation_of, label_of, name_of
 from metainfer.core.control.pod_checks import PodCheck
 from metainfer.core.control.runkey import run_key
@@ -115,6 +116,8 @@ class ClassContext:
     # Derived from the fields above, once: every step of the class's planning reads them.
     drift_epoch: str | None = field(init=False)  # the salt of ``run_key``: the class's last confirmed latency drift
     rerun: str | None = field(init=False)  # the other salt: the policy's manual re-run request (rerun_request)
+    # The memory limit of the class's serving container (core.control.memory_bound): it bounds the run's search.
+    serving_memory_limit_mib: int | None = field(init=False)
     run_key: str = field(init=False)  # of the run the policy's current spec asks for
     current: AdaptationRun | None = field(init=False)  # the run of ``run_key``, if it exists
 
@@ -122,10 +125,14 @@ class ClassContext:
         epoch = drift_epoch(self.previous)
         rerun = rerun_request(self.policy)
         runtime = self.job_settings.runtime if self.job_settings else None
+        limit = serving_memory_limit_mib(
+            self.policy.spec.serving.resources, self.serving.resources if self.serving else None
+        )
         key = run_key(self.policy.spec, generation_of(self.policy), self.group.fingerprint, epoch, rerun, runtime)
         current = next((r for r in self.runs if label_of(r, LABEL_RUN_KEY) == key), None)
         object.__setattr__(self, "drift_epoch", epoch)  # a frozen dataclass sets its own derived fields this way
         object.__setattr__(self, "rerun", rerun)
+        object.__setattr__(self, "serving_memory_limit_mib", limit)
         object.__setattr__(self, "run_key", key)
         object.__setattr__(self, "current", current)
 

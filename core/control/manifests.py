@@ -162,10 +162,12 @@ def build_run(
     rerun: str | None = None,
     *,
     settings: AgentJobSettings | None = None,
+    serving_memory_limit_mib: int | None = None,
 ) -> dict[str, Any]:
     """The AdaptationRun for (policy, class) at the policy's current spec; its name is deterministic. The run
     records the image its Job runs and that image's runtime (``settings``), so the variant it validates can be
-    served by that image for as long as the platform's image runs another runtime (``serving_image``)."""
+    served by that image for as long as the platform's image runs another runtime (``serving_image``), and the
+    memory limit the class's serving pods run under (core.control.memory_bound), which bounds its search."""
     policy = as_policy(policy)
     spec, name, generation = policy.spec, name_of(policy), generation_of(policy)
     runtime = settings.runtime if settings else None
@@ -189,6 +191,7 @@ def build_run(
         runtime=runtime,
         image=settings.image if settings else None,
         scheduling=spec.scheduling if spec.scheduling != PolicyScheduling() else None,
+        serving_memory_limit_mib=serving_memory_limit_mib,
     )
     tolerations = [t.to_api() for t in spec.hardware.tolerations or []]
     return {

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from metainfer.core.api.policy import AdaptationPolicySpec
+from metainfer.core.control.memory_bound import serving_memory_limit_mib
 
 # Spec fields added after keys were first handed out: hashed only when set to something other than their default,
 # so an operator upgrade that adds one keeps every existing run key (and re-adapts nothing).
@@ -66,6 +67,9 @@ def run_key(
     ``rerun`` (the policy's metainfer.io/rerun annotation, a manual re-run) salts it the same way, and so does
     ``runtime`` (the ONNX Runtime build the platform's image runs: a variant's bytes and latency depend on it), so a
     chart upgrade that changes the runtime re-adapts each class, and one that does not changes no key.
+    The policy's own serving memory limit (``spec.serving.resources``) bounds the search (core.control.memory_bound),
+    so a new one adapts again; a policy without one keeps its key, and the platform's default limit, which bounds
+    its search too, is left out so that an operator upgrade re-adapts nothing.
     """
     del generation  # see docstring
     spec = _policy_spec(policy_spec)
@@ -85,6 +89,8 @@ def run_key(
         payload.append({"rerun": rerun})
     if runtime:
         payload.append({"runtime": runtime})
+    if (own_limit := serving_memory_limit_mib(spec.serving.resources, None)) is not None:
+        payload.append({"servingMemoryLimitMiB": own_limit})
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
 
 

@@ -86,6 +86,7 @@ def start_run(context: ClassContext, status: ClassStatus) -> ClassPlan:
         history_sources(context),
         context.rerun,
         settings=context.job_settings,
+        serving_memory_limit_mib=context.serving_memory_limit_mib,
     )
     run_name = manifest["metadata"]["name"]
     return ClassPlan(

@@ -25,6 +25,7 @@ from metainfer.core.api.run import (
     TrialSummary,
 )
 from metainfer.core.api.vocabulary import ConditionType, Reason, RunPhase, RunStage, TrialState
+from metainfer.core.control.memory_bound import variant_memory_bound_mib
 from metainfer.core.engine.errors import (
     UNSUPPORTED_MARKERS,
     FailureReason,
@@ -64,13 +65,17 @@ def space_overrides(space: BaseModel, knobs: Sequence[Knob] = KNOBS) -> dict[str
     return out
 
 
-def settings_from_spec(spec: AdaptationRunSpec, measure: MeasureSettings | None = None) -> AdaptSettings:
+def settings_from_spec(
+    spec: AdaptationRunSpec, measure: MeasureSettings | None = None, serve_floor_mib: float = 0.0
+) -> AdaptSettings:
     """Engine settings for one run.
 
     The batch is fixed (it is part of the run's key). Each objective weight is
     the engine's weight of the same term (scoring.Objective), so every weight
     the API accepts ranks candidates; the p99 bound has no engine counterpart
-    yet and is ignored.
+    yet and is ignored. ``serve_floor_mib``: serve's own resident memory in this image, which the Job measures
+    (metainfer.agent.serve.floor); with the serving container's memory limit it bounds each variant's own memory
+    (core.control.memory_bound).
     """
     data = spec.model.data
     base = measure or MeasureSettings()
@@ -86,6 +91,7 @@ def settings_from_spec(spec: AdaptationRunSpec, measure: MeasureSettings | None 
             max_quality_drop=spec.slo.max_quality_drop,
             quality_metric=spec.slo.quality_metric,
             max_memory_mib=float(spec.slo.max_memory_mib) if spec.slo.max_memory_mib is not None else None,
+            max_variant_memory_mib=variant_memory_bound_mib(spec.serving_memory_limit_mib, serve_floor_mib),
         ),
         objective=Objective(
             latency_weight=weights.latency,
@@ -345,6 +351,8 @@ def mark_succeeded(
         parts.append(report.fallback_note)
     if metrics is not None:
         parts.append(f"p95 {metrics.p95_ms:.3f} ms, {metrics.quality_metric} drop {metrics.quality_drop:.4f}")
+    if memory := report.memory_note():
+        parts.append(memory)
     if report.final is not None and report.final.kept_baseline:
         parts.append(report.final.note)
     elif report.final is not None:

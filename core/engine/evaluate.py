@@ -194,6 +194,7 @@ def evaluate(
         quality=quality,
         peak_memory_mib=(now_mib if floor_mib is None else floor_mib) + peak.mib,
         model_size_mib=len(model_bytes) / (1 << 20),
+        variant_memory_mib=peak.mib,
         early_stop=early,
     )
 

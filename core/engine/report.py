@@ -22,7 +22,7 @@ from metainfer.core.engine.history_use import HistoryUse
 from metainfer.core.engine.modelinfo import ModelInfo
 from metainfer.core.engine.profile.types import HardwareProfile
 from metainfer.core.engine.runoff import RunoffEntry
-from metainfer.core.engine.scoring import Constraints, Objective, closest_misses
+from metainfer.core.engine.scoring import Constraints, Objective, closest_misses, variant_memory
 from metainfer.core.engine.sensitivity import SensitivityReport
 from metainfer.core.engine.trial import Trial, TrialMetrics
 from metainfer.core.engine.validate import ValidationReport
@@ -173,6 +173,29 @@ class Report(BaseModel):
         if self.best is not None:
             return self.best
         return self.slo_unmet_fallback.trial if self.slo_unmet_fallback is not None else None
+
+    def memory_note(self) -> str:
+        """What the shipped variant weighs against FP32, and the memory bound that chose it, when there is a bound
+        or the variant's weights are low-bit (else empty): why a class's variant is as small as it is."""
+        shipped, fp32 = self.shipped(), self.baseline.metrics
+        constraints = self.settings.constraints
+        if shipped is None or shipped.metrics is None or fp32 is None:
+            return ""
+        bounded = constraints.max_memory_mib is not None or constraints.max_variant_memory_mib is not None
+        if not bounded and not shipped.recipe.transform.weights.bits:
+            return ""
+        m = shipped.metrics
+        parts = [
+            f"variant {m.model_size_mib:.1f} MiB (FP32 {fp32.model_size_mib:.1f} MiB), taking"
+            f" {variant_memory(m):.0f} MiB (FP32 {variant_memory(fp32):.0f} MiB), peak {m.peak_memory_mib:.0f} MiB"
+        ]
+        if (own := constraints.max_variant_memory_mib) is not None:
+            over = ", which FP32 exceeds" if variant_memory(fp32) > own else ""
+            parts.append(f"within the {own:.0f} MiB its serving container leaves it{over}")
+        if (bound := constraints.max_memory_mib) is not None:
+            over = f", which FP32's {fp32.peak_memory_mib:.0f} MiB exceeds" if fp32.peak_memory_mib > bound else ""
+            parts.append(f"within the memory SLO of {bound:.0f} MiB{over}")
+        return "; ".join(parts)
 
     def candidates(self) -> list[Trial]:
         """Every measured candidate, the FP32 baseline first."""

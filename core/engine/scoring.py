@@ -69,6 +69,13 @@ class Constraints(BaseModel):
         " data's labels and the outputs' shape.",
     )
     max_memory_mib: float | None = Field(None, gt=0, description="Largest allowed peak memory, MiB.")
+    max_variant_memory_mib: float | None = Field(
+        None,
+        gt=0,
+        description="Largest allowed memory of the variant itself (TrialMetrics.variant_memory_mib): what a serving "
+        "container's limit leaves it once serve's own floor and its data plane's buffers are taken "
+        "(core.control.memory_bound).",
+    )
 
 
 class Objective(BaseModel):
@@ -109,7 +116,18 @@ def violations(metrics: TrialMetrics, constraints: Constraints) -> list[str]:
     mem = metrics.peak_memory_mib
     if constraints.max_memory_mib is not None and mem > constraints.max_memory_mib:
         out.append(f"memory: peak {mem:.0f} MiB > limit {constraints.max_memory_mib:g} MiB")
+    own = variant_memory(metrics)
+    if constraints.max_variant_memory_mib is not None and own > constraints.max_variant_memory_mib:
+        out.append(
+            f"memory: the variant takes {own:.0f} MiB > the {constraints.max_variant_memory_mib:.0f} MiB its serving"
+            " container leaves it"
+        )
     return out
+
+
+def variant_memory(metrics: TrialMetrics) -> float:
+    """The variant's own memory; a report written before it was measured has only the process's peak."""
+    return metrics.variant_memory_mib if metrics.variant_memory_mib is not None else metrics.peak_memory_mib
 
 
 def _ratio(numerator: float, denominator: float) -> float:
@@ -224,6 +242,8 @@ def miss_distance(violation_list: list[str], metrics: TrialMetrics | None, const
         total += metrics.quality.drop * 100
     if constraints.max_memory_mib is not None:
         total += max(0.0, metrics.peak_memory_mib / constraints.max_memory_mib - 1)
+    if constraints.max_variant_memory_mib is not None:
+        total += max(0.0, variant_memory(metrics) / constraints.max_variant_memory_mib - 1)
     return total
 
 

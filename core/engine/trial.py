@@ -79,6 +79,13 @@ class TrialMetrics(BaseModel):
         "plus the variant's own growth while loading and running.",
     )
     model_size_mib: float = Field(ge=0)
+    variant_memory_mib: float | None = Field(
+        None,
+        ge=0,
+        description="What the variant itself added to the process's resident memory while loading and running: the "
+        "kernel's high-water mark above what the process held just before (None in reports written before it was "
+        "measured). What a serving process needs beyond its own floor.",
+    )
     early_stop: EarlyStop | None = Field(None, description="Why the measurement stopped early; None: measured in full.")
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import pytest
 import yaml
 from client_loop import LoopReport
@@ -1207,6 +1208,129 @@ def _probe_pod(platform: Platform, namespace: str) -> str:
     platform.kubectl("apply", "-f", "-", stdin=json.dumps(pod))
     platform.kubectl("wait", "--for=condition=Ready", "pod/probe", "-n", namespace, "--timeout=120s")
     return "probe"
+
+
+WIDE_VOCAB = "wide-vocab"
+WIDE_VOCAB_SERVING = f"app.kubernetes.io/component=serving,metainfer.io/policy={WIDE_VOCAB}"
+# 131,072 tokens x 256: a 128 MiB embedding table, most of the model. Its serving container gets 448 MiB, which
+# leaves a variant 448 - 128 (the data plane's buffers) - serve's own floor (138 MiB on the development machine),
+# about 180 MiB: the FP32 model takes about 270 (ONNX Runtime holds its weights twice while loading), 4-bit weights
+# with a 4-bit table a fifth of that. The Job (2 GiB here) peaks near 1 GiB on it.
+WIDE_VOCAB_SIZE, WIDE_VOCAB_LIMIT = 131_072, "448Mi"
+
+
+def _wide_vocab_example(directory: Path) -> tuple[Path, Path]:
+    from metainfer.agent.zoo.bert import BertConfig, build_bert_model
+
+    config = BertConfig(layers=2, hidden=256, heads=4, intermediate=1024, vocab=WIDE_VOCAB_SIZE)
+    model, data = directory / "model.onnx", directory / "data.npz"
+    onnx.save(build_bert_model(config), model)
+    ids = np.random.default_rng(0).integers(0, WIDE_VOCAB_SIZE, (32, 128)).astype(np.int64)
+    np.savez(data, input_ids=ids, attention_mask=np.ones_like(ids), token_type_ids=np.zeros_like(ids))
+    return model, data
+
+
+def _store_volume(platform: Platform, directory: Path, claim: str) -> None:
+    """A hostPath volume on the one node, claimed in the workload namespace: a policy's variant store."""
+    directory.mkdir(mode=0o777, exist_ok=True)
+    directory.chmod(0o777)  # the Job's non-root UID writes it
+    volume = {
+        "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": f"metainfer-e2e-{claim}"},
+        "spec": {"capacity": {"storage": "2Gi"}, "accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
+                 "persistentVolumeReclaimPolicy": "Retain", "hostPath": {"path": str(directory)}},
+    }  # fmt: skip
+    pvc = {
+        "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+        "metadata": {"name": claim, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": "manual",
+                 "volumeName": f"metainfer-e2e-{claim}", "resources": {"requests": {"storage": "2Gi"}}},
+    }  # fmt: skip
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": [volume, pvc]}))
+
+
+def test_a_serving_memory_limit_below_the_fp32_models_needs_is_met_by_low_bit_weights_and_nothing_is_oom_killed(
+    platform: Platform, tmp_path: Path
+) -> None:
+    """Issue 65: a policy whose serving container's memory limit the FP32 model cannot live in gets a low-bit
+    variant (its search bounded by what the limit leaves a variant), which serves through the policy's Service,
+    and no pod of the policy is OOM-killed. The variant comes from a variant store: a pod that rebuilt it would
+    hold the FP32 model while it quantizes."""
+    platform.kubectl("delete", "adaptationpolicies", "--all", "-n", WORKLOAD_NAMESPACE, "--wait", "--timeout=5m")
+    store = platform.plane.object_store
+    assert store is not None
+    model, data = _wide_vocab_example(tmp_path)
+    model_uri = store.put("team-a-models", "wide-vocab/1/model.onnx", model.read_bytes())
+    data_uri = store.put("team-a-models", "wide-vocab/1/data.npz", data.read_bytes())
+    secret = {"apiVersion": "v1", "kind": "Secret", "stringData": store.secret_keys(),
+              "metadata": {"name": "model-store", "namespace": WORKLOAD_NAMESPACE}}  # fmt: skip
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(secret))
+    _store_volume(platform, tmp_path / "variants", "wide-vocab-variants")
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    resources = {"cpu": "500m", "memory": WIDE_VOCAB_LIMIT}
+    policy = {
+        "apiVersion": "metainfer.io/v1alpha1",
+        "kind": "AdaptationPolicy",
+        "metadata": {"name": WIDE_VOCAB, "namespace": WORKLOAD_NAMESPACE},
+        "spec": {
+            "model": {
+                "uri": model_uri, "sha256": digest, "credentials": {"secretName": "model-store"},
+                "data": {"uri": data_uri, "sha256": hashlib.sha256(data.read_bytes()).hexdigest(),
+                         "calibrationSamples": 16, "validationSamples": 32},
+            },
+            "slo": {"latencyP95Ms": 5000, "maxQualityDrop": 0.02, "batchSize": 1},
+            # FP32 and weight-only points on ONNX Runtime, unfused: the memory wall is the point here, the other
+            # levers have their own tests, and a short search keeps the tier's time.
+            "searchSpace": {"quantization": ["fp32"], "runtimes": ["onnxruntime"], "fusions": ["none"],
+                            "activations": ["keep"], "graphOptimizationLevels": ["all"], "weightBits": [0, 4],
+                            "weightMethods": ["rtn"], "weightBlockSizes": [128], "weightAccuracyLevels": [0],
+                            "maxWeightKeepFloatLayers": 0},
+            "search": {"trialBudget": 6, "timeBudgetSeconds": 600},
+            "serving": {"replicas": 1, "variantStore": {"claimName": "wide-vocab-variants"},
+                        "resources": {"requests": resources, "limits": resources}},
+            "rollout": {"canaryReplicas": 0},
+        },
+    }  # fmt: skip
+    platform.kubectl("apply", "-f", "-", stdin=json.dumps(policy))
+    selector = f"metainfer.io/policy={WIDE_VOCAB}"
+
+    def succeeded() -> list[dict[str, Any]]:
+        runs: list[dict[str, Any]] = platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE, "-l", selector)["items"]
+        failed = [r for r in runs if r.get("status", {}).get("phase") == "Failed"]
+        assert not failed, json.dumps(failed[0].get("status"), indent=1)[:3000]
+        return [r for r in runs if r.get("status", {}).get("phase") == "Succeeded"]
+
+    run = platform.wait("the wide-vocabulary run to succeed", succeeded, 1200, 5)[0]
+    assert run["spec"]["servingMemoryLimitMiB"] == 512
+    recipe = Recipe.model_validate(run["status"]["bestRecipe"])
+    message = next(c["message"] for c in run["status"]["conditions"] if c["type"] == "Succeeded")
+    assert recipe.transform.weights.bits == 4 and recipe.transform.weights.embeddings, (recipe.describe(), message)
+    assert "its serving container leaves it, which FP32 exceeds" in message, message
+    platform.log(f"wide-vocab: {recipe.describe()}; {message[:600]}")
+
+    ready = platform.wait("a Ready wide-vocab serving pod", lambda: ready_serving_pods(platform, WIDE_VOCAB_SERVING),
+                          300, 2)  # fmt: skip
+    assert ready[0]["spec"]["containers"][0]["resources"]["limits"]["memory"] == WIDE_VOCAB_LIMIT
+    cluster_ip = platform.get("service", WIDE_VOCAB, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
+    platform.wait("the wide-vocab Service to route", lambda: model_ready_at(cluster_ip, WIDE_VOCAB), 60, 0.5)
+    client = tritonhttp.InferenceServerClient(f"{cluster_ip}:8080")
+    ids = np.random.default_rng(1).integers(0, WIDE_VOCAB_SIZE, (1, 128)).astype(np.int64)
+    for _ in range(20):
+        inputs = []
+        for name, array in (("input_ids", ids), ("attention_mask", np.ones_like(ids)),
+                            ("token_type_ids", np.zeros_like(ids))):  # fmt: skip
+            request = tritonhttp.InferInput(name, list(array.shape), "INT64")
+            request.set_data_from_numpy(array, binary_data=True)
+            inputs.append(request)
+        answer = client.infer(WIDE_VOCAB, inputs)
+        assert answer.get_response()["outputs"]
+    pods = platform.get("pods", "-n", WORKLOAD_NAMESPACE, "-l", selector)["items"]
+    for pod in pods:
+        for status in pod["status"].get("containerStatuses", []) + pod["status"].get("initContainerStatuses", []):
+            ended = [s.get("terminated", {}) for s in (status.get("state", {}), status.get("lastState", {}))]
+            assert all(e.get("reason") != "OOMKilled" for e in ended), (pod["metadata"]["name"], status)
+            if pod["metadata"]["labels"].get("app.kubernetes.io/component") == "serving":
+                assert status["restartCount"] == 0, (pod["metadata"]["name"], status)
+    platform.kubectl("delete", "adaptationpolicy", WIDE_VOCAB, "-n", WORKLOAD_NAMESPACE, "--wait", "--timeout=3m")
 
 
 def test_the_charts_network_policies_are_enforced_on_the_node(platform: Platform, digits_example: ExampleModel) -> None:

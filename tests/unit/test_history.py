@@ -40,7 +40,8 @@ from metainfer.core.engine.search.space import Dimension, Point, Space
 from metainfer.core.engine.trial import TrialStatus
 
 Digits = tuple[bytes, ModelInfo, Dataset]
-SMALL = {"keep_float": [0], "execution_mode": ["sequential"]}
+# Float weights: the int4 anchors (core.engine.anchors) would be measured before the history's predicted best.
+SMALL = {"keep_float": [0], "execution_mode": ["sequential"], "weight_bits": [0]}
 
 
 def _fake() -> FakeMeasurer:

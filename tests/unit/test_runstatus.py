@@ -15,7 +15,7 @@ from metainfer.core.engine.errors import DataError, InputError, ModelError, NoFe
 from metainfer.core.engine.evaluate import MeasureSettings
 from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo
 from metainfer.core.engine.profile.types import HardwareProfile, MachineInfo, OpSupport
-from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec
+from metainfer.core.engine.recipe import QuantizationSpec, Recipe, SessionSpec, TransformSpec, WeightSpec
 from metainfer.core.engine.report import (
     AdaptSettings,
     FinalComparison,
@@ -482,3 +482,31 @@ def test_a_fallback_note_reaches_the_succeeded_message() -> None:
     )
     succeeded = get_condition(done.conditions, "Succeeded")
     assert succeeded is not None and note in succeeded.message
+
+
+def test_the_status_says_what_a_low_bit_variant_weighs_and_the_memory_bound_that_chose_it() -> None:
+    """Issue 65: a class's variant says what it weighs against FP32 and which memory bound FP32 missed."""
+    small = metrics(4.0).model_copy(update={"peak_memory_mib": 180.0, "model_size_mib": 3.3})
+    best = trial(1, "feasible", score=2.0).model_copy(
+        update={"recipe": Recipe(transform=TransformSpec(weights=WeightSpec(bits=4))), "metrics": small}
+    )
+    done = report([best], best)
+    fp32 = done.baseline.model_copy(
+        update={"metrics": metrics(10.0).model_copy(update={"peak_memory_mib": 320.0, "model_size_mib": 20.6})}
+    )
+    bounded = done.model_copy(
+        update={
+            "baseline": fp32,
+            "settings": done.settings.model_copy(update={"constraints": Constraints(max_memory_mib=256.0)}),
+        }
+    )
+    assert bounded.memory_note() == (
+        "variant 3.3 MiB (FP32 20.6 MiB), taking 180 MiB (FP32 320 MiB), peak 180 MiB; within the memory SLO of"
+        " 256 MiB, which FP32's 320 MiB exceeds"
+    )
+    status = runstatus.mark_succeeded(AdaptationRunStatus(), 1, bounded, [], variant_sha256="b" * 64)
+    succeeded = get_condition(status.conditions, "Succeeded")
+    assert succeeded is not None and bounded.memory_note() in succeeded.message
+    unbounded = done.model_copy(update={"baseline": fp32})
+    assert unbounded.memory_note() == "variant 3.3 MiB (FP32 20.6 MiB), taking 180 MiB (FP32 320 MiB), peak 180 MiB"
+    assert report([trial(1, "feasible", score=2.0)], None).memory_note() == ""  # nothing shipped, no bound
