@@ -83,7 +83,7 @@ def check_and_choose(
     source: ModelSourceArgs, recipe: Recipe, budget: CheckBudget, workdir: Path
 ) -> tuple[tuple[bytes, Recipe], OnNodeCheck]:
     """((the bytes to serve, their recipe), what the check found). Raises only when the base model is unusable."""
-    info, base = fetch_base(source, workdir)
+    info, base, _ = fetch_base(source, workdir)
     data, data_problem = _samples(source, info, workdir)
     try:
         variant = variant_bytes(source, recipe, info, base, workdir)

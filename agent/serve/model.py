@@ -31,7 +31,7 @@ from metainfer.core.api.pod_contract import FLAG_DATA_URI
 from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.errors import DataError, ModelError
 from metainfer.core.engine.index_inputs import IndexBound, index_bounds
-from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo, inspect_model
+from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo, inspect_model, load_model
 from metainfer.core.engine.recipe import Recipe, TransformSpec
 from metainfer.core.engine.runtime import Session, create_session
 from metainfer.core.engine.transforms import build_variant
@@ -88,13 +88,23 @@ class LoadedModel:
 
 
 def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> LoadedModel:
-    """Fetch, verify, build or check the variant, create the session and warm it up."""
+    """Fetch, verify, build or check the variant, create the session and warm it up.
+
+    A variant the store holds under the sha256 the run validated is served without fetching the base model: its
+    provenance names the base, its inputs and tables are the base's, and a pod under a tight memory limit (what
+    weight-only quantization is for) would otherwise hold the FP32 model while it starts: a 134 MiB base took a
+    4-bit variant's pod to 549 MiB for a moment, then 167."""
     with tempfile.TemporaryDirectory(prefix="metainfer-serve-") as tmp:
         workdir = Path(tmp)
-        info, base = fetch_base(source, workdir)
-        variant = variant_bytes(source, recipe, info, base, workdir)
+        stored = _stored_variant(source, recipe)
+        if stored is not None:
+            variant, info, bounds = stored, *_described(stored, source, workdir)
+        else:
+            info, base, bounds = fetch_base(source, workdir)
+            variant = variant_bytes(source, recipe, info, base, workdir)
+            del base
     session = _session(variant, recipe, source)
-    signature = _signature(session, info, recipe, max_batch, _index_bounds(base))
+    signature = _signature(session, info, recipe, max_batch, bounds)
     loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
     length = _warm_up(loaded, recipe)
     loaded.batch_major = _batch_major(loaded, length)
@@ -116,13 +126,45 @@ def _session(variant: bytes, recipe: Recipe, source: ModelSourceArgs) -> Session
     return session
 
 
-def fetch_base(source: ModelSourceArgs, workdir: Path) -> tuple[ModelInfo, bytes]:
-    """The base model, fetched into ``workdir`` and verified against its sha256, and what it takes and gives."""
+def fetch_base(source: ModelSourceArgs, workdir: Path) -> tuple[ModelInfo, bytes, dict[str, IndexBound]]:
+    """The base model, fetched into ``workdir`` and verified against its sha256, what it takes and gives, and the
+    inputs that index its tables (parsed once: a large model's graph is not held twice)."""
     base_path = fetch(
         source.model_uri, workdir / "model.onnx", expected_sha256=source.model_sha256,
         namespace=source.namespace, configmaps=_configmaps(source.model_uri), what="model",
     )  # fmt: skip
-    return _inspect(base_path, source.model_uri), base_path.read_bytes()
+    try:
+        model = load_model(base_path)
+    except ModelError as exc:  # name the URI the operator wrote, not the temp file
+        raise ModelError(source.model_uri, exc.problem) from exc
+    info = _inspect(base_path, source.model_uri, model)
+    bounds = _index_bounds(model)
+    del model
+    return info, base_path.read_bytes(), bounds
+
+
+def _stored_variant(source: ModelSourceArgs, recipe: Recipe) -> bytes | None:
+    """The store's copy of the variant the run validated, its provenance checked, or None (then it is rebuilt)."""
+    expected = source.variant_sha256
+    if source.variant_path is not None or expected is None or source.variant_store is None:
+        return None
+    stored = variant_store.get(source.variant_store, expected)
+    if stored is None or source.model_sha256 is None:
+        return None
+    variant = _checked_variant_bytes(stored, str(source.variant_store), source.model_sha256, recipe.transform)
+    log.info("variant %s loaded from the store %s (no rebuild; the base model is not fetched)", expected,
+             source.variant_store)  # fmt: skip
+    return variant
+
+
+def _described(variant: bytes, source: ModelSourceArgs, workdir: Path) -> tuple[ModelInfo, dict[str, IndexBound]]:
+    """What a stored variant takes and gives (the base's inputs and outputs, under the base's sha256) and the
+    inputs that index its tables."""
+    path = workdir / "variant.onnx"
+    path.write_bytes(variant)
+    model = onnx.load_from_string(variant)
+    info = _inspect(path, source.model_uri, model)
+    return info.model_copy(update={"sha256": source.model_sha256}), _index_bounds(model)
 
 
 def variant_bytes(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, base: bytes, workdir: Path) -> bytes:
@@ -154,9 +196,9 @@ def variant_bytes(source: ModelSourceArgs, recipe: Recipe, info: ModelInfo, base
     return variant
 
 
-def _inspect(path: Path, uri: str) -> ModelInfo:
+def _inspect(path: Path, uri: str, model: onnx.ModelProto | None = None) -> ModelInfo:
     try:
-        return inspect_model(path)
+        return inspect_model(path, model)
     except ModelError as exc:  # name the URI the operator wrote, not the temp file
         raise ModelError(uri, exc.problem) from exc
 
@@ -211,9 +253,9 @@ def _checked_variant_bytes(data: bytes, where: str, base_sha256: str, transform:
     return data
 
 
-def _index_bounds(base: bytes) -> dict[str, IndexBound]:
-    """The inputs that index a constant table of the base model (the variant keeps its inputs and tables)."""
-    bounds = index_bounds(onnx.load_from_string(base))
+def _index_bounds(model: onnx.ModelProto) -> dict[str, IndexBound]:
+    """The inputs that index a constant table of the model (a variant keeps the base's inputs and tables)."""
+    bounds = index_bounds(model)
     for bound in bounds.values():
         log.info("input %r indexes %r: ids outside [%d, %d] are refused", bound.input, bound.table, -bound.rows,
                  bound.rows - 1)  # fmt: skip

@@ -7,9 +7,10 @@ checks such inputs against their table before any runtime sees them (``agent.ser
 same request gets the same answer whatever runtime a hardware class ships.
 
 An input counts as an index when it reaches the indices of a Gather (or of ONNX Runtime's fused
-EmbedLayerNormalization) only through operators that keep every value as it is (Cast, Reshape, Unsqueeze...), and
-the table is a constant of the graph, so its size is known without running anything. Anything else (ids offset by
-an Add, a table computed at run time) is left to the runtime: a bound the graph does not fix is not guessed.
+EmbedLayerNormalization, or its 4-bit GatherBlockQuantized) only through operators that keep every value as it is
+(Cast, Reshape, Unsqueeze...), and the table is a constant of the graph, so its size is known without running
+anything. Anything else (ids offset by an Add, a table computed at run time) is left to the runtime: a bound the
+graph does not fix is not guessed.
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ def _tables_reached(
             elif node.op_type == "Gather" and len(node.input) > 1 and node.input[1] == tensor:
                 axis = next((a.i for a in node.attribute if a.name == "axis"), 0)
                 found.extend(_rows(node.input[0], axis, producers, constants))
+            elif node.op_type == "GatherBlockQuantized" and len(node.input) > 1 and node.input[1] == tensor:
+                # A 4-bit table (weight-only quantization's embeddings) packs two values a byte along its quantized
+                # axis: its rows are whole along any other.
+                attributes = {a.name: a.i for a in node.attribute}
+                axis, packed = attributes.get("gather_axis", 0), attributes.get("quantize_axis", 1)
+                if axis != packed:
+                    found.extend(_rows(node.input[0], axis, producers, constants))
             elif node.op_type == "EmbedLayerNormalization":
                 for position, table in _EMBED_LAYER_NORM:
                     if len(node.input) > max(position, table) and node.input[position] == tensor:

@@ -1300,7 +1300,7 @@ def test_a_serving_memory_limit_below_the_fp32_models_needs_is_met_by_low_bit_we
         return [r for r in runs if r.get("status", {}).get("phase") == "Succeeded"]
 
     run = platform.wait("the wide-vocabulary run to succeed", succeeded, 1200, 5)[0]
-    assert run["spec"]["servingMemoryLimitMiB"] == 512
+    assert run["spec"]["servingMemoryLimitMiB"] == 448
     recipe = Recipe.model_validate(run["status"]["bestRecipe"])
     message = next(c["message"] for c in run["status"]["conditions"] if c["type"] == "Succeeded")
     assert recipe.transform.weights.bits == 4 and recipe.transform.weights.embeddings, (recipe.describe(), message)
