@@ -166,6 +166,7 @@ def test_nncf_and_gptq_quantize_with_the_calibration_samples(encoder: onnx.Model
         WeightSpec(bits=4, method="nncf", block_size=32, symmetric=True),
         WeightSpec(bits=8, method="nncf"),
         WeightSpec(bits=4, method="nncf_awq", block_size=32),
+        WeightSpec(bits=4, method="nncf", block_size=32, ratio=0.6),
     ):
         variant = build_variant(base, TransformSpec(weights=spec), calibration)
         assert _weights_bytes(variant) < _weights_bytes(base), spec
@@ -210,3 +211,17 @@ def test_the_space_offers_weight_only_points_on_fp32_only_and_each_builds_its_re
 def test_a_policy_can_switch_weight_only_quantization_off(tmp_path: Path, encoder: onnx.ModelProto) -> None:
     space, _ = _space(tmp_path, encoder, overrides={"weight_bits": (0,)})
     assert {p["weight_bits"] for p in space.allowed_points()} == {0}
+
+
+def test_nncf_keeps_its_most_sensitive_share_at_8_bits(encoder: onnx.ModelProto) -> None:
+    pytest.importorskip("nncf")
+    base = encoder.SerializeToString()
+
+    def int4_tensors(ratio: float) -> int:
+        spec = TransformSpec(weights=WeightSpec(bits=4, method="nncf", ratio=ratio))
+        variant = onnx.load_from_string(build_variant(base, spec))
+        return sum(t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) for t in variant.graph.initializer)
+
+    assert 0 < int4_tensors(0.6) < int4_tensors(1.0)
+    with pytest.raises(ValidationError, match="ratio"):
+        WeightSpec(bits=4, ratio=0.8)  # ONNX Runtime's quantizer has no such mix

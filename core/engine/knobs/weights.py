@@ -1,4 +1,5 @@
-"""Weight-only quantization knobs: bits, method, block size, symmetry, accuracy level, embeddings, layers kept.
+"""Weight-only quantization knobs: bits, method, block size, symmetry, accuracy level, embeddings, layers kept,
+and NNCF's share of int4.
 
 Weights in 4 or 8 bits with float activations (``core.engine.transforms.weights``) are their own lever beside
 the activation formats: they shrink what a node must hold (a memory wall the policy or the class sets), and speed
@@ -15,7 +16,14 @@ from typing import TYPE_CHECKING, Literal
 
 from metainfer.core.engine.knobs.base import ChoiceList, Knob, SpaceContext, UpTo, as_int, point_rule
 from metainfer.core.engine.knobs.quantization import keep_count
-from metainfer.core.engine.recipe import ORT_WEIGHT_METHODS, WEIGHT_RANKING, WeightBits, WeightBlock, WeightMethod
+from metainfer.core.engine.recipe import (
+    ORT_WEIGHT_METHODS,
+    WEIGHT_RANKING,
+    WeightBits,
+    WeightBlock,
+    WeightMethod,
+    WeightRatio,
+)
 
 if TYPE_CHECKING:
     from metainfer.core.engine.knobs.base import Predicate, RankedLayers
@@ -202,6 +210,30 @@ WEIGHT_EMBEDDINGS = Knob(
 )
 
 
+@point_rule
+def _ratio_is_nncfs_int4(p: Point) -> bool:
+    """Only NNCF mixes 4 and 8 bits by its own sensitivity metric; elsewhere the knob is pinned to all 4 bits."""
+    return p["weight_ratio"] == 1.0 or (p["weight_bits"] == 4 and p["weight_method"] in ("nncf", "nncf_awq"))
+
+
+WEIGHT_RATIO = Knob(
+    name="weight_ratio",
+    values=_where_weights(1.0, 0.8, 0.6),
+    recipe_field="transform.weights.ratio",
+    spread=0.05,
+    cast=float,
+    rules=(_ratio_is_nncfs_int4,),
+    backfill=(1.0,),
+    override=ChoiceList(
+        "weight_int4_ratios",
+        290,
+        WeightRatio,
+        max_items=3,
+        description="NNCF int4: shares of the compressed weights in 4 bits (the rest, its most sensitive, in 8).",
+    ),
+)
+
+
 def _weight_keep_values(context: SpaceContext) -> tuple[Scalar, ...]:
     layers = min(context.options.weight_layers, context.sensitive_layers)
     return tuple(sorted({keep_count(f, layers) for f in context.options.keep_float_fractions}))
@@ -244,4 +276,5 @@ KNOBS: tuple[Knob, ...] = (
     WEIGHT_ACCURACY_LEVEL,
     WEIGHT_EMBEDDINGS,
     WEIGHT_KEEP_FLOAT,
+    WEIGHT_RATIO,
 )
