@@ -17,7 +17,7 @@ DEMO_DIR ?= build/demo
 
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: venv helm image image-check test-image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e beside-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean help
+.PHONY: venv helm image image-check test-image lock e2e exports test-unit test-integration test-integration-shared test-integration-alone test-e2e beside-e2e test-exports bench-deps bench bench-adaptation bench-export-matrix bench-cnn-matrix bench-runtime-choice bench-ocr-matrix bench-graph-levers bench-weights bench-search bench-warm-start bench-real-node bench-continuity bench-scale bench-serving bench-olive device-check demo demo-cluster test unit integration lint crds cluster-up cluster-down assets clean help
 
 # hack/, bench/ and testkit/ are development packages (`hack`, `bench`, `testkit`) with their own
 # pyproject.toml: installed editable here, never part of the metainfer wheel. testkit holds what tests and
@@ -66,6 +66,8 @@ bench-ocr-matrix: bench-deps
 # Spelled-out activations as exported vs as one operator, per model, format and runtime (about 2 min a model).
 bench-graph-levers: bench-deps
 	$(BIN)/python bench/graph_levers.py
+bench-weights: bench-deps
+	$(BIN)/python bench/weights.py
 bench-search: bench-deps
 	$(BIN)/python bench/search_efficiency.py
 bench-warm-start: bench-deps
@@ -258,6 +260,7 @@ help:
 	@echo '  bench-runtime-choice            both runtimes, five contenders per model (about 3 min a model)'
 	@echo '  bench-ocr-matrix                PP-OCRv4 against every peer, with task quality (about 10 min)'
 	@echo '  bench-graph-levers              spelled-out activations against one operator (about 2 min a model)'
+	@echo '  bench-weights                   low-bit weights side by side, picks under memory budgets (about 15 min)'
 	@echo '  bench-search                    search efficiency against random, grid, evolution, Bayes and TPE'
 	@echo '  bench-warm-start                warm start from history'
 	@echo '  bench-serving                   metainfer serve against the kserve ModelServer'

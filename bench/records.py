@@ -346,6 +346,12 @@ class GraphLeversResult(Record):
     rows: list[dict[str, Any]]
 
 
+class WeightsResult(Record):
+    """bench/weights.py: per model, the fixed weight variants measured, and metainfer's pick per memory budget."""
+
+    rows: list[dict[str, Any]]
+
+
 class RuntimeChoiceResult(Record):
     """bench/runtime_choice.py: one row per model, the runtime the search picked and five contenders' latency."""
 

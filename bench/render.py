@@ -130,6 +130,12 @@ def _graph_levers(r: records.GraphLeversResult) -> str:
     return graph_levers.render(r.model_dump())
 
 
+def _weights(r: records.WeightsResult) -> str:
+    from bench import weights
+
+    return weights.render(r.model_dump())
+
+
 # Titles are data: the one place a section's heading is written.
 SECTIONS: dict[str, Section] = {
     "adaptation": Section("Adaptation quality", records.AdaptationResult, _adaptation),
@@ -148,6 +154,7 @@ SECTIONS: dict[str, Section] = {
     "graph_levers": Section(
         "Graph levers: spelled-out activations as one operator", records.GraphLeversResult, _graph_levers
     ),
+    "weights": Section("Low-bit weights and memory budgets", records.WeightsResult, _weights),
     "search_efficiency": Section("Search efficiency", records.SearchEfficiencyResult, _search_efficiency),
     "warm_start": Section("Warm start across hardware classes", records.WarmStartResult, _warm_start),
     "operator_scale": Section("Operator scale on the real control plane", records.OperatorScaleResult, _operator_scale),
