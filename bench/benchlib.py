@@ -37,6 +37,7 @@ SECTIONS = (
     "export_matrix",
     "cnn_matrix",
     "runtime_choice",
+    "weights",
     "search_efficiency",
     "warm_start",
     "operator_scale",
