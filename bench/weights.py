@@ -1,13 +1,12 @@
 """Low-bit weights side by side: the fixed variants users reach for, and metainfer's pick under memory budgets.
 
-Per model, in one process: FP32, ONNX Runtime's int8 dynamic, ONNX Runtime's int4 weight-only
-(round-to-nearest, blocks of 32 and 128), FP32 and NNCF's int4 weight compression on OpenVINO; each measured the
-way the search measures a candidate (warm-up, then timed runs: median and p95), at batch 1 and at the policy
-batch, with its weight bytes (the variant's initializers), the memory it takes itself at the policy batch (the
-kernel's high-water mark of the process while it loads and runs, above what the process held just before: what
-the search bounds with a serving container's limit) and its quality against FP32 (the search's metric: mean-pooled
-cosine similarity for these encoders). ONNX Runtime's HQQ and GPTQ import torch, which this environment does not
-have: their rows say so.
+Per model, in one process: FP32, ONNX Runtime's int8 dynamic, ONNX Runtime's int4 weight-only (round-to-nearest,
+blocks of 32 and 128; HQQ and GPTQ where torch is importable), FP32 and NNCF's int4 weight compression on OpenVINO;
+each measured the way the search measures a candidate (warm-up, then timed runs: median and p95), at batch 1 and at
+the policy batch, with its weight bytes (the variant's initializers), the memory it takes itself at the policy
+batch (the kernel's high-water mark of the process while it loads and runs, above what the process held just
+before: what the search bounds with a serving container's limit) and its quality against FP32 (the search's metric:
+mean-pooled cosine similarity for these encoders). Without torch, the HQQ and GPTQ rows say why they were not run.
 
 Then ``metainfer adapt``'s pipeline runs three times on the same measurer: without a memory budget, and with the
 memory FP32 would take if its weights took half, then a quarter, of their bytes (FP32's own memory less that share
@@ -64,10 +63,14 @@ FIXED: dict[str, dict[str, Any]] = {
         "session": {"runtime": "openvino"},
     },
 }  # fmt: skip
-NOT_RUN = {
-    "ORT int4 HQQ": "ONNX Runtime's HQQ imports torch, which this environment does not have",
-    "ORT int4 GPTQ": "ONNX Runtime's GPTQ (its vendored neural-compressor) imports torch",
-}
+# ONNX Runtime's HQQ and GPTQ import torch: measured where the environment has it (the export peers' CPU torch
+# layer on PYTHONPATH does), else their rows say why not.
+TORCH_ONLY: dict[str, dict[str, Any]] = {
+    "ORT int4 HQQ, block 32": {"transform": {"weights": {"bits": 4, "method": "hqq", "block_size": 32}}},
+    "ORT int4 GPTQ, block 32": {"transform": {"weights": {"bits": 4, "method": "gptq", "block_size": 32,
+                                                          "symmetric": True}}},
+}  # fmt: skip
+NOT_RUN_WITHOUT_TORCH = "ONNX Runtime's HQQ and GPTQ import torch, which this environment does not have"
 
 
 def _models(directory: Path, only: list[str] | None) -> dict[str, tuple[bytes, Dataset]]:
@@ -121,7 +124,11 @@ def run_model(name: str, base: bytes, data: Dataset, trials: int) -> dict[str, A
     # A first measurement warms the process (allocator, thread pools, caches) for every variant alike.
     measurer.measure(base, Recipe(batch=1), data, data, references[1], TIMING)
     rows, failures = [], {}
-    for label, fields in FIXED.items():
+    from metainfer.core.engine.transforms.weights import torch_available
+
+    fixed = {**FIXED, **TORCH_ONLY} if torch_available() else FIXED
+    not_run = {} if torch_available() else {label: NOT_RUN_WITHOUT_TORCH for label in TORCH_ONLY}
+    for label, fields in fixed.items():
         recipe = Recipe.model_validate({**fields, "session": {**fields.get("session", {}), "intra_op_num_threads": 2}})
         try:
             variant = build_variant(base, recipe.transform, calibration)
@@ -156,7 +163,7 @@ def run_model(name: str, base: bytes, data: Dataset, trials: int) -> dict[str, A
             pick["band"] = report.latency_noise_band
             pick["verdict"] = _verdict(pick, rows, limit, report.latency_noise_band)
         picks.append(pick)
-    return {"model": name, "fp32_weight_mib": rows[0]["weight_mib"], "rows": rows, "not_run": NOT_RUN,
+    return {"model": name, "fp32_weight_mib": rows[0]["weight_mib"], "rows": rows, "not_run": not_run,
             "failures": failures, "picks": picks}  # fmt: skip
 
 

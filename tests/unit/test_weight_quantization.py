@@ -225,3 +225,17 @@ def test_nncf_keeps_its_most_sensitive_share_at_8_bits(encoder: onnx.ModelProto)
     assert 0 < int4_tensors(0.6) < int4_tensors(1.0)
     with pytest.raises(ValidationError, match="ratio"):
         WeightSpec(bits=4, ratio=0.8)  # ONNX Runtime's quantizer has no such mix
+
+
+def test_hqq_and_gptq_write_matmulnbits_where_torch_is_importable(encoder: onnx.ModelProto) -> None:
+    """ONNX Runtime's HQQ and GPTQ import torch, which the image does not carry (the knob leaves them out there);
+    where torch is, they quantize the model at its own opset (GPTQ loses a value name after an opset conversion)."""
+    pytest.importorskip("torch")
+    base = encoder.SerializeToString()
+    reference = _run(base, _feed())
+    calibration = Dataset({k: np.concatenate([_feed(seed=s)[k] for s in range(4)]) for k in _feed()})
+    for spec in (WeightSpec(bits=4, method="hqq", block_size=32), WeightSpec(bits=4, method="gptq", symmetric=True)):
+        variant = build_variant(base, TransformSpec(weights=spec), calibration)
+        assert _ops(variant).get("MatMulNBits") == len(weight_matmuls(encoder)), spec
+        for got, want in zip(_run(variant, _feed()), reference, strict=True):
+            assert float(np.abs(got - want).max()) < 0.2 * float(np.abs(want).max()), spec

@@ -101,7 +101,7 @@ def _with_onnxruntime(model: onnx.ModelProto, spec: WeightSpec, calibration: Dat
     from onnxruntime.quantization import matmul_nbits_quantizer as nbits
 
     ops = ("MatMul", "Gather") if spec.embeddings else ("MatMul",)
-    if spec.embeddings or spec.bits == 4:
+    if spec.embeddings:  # int4 Gather tables are ONNX int4 tensors; MatMulNBits packs its own bytes at any opset
         model = _at_opset(model, INT4_OPSET)
     config: Any
     if spec.method == "rtn":
