@@ -42,7 +42,7 @@ ADDED_LATER: dict[tuple[str, str], Any] = {
             "weightAccuracyLevels",
             "weightEmbeddings",
             "maxWeightKeepFloatLayers",
-            "weightInt4Ratios",
+            "weightInt4Percents",
         )
     },
 }

@@ -55,9 +55,9 @@ WeightMethod = Literal["rtn", "hqq", "gptq", "nncf", "nncf_awq"]
 WEIGHT_METHODS: tuple[str, ...] = get_args(WeightMethod)
 ORT_WEIGHT_METHODS: tuple[str, ...] = ("rtn", "hqq", "gptq")
 WeightBlock = Literal[32, 64, 128]
-# NNCF's int4 share of the weights it compresses (the rest at 8 bits, the least sensitive by its own metric chosen
-# for 4): 1.0 all, 0.8 and 0.6 keep its most sensitive fifth or two fifths at 8 bits.
-WeightRatio = Literal[1.0, 0.8, 0.6]
+# NNCF's int4 share of the weights it compresses, in percent (the rest at 8 bits, the least sensitive by its own
+# metric chosen for 4): 100 all, 80 and 60 keep its most sensitive fifth or two fifths at 8 bits.
+WeightInt4Percent = Literal[100, 80, 60]
 # The sensitivity ranking of MatMuls under 4-bit weights, whose top a mixed point keeps in float.
 WEIGHT_RANKING = "int4_weights"
 
@@ -138,15 +138,15 @@ class WeightSpec(_Frozen):
     )
     embeddings: bool = Field(False, description="Embedding tables (Gather) to 4-bit GatherBlockQuantized too.")
     keep_float: tuple[str, ...] = Field((), description="MatMul nodes left in float (the most sensitive).")
-    ratio: WeightRatio = Field(
-        1.0, description="NNCF int4: the share of compressed weights in 4 bits, the rest (its most sensitive) at 8."
+    int4_percent: WeightInt4Percent = Field(
+        100, description="NNCF int4: the share of compressed weights in 4 bits, the rest (its most sensitive) at 8."
     )
 
     @model_validator(mode="after")
     def _consistent(self) -> WeightSpec:
         if self.bits == 0:
-            defaults = (self.method, self.block_size, self.symmetric, self.accuracy_level, self.embeddings, self.ratio)
-            if defaults != ("rtn", 128, False, 0, False, 1.0) or self.keep_float:
+            defaults = (self.method, self.block_size, self.symmetric, self.accuracy_level, self.embeddings)
+            if defaults != ("rtn", 128, False, 0, False) or self.int4_percent != 100 or self.keep_float:
                 raise ValueError("weights: bits 0 keeps float weights; leave the other weight fields at their defaults")
             return self
         ort = self.method in ORT_WEIGHT_METHODS
@@ -158,8 +158,8 @@ class WeightSpec(_Frozen):
             raise ValueError("weights: embedding tables are quantized by method rtn at 4 bits (GatherBlockQuantized)")
         if self.method == "gptq" and not self.symmetric:
             raise ValueError("weights: ONNX Runtime's gptq writes symmetric blocks; set symmetric")
-        if self.ratio != 1.0 and (ort or self.bits != 4):
-            raise ValueError("weights: ratio is NNCF's share of int4 weights: method nncf or nncf_awq, 4 bits")
+        if self.int4_percent != 100 and (ort or self.bits != 4):
+            raise ValueError("weights: int4_percent is NNCF's share of int4 weights: method nncf or nncf_awq, 4 bits")
         return self
 
 
@@ -428,8 +428,8 @@ def _describe_weights(w: WeightSpec) -> str:
         details.append(f"accuracy level {w.accuracy_level}")
     if w.embeddings:
         details.append("embeddings too")
-    if w.ratio != 1.0:
-        details.append(f"{w.ratio:.0%} in 4 bits, the rest in 8")
+    if w.int4_percent != 100:
+        details.append(f"{w.int4_percent} % in 4 bits, the rest in 8")
     if w.keep_float:
         details.append(f"{len(w.keep_float)} kept in float")
     return ", ".join(details)

@@ -476,7 +476,7 @@ _NO_WEIGHT_DIMS = [
     ("weight_accuracy_level", (0,)),
     ("weight_embeddings", (False,)),
     ("weight_keep_float", (0,)),
-    ("weight_ratio", (1.0,)),
+    ("weight_int4_percent", (100,)),
 ]
 _NO_WEIGHTS = "weight-only quantization left out: the model has no MatMul over a constant weight"
 for _snapshot in SNAPSHOTS.values():

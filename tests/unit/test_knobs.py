@@ -198,7 +198,7 @@ def test_the_policy_model_and_run_mapping_are_derived_from_the_knobs() -> None:
         "weight_accuracy_levels": "weight_accuracy_level",
         "weight_embeddings": "weight_embeddings",
         "max_weight_keep_float_layers": "weight_keep_float",
-        "weight_int4_ratios": "weight_ratio",
+        "weight_int4_percents": "weight_int4_percent",
     }
     assert list(pinned.items()) == list(runstatus.OVERRIDE_DIMENSIONS.items())
     assert list(pinned) == fields

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import onnx
@@ -166,7 +167,7 @@ def test_nncf_and_gptq_quantize_with_the_calibration_samples(encoder: onnx.Model
         WeightSpec(bits=4, method="nncf", block_size=32, symmetric=True),
         WeightSpec(bits=8, method="nncf"),
         WeightSpec(bits=4, method="nncf_awq", block_size=32),
-        WeightSpec(bits=4, method="nncf", block_size=32, ratio=0.6),
+        WeightSpec(bits=4, method="nncf", block_size=32, int4_percent=60),
     ):
         variant = build_variant(base, TransformSpec(weights=spec), calibration)
         assert _weights_bytes(variant) < _weights_bytes(base), spec
@@ -217,14 +218,14 @@ def test_nncf_keeps_its_most_sensitive_share_at_8_bits(encoder: onnx.ModelProto)
     pytest.importorskip("nncf")
     base = encoder.SerializeToString()
 
-    def int4_tensors(ratio: float) -> int:
-        spec = TransformSpec(weights=WeightSpec(bits=4, method="nncf", ratio=ratio))
+    def int4_tensors(percent: Literal[100, 80, 60]) -> int:
+        spec = TransformSpec(weights=WeightSpec(bits=4, method="nncf", int4_percent=percent))
         variant = onnx.load_from_string(build_variant(base, spec))
         return sum(t.data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4) for t in variant.graph.initializer)
 
-    assert 0 < int4_tensors(0.6) < int4_tensors(1.0)
-    with pytest.raises(ValidationError, match="ratio"):
-        WeightSpec(bits=4, ratio=0.8)  # ONNX Runtime's quantizer has no such mix
+    assert 0 < int4_tensors(60) < int4_tensors(100)
+    with pytest.raises(ValidationError, match="int4_percent"):
+        WeightSpec(bits=4, int4_percent=80)  # ONNX Runtime's quantizer has no such mix
 
 
 def test_hqq_and_gptq_write_matmulnbits_where_torch_is_importable(encoder: onnx.ModelProto) -> None:

@@ -21,8 +21,8 @@ from metainfer.core.engine.recipe import (
     WEIGHT_RANKING,
     WeightBits,
     WeightBlock,
+    WeightInt4Percent,
     WeightMethod,
-    WeightRatio,
 )
 
 if TYPE_CHECKING:
@@ -211,23 +211,23 @@ WEIGHT_EMBEDDINGS = Knob(
 
 
 @point_rule
-def _ratio_is_nncfs_int4(p: Point) -> bool:
+def _int4_percent_is_nncfs(p: Point) -> bool:
     """Only NNCF mixes 4 and 8 bits by its own sensitivity metric; elsewhere the knob is pinned to all 4 bits."""
-    return p["weight_ratio"] == 1.0 or (p["weight_bits"] == 4 and p["weight_method"] in ("nncf", "nncf_awq"))
+    return p["weight_int4_percent"] == 100 or (p["weight_bits"] == 4 and p["weight_method"] in ("nncf", "nncf_awq"))
 
 
-WEIGHT_RATIO = Knob(
-    name="weight_ratio",
-    values=_where_weights(1.0, 0.8, 0.6),
-    recipe_field="transform.weights.ratio",
+WEIGHT_INT4_PERCENT = Knob(
+    name="weight_int4_percent",
+    values=_where_weights(100, 80, 60),
+    recipe_field="transform.weights.int4_percent",
     spread=0.05,
-    cast=float,
-    rules=(_ratio_is_nncfs_int4,),
-    backfill=(1.0,),
+    cast=as_int,
+    rules=(_int4_percent_is_nncfs,),
+    backfill=(100,),
     override=ChoiceList(
-        "weight_int4_ratios",
+        "weight_int4_percents",
         290,
-        WeightRatio,
+        WeightInt4Percent,
         max_items=3,
         description="NNCF int4: shares of the compressed weights in 4 bits (the rest, its most sensitive, in 8).",
     ),
@@ -276,5 +276,5 @@ KNOBS: tuple[Knob, ...] = (
     WEIGHT_ACCURACY_LEVEL,
     WEIGHT_EMBEDDINGS,
     WEIGHT_KEEP_FLOAT,
-    WEIGHT_RATIO,
+    WEIGHT_INT4_PERCENT,
 )

@@ -161,7 +161,7 @@ def _with_nncf(model: onnx.ModelProto, spec: WeightSpec, calibration: Dataset | 
         advanced = nncf.AdvancedCompressionParameters(
             group_size_fallback_mode=nncf.GroupSizeFallbackMode.ADJUST, min_adjusted_group_size=16
         )
-        options |= {"group_size": spec.block_size, "ratio": spec.ratio, "advanced_parameters": advanced}
+        options |= {"group_size": spec.block_size, "ratio": spec.int4_percent / 100, "advanced_parameters": advanced}
     if spec.keep_float:
         options["ignored_scope"] = nncf.IgnoredScope(names=list(spec.keep_float), validate=False)
     if spec.method == "nncf_awq":
