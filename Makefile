@@ -158,7 +158,7 @@ demo-cluster: cluster-up
 # Each side prints its whole output when it ends (--output-sync), every tier runs even when another fails, and the
 # run fails if any failed.
 test: venv
-	@status=0; mkdir -p build; \
+	@status=0; mkdir -p build; $(BIN)/python -m hack.disk_check; \
 	setsid nice -n 19 $(BIN)/python -m hack.prefetch > build/prefetch.log 2>&1 & prefetch=$$!; \
 	trap 'kill -- -$$prefetch 2> /dev/null' EXIT; \
 	$(MAKE) --no-print-directory assets || status=1; \

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hack import cache_budget
 from hack.controlplane import apt, oci
 from hack.controlplane.assets import cache_root
 from hack.controlplane.assets import lock as file_lock
@@ -54,7 +55,11 @@ BASE_PACKAGES = ("python3", "python3-venv", "libstdc++6", "libgomp1", "ca-certif
 # The environment python:<version>-slim-bookworm gives its children that the Dockerfile relies on.
 BASE_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}
 IMAGE_REPOSITORY = "metainfer.local/metainfer"
-LAYER_CACHE_DAYS = 7  # a cached RUN layer no build used for this long is deleted (one per commit and flavour)
+LAYER_CACHE_DAYS = 7  # a cached RUN layer or wheelhouse no build used for this long is deleted
+# Every flavour's layers of one lock take about 15 GiB (tar and tree); older locks' layers are evicted, least
+# recently used first, beyond this, and whenever the filesystem has less than the floor free (hack/cache_budget.py).
+LAYER_CACHE_BUDGET_GIB = 20
+MIN_FREE_AFTER_BUILD_GIB = 24
 # Another ONNX Runtime release than the one pyproject resolves to: the image a chart upgrade that changes the runtime
 # brings (tests/e2e); tests/image builds and checks it first, so the e2e tier finds it made.
 OTHER_ONNXRUNTIME = "1.31.1"
@@ -151,6 +156,7 @@ def lock_wheelhouse(lock: Path, out: Path, log: Log = print) -> Path:
     house = out / "wheels" / hashlib.sha256(lock.read_bytes()).hexdigest()[:16]
     complete = house / ".complete"
     if complete.exists():
+        os.utime(house)  # its last use, which the cache budget evicts by
         return house
     if house.exists():
         shutil.rmtree(house)
@@ -295,7 +301,8 @@ def _build(
         digest = oci.write_archive(archive, name, layers, config, history=history)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    _prune_layers(layers_dir, keep={*layers, *lowers})
+    prune_image_cache(layers_dir, keep={*layers, *lowers})
+    _prune_wheelhouses(wheelhouse.parent.parent, wheelhouse)
     check_file.write_text(json.dumps(check))
     key_file.write_text(key)
     seconds = time.monotonic() - started
@@ -391,15 +398,27 @@ def _wheel_contents(wheel: Path) -> bytes:
     return digest.digest()
 
 
-def _prune_layers(layers_dir: Path, keep: set[Path]) -> None:
-    """Drop the cached layers (tar and tree) no build used for LAYER_CACHE_DAYS: one is left per commit."""
-    cutoff = time.time() - LAYER_CACHE_DAYS * 86400
-    for cached in layers_dir.iterdir():
-        if cached not in keep and cached.stat().st_mtime < cutoff:
-            if cached.is_dir():
-                shutil.rmtree(cached, ignore_errors=True)
-            else:
-                cached.unlink(missing_ok=True)
+def prune_image_cache(layers_dir: Path, keep: set[Path]) -> None:
+    """Evict the cached layers (tar and tree together) this build did not use, least recently used first, beyond
+    the layer budget or the free-space floor, and any unused for LAYER_CACHE_DAYS."""
+    names = {path.name.removesuffix(".tar") for path in layers_dir.iterdir()}
+    _evict_within_budget([[layers_dir / name, layers_dir / f"{name}.tar"] for name in sorted(names)], keep)
+
+
+def _prune_wheelhouses(work: Path, keep: Path) -> None:
+    houses = work / "wheels"
+    if houses.is_dir():
+        _evict_within_budget([[house] for house in houses.iterdir() if house.is_dir()], {keep})
+
+
+def _evict_within_budget(groups: list[list[Path]], keep: set[Path]) -> None:
+    cache_budget.evict(
+        [cache_budget.entry(group) for group in groups],
+        keep,
+        budget_bytes=LAYER_CACHE_BUDGET_GIB * cache_budget.GIB,
+        min_free_bytes=MIN_FREE_AFTER_BUILD_GIB * cache_budget.GIB,
+        max_age_s=LAYER_CACHE_DAYS * 86400,
+    )
 
 
 def _entrypoint_check(rootfs: Path, stage: dockerfile.RuntimeStage) -> dict[str, Any]:
