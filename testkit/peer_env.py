@@ -22,7 +22,7 @@ the venv, and a package the venv pins itself always wins. pip and setuptools,
 which a fresh venv already holds, are always installed into the venv, so the
 lock's version replaces the venv's bundled one as before.
 
-The venvs keep their paths (~/.cache/metainfer/{export,olive,openvino,kserve,tf2onnx}-venv).
+The venvs keep their paths (~/.cache/metainfer/{export,olive,openvino,kserve,tf2onnx,llm}-venv).
 """
 
 from __future__ import annotations
@@ -87,6 +87,15 @@ OPENVINO = PeerEnv(
 )
 KSERVE = PeerEnv("kserve", CACHE / "kserve-venv", BENCH / "requirements-kserve.txt", "kserve, onnxruntime")
 TF2ONNX = PeerEnv("tf2onnx", CACHE / "tf2onnx-venv", BENCH / "requirements-tf2onnx.txt", "tensorflow, tf2onnx")
+# SmolLM2's exporters (testkit/llm_exports.py): the export lock's pins plus gguf and onnxruntime-genai's builder.
+# Layered with both locks above so it sees their one layer (torch and its CUDA libraries), not a second copy.
+LLM = PeerEnv(
+    "llm exporters",
+    CACHE / "llm-venv",
+    BENCH / "requirements-llm.txt",
+    "torch, transformers, gguf, optimum.exporters.onnx, onnxruntime_genai.models",
+    (EXPORT_LOCK, OLIVE_LOCK),
+)
 
 
 @dataclass(frozen=True)
