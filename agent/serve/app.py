@@ -79,6 +79,7 @@ from metainfer.agent.serve.dataplane import (
     server_version,
 )
 from metainfer.agent.serve.encoding import content_encoding, inflate
+from metainfer.agent.serve.generation import OpenAiFrontEnd, start_generation
 from metainfer.agent.serve.metrics import CONTENT_TYPE
 from metainfer.agent.serve.protocol import (
     InferRequest,
@@ -112,6 +113,7 @@ class RestFrontEnd:
 
     def __init__(self, plane: DataPlane) -> None:
         self.plane = plane
+        self.generation: OpenAiFrontEnd | None = None  # set once a decoder is loaded
         self.in_flight = 0
         self.idle = asyncio.Event()
         self.idle.set()
@@ -132,9 +134,23 @@ class RestFrontEnd:
                 *(web.get(p, self.metadata) for p in (name, version)),
                 *(web.get(p + "/ready", self.model_ready) for p in (name, version)),
                 *(web.post(p + "/infer", self.infer) for p in (name, version)),
+                web.get("/v1/models", self._openai),
+                web.post("/v1/completions", self._openai),
+                web.post("/v1/chat/completions", self._openai),
             ]
         )
         return app
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        """The OpenAI-compatible routes: a decoder's (serve/generation.py), a clear 404 for any other model."""
+        if self.generation is None:
+            message = ("the model is still loading" if self.plane.model is None else
+                       "this model is not a decoder (no past key values): use /v2/models/{name}/infer")  # fmt: skip
+            status = 503 if self.plane.model is None else 404
+            return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
+        handler = {"/v1/models": self.generation.models, "/v1/completions": self.generation.completions,
+                   "/v1/chat/completions": self.generation.chat_completions}[request.path]  # fmt: skip
+        return await handler(request)
 
     @web.middleware
     async def _count_in_flight(self, request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -483,6 +499,8 @@ async def _serve(config: ServeConfig, grpc: FrontEndFactory | None) -> int:
             code = EXIT_INPUT if isinstance(error, InputError) or permanent_fetch else 1
         elif code == 0:
             plane.model = loading.result()
+            if plane.model.decoder is not None:
+                rest.generation = start_generation(plane, plane.model.decoder, loop)
             memory.freeze_startup_objects()
             plane.metrics.ready.set(1)
             log.info("serving %s", config.recipe.describe())
@@ -500,6 +518,8 @@ async def _serve(config: ServeConfig, grpc: FrontEndFactory | None) -> int:
         cut = cut or 1
     if cut and code == 0:
         code = EXIT_DRAIN_CUT
+    if rest.generation is not None:
+        rest.generation.service.close()
     if plane.batcher is not None:
         plane.batcher.close()
     plane.executor.shutdown(wait=False, cancel_futures=True)

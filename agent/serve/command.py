@@ -72,7 +72,16 @@ def grpc_port_from_args(args: argparse.Namespace) -> int:
 def config_from_args(args: argparse.Namespace) -> ServeConfig:
     """Check the flags and build the config; raises InputError naming the flag."""
     recipe = _recipe(args)
-    for flag in ("max_batch", "workers", "calibration_samples", "max_queue", "max_dynamic_dim", "batch_size"):
+    for flag in (
+        "max_batch",
+        "workers",
+        "calibration_samples",
+        "max_queue",
+        "max_dynamic_dim",
+        "batch_size",
+        "max_context",
+        "max_generating",
+    ):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise InputError(f"--{flag.replace('_', '-')}", f"must be >= 1, got {value}")
@@ -80,6 +89,8 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         value = getattr(args, flag)
         if not value > 0:
             raise InputError(f"--{flag.replace('_', '-')}", f"must be > 0 seconds, got {value}")
+    if not args.kv_cache_mib > 0:
+        raise InputError("--kv-cache-mib", f"must be > 0 MiB, got {args.kv_cache_mib}")
     if not args.max_unsent_mib > 0:
         raise InputError("--max-unsent-mib", f"must be > 0 MiB, got {args.max_unsent_mib}")
     sha256 = variant_sha256_from_args(args)
@@ -124,6 +135,9 @@ def config_from_args(args: argparse.Namespace) -> ServeConfig:
         batch_size=args.batch_size,
         max_queue_delay_s=_non_negative(args.max_queue_delay_ms, FLAG_MAX_QUEUE_DELAY_MS) / 1000,
         isolate_batch_dependent=args.batch_dependent == "isolate",
+        kv_cache_bytes=int(args.kv_cache_mib * (1 << 20)),
+        max_context=args.max_context,
+        max_generating=args.max_generating,
     )
 
 

@@ -86,6 +86,11 @@ class ServeConfig:
     max_queue_delay_s: float = 0.001
     # A variant whose outputs depend on their run's other rows (Recipe.batch_dependent) runs each request alone.
     isolate_batch_dependent: bool = False
+    # Decoders (serve/generation.py): the KV cache running generations may reserve, the longest prompt plus
+    # max_tokens (None: the model's own, else DEFAULT_MAX_CONTEXT), and how many decode in one step.
+    kv_cache_bytes: int = 256 << 20
+    max_context: int | None = None
+    max_generating: int = 16
 
 
 class DataPlane:

@@ -117,6 +117,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f" an answer that does not fit is refused 503 with Retry-After (default {DEFAULT_MAX_UNSENT_MIB})",
     )  # fmt: skip
     parser.add_argument(
+        "--kv-cache-mib", type=float, default=256.0,
+        help="decoders: MiB of KV cache the running generations may reserve together (each reserves its prompt"
+        " plus max_tokens); what does not fit waits in --max-queue, then gets 429 (default 256)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-context", type=int,
+        help="decoders: the longest prompt plus max_tokens (default: the model's max_position_embeddings, else 2048)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-generating", type=int, default=16,
+        help="decoders: generations decoded together in one step (iteration-level batching) (default 16)",
+    )  # fmt: skip
+    parser.add_argument(
         "--idle-timeout", type=float, default=15.0,
         help="seconds a connection may stay without a complete request (idle keep-alive, slow headers) (default 15)",
     )  # fmt: skip

@@ -98,6 +98,7 @@ class ServingMetrics:
             (*LABELS, "code"), registry=self.registry,
         )  # fmt: skip
         self._labels = labels
+        self.labels = labels
         info = Gauge(
             "metainfer_serving_info",
             "Always 1: what this process serves (model name, namespace, recipe description).",

@@ -29,6 +29,9 @@ from metainfer.agent.serve.deadlines import DeadlineExceeded, Watchdog
 from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
 from metainfer.core.api.pod_contract import FLAG_DATA_URI
 from metainfer.core.engine.data import Dataset, load_npz
+from metainfer.core.engine.decoder.signature import DecoderSignature, from_io
+from metainfer.core.engine.decoder.stepper import DecoderStepper
+from metainfer.core.engine.decoder.tokenizer import MAX_CONTEXT_KEY, TextCodec, carried_tokenizer
 from metainfer.core.engine.errors import DataError, ModelError
 from metainfer.core.engine.index_inputs import IndexBound, index_bounds
 from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo, inspect_model, load_model
@@ -67,6 +70,8 @@ class LoadedModel:
     variant_sha256: str
     # Whether every output has the batch first, as the dynamic batcher splits it (checked at load: _batch_major).
     batch_major: bool = True
+    # A decoder (past key values in, present out) is served as generation: serve/generation.py.
+    decoder: Decoder | None = None
 
     watchdog: Watchdog = field(default_factory=Watchdog)
 
@@ -106,9 +111,41 @@ def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> Load
     session = _session(variant, recipe, source)
     signature = _signature(session, info, recipe, max_batch, bounds)
     loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
+    decoder = from_io(info.inputs, info.outputs, info.op_counts)
+    if decoder is not None:
+        loaded.decoder = _decoder(session, decoder, variant)
+        return loaded
     length = _warm_up(loaded, recipe)
     loaded.batch_major = _batch_major(loaded, length)
     return loaded
+
+
+@dataclass
+class Decoder:
+    """What generation needs of a loaded decoder: how to step it, its tokenizer and its context."""
+
+    stepper: DecoderStepper
+    codec: TextCodec
+    max_context: int | None
+
+
+def _decoder(session: Session, signature: DecoderSignature, variant: bytes) -> Decoder:
+    """The decoder's stepper and the tokenizer it carries, warmed up by a short generation. A decoder without a
+    tokenizer cannot take text: its load fails, naming how to give it one."""
+    metadata = {prop.key: prop.value for prop in onnx.load_from_string(variant).metadata_props}
+    codec = carried_tokenizer(metadata)
+    if codec is None:
+        raise ModelError("model", "the decoder carries no tokenizer (metadata tokenizer.json): pack the export "
+                         "directory's tokenizer files into it with `metainfer llm-pack`")  # fmt: skip
+    stepper = DecoderStepper(session, signature)
+    started = time.perf_counter()
+    logits, (cache,) = stepper.step([codec.encode("Hello")[:8] or [0]], [stepper.empty_cache()])
+    for _ in range(WARMUP_RUNS):
+        logits, (cache,) = stepper.step([[int(np.argmax(logits[0]))]], [cache])
+    log.info("decoder warmed up (%d layers, %d KV heads, %s) in %.2fs", len(signature.layers), signature.kv_heads,
+             signature.form, time.perf_counter() - started)  # fmt: skip
+    context = metadata.get(MAX_CONTEXT_KEY)
+    return Decoder(stepper, codec, int(context) if context and context.isdigit() else None)
 
 
 def _session(variant: bytes, recipe: Recipe, source: ModelSourceArgs) -> Session:

@@ -121,7 +121,7 @@ def build_tiny_decoder(shape: TinyDecoderShape | None = None, seed: int = 0, wit
     if with_tokenizer:
         from metainfer.core.engine.decoder.tokenizer import embed_tokenizer
 
-        embed_tokenizer(model, tokenizer_json(), tokenizer_config_json())
+        embed_tokenizer(model, tokenizer_json(), tokenizer_config_json(), shape.max_positions)
     onnx.checker.check_model(model)
     return bytes(model.SerializeToString())
 

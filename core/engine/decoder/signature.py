@@ -119,7 +119,7 @@ def from_io(
         input_ids=input_ids, attention_mask=mask, position_ids=positions, logits=logits, layers=tuple(layers),
         kv_heads=shape[1], head_dim=shape[3], cache_dtype=key.dtype, ids_dtype=by_input[input_ids].dtype,
         mask_dtype=by_input[mask].dtype, vocab_size=vocab,
-        form="group_query_attention" if "GroupQueryAttention" in set(op_types) else "attention_ops",
+        form="group_query_attention" if any(op.endswith("GroupQueryAttention") for op in op_types) else "attention_ops",
     )  # fmt: skip
 
 

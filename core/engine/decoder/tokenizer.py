@@ -18,21 +18,30 @@ import onnx
 
 from metainfer.core.engine.errors import ModelError
 
-TOKENIZER_KEY = "metainfer.tokenizer.json"
-TOKENIZER_CONFIG_KEY = "metainfer.tokenizer_config.json"
+# The files' own names: not under "metainfer." (a variant's provenance, which every build rewrites).
+TOKENIZER_KEY = "tokenizer.json"
+TOKENIZER_CONFIG_KEY = "tokenizer_config.json"
+# The context the model was trained for (config.json's max_position_embeddings), where the export says it.
+MAX_CONTEXT_KEY = "max_position_embeddings"
+CARRIED_KEYS = (TOKENIZER_KEY, TOKENIZER_CONFIG_KEY, MAX_CONTEXT_KEY)
 MAX_TEMPLATE_OUTPUT = 1 << 20
 REPLACEMENT = "\ufffd"
 
 
-def embed_tokenizer(model: onnx.ModelProto, tokenizer_json: str, tokenizer_config_json: str) -> None:
-    """Store the tokenizer and its config in ``model``'s metadata (replacing any there), after checking both
-    parse."""
+def embed_tokenizer(
+    model: onnx.ModelProto, tokenizer_json: str, tokenizer_config_json: str, max_context: int | None = None
+) -> None:
+    """Store the tokenizer, its config and the model's context in ``model``'s metadata (replacing any there),
+    after checking they parse."""
     _tokenizer_from(tokenizer_json)
     _config_from(tokenizer_config_json)
-    kept = [prop for prop in model.metadata_props if prop.key not in (TOKENIZER_KEY, TOKENIZER_CONFIG_KEY)]
+    kept = [prop for prop in model.metadata_props if prop.key not in CARRIED_KEYS]
     del model.metadata_props[:]
     model.metadata_props.extend(kept)
-    for key, value in ((TOKENIZER_KEY, tokenizer_json), (TOKENIZER_CONFIG_KEY, tokenizer_config_json)):
+    values = {TOKENIZER_KEY: tokenizer_json, TOKENIZER_CONFIG_KEY: tokenizer_config_json}
+    if max_context is not None:
+        values[MAX_CONTEXT_KEY] = str(max_context)
+    for key, value in values.items():
         model.metadata_props.add(key=key, value=value)
 
 
@@ -112,8 +121,11 @@ class StreamingText:
         new, self.sent = text[self.sent :], len(text)
         return new
 
-    def text(self) -> str:
-        return self.codec.decode(self.ids)
+    def flush(self) -> str:
+        """What was held back, at the end: an incomplete sequence then stays U+FFFD, as a whole decode gives."""
+        text = self.codec.decode(self.ids)
+        new, self.sent = text[self.sent :], len(text)
+        return new
 
 
 def _tokenizer_from(tokenizer_json: str) -> Any:

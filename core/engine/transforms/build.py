@@ -17,6 +17,7 @@ import hashlib
 import onnx
 
 from metainfer.core.engine.data import Dataset
+from metainfer.core.engine.decoder.tokenizer import CARRIED_KEYS
 from metainfer.core.engine.recipe import INT8_MODES, WEIGHT_RANKING, TransformSpec
 from metainfer.core.engine.transforms.activations import fuse_activations
 from metainfer.core.engine.transforms.conv import fuse_conv
@@ -31,6 +32,7 @@ PROVENANCE_PREFIX = "metainfer."
 
 def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None = None) -> bytes:
     model = onnx.load_from_string(base)
+    carried = {p.key: p.value for p in model.metadata_props if p.key in CARRIED_KEYS}
     ensure_node_names(model)
     if spec.fusion == "transformer":
         model = fuse_transformer(model)
@@ -51,6 +53,7 @@ def build_variant(base: bytes, spec: TransformSpec, calibration: Dataset | None 
         model = to_int8(model, q, calibration)
     if spec.weights.bits:
         model = compress_weights(model, spec.weights, calibration)
+    _carry(model, carried)
     _stamp(model, base, spec)
     serialized: bytes = model.SerializeToString(deterministic=True)
     return serialized
@@ -81,6 +84,14 @@ def ensure_node_names(model: onnx.ModelProto) -> None:
                 name += "_"
             node.name = name
             taken.add(name)
+
+
+def _carry(model: onnx.ModelProto, carried: dict[str, str]) -> None:
+    """Put back the decoder's tokenizer, which a quantizer that writes a new model leaves behind."""
+    present = {p.key for p in model.metadata_props}
+    for key, value in carried.items():
+        if key not in present:
+            model.metadata_props.add(key=key, value=value)
 
 
 def _stamp(model: onnx.ModelProto, base: bytes, spec: TransformSpec) -> None:
