@@ -194,6 +194,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="earlier runs' report.json files, or directories searched recursively for them: the hybrid search"
         " starts from what related runs (this model on similar hardware, a similar model here) measured",
     )
+    d = a.add_argument_group(
+        "decoders",
+        "a model with past key values is adapted as a decoder: prefill of a prompt, then token-by-token"
+        " decode with its KV cache; these replace --batch, --slo-p95-ms and --max-accuracy-drop for it",
+    )
+    d.add_argument("--prompt-tokens", type=_positive_int, default=128, help="prompt of the workload (default 128)")
+    d.add_argument("--decode-tokens", type=_positive_int, default=64, help="tokens decoded per run (default 64)")
+    d.add_argument("--concurrency", type=_positive_int, default=4,
+                   help="streams decoding together for the aggregate tokens/s (default 4)")  # fmt: skip
+    d.add_argument("--max-context", type=_positive_int,
+                   help="context the KV cache is sized for (default: the model's, else 2048)")  # fmt: skip
+    d.add_argument("--slo-ttft-p95-ms", type=_positive_float, help="time to first token p95, ms")
+    d.add_argument("--slo-tpot-p95-ms", type=_positive_float, help="time per output token p95, ms")
+    d.add_argument("--min-tokens-per-s", type=_positive_float, help="decode tokens/s of one stream, at least")
+    d.add_argument("--max-perplexity-rise", type=_fraction, default=0.03,
+                   help="perplexity on the reference text over FP32's, as a fraction (default 0.03)")  # fmt: skip
     a.add_argument("--out", type=Path, required=True, help="output directory")
 
     e = sub.add_parser("examples", help="build the bundled example models")

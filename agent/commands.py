@@ -122,6 +122,13 @@ def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path | None) -
 
     model = load_model(model_path)
     info = inspect_model(model_path, model)
+    from metainfer.core.engine.decoder.signature import from_io
+
+    decoder = from_io(info.inputs, info.outputs, info.op_counts)
+    if decoder is not None:
+        from metainfer.agent.decoder_adapt import adapt_decoder
+
+        return adapt_decoder(args, model, model_bytes(model_path, model), decoder)
     if data_path is not None:
         data = load_npz(data_path, info)
     else:
