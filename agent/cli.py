@@ -212,6 +212,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="perplexity on the reference text over FP32's, as a fraction (default 0.03)")  # fmt: skip
     a.add_argument("--out", type=Path, required=True, help="output directory")
 
+    lp = sub.add_parser(
+        "llm-pack",
+        help="pack an exported decoder's directory (model.onnx, tokenizer.json, ...) into one servable ONNX file",
+    )
+    lp.add_argument("source", metavar="EXPORT", type=Path, help="the export directory, or its model.onnx")
+    lp.add_argument("-o", "--out", type=Path, required=True, help="the packed model file to write")
+
     e = sub.add_parser("examples", help="build the bundled example models")
     e.add_argument("action", choices=["build"], metavar="ACTION")
     e.add_argument("out", metavar="DIR", type=Path)
@@ -301,6 +308,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             from metainfer.agent.commands import adapt_command
 
             return adapt_command(args)
+        if args.command == "llm-pack":
+            from metainfer.agent.commands import out
+            from metainfer.agent.llm_pack import pack
+
+            out.print(pack(args.source, args.out), highlight=False)
+            return 0
         if args.command == "examples":
             from metainfer.agent.commands import examples_command
 

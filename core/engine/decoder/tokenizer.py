@@ -66,6 +66,7 @@ class TextCodec:
         tokenizer = _tokenizer_from(tokenizer_json)
         config = _config_from(config_json)
         stops = {tokenizer.token_to_id(token) for token in _token_texts(config, "eos_token")}
+        stops |= {i for i in config.get("stop_token_ids", []) if isinstance(i, int)}  # metainfer llm-pack's
         bos = next(iter(_token_texts(config, "bos_token")), None)
         bos_id = tokenizer.token_to_id(bos) if bos is not None and config.get("add_bos_token") else None
         return cls(tokenizer, config, frozenset(i for i in stops if i is not None), bos_id)
