@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from metainfer.core.engine.decoder.signature import detect
 from metainfer.core.engine.decoder.tokenizer import embed_tokenizer
 from metainfer.core.engine.errors import ModelError
@@ -43,7 +45,7 @@ def pack(source: Path, out: Path) -> str:
     embed_tokenizer(model, tokenizer.read_text("utf-8"), json.dumps(config), context)
     for tensor in model.graph.initializer:  # one file: the tensors read from beside it are stored inline
         del tensor.external_data[:]
-        tensor.data_location = 0
+        tensor.data_location = onnx.TensorProto.DEFAULT
     data = model.SerializeToString()
     if len(data) >= MAX_MODEL_BYTES:
         raise ModelError(str(model_path), f"{len(data) / 2**30:.1f} GiB packed is beyond what one ONNX file holds "
