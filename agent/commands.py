@@ -122,9 +122,9 @@ def _adapt(args: argparse.Namespace, model_path: Path, data_path: Path | None) -
 
     model = load_model(model_path)
     info = inspect_model(model_path, model)
-    from metainfer.core.engine.decoder.signature import from_io
+    from metainfer.core.engine.decoder.signature import detect
 
-    decoder = from_io(info.inputs, info.outputs, info.op_counts)
+    decoder = detect(model)
     if decoder is not None:
         from metainfer.agent.decoder_adapt import adapt_decoder
 

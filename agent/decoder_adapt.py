@@ -14,7 +14,7 @@ from metainfer.agent.commands import console, out
 from metainfer.core.engine.decoder import adapt as decoder_adapt
 from metainfer.core.engine.decoder.quality import reference_text
 from metainfer.core.engine.decoder.signature import DecoderSignature
-from metainfer.core.engine.decoder.tokenizer import MAX_CONTEXT_KEY, carried_tokenizer
+from metainfer.core.engine.decoder.tokenizer import MAX_CONTEXT_KEY, TextCodec, carried_tokenizer
 from metainfer.core.engine.decoder.workload import DecoderWorkload
 from metainfer.core.engine.errors import ModelError, NoFeasibleCandidate
 from metainfer.core.engine.recipe import Recipe
@@ -26,10 +26,7 @@ DEFAULT_CONTEXT = 2048
 
 def adapt_decoder(args: argparse.Namespace, model: onnx.ModelProto, base: bytes, signature: DecoderSignature) -> int:
     metadata = {prop.key: prop.value for prop in model.metadata_props}
-    codec = carried_tokenizer(metadata)
-    if codec is None:
-        raise ModelError(str(args.model), "the decoder carries no tokenizer (metadata tokenizer.json): pack the "
-                         "export directory's tokenizer files into it with `metainfer llm-pack`")  # fmt: skip
+    codec = decoder_codec(metadata, str(args.model))
     context = args.max_context or _int(metadata.get(MAX_CONTEXT_KEY)) or DEFAULT_CONTEXT
     workload = DecoderWorkload(prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
                                concurrency=args.concurrency, max_context=context)  # fmt: skip
@@ -42,8 +39,7 @@ def adapt_decoder(args: argparse.Namespace, model: onnx.ModelProto, base: bytes,
     )  # fmt: skip
     text_ids = codec.encode(reference_text())
     prompt = (text_ids * (1 + workload.prompt_tokens // max(1, len(text_ids))))[: workload.prompt_tokens]
-    recipes = decoder_adapt.candidates(_runtimes(signature), _thread_options(), has_matmul_nbits=True,
-                                       nncf=signature.form != "group_query_attention")  # fmt: skip
+    recipes = candidate_recipes(signature)
     console.print(f"decoder: {len(signature.layers)} layers, {signature.kv_heads} KV heads of {signature.head_dim}"
                   f" ({signature.form}); {len(recipes)} candidates, measuring up to {args.budget_trials}",
                   highlight=False)  # fmt: skip
@@ -62,6 +58,20 @@ def adapt_decoder(args: argparse.Namespace, model: onnx.ModelProto, base: bytes,
         raise NoFeasibleCandidate("no candidate, FP32 included, meets the decoder's SLOs and memory: "
                                   + report.baseline.reason, closest=[])  # fmt: skip
     return 0
+
+
+def decoder_codec(metadata: dict[str, str], where: str) -> TextCodec:
+    codec = carried_tokenizer(metadata)
+    if codec is None:
+        raise ModelError(where, "the decoder carries no tokenizer (metadata tokenizer.json): pack the export "
+                         "directory's tokenizer files into it with `metainfer llm-pack`")  # fmt: skip
+    return codec
+
+
+def candidate_recipes(signature: DecoderSignature) -> list[Recipe]:
+    """The decoder's candidates on this machine: the runtimes it has, its thread counts."""
+    return decoder_adapt.candidates(_runtimes(signature), _thread_options(), has_matmul_nbits=True,
+                                    nncf=signature.form != "group_query_attention")  # fmt: skip
 
 
 def _build(base: bytes, recipe: Recipe) -> bytes:

@@ -54,10 +54,11 @@ from metainfer.agent.job_api import Kube, KubeError, api_client
 from metainfer.agent.profiles import ensure_profile, measure_settings
 from metainfer.agent.status import RunStatusWriter, StatusObserver
 from metainfer.core.api.pod_contract import ENV_NODE_NAME
-from metainfer.core.api.run import AdaptationRunSpec, AdaptationRunStatus
+from metainfer.core.api.run import MAX_TRIALS, AdaptationRunSpec, AdaptationRunStatus
 from metainfer.core.api.vocabulary import Reason, RunStage
 from metainfer.core.control import checkpoint, runstatus, trial_history
 from metainfer.core.control.memory_bound import DATA_PLANE_BUFFERS_MIB
+from metainfer.core.engine.decoder.signature import DecoderSignature, detect
 from metainfer.core.engine.errors import MetainferError, ModelError
 from metainfer.core.engine.history import TrialHistory, source_from_report
 from metainfer.core.engine.history_use import MAX_SOURCES
@@ -142,6 +143,9 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
             info = inspect_model(path, model)
         except ModelError as exc:  # name the URI the user wrote, not the agent's temp file
             raise ModelError(spec.model.uri, exc.problem) from exc
+        decoder = detect(model)
+        if decoder is not None:
+            return _decoder(kube, writer, spec, namespace, model, model_bytes(path, model), decoder, started)
         data, note = load_data(spec.model, info, workdir, namespace, kube, spec.search.seed)
         notes = [note] if note else []
         log(f"model ok: {info.size_bytes} bytes, {len(info.op_counts)} op types; {data.n_samples} samples")
@@ -218,6 +222,30 @@ def _attempt(kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, names
     done = runstatus.mark_succeeded(writer.status, writer.generation, report, notes, variant_sha256=variant_sha256)
     writer.write(_keep_history(done, report, label), final=True)
     log(f"succeeded: {shipped.recipe.describe()} (recipe {shipped.recipe.key()})")
+    return EXIT_OK
+
+
+def _decoder(
+    kube: Kube, writer: RunStatusWriter, spec: AdaptationRunSpec, namespace: str, model: Any, base: bytes,
+    signature: DecoderSignature, started: float,
+) -> int:  # fmt: skip
+    """A decoder's run: its own workload and candidates (agent/decoder_run.py); errors go to ``_attempt``'s
+    handlers, as any model's."""
+    from metainfer.agent.decoder_run import adapt_decoder_run
+    from metainfer.core.control.decoder_runs import mark_decoder_succeeded
+    from metainfer.core.engine.errors import NoFeasibleCandidate
+
+    report, variant, notes = adapt_decoder_run(kube, writer, spec, namespace, model, base, signature, log)
+    if report.shipped is None or variant is None:
+        missed = "; ".join(f"{t.recipe.describe()}: {t.reason}" for t in report.trials[:5])
+        why = f"no decoder candidate, FP32 included, meets the policy's decoder SLOs and memory: {missed}"
+        return _fail(writer, *runstatus.failure_reason(NoFeasibleCandidate(why[:3000], [])))
+    variant_sha256, stored = _store_variant(variant)
+    notes += [stored] if stored else []
+    done = mark_decoder_succeeded(writer.status, writer.generation, report, notes, MAX_TRIALS, variant_sha256,
+                                  time.monotonic() - started)  # fmt: skip
+    writer.write(done, final=True)
+    log(f"succeeded: {report.shipped.recipe.describe()} (recipe {report.shipped.recipe.key()})")
     return EXIT_OK
 
 

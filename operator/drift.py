@@ -88,7 +88,7 @@ async def drift_step(
         verdicts: list[tuple[ClassStatus, drift.Verdict]] = []
         for cls, result, tail, queue in zip(due, results, tails, queues, strict=True):
             params = drift.DriftParams.from_settings(
-                settings, spec.slo.latency_p95_ms, cls.current.p95_ms if cls.current else None, spec.slo.latency_p99_ms
+                settings, spec.slo.serving_p95_ms, cls.current.p95_ms if cls.current else None, spec.slo.latency_p99_ms
             )
             variant = cls.current.run_name if cls.current else None
             if isinstance(result, MetricsUnavailable):

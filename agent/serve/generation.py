@@ -100,9 +100,12 @@ class QueueFull(Exception):
 class GenerationService:
     """The engine's thread and the bounded queue in front of it."""
 
-    def __init__(self, engine: GenerationEngine, metrics: GenerationMetrics, max_waiting: int) -> None:
+    def __init__(
+        self, engine: GenerationEngine, metrics: GenerationMetrics, max_waiting: int, serving: ServingMetrics
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.serving = serving
         self.max_waiting = max_waiting
         self._waiting: collections.deque[_Handle] = collections.deque()
         self._handles: dict[str, _Handle] = {}
@@ -173,6 +176,7 @@ class GenerationService:
                     handle = self._waiting.popleft()
                     self.engine.admit(handle.request)
                     self.metrics.prompt_tokens.inc(len(handle.request.prompt))
+                    self.serving.queue_wait.observe(time.perf_counter() - handle.arrived)
                 self.metrics.waiting.set(len(self._waiting))
             self.metrics.running.set(self.engine.running)
             self.metrics.cache_reserved.set(self.engine.reserved_tokens)
@@ -185,6 +189,8 @@ class GenerationService:
             except Exception:  # the engine ends a failing step's requests itself; this is a bug: keep serving
                 log.exception("a generation round failed")
                 continue
+            for _ in range(self.engine.last_round.decoded):  # each decoded sequence's token took the step's time
+                self.serving.compute.observe(self.engine.last_round.decode_s)
             if events and self._loop is not None:
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
                     self._loop.call_soon_threadsafe(self._deliver, events)
@@ -229,6 +235,16 @@ class OpenAiFrontEnd:
         return await self._generate(request, ChatRequest)
 
     async def _generate(
+        self, http: web.Request, kind: type[CompletionRequest] | type[ChatRequest]
+    ) -> web.StreamResponse:
+        """Every generation request counts as a request, and an answer >= 400 as an error, as /infer's do."""
+        self.service.serving.requests.inc()
+        response = await self._generate_counted(http, kind)
+        if response.status >= 400:
+            self.service.serving.error(response.status)
+        return response
+
+    async def _generate_counted(
         self, http: web.Request, kind: type[CompletionRequest] | type[ChatRequest]
     ) -> web.StreamResponse:
         arrived = time.perf_counter()
@@ -300,9 +316,11 @@ class OpenAiFrontEnd:
             if event.token is not None:
                 count += 1
                 self.service.metrics.output_tokens.inc()
-                (self.service.metrics.ttft if last is None else self.service.metrics.tpot).observe(
-                    now - (arrived if last is None else last)
-                )
+                if last is None:
+                    self.service.metrics.ttft.observe(now - arrived)
+                else:  # for a decoder the serving latency series is per output token (canaries and drift)
+                    self.service.metrics.tpot.observe(now - last)
+                    self.service.serving.latency.observe(now - last)
                 last = now
                 out = stops.feed("" if event.token in generation.stop_ids else text.push(event.token))
                 if stops.stopped:
@@ -394,7 +412,7 @@ def start_generation(plane: DataPlane, decoder: Decoder, loop: asyncio.AbstractE
     engine = GenerationEngine(decoder.stepper, cache_budget_tokens=budget, max_context=context,
                               max_batch=config.max_generating)  # fmt: skip
     metrics = GenerationMetrics(plane.metrics, plane.metrics.labels)
-    service = GenerationService(engine, metrics, max_waiting=config.max_queue)
+    service = GenerationService(engine, metrics, max_waiting=config.max_queue, serving=plane.metrics)
     service.start(loop)
     log.info("generation: context %d tokens, KV cache budget %d tokens (%.0f MiB at %d bytes a token), up to %d "
              "decoding together, %d waiting", context, budget, config.kv_cache_bytes / 2**20,

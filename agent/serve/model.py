@@ -29,7 +29,7 @@ from metainfer.agent.serve.deadlines import DeadlineExceeded, Watchdog
 from metainfer.agent.serve.protocol import DATATYPES, Signature, TensorSpec, datatype_of
 from metainfer.core.api.pod_contract import FLAG_DATA_URI
 from metainfer.core.engine.data import Dataset, load_npz
-from metainfer.core.engine.decoder.signature import DecoderSignature, from_io
+from metainfer.core.engine.decoder.signature import detect, takes_past
 from metainfer.core.engine.decoder.stepper import DecoderStepper
 from metainfer.core.engine.decoder.tokenizer import MAX_CONTEXT_KEY, TextCodec, carried_tokenizer
 from metainfer.core.engine.errors import DataError, ModelError
@@ -111,9 +111,8 @@ def load(source: ModelSourceArgs, recipe: Recipe, max_batch: int | None) -> Load
     session = _session(variant, recipe, source)
     signature = _signature(session, info, recipe, max_batch, bounds)
     loaded = LoadedModel(session, signature, info.sha256, _sha256(variant))
-    decoder = from_io(info.inputs, info.outputs, info.op_counts)
-    if decoder is not None:
-        loaded.decoder = _decoder(session, decoder, variant)
+    if takes_past(info.inputs):
+        loaded.decoder = _decoder(session, variant)
         return loaded
     length = _warm_up(loaded, recipe)
     loaded.batch_major = _batch_major(loaded, length)
@@ -129,10 +128,14 @@ class Decoder:
     max_context: int | None
 
 
-def _decoder(session: Session, signature: DecoderSignature, variant: bytes) -> Decoder:
+def _decoder(session: Session, variant: bytes) -> Decoder:
     """The decoder's stepper and the tokenizer it carries, warmed up by a short generation. A decoder without a
     tokenizer cannot take text: its load fails, naming how to give it one."""
-    metadata = {prop.key: prop.value for prop in onnx.load_from_string(variant).metadata_props}
+    model = onnx.load_from_string(variant)
+    signature = detect(model)
+    assert signature is not None, "takes_past said it takes past key values"
+    metadata = {prop.key: prop.value for prop in model.metadata_props}
+    del model
     codec = carried_tokenizer(metadata)
     if codec is None:
         raise ModelError("model", "the decoder carries no tokenizer (metadata tokenizer.json): pack the export "

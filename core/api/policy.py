@@ -12,6 +12,7 @@ batch size or the selection is how a user asks for a re-adaptation.
 from __future__ import annotations
 
 import datetime as dt
+import math
 import re
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -165,18 +166,50 @@ class ModelSource(ApiModel):
     )
 
 
+class DecoderSlo(ApiModel):
+    """A decoder language model's workload and SLOs (a model with past key values, detected from its graph): a
+    prompt prefilled, then tokens decoded one at a time with the KV cache. For such a model the serving latency
+    series are per output token, so canaries and drift judge time per output token."""
+
+    time_to_first_token_p95_ms: float | None = Field(
+        None, gt=0, le=600000, alias="timeToFirstTokenP95Ms", description="p95 time to first token of the prompt."
+    )
+    time_per_output_token_p95_ms: float | None = Field(
+        None, gt=0, le=600000, alias="timePerOutputTokenP95Ms", description="p95 time per output token."
+    )
+    min_tokens_per_second: float | None = Field(
+        None, gt=0, le=1e7, description="Decode tokens per second of one stream, at least."
+    )
+    max_perplexity_rise: float = Field(
+        0.03, ge=0, le=10, description="Perplexity on the reference text over FP32's, as a fraction (0.03 = +3 %)."
+    )
+    prompt_tokens: int = Field(128, ge=1, le=131072, description="Prompt length of the measured workload.")
+    decode_tokens: int = Field(64, ge=1, le=131072, description="Tokens decoded per measured generation.")
+    concurrency: int = Field(4, ge=1, le=256, description="Streams decoding together for the aggregate tokens/s.")
+    max_context: int | None = Field(
+        None, ge=2, le=1048576, description="Context the KV cache is sized for (default: the model's, else 2048)."
+    )
+
+
 class Slo(ApiModel):
     """Hard constraints: a variant that misses any of them is never rolled out."""
 
     model_config = cel(
         rule(
-            "!has(self.latencyP99Ms) || self.latencyP99Ms >= self.latencyP95Ms",
+            "!has(self.latencyP99Ms) || (has(self.latencyP95Ms) && self.latencyP99Ms >= self.latencyP95Ms)",
             "latencyP99Ms must be >= latencyP95Ms",
             field_path=".latencyP99Ms",
-        )
+        ),
+        rule(
+            "has(self.latencyP95Ms) || has(self.decoder)",
+            "latencyP95Ms is required (or, for a decoder language model, decoder)",
+            field_path=".latencyP95Ms",
+        ),
     )
 
-    latency_p95_ms: float = Field(gt=0, le=600000, description="p95 latency per batch, milliseconds.")
+    latency_p95_ms: float | None = Field(
+        None, gt=0, le=600000, description="p95 latency per batch, milliseconds (required unless decoder is set)."
+    )
     latency_p99_ms: float | None = Field(
         None,
         gt=0,
@@ -204,6 +237,28 @@ class Slo(ApiModel):
         None, ge=1, alias="maxMemoryMiB", description="Peak memory budget of the serving process, MiB."
     )
     batch_size: int = Field(1, ge=1, le=4096, description="Batch size in production; variants are tuned for it.")
+    decoder: DecoderSlo | None = Field(
+        None, description="For a decoder language model: its workload and its SLOs in tokens (see DecoderSlo)."
+    )
+
+    @property
+    def serving_p95_ms(self) -> float:
+        """The bound on the serving latency series: per batch, or for a decoder per output token (infinite where
+        the policy sets none: drift then compares with the adapted baseline only)."""
+        if self.latency_p95_ms is not None:
+            return self.latency_p95_ms
+        bound = self.decoder.time_per_output_token_p95_ms if self.decoder is not None else None
+        return bound if bound is not None else math.inf
+
+    @model_validator(mode="after")
+    def _a_latency_bound(self) -> Slo:
+        if self.latency_p95_ms is None and self.decoder is None:
+            raise ValueError("latencyP95Ms is required (or, for a decoder language model, decoder)")
+        if self.latency_p99_ms is not None and (
+            self.latency_p95_ms is None or self.latency_p99_ms < self.latency_p95_ms
+        ):
+            raise ValueError("latencyP99Ms must be >= latencyP95Ms")
+        return self
 
 
 class ObjectiveWeights(ApiModel):

@@ -445,7 +445,7 @@ def _provisional_check(
 ) -> dict[str, Any]:
     """Add the init container that checks another class's variant on the node (``metainfer check-provisional``)
     and the emptyDir where it leaves what the serving ``container`` serves; returns the init container."""
-    budget = [FLAG_MAX_QUALITY_DROP, repr(slo.max_quality_drop), FLAG_LATENCY_P95_MS, repr(slo.latency_p95_ms)]
+    budget = [FLAG_MAX_QUALITY_DROP, repr(slo.max_quality_drop), FLAG_LATENCY_P95_MS, repr(slo.serving_p95_ms)]
     if slo.quality_metric != "auto":  # only then: pods of policies that never chose one keep their template
         budget += [FLAG_QUALITY_METRIC, slo.quality_metric]
     check = {

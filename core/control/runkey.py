@@ -21,6 +21,7 @@ from metainfer.core.control.memory_bound import serving_memory_limit_mib
 # so an operator upgrade that adds one keeps every existing run key (and re-adapts nothing).
 ADDED_LATER: dict[tuple[str, str], Any] = {
     ("slo", "qualityMetric"): "auto",
+    ("slo", "decoder"): None,  # decoder language models
     ("searchSpace", "quantizers"): None,
     ("searchSpace", "activations"): None,
     # The execution-provider options (core.engine.knobs.providers).

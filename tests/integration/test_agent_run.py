@@ -569,3 +569,55 @@ def test_an_ended_run_keeps_its_trials_and_a_later_run_starts_from_them(
     assert source.run == "cold" and source.similarity == 1.0 and source.trials == cold.trial_history.trials
     assert warm.history.from_classes == hw_class.description()
     assert "warm start" in (warm.history.note or "")
+
+
+def test_a_decoder_run_measures_tokens_ships_a_variant_and_serving_streams_from_the_stored_bytes(
+    control_plane: Any, namespace: str, tmp_path: Path, hw_class
+) -> None:
+    """Issue 66: a decoder's AdaptationRun adapts it on its own workload (TTFT, time per output token, perplexity
+    against FP32), reports per-token metrics, stores the variant, and serve streams tokens from exactly it."""
+    import http.client
+    import json as json_module
+
+    from serve_harness import ServeProcess
+
+    from metainfer.agent.zoo.decoder import build_tiny_decoder
+    from metainfer.core.api.policy import DecoderSlo
+
+    model = tmp_path / "tiny.onnx"
+    model.write_bytes(build_tiny_decoder())
+    sha = sha256_file(model)
+    body = make_run("decoder", hw_class, model.as_uri(), sha, budget=3)
+    decoder = DecoderSlo(prompt_tokens=16, decode_tokens=8, concurrency=2, max_perplexity_rise=1.0)
+    body["spec"]["slo"] = {"decoder": decoder.model_dump(mode="json", by_alias=True), "maxQualityDrop": 0.05,
+                           "batchSize": 1}  # fmt: skip
+    create_run(control_plane.api_client, namespace, body)
+    store = tmp_path / "store"
+    result = agent(control_plane.kubeconfig, namespace, "decoder", {"METAINFER_VARIANT_STORE": str(store)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "trial: " in result.stdout + result.stderr
+    status = get(control_plane.api_client, namespace, "decoder")["status"]
+    done = condition(status, "Succeeded")
+    assert status["phase"] == "Succeeded" and done["status"] == "True", status
+    assert "TTFT p95" in done["message"] and "perplexity" in done["message"]
+    assert status["bestMetrics"]["qualityMetric"] == "perplexity_rise" and status["bestMetrics"]["p95Ms"] > 0
+    assert len(status["trials"]) == 3 and status["bestVariantSha256"]
+    recipe = Recipe.model_validate(status["bestRecipe"])
+
+    served = ServeProcess(tmp_path)
+    served.start([
+        "serve", "--model-uri", model.as_uri(), "--model-sha256", sha,
+        "--recipe-json", recipe.model_dump_json(exclude=set(COMPUTED_FIELDS)), "--host", "127.0.0.1",
+        "--port", str(served.port), "--variant-sha256", status["bestVariantSha256"], "--variant-store", str(store),
+    ], {})  # fmt: skip
+    try:
+        served.wait_ready()
+        assert "loaded from the store" in served.log.read_text()
+        connection = http.client.HTTPConnection("127.0.0.1", served.port, timeout=60)
+        connection.request("POST", "/v1/completions", json_module.dumps(
+            {"prompt": "Objects are", "max_tokens": 6, "temperature": 0, "stream": True}))  # fmt: skip
+        response = connection.getresponse()
+        events = [line for line in response.read().decode().split("\n") if line.startswith("data: ")]
+        assert response.status == 200 and events[-1] == "data: [DONE]" and len(events) >= 2
+    finally:
+        served.stop()

@@ -207,7 +207,12 @@ def test_beyond_the_cache_and_the_queue_clients_get_429_and_one_that_leaves_free
         body = json.dumps({"prompt": "go", "max_tokens": 498, "temperature": 0, "stream": True}).encode()
         connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                            b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)  # fmt: skip
-        assert b"data: " in connection.recv(4096)
+        connection.settimeout(30)
+        received = b""
+        while b"data: " not in received:  # the headers may come first, alone
+            chunk = connection.recv(4096)
+            assert chunk, "the server closed the stream before its first event"
+            received += chunk
         assert _metric(served, "metainfer_generation_kv_cache_reserved_tokens") == 500
         connection.close()
         deadline = time.monotonic() + 10
@@ -215,6 +220,10 @@ def test_beyond_the_cache_and_the_queue_clients_get_429_and_one_that_leaves_free
             time.sleep(0.1)
         assert _metric(served, "metainfer_generation_kv_cache_reserved_tokens") == 0
         assert _metric(served, "metainfer_generation_time_to_first_token_seconds_count") >= 6
+        # The serving series canaries and drift read: per output token for a decoder; requests and 429s counted.
+        assert _metric(served, "metainfer_inference_latency_seconds_count") >= 6 * 400
+        assert _metric(served, "metainfer_inference_compute_seconds_count") >= 6 * 400
+        assert _metric(served, "metainfer_inference_requests_total") == 13
         assert served.proc is not None and served.proc.poll() is None
     finally:
         served.stop()

@@ -72,13 +72,21 @@ def detect(model: onnx.ModelProto) -> DecoderSignature | None:
     a cache that cannot be run as a decoder raises ModelError naming what is missing or inconsistent."""
     inputs = [_tensor_info(value) for value in _graph_inputs(model)]
     outputs = [_tensor_info(value) for value in model.graph.output]
-    return from_io(inputs, outputs, {node.op_type for node in _all_nodes(model.graph)})
+    ops = {node.op_type for node in _all_nodes(model.graph)}
+    return from_io(inputs, outputs, ops, head_dim=_head_dim_from_graph(model))
+
+
+def takes_past(inputs: Sequence[TensorInfo]) -> bool:
+    """Whether a model with these inputs is a decoder (``detect`` says how it runs, or what is wrong)."""
+    return any(_PAST.match(value.name) for value in inputs)
 
 
 def from_io(
-    inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], op_types: Iterable[str]
+    inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], op_types: Iterable[str], head_dim: int | None = None
 ) -> DecoderSignature | None:
-    """``detect`` from what ``core.engine.modelinfo`` already read of a model: its inputs, outputs and op types."""
+    """``detect`` from what ``core.engine.modelinfo`` already read of a model: its inputs, outputs and op types.
+    ``head_dim`` stands in for a cache whose last dimension is symbolic (ONNX Runtime GenAI's builder writes
+    ``kv_cache_dim``)."""
     by_input = {value.name: value for value in inputs}
     by_output = {value.name: value for value in outputs}
     pasts = {name: match for name in by_input if (match := _PAST.match(name))}
@@ -105,6 +113,8 @@ def from_io(
     logits = _one(by_output, _LOGITS, "logits output")
     key = by_input[layers[0].past_key]
     shape = key.shape
+    if len(shape) == 4 and not isinstance(shape[3], int) and head_dim is not None:
+        shape = (*shape[:3], head_dim)
     if len(shape) != 4 or not isinstance(shape[1], int) or not isinstance(shape[3], int):
         raise ModelError("model", f"past key {_bounded(key.name)} has shape {shape}; a decoder's cache is "
                          "[batch, kv_heads, sequence, head_dim] with kv_heads and head_dim fixed")  # fmt: skip
@@ -121,6 +131,31 @@ def from_io(
         mask_dtype=by_input[mask].dtype, vocab_size=vocab,
         form="group_query_attention" if any(op.endswith("GroupQueryAttention") for op in op_types) else "attention_ops",
     )  # fmt: skip
+
+
+def _head_dim_from_graph(model: onnx.ModelProto) -> int | None:
+    """The head dimension GroupQueryAttention works in: its rotary cos cache is [positions, head_dim / 2], else its
+    packed QKV projection is (heads + 2 kv_heads) x head_dim wide."""
+    initializers = {tensor.name: tuple(tensor.dims) for tensor in model.graph.initializer}
+    producers = {output: node for node in model.graph.node for output in node.output}
+    for node in model.graph.node:
+        if node.op_type != "GroupQueryAttention":
+            continue
+        attributes = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        cos = initializers.get(node.input[7]) if len(node.input) > 7 and node.input[7] else None
+        if attributes.get("do_rotary") and cos is not None and len(cos) == 2:
+            return int(cos[1]) * 2
+        heads, kv_heads = int(attributes.get("num_heads", 0)), int(attributes.get("kv_num_heads", 0))
+        packed = len(node.input) < 2 or not node.input[1]
+        source = producers.get(node.input[0])
+        while source is not None and source.op_type in ("Add", "Cast"):
+            source = producers.get(source.input[0])
+        widths = [
+            initializers[name][-1] for name in (source.input if source is not None else []) if name in initializers
+        ]
+        if widths and heads:
+            return int(widths[0]) // (heads + 2 * kv_heads if packed else heads)
+    return None
 
 
 def _tensor_info(value: onnx.ValueInfoProto) -> TensorInfo:
