@@ -117,14 +117,29 @@ def _build_minilm(name: str, directory: Path) -> ExampleModel:
     return build_minilm(directory)
 
 
+def _build_tiny_decoder(name: str, directory: Path) -> ExampleModel:
+    from metainfer.agent.zoo.decoder import TinyDecoderShape, build_tiny_decoder
+
+    shape = TinyDecoderShape()
+    model = onnx.load_from_string(build_tiny_decoder())
+    save_model(model, directory / MODEL_FILE)
+    prompts = np.random.default_rng(0).integers(0, 256, (8, 16)).astype(np.int64)  # byte tokens, for reference only
+    text = (f"decoder LM, {shape.layers} layers, hidden {shape.hidden}, {shape.heads} heads sharing {shape.kv_heads}"
+            f" KV heads, byte-level tokenizer and chat template in its metadata, random weights")  # fmt: skip
+    return _describe(name, directory, model, {"input_ids": prompts}, text)
+
+
 _BUILDERS: dict[str, Callable[[str, Path], ExampleModel]] = {
     "digits": _build_digits,
     "bert_mini": _bert_builder(12),
     "bert_mini_opset17": _bert_builder(17),
     "minilm_l6": _build_minilm,
+    "tiny_decoder": _build_tiny_decoder,
 }
 DEFAULT_EXAMPLES: tuple[str, ...] = ("digits", "bert_mini")
-EXTRA_EXAMPLES: tuple[str, ...] = ("bert_mini_opset17", "minilm_l6", *light.list_light_models())
+EXTRA_EXAMPLES: tuple[str, ...] = (
+    "bert_mini_opset17", "minilm_l6", "tiny_decoder", *light.list_light_models(),
+)  # fmt: skip
 
 
 def build_examples(out_dir: Path, which: Iterable[str] | None = None) -> dict[str, ExampleModel]:

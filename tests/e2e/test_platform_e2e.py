@@ -1013,7 +1013,7 @@ def test_every_example_applies_as_it_is_and_a_cpu_example_becomes_ready(platform
     platform.kubectl("delete", "adaptationpolicies", "--all", "-n", WORKLOAD_NAMESPACE, "--wait", "--timeout=5m")
     store = platform.plane.object_store
     assert store is not None
-    built = build_examples(tmp_path, ["digits", "bert_mini"])
+    built = build_examples(tmp_path, ["digits", "bert_mini", "tiny_decoder"])
     for example, prefix, data in (("digits", "digits/v1", "samples.npz"), ("bert_mini", "bert-mini/1.2.0", "data.npz")):
         store.put("team-a-models", f"{prefix}/model.onnx", built[example].model_path.read_bytes())
         store.put("team-a-models", f"{prefix}/{data}", built[example].data_path.read_bytes())
@@ -1023,6 +1023,8 @@ def test_every_example_applies_as_it_is_and_a_cpu_example_becomes_ready(platform
     digits_model = built["digits"].model_path
     platform.kubectl("create", "configmap", "digits-model", "-n", WORKLOAD_NAMESPACE,
                      f"--from-file=model.onnx={digits_model}", check=False)  # fmt: skip
+    platform.kubectl("create", "configmap", "tiny-decoder-model", "-n", WORKLOAD_NAMESPACE,
+                     f"--from-file=model.onnx={built['tiny_decoder'].model_path}", check=False)  # fmt: skip
 
     policies: dict[str, bool] = {}  # name -> whether this CPU node can run it
     for path in sorted(EXAMPLES.glob("*.yaml")):
@@ -1049,6 +1051,43 @@ def test_every_example_applies_as_it_is_and_a_cpu_example_becomes_ready(platform
     conditions = platform.wait("every example to settle", settled, 900, 5)
     platform.log(f"examples settled in {time.monotonic() - started:.0f}s: "
                  + "; ".join(f"{n} {c.get('status')} {c.get('reason')}" for n, c in conditions.items()))  # fmt: skip
+    _a_decoder_streams_through_its_service(platform, "tiny-decoder")
+
+
+def _a_decoder_streams_through_its_service(platform: Platform, policy: str) -> None:
+    """Issue 66: the decoder example was adapted on tokens (its run reports time per output token and perplexity)
+    and its Service streams an OpenAI-compatible chat completion from the serving pod."""
+    import http.client
+
+    runs = platform.get("adaptationruns", "-n", WORKLOAD_NAMESPACE, "-l", f"metainfer.io/policy={policy}")["items"]
+    done = [r for r in runs if r.get("status", {}).get("phase") == "Succeeded"]
+    assert done, [r.get("status", {}).get("conditions") for r in runs]
+    status = done[0]["status"]
+    assert status["bestMetrics"]["qualityMetric"] == "perplexity_rise", status["bestMetrics"]
+    message = next(c["message"] for c in status["conditions"] if c["type"] == "Succeeded")
+    assert "TTFT p95" in message and "TPOT p95" in message, message
+    cluster_ip = platform.get("service", policy, "-n", WORKLOAD_NAMESPACE)["spec"]["clusterIP"]
+    body = {"messages": [{"role": "user", "content": "Say something."}], "max_tokens": 12, "temperature": 0,
+            "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+
+    def streamed() -> list[dict[str, Any]] | None:
+        connection = http.client.HTTPConnection(cluster_ip, 8080, timeout=30)
+        try:
+            connection.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+            response = connection.getresponse()
+            if response.status != 200:
+                return None
+            lines = [line[6:] for line in response.read().decode().split("\n") if line.startswith("data: ")]
+        except OSError:
+            return None
+        finally:
+            connection.close()
+        assert lines[-1] == "[DONE]", lines[-3:]
+        return [json.loads(line) for line in lines[:-1]]
+
+    chunks = platform.wait(f"{policy}'s Service to stream a chat completion", streamed, 120, 1)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant" and chunks[-1]["usage"]["completion_tokens"] >= 1
+    platform.log(f"{policy}: {message[:400]}; streamed {len(chunks)} chunks through the Service")
 
 
 GPU_LABELS = {
