@@ -131,11 +131,16 @@ def publish_policy(namespace: str, policy: str, spec: Mapping[str, Any], status:
     ]
     if SERIES.unchanged(namespace, policy, (_frozen(slo), tuple(read))):
         return
-    SERIES.child(SLO_LATENCY, namespace, policy, "0.95").set(float(slo.get("latencyP95Ms", 0)) / 1000)
+    # A decoder's serving series are per output token: its bound there is slo.decoder.timePerOutputTokenP95Ms, and
+    # a decoder policy without one exports no SLO line (0 would put every request over it).
+    p95 = slo.get("latencyP95Ms") or (slo.get("decoder") or {}).get("timePerOutputTokenP95Ms")
+    if p95 is not None:
+        SERIES.child(SLO_LATENCY, namespace, policy, "0.95").set(float(p95) / 1000)
     p99 = slo.get("latencyP99Ms")
     if p99 is not None:
         SERIES.child(SLO_LATENCY, namespace, policy, "0.99").set(float(p99) / 1000)
-    SERIES.keep_only(SLO_LATENCY, namespace, policy, [("0.95",), *([("0.99",)] if p99 is not None else [])])
+    kept = [*([("0.95",)] if p95 is not None else []), *([("0.99",)] if p99 is not None else [])]
+    SERIES.keep_only(SLO_LATENCY, namespace, policy, kept)
     SERIES.child(SLO_QUALITY_DROP, namespace, policy).set(float(slo.get("maxQualityDrop", 0.01)))
     info, states, served = [], [], []
     for cls in status.get("classes") or []:

@@ -68,3 +68,14 @@ def test_a_policy_published_again_after_it_went_gets_its_series_back() -> None:
     publish_policy("team-b", "bert", spec, status("Adapting"))
     assert value("metainfer_policy_class_state", **state, state="Adapting") == 1
     SERIES.forget("team-b", "bert")
+
+
+def test_a_decoder_policys_slo_line_is_its_time_per_output_token_and_absent_without_one() -> None:
+    """A decoder's serving latency series is per output token: its SLO line (and the SLO breach alert) is
+    slo.decoder.timePerOutputTokenP95Ms; without one there is no line, never a 0 every request would be over."""
+    policy = {"namespace": "team-a", "policy": "llm"}
+    publish_policy("team-a", "llm", {"slo": {"decoder": {"timePerOutputTokenP95Ms": 40}}}, status("Ready"))
+    assert value("metainfer_policy_slo_latency_seconds", **policy, quantile="0.95") == 0.04
+    publish_policy("team-a", "llm", {"slo": {"decoder": {"timeToFirstTokenP95Ms": 500}}}, status("Ready"))
+    assert value("metainfer_policy_slo_latency_seconds", **policy, quantile="0.95") is None
+    SERIES.forget("team-a", "llm")
