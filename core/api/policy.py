@@ -204,6 +204,7 @@ class Slo(ApiModel):
             "has(self.latencyP95Ms) || has(self.decoder)",
             "latencyP95Ms is required (or, for a decoder language model, decoder)",
             field_path=".latencyP95Ms",
+            reason="FieldValueRequired",
         ),
     )
 
