@@ -97,12 +97,18 @@ class QueueFull(Exception):
     pass
 
 
+class WaitedTooLong(Exception):
+    """A request waited --request-timeout for KV cache without being admitted."""
+
+
 class GenerationService:
     """The engine's thread and the bounded queue in front of it."""
 
     def __init__(
-        self, engine: GenerationEngine, metrics: GenerationMetrics, max_waiting: int, serving: ServingMetrics
-    ) -> None:
+        self, engine: GenerationEngine, metrics: GenerationMetrics, max_waiting: int, serving: ServingMetrics,
+        max_wait_s: float = 30.0,
+    ) -> None:  # fmt: skip
+        self.max_wait_s = max_wait_s
         self.engine = engine
         self.metrics = metrics
         self.serving = serving
@@ -177,11 +183,15 @@ class GenerationService:
                     self.engine.admit(handle.request)
                     self.metrics.prompt_tokens.inc(len(handle.request.prompt))
                     self.serving.queue_wait.observe(time.perf_counter() - handle.arrived)
+                expired = self._expire_waiting(time.perf_counter())
                 self.metrics.waiting.set(len(self._waiting))
+            if expired and self._loop is not None:
+                with contextlib.suppress(RuntimeError):
+                    self._loop.call_soon_threadsafe(self._deliver, expired)
             self.metrics.running.set(self.engine.running)
             self.metrics.cache_reserved.set(self.engine.reserved_tokens)
             if not self.engine.running:
-                self._wake.wait(IDLE_WAIT_S)
+                self._wake.wait(IDLE_WAIT_S if not self._waiting else min(IDLE_WAIT_S, self.max_wait_s))
                 self._wake.clear()
                 continue
             try:
@@ -194,6 +204,15 @@ class GenerationService:
             if events and self._loop is not None:
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
                     self._loop.call_soon_threadsafe(self._deliver, events)
+
+    def _expire_waiting(self, now: float) -> list[TokenEvent]:
+        """Requests that waited their deadline for cache leave the queue with an answer (under the lock)."""
+        expired = [h for h in self._waiting if now - h.arrived > self.max_wait_s]
+        for handle in expired:
+            self._waiting.remove(handle)
+        return [TokenEvent(h.request.request_id, None, "expired", f"waited {now - h.arrived:.1f} s for KV cache "
+                           f"(--request-timeout {self.max_wait_s:g} s) behind the generations running")
+                for h in expired]  # fmt: skip
 
     def _deliver(self, events: list[TokenEvent]) -> None:
         for event in events:
@@ -291,6 +310,9 @@ class OpenAiFrontEnd:
             if request.stream:
                 return await self._stream(http, generation, tokens, chat, request.include_usage())
             return await self._whole(generation, tokens, chat)
+        except WaitedTooLong as exc:
+            self.service.metrics.refusal("expired")
+            return _error(503, str(exc), "timeout", retry=True)
         finally:
             self.service.cancel(generation.request_id)
 
@@ -312,6 +334,8 @@ class OpenAiFrontEnd:
             now = time.perf_counter()
             if event.finish_reason == "error":
                 raise RuntimeError(event.error or "generation failed")
+            if event.finish_reason == "expired":
+                raise WaitedTooLong(event.error or "waited too long for KV cache")
             out = ""
             if event.token is not None:
                 count += 1
@@ -365,6 +389,9 @@ class OpenAiFrontEnd:
                 await _event(response, {**base, "choices": [_choice(chat, piece, finish, delta=True)]})
         except RuntimeError as exc:  # the step failed: the stream says so instead of ending as if complete
             await _event(response, {"error": {"message": str(exc)[:500], "type": "server_error"}})
+        except WaitedTooLong as exc:
+            self.service.metrics.refusal("expired")
+            await _event(response, {"error": {"message": str(exc)[:500], "type": "timeout"}})
         if include_usage:
             await _event(response, {**base, "choices": [], "usage": _usage(generation, count)})
         await response.write(b"data: [DONE]\n\n")
@@ -412,7 +439,8 @@ def start_generation(plane: DataPlane, decoder: Decoder, loop: asyncio.AbstractE
     engine = GenerationEngine(decoder.stepper, cache_budget_tokens=budget, max_context=context,
                               max_batch=config.max_generating)  # fmt: skip
     metrics = GenerationMetrics(plane.metrics, plane.metrics.labels)
-    service = GenerationService(engine, metrics, max_waiting=config.max_queue, serving=plane.metrics)
+    service = GenerationService(engine, metrics, max_waiting=config.max_queue, serving=plane.metrics,
+                                max_wait_s=config.request_timeout_s)  # fmt: skip
     service.start(loop)
     log.info("generation: context %d tokens, KV cache budget %d tokens (%.0f MiB at %d bytes a token), up to %d "
              "decoding together, %d waiting", context, budget, config.kv_cache_bytes / 2**20,

@@ -237,3 +237,30 @@ def test_a_decoder_without_a_tokenizer_fails_its_load_saying_how_to_give_it_one(
                   "--host", "127.0.0.1", "--port", str(served.port)], {})  # fmt: skip
     assert served.proc is not None and served.proc.wait(60) == 2
     assert "carries no tokenizer" in served.log.read_text() and "llm-pack" in served.log.read_text()
+
+
+def test_a_request_that_waits_its_deadline_for_cache_gets_503_with_retry_after(
+    decoder_file: Path, tmp_path: Path
+) -> None:
+    served = _serve(decoder_file, tmp_path, "--kv-cache-mib", "1", "--max-generating", "4", "--request-timeout",
+                    "0.2")  # fmt: skip
+    try:
+        results: list[tuple[int, dict[str, Any], dict[str, str]]] = []
+
+        def ask(tokens: int) -> None:
+            results.append(_post(served, "/v1/completions", {"prompt": "go", "max_tokens": tokens, "temperature": 0}))
+
+        holders = [threading.Thread(target=ask, args=(498,)) for _ in range(4)]
+        for thread in holders:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while _metric(served, "metainfer_generation_kv_cache_reserved_tokens") < 2000 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        status, answer, headers = _post(served, "/v1/completions", {"prompt": "late", "max_tokens": 8})
+        for thread in holders:
+            thread.join(60)
+        assert status == 503 and headers.get("Retry-After") == "1", (status, answer)
+        assert "for KV cache" in answer["error"]["message"] and answer["error"]["type"] == "timeout"
+        assert sorted(s for s, _, _ in results) == [200] * 4
+    finally:
+        served.stop()

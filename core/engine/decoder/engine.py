@@ -22,7 +22,7 @@ import numpy as np
 from metainfer.core.engine.decoder.sampling import SamplingParams, next_token
 from metainfer.core.engine.decoder.stepper import DecoderStepper, SequenceCache
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "error", "expired"]
 
 
 @dataclass
