@@ -98,3 +98,20 @@ def test_metainfer_adapt_refuses_a_workload_longer_than_the_context(tmp_path: Pa
     model = tmp_path / "tiny.onnx"
     model.write_bytes(build_tiny_decoder())
     assert main(["adapt", str(model), "--out", str(tmp_path / "out"), "--prompt-tokens", "500"]) == 2
+
+
+def test_the_shipped_bytes_are_what_serving_rebuilds_from_the_recipe_fp32_included() -> None:
+    """Serving rebuilds a variant from its recipe and refuses bytes other than the run validated: the FP32
+    candidate is built (stamped) like any other, not the base's own bytes."""
+    base = build_tiny_decoder()
+    model = onnx.load_from_string(base)
+    signature = detect(model)
+    codec = carried_tokenizer({p.key: p.value for p in model.metadata_props})
+    assert signature is not None and codec is not None
+    ids = codec.encode(reference_text())
+    workload = DecoderWorkload(prompt_tokens=8, decode_tokens=2, concurrency=1, max_context=512)
+    report, variant = adapt.adapt(
+        base, signature, ids, ids[:8], workload, adapt.DecoderConstraints(quality_tokens=32), [Recipe()],
+        lambda b, r: build_variant(b, r.transform), lambda v, r: create_session(v, r),
+    )  # fmt: skip
+    assert report.best == 0 and variant == build_variant(base, Recipe().transform) and variant != base

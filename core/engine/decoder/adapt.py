@@ -133,7 +133,7 @@ def adapt(
     variants: dict[int, bytes] = {}
     for index, recipe in enumerate(list(recipes)[: budget or None]):
         try:
-            variant = base if index == 0 else build(base, recipe)
+            variant = build(base, recipe)  # FP32 too: serving rebuilds it the same way and checks its sha256
             stepper = DecoderStepper(session_for(variant, recipe), signature)
             measurement = measure(stepper, workload, prompt)
             forced = quality_mod.teacher_forced(stepper, windows)
