@@ -38,6 +38,7 @@ SECTIONS = (
     "cnn_matrix",
     "runtime_choice",
     "weights",
+    "llm_peers",
     "search_efficiency",
     "warm_start",
     "operator_scale",

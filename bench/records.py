@@ -352,6 +352,14 @@ class WeightsResult(Record):
     rows: list[dict[str, Any]]
 
 
+class LlmPeersResult(Record):
+    """bench/llm_peers.py: SmolLM2 on llama.cpp, ONNX Runtime GenAI, OpenVINO GenAI and metainfer, a row each."""
+
+    setup: dict[str, Any]
+    workload: dict[str, Any]
+    rows: list[dict[str, Any]]
+
+
 class RuntimeChoiceResult(Record):
     """bench/runtime_choice.py: one row per model, the runtime the search picked and five contenders' latency."""
 

@@ -136,6 +136,12 @@ def _weights(r: records.WeightsResult) -> str:
     return weights.render(r.model_dump())
 
 
+def _llm_peers(r: records.LlmPeersResult) -> str:
+    from bench import llm_peers
+
+    return llm_peers.render(r.model_dump())
+
+
 # Titles are data: the one place a section's heading is written.
 SECTIONS: dict[str, Section] = {
     "adaptation": Section("Adaptation quality", records.AdaptationResult, _adaptation),
@@ -155,6 +161,11 @@ SECTIONS: dict[str, Section] = {
         "Graph levers: spelled-out activations as one operator", records.GraphLeversResult, _graph_levers
     ),
     "weights": Section("Low-bit weights and memory budgets", records.WeightsResult, _weights),
+    "llm_peers": Section(
+        "Decoder LLMs: SmolLM2 on llama.cpp, ONNX Runtime GenAI, OpenVINO GenAI and metainfer",
+        records.LlmPeersResult,
+        _llm_peers,
+    ),
     "search_efficiency": Section("Search efficiency", records.SearchEfficiencyResult, _search_efficiency),
     "warm_start": Section("Warm start across hardware classes", records.WarmStartResult, _warm_start),
     "operator_scale": Section("Operator scale on the real control plane", records.OperatorScaleResult, _operator_scale),
