@@ -39,7 +39,7 @@ def adapt_decoder(args: argparse.Namespace, model: onnx.ModelProto, base: bytes,
     )  # fmt: skip
     text_ids = codec.encode(reference_text())
     prompt = (text_ids * (1 + workload.prompt_tokens // max(1, len(text_ids))))[: workload.prompt_tokens]
-    recipes = candidate_recipes(signature)
+    recipes = candidate_recipes(model, signature)
     console.print(f"decoder: {len(signature.layers)} layers, {signature.kv_heads} KV heads of {signature.head_dim}"
                   f" ({signature.form}); {len(recipes)} candidates, measuring up to {args.budget_trials}",
                   highlight=False)  # fmt: skip
@@ -68,10 +68,11 @@ def decoder_codec(metadata: dict[str, str], where: str) -> TextCodec:
     return codec
 
 
-def candidate_recipes(signature: DecoderSignature) -> list[Recipe]:
+def candidate_recipes(model: onnx.ModelProto, signature: DecoderSignature) -> list[Recipe]:
     """The decoder's candidates on this machine: the runtimes it has, its thread counts."""
     return decoder_adapt.candidates(_runtimes(signature), _thread_options(), has_matmul_nbits=True,
-                                    nncf=signature.form != "group_query_attention")  # fmt: skip
+                                    nncf=signature.form != "group_query_attention",
+                                    logits_matmul=decoder_adapt.logits_projection(model, signature))  # fmt: skip
 
 
 def _build(base: bytes, recipe: Recipe) -> bytes:

@@ -50,7 +50,7 @@ def adapt_decoder_run(
     notes = [f"{p} unusable here: {why}" for p, why in usability.items() if why]
     context = metadata.get(MAX_CONTEXT_KEY)
     workload, constraints = decoder_settings(spec, int(context) if context and context.isdigit() else None)
-    recipes = candidate_recipes(signature)
+    recipes = candidate_recipes(model, signature)
     writer.stage(RunStage.SEARCHING, Reason.SEARCHING,
                  f"decoder ({len(signature.layers)} layers, {signature.form}): measuring up to "
                  f"{min(len(recipes), spec.search.trial_budget)} candidates on a {workload.prompt_tokens}-token "

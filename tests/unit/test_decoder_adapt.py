@@ -115,3 +115,15 @@ def test_the_shipped_bytes_are_what_serving_rebuilds_from_the_recipe_fp32_includ
         lambda b, r: build_variant(b, r.transform), lambda v, r: create_session(v, r),
     )  # fmt: skip
     assert report.best == 0 and variant == build_variant(base, Recipe().transform) and variant != base
+
+
+def test_the_logits_projection_is_found_and_offered_float_beside_int4() -> None:
+    base, signature, _ = _tiny()
+    head = adapt.logits_projection(onnx.load_from_string(base), signature)
+    assert head is not None and head.startswith("MatMul")
+    recipes = adapt.candidates(["onnxruntime"], [0], has_matmul_nbits=True, nncf=False, logits_matmul=head)
+    assert recipes[1].transform.weights.keep_float == (head,) and recipes[1].transform.weights.bits == 4
+    variant = build_variant(base, recipes[1].transform)
+    nodes = onnx.load_from_string(variant).graph.node
+    assert head in {n.name for n in nodes if n.op_type == "MatMul"}  # float, beside the attention's own MatMuls
+    assert sum(n.op_type == "MatMulNBits" for n in nodes) == 2 * 6  # q, k, v, o, up, down of both layers
