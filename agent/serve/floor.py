@@ -26,6 +26,7 @@ x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
 graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "floor", [x],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
 model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+model.ir_version = 8  # opset 13's; the onnx package's newest (14) is past what older ONNX Runtime images load
 session = onnxruntime.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
 if importlib.util.find_spec("openvino") is not None:
     import openvino
