@@ -14,8 +14,8 @@ from metainfer.agent.commands import console, out
 from metainfer.core.engine.decoder import adapt as decoder_adapt
 from metainfer.core.engine.decoder.quality import reference_text
 from metainfer.core.engine.decoder.signature import DecoderSignature
-from metainfer.core.engine.decoder.tokenizer import MAX_CONTEXT_KEY, TextCodec, carried_tokenizer
-from metainfer.core.engine.decoder.workload import DecoderWorkload
+from metainfer.core.engine.decoder.tokenizer import TextCodec, carried_context, carried_tokenizer
+from metainfer.core.engine.decoder.workload import DecoderWorkload, prompt_from_text
 from metainfer.core.engine.errors import ModelError, NoFeasibleCandidate
 from metainfer.core.engine.recipe import Recipe
 from metainfer.core.engine.runtime import Session, create_session
@@ -27,7 +27,7 @@ DEFAULT_CONTEXT = 2048
 def adapt_decoder(args: argparse.Namespace, model: onnx.ModelProto, base: bytes, signature: DecoderSignature) -> int:
     metadata = {prop.key: prop.value for prop in model.metadata_props}
     codec = decoder_codec(metadata, str(args.model))
-    context = args.max_context or _int(metadata.get(MAX_CONTEXT_KEY)) or DEFAULT_CONTEXT
+    context = args.max_context or carried_context(metadata) or DEFAULT_CONTEXT
     workload = DecoderWorkload(prompt_tokens=args.prompt_tokens, decode_tokens=args.decode_tokens,
                                concurrency=args.concurrency, max_context=context)  # fmt: skip
     if workload.prompt_tokens + workload.decode_tokens > context:
@@ -38,7 +38,7 @@ def adapt_decoder(args: argparse.Namespace, model: onnx.ModelProto, base: bytes,
         max_perplexity_rise=args.max_perplexity_rise, max_memory_mib=args.max_memory_mib,
     )  # fmt: skip
     text_ids = codec.encode(reference_text())
-    prompt = (text_ids * (1 + workload.prompt_tokens // max(1, len(text_ids))))[: workload.prompt_tokens]
+    prompt = prompt_from_text(text_ids, workload.prompt_tokens)
     recipes = candidate_recipes(model, signature)
     console.print(f"decoder: {len(signature.layers)} layers, {signature.kv_heads} KV heads of {signature.head_dim}"
                   f" ({signature.form}); {len(recipes)} candidates, measuring up to {args.budget_trials}",
@@ -48,7 +48,7 @@ def adapt_decoder(args: argparse.Namespace, model: onnx.ModelProto, base: bytes,
         console.print(f"  {trial.describe()}", highlight=False)
 
     report, variant = decoder_adapt.adapt(
-        base, signature, text_ids, prompt, workload, constraints, recipes, _build, _session,
+        base, signature, text_ids, prompt, workload, constraints, recipes, build_candidate, candidate_session,
         budget=args.budget_trials, on_trial=shown,
     )  # fmt: skip
     written = _write(args.out, report, variant)
@@ -75,11 +75,11 @@ def candidate_recipes(model: onnx.ModelProto, signature: DecoderSignature) -> li
                                     logits_matmul=decoder_adapt.logits_projection(model, signature))  # fmt: skip
 
 
-def _build(base: bytes, recipe: Recipe) -> bytes:
+def build_candidate(base: bytes, recipe: Recipe) -> bytes:
     return build_variant(base, recipe.transform)
 
 
-def _session(variant: bytes, recipe: Recipe) -> Session:
+def candidate_session(variant: bytes, recipe: Recipe) -> Session:
     return create_session(variant, recipe)
 
 
@@ -98,10 +98,6 @@ def _runtimes(signature: DecoderSignature) -> list[str]:
 def _thread_options() -> list[int]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return [0] if cores <= 2 else [0, max(1, cores // 2)]
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text and text.isdigit() else None
 
 
 def _write(out_dir: Path, report: decoder_adapt.DecoderReport, variant: bytes | None) -> list[Path]:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import onnx
 
-from metainfer.agent.decoder_adapt import candidate_recipes, decoder_codec
+from metainfer.agent.decoder_adapt import build_candidate, candidate_recipes, candidate_session, decoder_codec
 from metainfer.agent.job_api import Kube
 from metainfer.agent.profiles import ensure_profile
 from metainfer.agent.status import RunStatusWriter
@@ -24,16 +24,13 @@ from metainfer.core.control.decoder_runs import decoder_settings
 from metainfer.core.engine.decoder import adapt as decoder_adapt
 from metainfer.core.engine.decoder.quality import reference_text
 from metainfer.core.engine.decoder.signature import DecoderSignature
-from metainfer.core.engine.decoder.tokenizer import MAX_CONTEXT_KEY
-from metainfer.core.engine.recipe import Recipe
+from metainfer.core.engine.decoder.tokenizer import carried_context
+from metainfer.core.engine.decoder.workload import prompt_from_text
 from metainfer.core.engine.runtime import (
-    Session,
     available_providers,
-    create_session,
     provider_usability,
     require_accelerator,
 )
-from metainfer.core.engine.transforms import build_variant
 
 
 def adapt_decoder_run(
@@ -48,30 +45,21 @@ def adapt_decoder_run(
     usability = provider_usability(available_providers())
     require_accelerator(spec.hardware_class.vendor, usability)
     notes = [f"{p} unusable here: {why}" for p, why in usability.items() if why]
-    context = metadata.get(MAX_CONTEXT_KEY)
-    workload, constraints = decoder_settings(spec, int(context) if context and context.isdigit() else None)
+    workload, constraints = decoder_settings(spec, carried_context(metadata))
     recipes = candidate_recipes(model, signature)
     writer.stage(RunStage.SEARCHING, Reason.SEARCHING,
                  f"decoder ({len(signature.layers)} layers, {signature.form}): measuring up to "
                  f"{min(len(recipes), spec.search.trial_budget)} candidates on a {workload.prompt_tokens}-token "
                  f"prompt and {workload.decode_tokens} decoded tokens, {workload.concurrency} streams")  # fmt: skip
     text_ids = codec.encode(reference_text())
-    prompt = (text_ids * (1 + workload.prompt_tokens // max(1, len(text_ids))))[: workload.prompt_tokens]
+    prompt = prompt_from_text(text_ids, workload.prompt_tokens)
     started = time.monotonic()
 
     def measured(trial: decoder_adapt.DecoderTrial) -> None:
         log(f"trial: {trial.describe()} ({time.monotonic() - started:.0f}s)")
 
     report, variant = decoder_adapt.adapt(
-        base, signature, text_ids, prompt, workload, constraints, recipes, _build, _session,
+        base, signature, text_ids, prompt, workload, constraints, recipes, build_candidate, candidate_session,
         budget=spec.search.trial_budget, on_trial=measured,
     )  # fmt: skip
     return report, variant, notes
-
-
-def _build(base: bytes, recipe: Recipe) -> bytes:
-    return build_variant(base, recipe.transform)
-
-
-def _session(variant: bytes, recipe: Recipe) -> Session:
-    return create_session(variant, recipe)

@@ -31,7 +31,7 @@ from metainfer.core.api.pod_contract import FLAG_DATA_URI
 from metainfer.core.engine.data import Dataset, load_npz
 from metainfer.core.engine.decoder.signature import detect, takes_past
 from metainfer.core.engine.decoder.stepper import DecoderStepper
-from metainfer.core.engine.decoder.tokenizer import MAX_CONTEXT_KEY, TextCodec, carried_tokenizer
+from metainfer.core.engine.decoder.tokenizer import TextCodec, carried_context, carried_tokenizer
 from metainfer.core.engine.errors import DataError, ModelError
 from metainfer.core.engine.index_inputs import IndexBound, index_bounds
 from metainfer.core.engine.modelinfo import ModelInfo, TensorInfo, inspect_model, load_model
@@ -147,8 +147,7 @@ def _decoder(session: Session, variant: bytes) -> Decoder:
         logits, (cache,) = stepper.step([[int(np.argmax(logits[0]))]], [cache])
     log.info("decoder warmed up (%d layers, %d KV heads, %s) in %.2fs", len(signature.layers), signature.kv_heads,
              signature.form, time.perf_counter() - started)  # fmt: skip
-    context = metadata.get(MAX_CONTEXT_KEY)
-    return Decoder(stepper, codec, int(context) if context and context.isdigit() else None)
+    return Decoder(stepper, codec, carried_context(metadata))
 
 
 def _session(variant: bytes, recipe: Recipe, source: ModelSourceArgs) -> Session:

@@ -45,6 +45,12 @@ def embed_tokenizer(
         model.metadata_props.add(key=key, value=value)
 
 
+def carried_context(metadata: Mapping[str, str]) -> int | None:
+    """The context a model's metadata says it was trained for (``metainfer llm-pack`` writes it)."""
+    value = metadata.get(MAX_CONTEXT_KEY, "")
+    return int(value) if value.isdigit() else None
+
+
 def carried_tokenizer(metadata: Mapping[str, str]) -> TextCodec | None:
     """The tokenizer a model's metadata carries; None when it carries none."""
     if TOKENIZER_KEY not in metadata:

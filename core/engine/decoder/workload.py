@@ -49,6 +49,11 @@ def prompt_ids(vocab_size: int, length: int, seed: int = 0) -> list[int]:
     return [int(t) for t in rng.integers(0, max(2, min(vocab_size, 32000) - 16), size=length)]
 
 
+def prompt_from_text(text_ids: list[int], length: int) -> list[int]:
+    """The workload's prompt: the reference text's first ``length`` tokens (repeated if it is shorter)."""
+    return (text_ids * (1 + length // max(1, len(text_ids))))[:length]
+
+
 def measure(
     stepper: DecoderStepper, workload: DecoderWorkload, prompt: list[int], *, warmup: int = 1, repeats: int = 3,
     clock: Callable[[], float] = time.perf_counter,
